@@ -1,0 +1,52 @@
+"""fastload: fast, deterministic, distributed-exact data loading for PyTorch image training.
+
+Importing fastload is cheap and never touches CUDA or optional dependencies (DALI, matplotlib).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0.dev0"
+
+from .folder import ClassIndex, FolderIndex, ImageFolder, scan_folder, scan_list
+from .stats import LoaderStats
+
+# Names resolved on first use, so `import fastload` stays light.
+_LAZY = {
+    "transforms": ("fastload.transforms", None),
+    "gpu": ("fastload.gpu", None),
+    "rng": ("fastload.rng", None),
+    "synthetic": ("fastload.synthetic", None),
+    "distributed": ("fastload.distributed", None),
+    "DataLoader": ("fastload.loader", "DataLoader"),
+    "DistributedSampler": ("fastload.sampler", "DistributedSampler"),
+    "InMemoryImageFolder": ("fastload.memory", "InMemoryImageFolder"),
+    "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
+}
+
+__all__ = [
+    "ClassIndex",
+    "FolderIndex",
+    "ImageFolder",
+    "LoaderStats",
+    "scan_folder",
+    "scan_list",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}") from None
+    module = import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,179 @@
+"""Counter-based random streams keyed by ``(seed, epoch, index)``.
+
+Every random decision fastload makes for a sample (crop box, flip, jitter, ...) is drawn from a
+stream that depends only on the loader's ``seed``, the current ``epoch`` and the sample's dataset
+``index``. No global RNG state, no worker seed: the same sample gets the same augmentation whatever
+``num_workers``, the worker kind, the batch composition or a mid-epoch resume.
+
+The generator is a SplitMix64 hash of the key and a counter (a "counter-based" generator in the
+sense of Salmon et al., *Parallel random numbers: as easy as 1, 2, 3*): draw ``j`` of a stream is
+``hash(key, j)``, so any draw can be computed directly, for one sample or vectorised over a batch.
+
+Example:
+    >>> from fastload import rng
+    >>> r = rng.SampleRNG(seed=0, epoch=3, index=17)
+    >>> a = r.random(); b = r.random()
+    >>> rng.SampleRNG(0, 3, 17).random() == a    # a pure function of the key
+    True
+    >>> float(rng.batch_uniform(0, 3, [17], stream=0, n=2)[0, 1]) == b
+    True
+
+Inside the loader, :func:`sample_scope` makes the sample's stream the *current* one, and the
+per-sample transforms of :mod:`fastload.transforms` draw from :func:`current`. Outside any scope
+(a dataset indexed by hand), :func:`current` returns a stream seeded from torch's global RNG, so
+the transforms then behave like torchvision's (random, reproducible with ``torch.manual_seed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "SampleRNG",
+    "batch_uniform",
+    "current",
+    "epoch_permutation",
+    "hash_key",
+    "sample_scope",
+]
+
+_MASK = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _u64(value: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    if isinstance(value, (int, np.integer)):
+        return np.asarray(int(value) & _MASK, dtype=np.uint64)
+    arr = np.asarray(value)
+    if arr.dtype.kind == "u":
+        return arr.astype(np.uint64)
+    if arr.dtype.kind != "i":
+        raise TypeError(f"random-stream keys must be integers, but got dtype {arr.dtype}")
+    return arr.astype(np.int64).view(np.uint64)
+
+
+def hash_key(seed: int, epoch: int, index: int | Sequence[int] | np.ndarray, stream: int = 0) -> np.ndarray:
+    """Hash ``(seed, epoch, index, stream)`` to the 64-bit key of a stream (vectorised over index)."""
+    with np.errstate(over="ignore"):
+        h = _mix(_u64(seed))
+        h = _mix(h ^ _u64(epoch))
+        h = _mix(h ^ _u64(index))
+        return _mix(h ^ _u64(stream))
+
+
+def _uniform_from(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        bits = _mix(keys + counters * _GOLDEN)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def batch_uniform(
+    seed: int, epoch: int, indices: Sequence[int] | np.ndarray | torch.Tensor, stream: int, n: int
+) -> np.ndarray:
+    """Draws ``n`` uniforms in ``[0, 1)`` for each sample of a batch, as one vectorised call.
+
+    Row ``r`` equals the first ``n`` draws of ``SampleRNG(seed, epoch, indices[r], stream)``.
+
+    Args:
+        seed: The loader seed.
+        epoch: The epoch.
+        indices: Dataset indices of the batch's samples.
+        stream: Stream id, so that independent transforms draw independent numbers.
+        n: Draws per sample.
+
+    Returns:
+        A float64 array of shape ``(len(indices), n)``.
+    """
+    if isinstance(indices, torch.Tensor):
+        indices = indices.cpu().numpy()
+    keys = hash_key(seed, epoch, np.asarray(indices, dtype=np.int64).reshape(-1), stream)
+    counters = np.arange(n, dtype=np.uint64)
+    return _uniform_from(keys[:, None], counters[None, :])
+
+
+class SampleRNG:
+    """The random stream of one sample: sequential draws from a counter-based hash.
+
+    Args:
+        seed: The loader seed.
+        epoch: The epoch.
+        index: The sample's dataset index.
+        stream: Stream id (0 for the per-sample CPU transforms).
+    """
+
+    __slots__ = ("_key", "_counter")
+
+    def __init__(self, seed: int, epoch: int, index: int, stream: int = 0) -> None:
+        self._key = int(hash_key(seed, epoch, index, stream))
+        self._counter = 0
+
+    @classmethod
+    def _from_key(cls, key: int) -> "SampleRNG":
+        obj = cls.__new__(cls)
+        obj._key = key & _MASK
+        obj._counter = 0
+        return obj
+
+    def random(self) -> float:
+        """Returns the next uniform float in ``[0, 1)``."""
+        c = self._counter
+        self._counter = c + 1
+        return float(_uniform_from(np.asarray(self._key, dtype=np.uint64), np.asarray(c, dtype=np.uint64)))
+
+    def uniform(self, low: float, high: float) -> float:
+        """Returns the next uniform float in ``[low, high)``."""
+        return low + (high - low) * self.random()
+
+    def randint(self, low: int, high: int) -> int:
+        """Returns the next integer in ``[low, high)`` (``high > low``)."""
+        if high <= low:
+            raise ValueError(f"randint needs high > low, but got low={low}, high={high}")
+        return low + min(int(self.random() * (high - low)), high - low - 1)
+
+
+_local = threading.local()
+
+
+def current() -> SampleRNG:
+    """The current sample's stream; outside :func:`sample_scope`, one seeded from torch's global RNG."""
+    rng = getattr(_local, "rng", None)
+    if rng is None:
+        return SampleRNG._from_key(int(torch.randint(0, 2**62, (1,)).item()))
+    return rng
+
+
+@contextmanager
+def sample_scope(seed: int, epoch: int, index: int) -> Iterator[SampleRNG]:
+    """Makes ``SampleRNG(seed, epoch, index)`` the current stream of this thread while open."""
+    previous = getattr(_local, "rng", None)
+    _local.rng = SampleRNG(seed, epoch, index)
+    try:
+        yield _local.rng
+    finally:
+        _local.rng = previous
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffled order of ``range(n)`` for an epoch: ``torch.randperm`` seeded by ``seed + epoch``.
+
+    This is exactly the permutation ``torch.utils.data.DistributedSampler`` uses, so a fastload
+    order can be compared with (and ``pad=True`` reproduces) torch's.
+    """
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g)

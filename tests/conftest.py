@@ -1,0 +1,26 @@
+"""Shared fixtures: a tiny synthetic ImageNet tree, made once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastload.synthetic import make_imagenet_like
+
+
+@pytest.fixture(scope="session")
+def imagenet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``train/`` (4 classes x 8) and ``val/`` (4 classes x 3), real JPEGs incl. the ImageNet quirks."""
+    root = tmp_path_factory.mktemp("imagenet")
+    return make_imagenet_like(root, classes=4, per_class=8, val_per_class=3, seed=0, num_workers=1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

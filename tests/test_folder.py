@@ -1,0 +1,291 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from fastload import ClassIndex, FolderIndex, ImageFolder, scan_folder, scan_list
+from fastload.decode import DecodeError
+
+
+def _tree(root: Path, layout: dict[str, int], size: tuple[int, int] = (40, 30)) -> Path:
+    """A tiny split: ``layout`` maps class name -> number of JPEG files."""
+    for cls, n in layout.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.new("RGB", size, (10 * i, 100, 200)).save(root / cls / f"{cls}_{i}.jpg", quality=90)
+    return root
+
+
+# ------------------------------------------------------------------------------------ ClassIndex
+
+
+def test_class_index_basics(tmp_path: Path) -> None:
+    ci = ClassIndex(["cat", "dog", "emu"])
+    assert len(ci) == 3 and ci.classes == ["cat", "dog", "emu"]
+    assert ci.class_to_idx == {"cat": 0, "dog": 1, "emu": 2}
+    assert ci.index("emu") == 2 and ci[1] == "dog" and "cat" in ci and "cow" not in ci
+    assert ci == ClassIndex(["cat", "dog", "emu"]) and ci != ClassIndex(["dog", "cat", "emu"])
+    assert pickle.loads(pickle.dumps(ci)) == ci
+    with pytest.raises(KeyError, match="unknown class 'cow'"):
+        ci.index("cow")
+    with pytest.raises(ValueError, match="unique.*cat"):
+        ClassIndex(["cat", "dog", "cat"])
+    with pytest.raises(ValueError, match="non-empty strings"):
+        ClassIndex(["cat", ""])
+
+
+def test_class_index_from_folder_splits_and_json(tmp_path: Path) -> None:
+    train = _tree(tmp_path / "train", {"a": 1, "b": 1, "c": 1})
+    val = _tree(tmp_path / "val", {"a": 1, "c": 1, "d": 1})
+    (train / "empty").mkdir()
+    (train / ".hidden").mkdir()
+    (train / "notes.txt").write_text("not a class")
+    assert ClassIndex.from_folder(train).classes == ["a", "b", "c", "empty"]
+    assert ClassIndex.from_splits(train, val).classes == ["a", "b", "c", "d", "empty"]
+    ci = ClassIndex.from_splits(train, val)
+    ci.save(tmp_path / "classes.json")
+    text = (tmp_path / "classes.json").read_text()
+    assert '"a"' in text and "\n" in text  # human-readable JSON
+    assert ClassIndex.load(tmp_path / "classes.json") == ci
+    (tmp_path / "plain.json").write_text('["x", "y"]')
+    assert ClassIndex.load(tmp_path / "plain.json").classes == ["x", "y"]
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        ClassIndex.load(tmp_path / "bad.json")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        ClassIndex.from_folder(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------------------------ scanning
+
+
+def test_missing_class_in_val_keeps_labels_unlike_torchvision(tmp_path: Path) -> None:
+    """The mission's scenario: train has a, b, c; val lacks b."""
+    train = _tree(tmp_path / "train", {"a": 2, "b": 2, "c": 2})
+    val = _tree(tmp_path / "val", {"a": 1, "c": 1})
+    tv = torchvision.datasets.ImageFolder(str(val))
+    assert tv.class_to_idx["c"] == 1  # torchvision: c shifted to 1
+
+    classes = ClassIndex.from_folder(train)
+    with pytest.warns(UserWarning, match=r"1 of 3 classes have no samples.*'b'"):
+        index = scan_folder(val, classes)
+    c_label = {Path(p).parent.name: int(t) for p, t in zip(index.paths, index.targets)}["c"]
+    assert c_label == 2 == classes.index("c")
+    ds = ImageFolder(val, classes=classes)
+    assert ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
+    assert [t for _, t in ds.samples] == [0, 2]
+    assert ds[1][1] == 2
+
+
+def test_unknown_class_is_an_error_or_left_out(tmp_path: Path) -> None:
+    train = _tree(tmp_path / "train", {"a": 1, "b": 1})
+    val = _tree(tmp_path / "val", {"a": 1, "b": 1, "zebra": 2})
+    classes = ClassIndex.from_folder(train)
+    with pytest.raises(ValueError, match="not in the class list: 'zebra'.*strict=False"):
+        scan_folder(val, classes)
+    with pytest.warns(UserWarning, match="zebra.*left out"):
+        index = scan_folder(val, classes, strict=False)
+    assert len(index) == 2 and list(index.targets) == [0, 1]
+
+
+def test_hidden_non_image_nested_and_empty(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "split", {"a": 2, "b": 1})
+    (root / "empty").mkdir()
+    (root / "a" / ".hidden.jpg").write_bytes(b"junk")
+    (root / "a" / "readme.txt").write_text("x")
+    (root / "b" / "sub").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "b" / "sub" / "deep.PNG")
+    (root / ".git").mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        index = scan_folder(root)
+    assert [str(Path(p).relative_to(root)) for p in index.paths] == ["a/a_0.jpg", "a/a_1.jpg", "b/b_0.jpg", "b/sub/deep.PNG"]
+    assert index.classes.classes == ["a", "b", "empty"]  # empty class folder kept
+    assert list(index.targets) == [0, 0, 1, 1] and index.targets.dtype == np.int64
+    assert any("empty" in str(w.message) for w in caught)
+    # Same files in the same order as torchvision (which also walks sub-folders), less the
+    # hidden file that torchvision would try (and fail) to decode.
+    tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
+    assert [p for p, _ in tv.samples if "/." not in p] == list(index.paths)
+    assert scan_folder(root, extensions=(".png",)).relpath(0) == "b/sub/deep.PNG"
+
+
+def test_loose_files_at_root_warn(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "split", {"a": 1})
+    Image.new("RGB", (8, 8)).save(root / "stray.jpg")
+    with pytest.warns(UserWarning, match="outside any class directory.*stray.jpg"):
+        index = scan_folder(root)
+    assert len(index) == 1
+
+
+def test_scan_is_deterministic_and_matches_torchvision(imagenet_root: Path) -> None:
+    a = scan_folder(imagenet_root / "train")
+    b = scan_folder(imagenet_root / "train")
+    assert a == b
+    tv = torchvision.datasets.ImageFolder(str(imagenet_root / "train"))
+    assert list(a.paths) == [p for p, _ in tv.samples]
+    assert a.targets.tolist() == tv.targets
+    assert a.classes.classes == tv.classes
+
+
+def test_folder_index_storage_save_load_pickle(imagenet_root: Path, tmp_path: Path) -> None:
+    index = scan_folder(imagenet_root / "train")
+    # Per-sample data lives in numpy arrays, not per-sample Python objects.
+    state = index.__getstate__()
+    assert {type(v) for k, v in state.items() if k in ("buf", "offsets", "targets")} == {np.ndarray}
+    index.save(tmp_path / "train.idx.npz")
+    loaded = FolderIndex.load(tmp_path / "train.idx.npz")
+    assert loaded == index and loaded.paths[5] == index.paths[5]
+    moved = FolderIndex.load(tmp_path / "train.idx.npz", root="/elsewhere")
+    assert moved.paths[0].startswith("/elsewhere/") and moved.relpath(0) == index.relpath(0)
+    assert pickle.loads(pickle.dumps(index)) == index
+    (tmp_path / "junk.npz").write_bytes(b"nope")
+    with pytest.raises(ValueError, match="junk.npz"):
+        FolderIndex.load(tmp_path / "junk.npz")
+    with pytest.raises(IndexError, match="out of range"):
+        index.paths[len(index)]
+    sub = index.subset([3, 1])
+    assert list(sub.paths) == [index.paths[3], index.paths[1]] and list(sub.targets) == [index.targets[3], index.targets[1]]
+
+
+def test_non_ascii_paths(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "split", {"café": 1, "日本": 1})
+    index = scan_folder(root)
+    assert index.classes.classes == ["café", "日本"]
+    assert Path(index.paths[1]).exists()
+    index.save(tmp_path / "i.npz")
+    assert FolderIndex.load(tmp_path / "i.npz") == index
+
+
+# ------------------------------------------------------------------------------------ scan_list
+
+
+def test_scan_list_flat_val_layout(tmp_path: Path) -> None:
+    flat = tmp_path / "val_flat"
+    flat.mkdir()
+    for name in ("v1.JPEG", "v2.JPEG", "v 3.JPEG"):
+        Image.new("RGB", (16, 16)).save(flat / name, format="JPEG")
+    classes = ClassIndex(["n01", "n02", "n03"])
+    (tmp_path / "labels.txt").write_text("# ground truth\nv1.JPEG n03\n\nv2.JPEG 0\nv 3.JPEG n02\n")
+    index = scan_list(tmp_path / "labels.txt", flat, classes)
+    assert [index.relpath(i) for i in range(3)] == ["v1.JPEG", "v2.JPEG", "v 3.JPEG"]
+    assert index.targets.tolist() == [2, 0, 1]
+    (tmp_path / "bad.txt").write_text("v1.JPEG n09\n")
+    with pytest.raises(ValueError, match=r"bad.txt:1: unknown class 'n09'"):
+        scan_list(tmp_path / "bad.txt", flat, classes)
+    (tmp_path / "range.txt").write_text("v1.JPEG 7\n")
+    with pytest.raises(ValueError, match=r"range.txt:1: label 7 is out of range"):
+        scan_list(tmp_path / "range.txt", flat, classes)
+    (tmp_path / "missing.txt").write_text("v1.JPEG n01\nnope.JPEG n01\n")
+    with pytest.raises(FileNotFoundError, match=r"missing.txt:2: .*nope.JPEG"):
+        scan_list(tmp_path / "missing.txt", flat, classes)
+
+
+# ------------------------------------------------------------------------------------ ImageFolder
+
+
+def test_image_folder_is_a_drop_in_for_torchvision(imagenet_root: Path) -> None:
+    root = imagenet_root / "val"
+    ours = ImageFolder(root)
+    theirs = torchvision.datasets.ImageFolder(str(root))
+    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+    assert list(ours.samples) == theirs.samples and list(ours.imgs) == theirs.imgs
+    assert ours.targets.tolist() == theirs.targets and len(ours) == len(theirs)
+    for i in range(len(ours)):
+        a, ta = ours[i]
+        b, tb = theirs[i]
+        assert ta == tb and a.mode == "RGB" and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_image_folder_transforms_and_loader(imagenet_root: Path) -> None:
+    from torchvision import transforms as T
+
+    ds = ImageFolder(imagenet_root / "val", transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]), target_transform=str)
+    img, target = ds[0]
+    assert img.shape == (3, 32, 32) and img.dtype == torch.uint8 and target == "0"
+    ds = ImageFolder(imagenet_root / "val", loader=os.path.getsize)
+    size, _ = ds[0]
+    assert size == os.path.getsize(ds.samples[0][0])
+    with pytest.raises(TypeError, match="transform should be callable"):
+        ImageFolder(imagenet_root / "val", transform="flip")  # type: ignore[arg-type]
+
+
+def test_corrupt_file_error_names_it(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "split", {"a": 2})
+    (root / "a" / "a_1.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
+    ds = ImageFolder(root)
+    ds[0]
+    with pytest.raises(DecodeError, match=r"sample 1 \('.*a_1.jpg'\)"):
+        ds[1]
+
+
+def _len_and_first_target(ds: ImageFolder) -> tuple[int, int, int]:
+    img, t = ds[len(ds) - 1]
+    return len(ds), t, img.size[0]
+
+
+def _targets_only(batch: list[tuple[object, int]]) -> list[int]:
+    return [t for _, t in batch]
+
+
+def test_image_folder_pickles_for_spawn_workers(imagenet_root: Path) -> None:
+    ds = ImageFolder(imagenet_root / "train")
+    with mp.get_context("spawn").Pool(1) as pool:
+        n, target, width = pool.apply(_len_and_first_target, (ds,))
+    assert n == len(ds) and target == 3 and width == ds[len(ds) - 1][0].size[0]
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn", collate_fn=_targets_only)
+    assert sum(loader, []) == ds.targets.tolist()
+
+
+# ------------------------------------------------------------------------------------ broadcast
+
+_BROADCAST_SCRIPT = r"""
+import os, sys, torch.distributed as dist
+from fastload import scan_folder
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+if dist.get_rank() == 1:
+    def no_walk(*a, **k):
+        raise AssertionError("rank 1 walked the folder")
+    os.scandir = no_walk  # prove that only rank 0 touches the file system
+index = scan_folder(sys.argv[3], broadcast=True)
+print(len(index), index.paths[0], int(index.targets[-1]))
+try:
+    scan_folder(sys.argv[3] + "/missing", broadcast=True)
+except FileNotFoundError as e:
+    print("error on rank", dist.get_rank(), "missing" in str(e))
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scan_broadcast_from_rank_zero(imagenet_root: Path, tmp_path: Path) -> None:
+    script = tmp_path / "bcast.py"
+    script.write_text(_BROADCAST_SCRIPT)
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), init, str(r), str(imagenet_root / "train")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    index = scan_folder(imagenet_root / "train")
+    expected = f"{len(index)} {index.paths[0]} {int(index.targets[-1])}"
+    assert outs[0][0].splitlines()[0] == expected == outs[1][0].splitlines()[0]
+    assert outs[0][0].splitlines()[1] == "error on rank 0 True"
+    assert outs[1][0].splitlines()[1] == "error on rank 1 True"
