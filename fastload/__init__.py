@@ -22,6 +22,7 @@ _LAZY = {
     "distributed": ("fastload.distributed", None),
     "DataLoader": ("fastload.loader", "DataLoader"),
     "DistributedSampler": ("fastload.sampler", "DistributedSampler"),
+    "shard_indices": ("fastload.sampler", "shard_indices"),
     "InMemoryImageFolder": ("fastload.memory", "InMemoryImageFolder"),
     "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
 }

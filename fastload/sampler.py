@@ -1,0 +1,298 @@
+"""Distributed sampling that hands out every sample exactly once.
+
+:class:`DistributedSampler` takes torch's arguments and order, but by default it neither pads
+nor drops: the ranks' shards are disjoint and together are exactly ``range(len(dataset))``, so
+metrics summed over ranks (see :mod:`fastload.distributed`) are the single-process metrics.
+:func:`shard_indices` is the same split without a sampler object, for evaluation code that
+builds a ``torch.utils.data.Subset``.
+
+Example:
+    >>> from fastload.sampler import DistributedSampler, shard_indices
+    >>> [list(DistributedSampler(range(7), num_replicas=3, rank=r, shuffle=False)) for r in range(3)]
+    [[0, 3, 6], [1, 4], [2, 5]]
+    >>> shard_indices(7, num_replicas=3, rank=1)
+    range(1, 7, 3)
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from typing import Any, Iterator, Sized
+
+import torch
+import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
+
+from .rng import epoch_permutation
+
+__all__ = ["DistributedSampler", "shard_indices"]
+
+
+def _as_int(value: Any, name: str) -> int:
+    """``value`` as a Python int (ints and numpy integers, not bools or floats), else TypeError."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} should be an integer, but got {name}={value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} should be an integer, but got {name}={value!r}") from None
+
+
+def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Explicit values win; missing ones come from the default process group, as in torch."""
+    if num_replicas is None or rank is None:
+        if not dist.is_available():
+            raise RuntimeError("Requires distributed package to be available")
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "Requires distributed package to be initialized: call "
+                "torch.distributed.init_process_group() first, or pass num_replicas and rank explicitly"
+            )
+        if num_replicas is None:
+            num_replicas = dist.get_world_size()
+        if rank is None:
+            rank = dist.get_rank()
+    num_replicas = _as_int(num_replicas, "num_replicas")
+    rank = _as_int(rank, "rank")
+    if num_replicas <= 0:
+        raise ValueError(f"num_replicas should be a positive integer, but got num_replicas={num_replicas}")
+    if rank >= num_replicas or rank < 0:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+    return num_replicas, rank
+
+
+def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = None) -> range:
+    """The dataset indices of one rank's evaluation shard: ``range(rank, n, num_replicas)``.
+
+    The strided split of ``range(n)`` that :class:`DistributedSampler` makes with
+    ``shuffle=False``: no padding, no dropping, every index on exactly one rank, shard lengths
+    differing by at most one. Ranks past the end of a small dataset get an empty range.
+
+    Args:
+        n: Dataset size.
+        num_replicas: Number of ranks. Default: the world size of the default process group.
+        rank: This rank. Default: the rank in the default process group.
+
+    Returns:
+        A ``range`` (usable with ``torch.utils.data.Subset``).
+
+    Raises:
+        RuntimeError: ``num_replicas`` or ``rank`` is missing and no process group is initialized.
+        ValueError: ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
+
+    Example:
+        ``n=7`` on 3 ranks, then ``n=2`` on 3 ranks (rank 2 gets nothing):
+
+        >>> [list(shard_indices(7, 3, r)) for r in range(3)]
+        [[0, 3, 6], [1, 4], [2, 5]]
+        >>> [list(shard_indices(2, 3, r)) for r in range(3)]
+        [[0], [1], []]
+    """
+    n = _as_int(n, "n")
+    if n < 0:
+        raise ValueError(f"n should be a non-negative integer, but got n={n}")
+    num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
+    return range(rank, n, num_replicas)
+
+
+class DistributedSampler(_TorchDistributedSampler[int]):
+    """Sampler that gives each rank a disjoint shard of the dataset, without padding by default.
+
+    A drop-in replacement for :class:`torch.utils.data.DistributedSampler` (and a subclass of it,
+    so libraries that check ``isinstance(sampler, DistributedSampler)`` keep working). The
+    arguments, the per-epoch order (``torch.randperm`` seeded by ``seed + epoch``, from
+    :func:`fastload.rng.epoch_permutation`) and the strided assignment (rank ``r`` takes
+    positions ``r, r + W, r + 2W, ...`` of the epoch's order) are torch's. What differs is the
+    default for a dataset whose size ``N`` is not a multiple of the number of ranks ``W``:
+
+    * default (``pad=False, drop_last=False``): nothing is added or removed. Every index is on
+      exactly one rank; the first ``N mod W`` ranks get one sample more than the others.
+      Evaluation metrics summed over ranks are exact. For training with DDP, see
+      :mod:`fastload.distributed` for the two ways to handle the unequal step counts.
+    * ``pad=True``: torch's behaviour, index for index: the order is extended by repeating its
+      first ``W - N mod W`` entries so every rank gets ``ceil(N / W)`` samples. Those samples are
+      seen twice per epoch (and counted twice by a metric).
+    * ``drop_last=True``: the last ``N mod W`` positions of the epoch's order are dropped, so
+      every rank gets ``floor(N / W)`` samples (the same as torch's ``drop_last=True``;
+      ``pad`` then has nothing to do). With ``shuffle=True`` the dropped samples change from
+      epoch to epoch.
+
+    In every mode a rank's indices are a prefix of what torch gives it for the same seed and
+    epoch, and the order depends only on ``(seed, epoch)``, never on global RNG state.
+
+    Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks,
+    ``shuffle=False``::
+
+        mode                 rank 0      rank 1      rank 2      samples seen
+        default              [0, 3, 6]   [1, 4]      [2, 5]      7: each once
+        pad=True             [0, 3, 6]   [1, 4, 0]   [2, 5, 1]   9: 0 and 1 twice (= torch)
+        drop_last=True       [0, 3]      [1, 4]      [2, 5]      6: 6 never seen
+
+    With ``shuffle=True, seed=0`` the epoch-0 order is ``[4, 0, 5, 3, 2, 6, 1]`` and the same
+    rules give ``[4, 3, 1] / [0, 2] / [5, 6]`` by default, ``[4, 3, 1] / [0, 2, 4] / [5, 6, 0]``
+    with ``pad=True`` and ``[4, 3] / [0, 2] / [5, 6]`` with ``drop_last=True`` (sample 1 is
+    dropped in epoch 0; in epoch 1, order ``[0, 6, 1, 3, 5, 2, 4]``, sample 4 is).
+
+    With fewer samples than ranks (``N = 2``, ``W = 3``) the default gives ``[0] / [1] / []``:
+    rank 2 has an empty shard (its loop body simply never runs); ``pad=True`` gives
+    ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``.
+
+    Args:
+        dataset: Dataset used for sampling (only ``len(dataset)`` is used). Its size must not
+            change while the sampler is in use.
+        num_replicas: Number of processes participating in distributed training. By default,
+            the world size of the default process group.
+        rank: Rank of the current process within ``num_replicas``. By default, the rank in the
+            default process group.
+        shuffle: If ``True`` (default), the order is a permutation that changes with the epoch.
+        seed: Random seed of the shuffle; must be identical on all ranks. Default: ``0``.
+        drop_last: If ``True``, drop the tail of the epoch's order so that every rank gets
+            ``floor(N / W)`` samples. Default: ``False``.
+        pad: If ``True`` (and ``drop_last=False``), repeat samples as torch does so that every
+            rank gets ``ceil(N / W)`` samples. Default: ``False``.
+
+    Raises:
+        RuntimeError: ``num_replicas`` or ``rank`` is not given and no process group is
+            initialized.
+        ValueError: ``num_replicas`` is not positive or ``rank`` is outside ``[0, num_replicas - 1]``.
+        TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, or ``dataset`` has no
+            ``len()``.
+
+    .. warning::
+        As with torch, call :meth:`set_epoch` at the start of every epoch, **before** creating
+        the DataLoader iterator; otherwise every epoch uses the same order. A shuffling sampler
+        that is iterated twice in the same epoch without :meth:`set_epoch` ever having been
+        called warns about it once.
+
+    Example::
+
+        sampler = DistributedSampler(train_set)           # rank/world from the process group
+        loader = DataLoader(train_set, batch_size=256, sampler=sampler)
+        for epoch in range(start_epoch, epochs):
+            sampler.set_epoch(epoch)
+            for images, labels in loader:
+                ...
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        pad: bool = False,
+    ) -> None:
+        num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
+        seed = _as_int(seed, "seed")
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise TypeError(
+                "dataset should be a map-style dataset with __len__, "
+                f"but got an object of type {type(dataset).__name__}"
+            ) from None
+        # torch's constructor sets dataset, num_replicas, rank, epoch, drop_last, shuffle, seed and
+        # its padded num_samples/total_size; the last two are replaced below unless pad=True.
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last)
+        )
+        self.pad = bool(pad)
+        self._len = n
+        if not self.drop_last and not self.pad:
+            self.num_samples = len(range(rank, n, num_replicas))
+            self.total_size = n
+        self._set_epoch_called = False
+        self._last_iter_epoch: int | None = None
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(len(dataset)={self._len}, num_replicas={self.num_replicas}, "
+            f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+            f"pad={self.pad}, epoch={self.epoch})"
+        )
+
+    def indices(self, epoch: int | None = None) -> list[int]:
+        """This rank's indices for an epoch, in order (what iterating the sampler yields).
+
+        Unlike iterating, this does not count as using the epoch (no :meth:`set_epoch` warning),
+        so it can be called to pair per-sample outputs with their dataset indices, e.g. for
+        :func:`fastload.distributed.gather_by_index`.
+
+        Args:
+            epoch: The epoch. Default: the current one (``self.epoch``).
+
+        Returns:
+            A list of ints of length ``len(self)``.
+        """
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if n != self._len:
+            raise RuntimeError(
+                f"the dataset size changed from {self._len} to {n} since the sampler was created; "
+                "create a new DistributedSampler for the new dataset"
+            )
+        epoch = self.epoch if epoch is None else _as_int(epoch, "epoch")
+        order = epoch_permutation(n, self.seed, epoch) if self.shuffle else torch.arange(n)
+        if self.drop_last:
+            order = order[: self.total_size]
+        elif self.pad and self.total_size > n:
+            # torch: extend by the order itself, repeated as often as needed (W > N repeats it).
+            repeats = math.ceil((self.total_size - n) / n)
+            order = torch.cat([order, order.repeat(repeats)[: self.total_size - n]])
+        return order[self.rank :: self.num_replicas].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        if (
+            self.shuffle
+            and not self._set_epoch_called
+            and not self._warned
+            and self._last_iter_epoch == self.epoch
+        ):
+            self._warned = True
+            warnings.warn(
+                f"DistributedSampler is iterated again in epoch {self.epoch} and set_epoch() was never "
+                "called: every epoch will use the same order. Call sampler.set_epoch(epoch) at the start "
+                "of each epoch, before iterating the DataLoader.",
+                stacklevel=2,
+            )
+        self._last_iter_epoch = self.epoch
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch, which (with ``seed``) selects the order when ``shuffle=True``.
+
+        Args:
+            epoch: Epoch number.
+        """
+        self.epoch = _as_int(epoch, "epoch")
+        self._set_epoch_called = True
+
+    def state_dict(self) -> dict[str, int]:
+        """The sampler's state: ``{"epoch": ..., "seed": ...}`` (the order is a function of them).
+
+        The position inside the epoch is not part of it: the DataLoader tracks that.
+        """
+        return {"epoch": self.epoch, "seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Restores ``epoch`` and ``seed`` from :meth:`state_dict` (counts as calling :meth:`set_epoch`).
+
+        Raises:
+            ValueError: A key is missing.
+            TypeError: A value is not an integer.
+        """
+        missing = [k for k in ("epoch", "seed") if k not in state_dict]
+        if missing:
+            raise ValueError(
+                f"state_dict should have the keys 'epoch' and 'seed', but got keys {sorted(state_dict)}"
+            )
+        seed = _as_int(state_dict["seed"], "seed")
+        self.set_epoch(state_dict["epoch"])
+        self.seed = seed
