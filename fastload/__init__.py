@@ -25,6 +25,9 @@ _LAZY = {
     "shard_indices": ("fastload.sampler", "shard_indices"),
     "InMemoryImageFolder": ("fastload.memory", "InMemoryImageFolder"),
     "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
+    "IndexedBatch": ("fastload.gpu", "IndexedBatch"),
+    "default_device": ("fastload.prefetch", "default_device"),
+    "device_is_cuda": ("fastload.prefetch", "device_is_cuda"),
 }
 
 __all__ = [

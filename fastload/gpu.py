@@ -1,0 +1,1205 @@
+"""Batched image transforms for NCHW tensors on any device, with per-sample randomness.
+
+The CPU ships compact ``uint8`` batches; these transforms do the rest where the model runs.
+Every transform works on a whole batch at once (no Python loop over images) and on any device:
+on CPU tensors the results are checked against :mod:`torchvision.transforms.v2.functional`
+applied image by image with the same parameters.
+
+Call convention
+---------------
+Every transform here is a :class:`BatchTransform` and is called as::
+
+    out = transform(images, indices=None, epoch=0, seed=0)
+
+``images`` is a ``(N, C, H, W)`` tensor. The resize-type transforms (:class:`RandomResizedCrop`,
+:class:`Resize`, :class:`CenterCrop`, :class:`RandomHorizontalFlip`) also accept a list of ``(C, H, W)``
+tensors of different sizes (what a device JPEG decoder returns) and return one batch.
+
+Per-sample randomness
+---------------------
+With ``indices`` given (the dataset index of each image), every random parameter of image ``r`` is
+drawn from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, where ``stream`` is a
+fixed id per transform class (:attr:`RandomResizedCrop.stream`, ...). So a sample gets the same
+augmentation whatever batch it lands in, whatever the batch size, and after a resume. Two
+instances of the same class in one pipeline draw the same numbers unless you give one a different
+``stream`` (``t.stream = 123``). With ``indices=None`` the uniforms come from torch's global
+generator, one set per image (reproducible with ``torch.manual_seed``, like torchvision).
+
+Each random transform has a ``get_params(images, indices=..., epoch=..., seed=...)`` method that
+returns the parameters it draws for those images, as numpy arrays (one entry per image).
+
+Where the indices come from: :class:`IndexedBatch` is an ``(images, labels)`` tuple that also
+carries ``.indices``; :class:`fastload.CUDAPrefetcher` passes them, with the loader's epoch and
+seed, to the transforms (see :mod:`fastload.prefetch`).
+
+Fusion
+------
+Inside :class:`Compose`, consecutive geometric transforms are fused into one resampling pass:
+``Compose([Resize(256), CenterCrop(224)])`` computes only the 224x224 window of the resized image
+(so it also works on a list of images of different aspect ratios), and
+``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])`` writes the flipped crop directly.
+The result equals applying the transforms one after the other: bit for bit for crops and flips
+after the resize, to float rounding (at most one uint8 level) for a flip before it.
+
+A ragged list is processed in a few groups of similar region size, so that padding a group to
+its largest region at most doubles its work: one 4000x3000 photo in a batch of 400x350 crops
+does not make every crop cost 4000x3000.
+
+Resampling and accuracy
+-----------------------
+Bilinear resizing (with ``antialias=True``, torch's triangle filter widened by the downscale
+factor, exactly like ``interpolate(..., antialias=True)``) is computed for the whole batch as two
+separable passes of :func:`torch.nn.functional.embedding_bag` (a fused "weighted sum of K gathered
+rows"), with per-image filter taps computed in numpy. It works for any per-image crop box and any
+scale, up or down. Arithmetic is float32 and uint8 outputs are rounded. Measured on 400x350
+photo-like images (``bench/gpu_transforms.py --accuracy``, asserted in ``tests/test_gpu.py``):
+
+- vs torchvision's float path (what it does on GPU), rounded: max 1 level, mean 1e-4 levels
+  (only rounding ties differ), for mild/strong downscales and upscales alike;
+- vs torchvision's CPU uint8 path (16-bit fixed-point weights, rounding between its passes):
+  max 1 level, on 9-19% of the pixels (mean 0.09-0.19 levels).
+
+A uniform batch tensor with the same geometry for every image (``Resize``/``CenterCrop`` of an
+NCHW tensor) goes through torchvision's own batched resize and slicing, so it is identical to
+torchvision. Flips, crops, zero padding, colour jitter, erasing and normalisation are exact
+(bit-identical to the torchvision functional ops with the same parameters).
+
+Example:
+    >>> import torch
+    >>> from fastload import gpu
+    >>> train = gpu.Compose([
+    ...     gpu.RandomResizedCrop(224),
+    ...     gpu.RandomHorizontalFlip(),
+    ...     gpu.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ... ])
+    >>> images = torch.randint(0, 256, (8, 3, 300, 400), dtype=torch.uint8)
+    >>> out = train(images, indices=torch.arange(8), epoch=0, seed=0)
+    >>> out.shape, out.dtype
+    (torch.Size([8, 3, 224, 224]), torch.float32)
+    >>> bool((train(images[2:4], indices=torch.arange(2, 4)) == out[2:4]).all())  # same samples
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+
+from . import rng
+
+__all__ = [
+    "BatchTransform",
+    "CenterCrop",
+    "ColorJitter",
+    "Compose",
+    "IndexedBatch",
+    "Normalize",
+    "RandomErasing",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+]
+
+Images = Union[torch.Tensor, Sequence[torch.Tensor]]
+Indices = Union[Sequence[int], np.ndarray, torch.Tensor, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Batches that carry their sample indices
+# --------------------------------------------------------------------------------------------
+
+
+class IndexedBatch(tuple):
+    """An ``(images, labels)`` batch that also carries the dataset index of each sample.
+
+    It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,
+    and exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
+    processes) and ``pin_memory`` (torch's pin-memory thread calls :meth:`pin_memory`).
+
+    Example:
+        >>> import torch
+        >>> b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), torch.tensor([7, 3]))
+        >>> images, labels = b
+        >>> b.indices.tolist(), len(b)
+        ([7, 3], 2)
+    """
+
+    indices: Any
+
+    def __new__(cls, images: Any, labels: Any, indices: Any) -> "IndexedBatch":
+        self = super().__new__(cls, (images, labels))
+        self.indices = indices
+        return self
+
+    @property
+    def images(self) -> Any:
+        """The images (first element)."""
+        return self[0]
+
+    @property
+    def labels(self) -> Any:
+        """The labels (second element)."""
+        return self[1]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (IndexedBatch, (self[0], self[1], self.indices))
+
+    def pin_memory(self) -> "IndexedBatch":
+        """Returns a copy whose CPU tensors are in pinned memory (indices stay as they are)."""
+
+        def pin(x: Any) -> Any:
+            return x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
+
+        return IndexedBatch(pin(self[0]), pin(self[1]), self.indices)
+
+    def __repr__(self) -> str:
+        return f"IndexedBatch(images={self[0]!r}, labels={self[1]!r}, indices={self.indices!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# Argument helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_size(size: Any, name: str = "size") -> tuple[int, int]:
+    """``int`` or ``(h, w)`` / ``(s,)`` sequence -> ``(h, w)`` positive ints."""
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        h = w = int(size)
+    elif isinstance(size, Sequence) and len(size) in (1, 2) and all(
+        isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size
+    ):
+        h, w = (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
+    else:
+        raise TypeError(f"{name} should be an int or a sequence of one or two ints, but got {name}={size!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"{name} should be positive, but got {name}={size!r}")
+    return h, w
+
+
+def _check_range(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
+    if not (isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, numbers.Real) for v in value)):
+        raise TypeError(f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}")
+    a, b = float(value[0]), float(value[1])
+    if not (low <= a <= b <= high):
+        raise ValueError(f"{name} should be (min, max) with {low} <= min <= max <= {high}, but got {name}={value!r}")
+    return a, b
+
+
+def _check_probability(p: Any) -> float:
+    if not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
+    return float(p)
+
+
+def _check_interpolation(interpolation: Any) -> None:
+    value = getattr(interpolation, "value", interpolation)
+    if value != "bilinear":
+        raise ValueError(
+            "only bilinear interpolation is implemented for batched transforms, "
+            f"but got interpolation={interpolation!r}"
+        )
+
+
+def _batch_size(images: Images) -> int:
+    if isinstance(images, torch.Tensor):
+        if images.ndim != 4:
+            raise ValueError(
+                f"images should be an (N, C, H, W) tensor, but got a tensor of shape {tuple(images.shape)}"
+            )
+        return images.shape[0]
+    if isinstance(images, (list, tuple)):
+        return len(images)
+    raise TypeError(
+        f"images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got {type(images).__name__}"
+    )
+
+
+def _image_sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
+    """Heights and widths (int64 arrays) of a batch tensor or a list of CHW tensors."""
+    n = _batch_size(images)
+    if isinstance(images, torch.Tensor):
+        return np.full(n, images.shape[2], dtype=np.int64), np.full(n, images.shape[3], dtype=np.int64)
+    for k, t in enumerate(images):
+        if not isinstance(t, torch.Tensor) or t.ndim != 3:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"images[{k}] should be a (C, H, W) tensor, but got {shape}")
+    return (
+        np.array([t.shape[1] for t in images], dtype=np.int64),
+        np.array([t.shape[2] for t in images], dtype=np.int64),
+    )
+
+
+def _require_tensor(images: Images, who: str) -> torch.Tensor:
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(
+            f"{who} needs an (N, C, H, W) tensor, but got {type(images).__name__}; "
+            "put a resize-type transform (RandomResizedCrop, Resize, CenterCrop) first to make one batch"
+        )
+    _batch_size(images)
+    return images
+
+
+def _uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draws: int) -> np.ndarray:
+    """``(n, draws)`` uniforms in [0, 1): per-sample streams if ``indices`` is given, else torch's global RNG."""
+    if indices is None:
+        return torch.rand((n, draws), dtype=torch.float64).numpy()
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or idx.shape[0] != n:
+        raise ValueError(f"indices should hold one dataset index per image ({n}), but got shape {tuple(idx.shape)}")
+    if n == 0:
+        return np.zeros((0, draws), dtype=np.float64)
+    return rng.batch_uniform(int(seed), int(epoch), idx.astype(np.int64), stream, draws)
+
+
+def _to_device(
+    array: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A small host array (parameters, indices) as a tensor on ``device``.
+
+    On CUDA the copy is staged through pinned memory and is asynchronous: transforms queued on
+    the prefetcher's side stream (behind a wait on the training stream) never block the host.
+    """
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+    if dtype is not None and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)  # on the host: same rounding, smaller copy
+    if device.type == "cpu":
+        return tensor
+    from .prefetch import device_is_cuda  # the one place that knows about CUDA
+
+    if device_is_cuda(device):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Integers in ``[0, high)`` from uniforms (``high >= 1``)."""
+    return np.minimum((u * high).astype(np.int64), high - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Geometry plans: crops, resizes and flips of a whole batch, executed as one resampling pass
+# --------------------------------------------------------------------------------------------
+
+
+class _Axis:
+    """The geometry of one axis (rows or columns) of every image of a batch.
+
+    The current virtual image ``V`` along this axis is ``V[k] = R[win0 + k]`` for
+    ``k < winlen``, zero where ``win0 + k`` is outside ``[lo, hi)``. ``R`` is the source ``S``
+    itself until a resize happens (``resampled`` False); afterwards it is ``S[src0 : src0 + srclen]``
+    (zero outside ``[m0, m1)``) resampled to ``reslen`` pixels.
+    """
+
+    __slots__ = ("size", "src0", "srclen", "reslen", "win0", "winlen", "lo", "hi", "m0", "m1", "resampled")
+
+    def __init__(self, size: np.ndarray) -> None:
+        zeros = np.zeros_like(size)
+        self.size = size
+        self.src0, self.srclen, self.reslen = zeros, size, size
+        self.win0, self.winlen = zeros, size
+        self.lo, self.hi = zeros, size
+        self.m0, self.m1 = zeros, size
+        self.resampled = False
+
+    def crop(self, start: np.ndarray, length: np.ndarray) -> None:
+        self.lo = np.maximum(self.lo, self.win0)
+        self.hi = np.minimum(self.hi, self.win0 + self.winlen)
+        self.win0 = self.win0 + start
+        self.winlen = np.asarray(length, dtype=np.int64)
+
+    def resize(self, length: np.ndarray) -> None:
+        # Not yet resampled, so R == S: the window (with its zero padding) becomes the region.
+        self.src0, self.srclen = self.win0, self.winlen
+        self.m0, self.m1 = self.lo, self.hi
+        self.reslen = length
+        self.win0, self.winlen = np.zeros_like(length), length
+        self.lo, self.hi = np.zeros_like(length), length
+        self.resampled = True
+
+    def uniform(self) -> bool:
+        return all(bool((getattr(self, name) == getattr(self, name)[0]).all()) for name in self.__slots__[:-1])
+
+    def taps(self, flip: np.ndarray | None, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Source positions and weights, each ``(N, L, K)``: ``V[o] = sum_k w[o, k] * S[pos[o, k]]``."""
+        length = int(self.winlen[0])
+        o = np.arange(length, dtype=np.int64)[None, :]
+        if flip is not None:
+            o = np.where(flip[:, None], length - 1 - o, o)
+        r = self.win0[:, None] + o  # (N, L) position in R
+        valid = (r >= self.lo[:, None]) & (r < self.hi[:, None])
+        if not self.resampled:
+            pos = r[:, :, None]
+            weights = valid[:, :, None].astype(np.float64)
+        else:
+            n = self.srclen[:, None].astype(np.float64)
+            m = self.reslen[:, None]
+            scale = n / m
+            rr = np.clip(r, 0, m - 1).astype(np.float64)
+            if antialias:
+                # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)).
+                support = np.where(scale >= 1.0, scale, 1.0)
+                invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)
+                center = scale * (rr + 0.5)
+                xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+                xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), self.srclen[:, None])
+                xsize = xmax - xmin
+                k = np.arange(max(int(xsize.max()), 1), dtype=np.int64)
+                j = xmin[:, :, None] + k
+                weights = np.maximum(0.0, 1.0 - np.abs((j - center[:, :, None] + 0.5) * invscale[:, :, None]))
+                weights = np.where(k < xsize[:, :, None], weights, 0.0)
+                total = weights.sum(-1, keepdims=True)
+                weights = weights / np.where(total > 0, total, 1.0)
+            else:
+                # Plain bilinear (align_corners=False), two taps.
+                src = np.maximum(scale * (rr + 0.5) - 0.5, 0.0)
+                i0 = np.minimum(np.floor(src).astype(np.int64), self.srclen[:, None] - 1)
+                i1 = i0 + (i0 < self.srclen[:, None] - 1)
+                lam = np.clip(src - i0, 0.0, 1.0)
+                j = np.stack([i0, i1], -1)
+                weights = np.stack([1.0 - lam, lam], -1)
+            pos = self.src0[:, None, None] + j
+            inside = (pos >= self.m0[:, None, None]) & (pos < self.m1[:, None, None])
+            weights = weights * inside * valid[:, :, None]
+        pos = np.clip(pos, 0, self.size[:, None, None] - 1)
+        return pos, weights
+
+
+class _Plan:
+    """Pending geometry for a batch: ``execute()`` produces the NCHW result in one pass."""
+
+    def __init__(self, images: Images) -> None:
+        heights, widths = _image_sizes(images)
+        if not isinstance(images, torch.Tensor):
+            if len(images) == 0:
+                raise ValueError("images should be a non-empty list of (C, H, W) tensors, but got an empty list")
+            first = images[0]
+            for k, t in enumerate(images):
+                if t.shape[0] != first.shape[0] or t.dtype != first.dtype or t.device != first.device:
+                    raise ValueError(
+                        "images should share channels, dtype and device, but images[0] is "
+                        f"{tuple(first.shape)} {first.dtype} on {first.device} and images[{k}] is "
+                        f"{tuple(t.shape)} {t.dtype} on {t.device}"
+                    )
+        self.images = images
+        # An empty batch is planned as one virtual image, so that the output shape is known.
+        self.empty = len(heights) == 0
+        if self.empty:
+            heights, widths = np.array([images.shape[2]]), np.array([images.shape[3]])  # type: ignore[union-attr]
+        self.n = len(heights)
+        self.y = _Axis(heights)
+        self.x = _Axis(widths)
+        self.flip = np.zeros(self.n, dtype=bool)
+        self.random_geometry = False
+        self.antialias = True
+
+    def draw(self, indices: Indices, epoch: int, seed: int, stream: int, draws: int) -> np.ndarray:
+        """``(n, draws)`` uniforms for the images of this plan."""
+        if self.empty:
+            _uniforms(0, indices, epoch, seed, stream, draws)  # validates indices
+            return np.zeros((1, draws))
+        return _uniforms(self.n, indices, epoch, seed, stream, draws)
+
+    @property
+    def resampled(self) -> bool:
+        return self.y.resampled or self.x.resampled
+
+    def sizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Current per-image ``(heights, widths)``."""
+        return self.y.winlen, self.x.winlen
+
+    def crop(self, top: np.ndarray, left: np.ndarray, height: np.ndarray, width: np.ndarray) -> None:
+        # A crop of a flipped image is the mirrored crop of the unflipped one, then flipped.
+        left = np.where(self.flip, self.x.winlen - left - width, left)
+        self.y.crop(np.asarray(top, dtype=np.int64), np.broadcast_to(np.asarray(height, dtype=np.int64), (self.n,)))
+        self.x.crop(np.asarray(left, dtype=np.int64), np.broadcast_to(np.asarray(width, dtype=np.int64), (self.n,)))
+
+    def resize(self, height: np.ndarray, width: np.ndarray, antialias: bool) -> None:
+        """Resamples the current image (only valid while ``not self.resampled``)."""
+        for axis, new in ((self.y, height), (self.x, width)):
+            new = np.broadcast_to(np.asarray(new, dtype=np.int64), (self.n,)).copy()
+            if not (new == axis.winlen).all():  # resizing to the same size is the identity
+                axis.resize(new)
+                self.antialias = antialias
+
+    def execute(self) -> torch.Tensor:
+        images = self.images
+        heights, widths = self.sizes()
+        if not ((heights == heights[0]).all() and (widths == widths[0]).all()):
+            pairs = sorted({(int(h), int(w)) for h, w in zip(heights, widths)})
+            raise ValueError(
+                f"a batch needs one output size, but these transforms give per-image sizes {pairs[:4]}"
+                f"{' ...' if len(pairs) > 4 else ''}; resize to a fixed (h, w), or follow Resize(int) "
+                "with CenterCrop inside one Compose"
+            )
+        if isinstance(images, torch.Tensor):
+            if self.empty:
+                return images.new_empty((0, images.shape[1], int(heights[0]), int(widths[0])))
+            if not self.random_geometry and self.y.uniform() and self.x.uniform():
+                fast = self._execute_uniform(images)
+                if fast is not None:
+                    return fast
+        return self._execute_general()
+
+    def _execute_uniform(self, images: torch.Tensor) -> torch.Tensor | None:
+        """Same geometry for every image and no padding: slices plus torchvision's batched resize."""
+        from torchvision.transforms.v2 import functional as tvf
+
+        for axis in (self.y, self.x):
+            if axis.resampled:
+                if axis.src0[0] < axis.m0[0] or axis.src0[0] + axis.srclen[0] > axis.m1[0]:
+                    return None
+            if axis.win0[0] < axis.lo[0] or axis.win0[0] + axis.winlen[0] > axis.hi[0]:
+                return None
+        out = images
+        for dim, axis in ((2, self.y), (3, self.x)):
+            start, length = (axis.src0[0], axis.srclen[0]) if axis.resampled else (axis.win0[0], axis.winlen[0])
+            if start != 0 or length != out.shape[dim]:
+                out = out.narrow(dim, int(start), int(length))
+        if self.resampled:
+            size = [int(self.y.reslen[0]) if self.y.resampled else out.shape[2],
+                    int(self.x.reslen[0]) if self.x.resampled else out.shape[3]]
+            out = tvf.resize(out, size, antialias=self.antialias)
+            for dim, axis in ((2, self.y), (3, self.x)):
+                if axis.resampled and (axis.win0[0] != 0 or axis.winlen[0] != out.shape[dim]):
+                    out = out.narrow(dim, int(axis.win0[0]), int(axis.winlen[0]))
+        if self.flip.any():
+            mask = _to_device(self.flip, out.device).view(-1, 1, 1, 1)
+            out = torch.where(mask, out.flip(-1), out)
+        return out
+
+    def _execute_general(self) -> torch.Tensor:
+        images = self.images
+        n = self.n
+        first = images if isinstance(images, torch.Tensor) else images[0]
+        device, dtype = first.device, first.dtype
+        channels = first.shape[1] if isinstance(images, torch.Tensor) else first.shape[0]
+        pos_y, w_y = self.y.taps(None, self.antialias)
+        pos_x, w_x = self.x.taps(self.flip, self.antialias)
+        out_h, out_w = pos_y.shape[1], pos_x.shape[1]
+        out = torch.empty((n, channels, out_h, out_w), dtype=dtype, device=device)
+        if out_h == 0 or out_w == 0:
+            return out
+
+        # The source rectangle each image needs: origin (clamped so that it stays inside the
+        # image where possible) and extent.
+        lo_y, hi_y = pos_y.reshape(n, -1).min(1), pos_y.reshape(n, -1).max(1)
+        lo_x, hi_x = pos_x.reshape(n, -1).min(1), pos_x.reshape(n, -1).max(1)
+        span_y, span_x = hi_y - lo_y + 1, hi_x - lo_x + 1
+        heights, widths = self.y.size, self.x.size
+
+        # One flat buffer holds every image; row windows of it are views (unfold).
+        if isinstance(images, torch.Tensor):
+            flat = images.contiguous().view(-1)
+            offsets = np.arange(n, dtype=np.int64) * (channels * heights * widths)
+        else:
+            numels = np.array([t.numel() for t in images], dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(numels)[:-1]]).astype(np.int64)
+            # padding: a window that starts in a narrow image may run past its end
+            flat = torch.cat([t.reshape(-1) for t in images] + [first.new_zeros(int(span_x.max()))])
+
+        for rows in _group_by_extent(span_y, span_x):
+            ry, rx = int(span_y[rows].max()), int(span_x[rows].max())
+            oy = np.clip(lo_y[rows], 0, np.maximum(heights[rows] - ry, 0))
+            ox = np.clip(lo_x[rows], 0, np.maximum(widths[rows] - rx, 0))
+            result = _resample(
+                flat, offsets[rows], heights[rows], widths[rows], channels, ry, rx, oy, ox,
+                _trim(pos_y[rows], w_y[rows]), _trim(pos_x[rows], w_x[rows]),
+            )
+            if not dtype.is_floating_point:
+                info = torch.iinfo(dtype)
+                result = result.round_().clamp_(info.min, info.max)
+            if len(rows) == n:
+                out.copy_(result)
+            else:
+                out.index_copy_(0, _to_device(rows, device), result.to(dtype))
+        return out
+
+
+def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
+    """Splits a batch into groups whose source regions, padded to the group's largest, cost at most
+    ``waste`` times their own area (so one huge image cannot blow up the memory of a whole batch).
+
+    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups, not 64 regions of 3000x4000.
+    """
+    area = span_y.astype(np.float64) * span_x
+    order = np.argsort(-area, kind="stable")
+    groups: list[np.ndarray] = []
+    current: list[int] = []
+    max_y = max_x = 0
+    total = 0.0
+    for i in order:
+        new_y, new_x = max(max_y, int(span_y[i])), max(max_x, int(span_x[i]))
+        if current and (len(current) + 1) * new_y * new_x > waste * (total + area[i]):
+            groups.append(np.sort(np.array(current, dtype=np.int64)))
+            current, new_y, new_x, total = [], int(span_y[i]), int(span_x[i]), 0.0
+        current.append(int(i))
+        max_y, max_x, total = new_y, new_x, total + area[i]
+    groups.append(np.sort(np.array(current, dtype=np.int64)))
+    return groups
+
+
+def _trim(pos: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drops trailing taps that have zero weight for every output of the group."""
+    used = np.nonzero((weights != 0).any(axis=(0, 1)))[0]
+    k = int(used[-1]) + 1 if len(used) else 1
+    return pos[:, :, :k], weights[:, :, :k]
+
+
+def _resample(
+    flat: torch.Tensor,
+    offsets: np.ndarray,
+    heights: np.ndarray,
+    widths: np.ndarray,
+    channels: int,
+    ry: int,
+    rx: int,
+    oy: np.ndarray,
+    ox: np.ndarray,
+    taps_y: tuple[np.ndarray, np.ndarray],
+    taps_x: tuple[np.ndarray, np.ndarray],
+) -> torch.Tensor:
+    """Separable resampling of one group: ``(n, C, H', W')`` float, layout-permuted view.
+
+    ``flat`` holds the images; image ``r`` starts at ``offsets[r]`` (CHW, ``heights[r]`` x
+    ``widths[r]``). Its source region is ``ry`` x ``rx`` pixels from ``(oy[r], ox[r])``, and the
+    output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] * S[py[i, a], px[j, b]]``.
+    """
+    device = flat.device
+    compute = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    (pos_y, w_y), (pos_x, w_x) = taps_y, taps_x
+    n, out_h, ky = pos_y.shape
+    out_w, kx = pos_x.shape[1], pos_x.shape[2]
+    # Region rows: windows of rx pixels picked from the flat buffer with one index_select.
+    rows = np.minimum(oy[:, None] + np.arange(ry, dtype=np.int64), heights[:, None] - 1)  # (n, ry)
+    starts = (
+        offsets[:, None, None]
+        + np.arange(channels, dtype=np.int64)[None, :, None] * (heights * widths)[:, None, None]
+        + rows[:, None, :] * widths[:, None, None]
+        + ox[:, None, None]
+    )
+    table = flat.unfold(0, rx, 1).index_select(0, _to_device(starts.reshape(-1), device)).to(compute)
+    # Vertical pass: output row (r, c, i) = sum_a wy[r, i, a] * region row (r, c, py[r, i, a] - oy[r]).
+    local_y = _to_device(pos_y - oy[:, None, None], device)
+    base = (torch.arange(n, device=device)[:, None] * channels + torch.arange(channels, device=device)) * ry
+    bags = (base[:, :, None, None] + local_y[:, None]).reshape(-1, ky)
+    wts = _to_device(w_y, device, compute)[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
+    t1 = nnf.embedding_bag(bags, table, per_sample_weights=wts, mode="sum")
+    # Horizontal pass on the transposed intermediate, whose rows are now columns.
+    t1 = t1.view(n, channels, out_h, rx).permute(0, 3, 1, 2).reshape(n * rx, channels * out_h)
+    local_x = _to_device(pos_x - ox[:, None, None], device)
+    bags = (torch.arange(n, device=device)[:, None, None] * rx + local_x).reshape(-1, kx)
+    wts = _to_device(w_x, device, compute).reshape(-1, kx)
+    t2 = nnf.embedding_bag(bags, t1, per_sample_weights=wts, mode="sum")
+    return t2.view(n, out_w, channels, out_h).permute(0, 2, 3, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Transforms
+# --------------------------------------------------------------------------------------------
+
+
+class BatchTransform:
+    """Base class: a transform of a whole batch, called as ``t(images, indices=..., epoch=..., seed=...)``.
+
+    Attributes:
+        stream: The random-stream id this class draws from (0 for deterministic transforms).
+    """
+
+    stream: int = 0
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._extra_repr()})"
+
+
+def _call(transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int) -> Any:
+    """Calls a fastload transform with the per-sample keys, any other callable with the images only."""
+    if isinstance(transform, BatchTransform):
+        return transform(images, indices=indices, epoch=epoch, seed=seed)
+    return transform(images)
+
+
+class _Geometric(BatchTransform):
+    """A transform expressible as crops, resizes and flips; fusable with its neighbours."""
+
+    def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
+        """Adds this transform to ``plan``; returns False if the plan must be executed first."""
+        raise NotImplementedError
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        plan = _Plan(images)
+        self._update(plan, indices, epoch, seed)
+        return plan.execute()
+
+
+class Compose(BatchTransform):
+    """Applies transforms in order, fusing consecutive geometric ones into one resampling pass.
+
+    Any callable may appear in the list; fastload transforms receive ``indices``, ``epoch`` and
+    ``seed``, other callables (e.g. a torchvision transform) get the images only.
+
+    Args:
+        transforms: The transforms, applied first to last.
+
+    Example:
+        >>> import torch
+        >>> images = [torch.zeros(3, 300, 400, dtype=torch.uint8), torch.zeros(3, 500, 260, dtype=torch.uint8)]
+        >>> Compose([Resize(256), CenterCrop(224)])(images).shape   # different aspect ratios: fused
+        torch.Size([2, 3, 224, 224])
+    """
+
+    def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
+        if not isinstance(transforms, Sequence) or not all(callable(t) for t in transforms):
+            raise TypeError(f"transforms should be a sequence of callables, but got transforms={transforms!r}")
+        self.transforms = list(transforms)
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> Any:
+        plan: _Plan | None = None
+        for t in self.transforms:
+            if isinstance(t, _Geometric):
+                if plan is None:
+                    plan = _Plan(images)
+                if not t._update(plan, indices, epoch, seed):
+                    plan = _Plan(plan.execute())
+                    t._update(plan, indices, epoch, seed)
+                continue
+            if plan is not None:
+                images, plan = plan.execute(), None
+            images = _call(t, images, indices, epoch, seed)
+        return plan.execute() if plan is not None else images
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n    {t!r}," for t in self.transforms)
+        return f"Compose([{inner}\n])"
+
+
+class RandomResizedCrop(_Geometric):
+    """Crops a random box of each image and resizes it to ``size`` (torchvision's semantics, per sample).
+
+    The box of each image follows ``torchvision.transforms.RandomResizedCrop.get_params``: up to
+    10 attempts of (area fraction in ``scale``, log-uniform aspect ratio in ``ratio``), the first
+    that fits wins, at a uniformly random position; if none fits, the central crop with the ratio
+    clamped into ``ratio``. The attempts of the whole batch are evaluated at once in numpy.
+
+    Args:
+        size: Output ``(h, w)``, or an int for a square.
+        scale: Range of the crop's area as a fraction of the image's.
+        ratio: Range of the crop's aspect ratio (width / height).
+        interpolation: Only bilinear is implemented.
+        antialias: Antialias downscales (torch's triangle filter), like torchvision's default.
+
+    Example:
+        >>> import torch
+        >>> t = RandomResizedCrop(64)
+        >>> images = torch.randint(0, 256, (4, 3, 100, 80), dtype=torch.uint8)
+        >>> top, left, height, width = t.get_params(images, indices=[10, 11, 12, 13], epoch=1, seed=0)
+        >>> t(images, indices=[10, 11, 12, 13], epoch=1).shape
+        torch.Size([4, 3, 64, 64])
+    """
+
+    stream = 0x47500001
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.size = _check_size(size)
+        self.scale = _check_range(scale, "scale", 0.0)
+        self.ratio = _check_range(ratio, "ratio", 0.0)
+        if self.ratio[0] <= 0:
+            raise ValueError(f"ratio should be positive, but got ratio={ratio!r}")
+        _check_interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    def _extra_repr(self) -> str:
+        return f"size={self.size}, scale={self.scale}, ratio={self.ratio}, antialias={self.antialias}"
+
+    def _params(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, ...]:
+        n = len(heights)
+        height = heights.astype(np.float64)[:, None]
+        width = widths.astype(np.float64)[:, None]
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 0:10])
+        aspect = np.exp(log_lo + (log_hi - log_lo) * u[:, 10:20])
+        w = np.round(np.sqrt(target * aspect)).astype(np.int64)  # round half to even, like round()
+        h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
+        attempt = np.argmax(fits, axis=1)
+        rows = np.arange(n)
+        found = fits[rows, attempt]
+        h, w = h[rows, attempt], w[rows, attempt]
+        top = _randint(u[rows, 20 + attempt], heights - h + 1)
+        left = _randint(u[rows, 30 + attempt], widths - w + 1)
+        # Fallback: central crop, aspect ratio clamped into `ratio`.
+        in_ratio = widths / heights
+        fb_w = np.where(in_ratio < self.ratio[0], widths, np.where(in_ratio > self.ratio[1],
+                        np.round(heights * self.ratio[1]).astype(np.int64), widths))
+        fb_h = np.where(in_ratio < self.ratio[0], np.round(widths / self.ratio[0]).astype(np.int64), heights)
+        h = np.where(found, h, fb_h)
+        w = np.where(found, w, fb_w)
+        top = np.where(found, top, (heights - h) // 2)
+        left = np.where(found, left, (widths - w) // 2)
+        return top, left, h, w
+
+    def get_params(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The crop boxes ``(top, left, height, width)`` drawn for these images (int64 arrays)."""
+        heights, widths = _image_sizes(images)
+        return self._params(heights, widths, _uniforms(len(heights), indices, epoch, seed, self.stream, 40))
+
+    def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
+        if plan.resampled:
+            return False
+        heights, widths = plan.sizes()
+        top, left, h, w = self._params(heights, widths, plan.draw(indices, epoch, seed, self.stream, 40))
+        plan.crop(top, left, h, w)
+        plan.resize(np.full(plan.n, self.size[0]), np.full(plan.n, self.size[1]), self.antialias)
+        plan.random_geometry = True
+        return True
+
+
+class Resize(_Geometric):
+    """Resizes every image (torchvision's ``Resize``: an int sets the shorter side).
+
+    With an int ``size``, images of different aspect ratios get different sizes, which cannot
+    form one batch on their own: follow ``Resize`` with :class:`CenterCrop` inside a
+    :class:`Compose` (fused, only the crop is computed), or pass ``(h, w)``.
+
+    Args:
+        size: ``(h, w)``, or an int for the shorter side (the longer one keeps the aspect ratio,
+            ``int(size * long / short)``, as in torchvision).
+        max_size: Caps the longer side when ``size`` is an int.
+        interpolation: Only bilinear is implemented.
+        antialias: Antialias downscales.
+
+    Example:
+        >>> import torch
+        >>> Resize(32)(torch.zeros(2, 3, 40, 80, dtype=torch.uint8)).shape
+        torch.Size([2, 3, 32, 64])
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        max_size: int | None = None,
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.short = isinstance(size, numbers.Integral) or (isinstance(size, Sequence) and len(size) == 1)
+        self.size = _check_size(size)
+        if max_size is not None:
+            if not self.short:
+                raise ValueError(f"max_size should only be given when size is an int, but got size={size!r}")
+            if not isinstance(max_size, numbers.Integral) or max_size <= self.size[0]:
+                raise ValueError(f"max_size should be an int larger than size, but got max_size={max_size!r}")
+        self.max_size = max_size
+        _check_interpolation(interpolation)
+        self.antialias = bool(antialias)
+
+    def _extra_repr(self) -> str:
+        size = self.size[0] if self.short else self.size
+        return f"size={size}, max_size={self.max_size}, antialias={self.antialias}"
+
+    def output_sizes(self, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-image output ``(heights, widths)`` for input sizes (torchvision's rule, vectorised)."""
+        if not self.short:
+            return np.full(len(heights), self.size[0]), np.full(len(heights), self.size[1])
+        short = np.minimum(heights, widths)
+        long = np.maximum(heights, widths)
+        new_short = np.full(len(heights), self.size[0], dtype=np.int64)
+        new_long = (self.size[0] * long / short).astype(np.int64)  # int() truncation
+        if self.max_size is not None:
+            over = new_long > self.max_size
+            capped = (self.max_size * new_short / np.maximum(new_long, 1)).astype(np.int64)
+            new_short = np.where(over, capped, new_short)
+            new_long = np.where(over, self.max_size, new_long)
+        portrait = widths <= heights
+        return np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)
+
+    def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
+        if plan.resampled:
+            return False
+        plan.resize(*self.output_sizes(*plan.sizes()), self.antialias)
+        return True
+
+
+class CenterCrop(_Geometric):
+    """Crops the centre of every image (torchvision's ``CenterCrop``, zero padding if the crop is larger).
+
+    Placement follows torchvision exactly. Worked example, one axis: an image 100 high cropped to
+    57 starts at row ``round(43 / 2) = 22`` (round half to even: 21.5 -> 22, but 20.5 -> 20 for
+    41 spare rows); cropped to 125, it gets ``25 // 2 = 12`` zero rows above and 13 below.
+
+    Args:
+        size: ``(h, w)``, or an int for a square.
+
+    Example:
+        >>> import torch
+        >>> CenterCrop(4)(torch.arange(36, dtype=torch.uint8).view(1, 1, 6, 6))[0, 0, 0].tolist()
+        [7, 8, 9, 10]
+    """
+
+    def __init__(self, size: int | Sequence[int]) -> None:
+        self.size = _check_size(size)
+
+    def _extra_repr(self) -> str:
+        return f"size={self.size}"
+
+    def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
+        heights, widths = plan.sizes()
+        ch, cw = self.size
+
+        def anchor(size: np.ndarray, crop: int) -> np.ndarray:
+            # Padding case: torchvision pads (crop - size) // 2 before; else round((size - crop) / 2).
+            return np.where(crop > size, -((crop - size) // 2), np.round((size - crop) / 2.0).astype(np.int64))
+
+        plan.crop(anchor(heights, ch), anchor(widths, cw), np.full(plan.n, ch), np.full(plan.n, cw))
+        return True
+
+
+class RandomHorizontalFlip(_Geometric):
+    """Flips each image left-right with probability ``p``, decided per sample.
+
+    Args:
+        p: Probability of flipping an image.
+
+    Example:
+        >>> import torch
+        >>> t = RandomHorizontalFlip(p=1.0)
+        >>> t(torch.tensor([[[[1, 2, 3]]]], dtype=torch.uint8)).tolist()
+        [[[[3, 2, 1]]]]
+    """
+
+    stream = 0x47500002
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = _check_probability(p)
+
+    def _extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def get_params(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> np.ndarray:
+        """Which images get flipped (bool array)."""
+        return _uniforms(_batch_size(images), indices, epoch, seed, self.stream, 1)[:, 0] < self.p
+
+    def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
+        plan.flip = plan.flip ^ (plan.draw(indices, epoch, seed, self.stream, 1)[:, 0] < self.p)
+        return True
+
+
+def _grayscale(images: torch.Tensor) -> torch.Tensor:
+    """torchvision's luma, as a float ``(N, 1, H, W)`` tensor (floored for integer images)."""
+    r, g, b = images.unbind(dim=1)
+    gray = r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(1)
+    return gray if images.is_floating_point() else gray.floor_()
+
+
+class ColorJitter(BatchTransform):
+    """Random brightness, contrast and saturation per sample, in a random order per sample.
+
+    Matches torchvision's ``ColorJitter`` (without hue): each enabled factor is uniform in its
+    range, and the three adjustments are applied in a random order, using the same arithmetic
+    as ``torchvision.transforms.v2.functional.adjust_*`` (blend with black / the mean grey / the
+    greyscale image, clamp, truncate back to uint8). Samples sharing an order are processed
+    together, so a batch costs at most nine batched kernels.
+
+    Args:
+        brightness: ``b`` for a factor in ``[max(0, 1 - b), 1 + b]``, or ``(min, max)``.
+        contrast: Same, for contrast.
+        saturation: Same, for saturation.
+
+    Example:
+        >>> t = ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)
+        >>> p = t.get_params(torch.zeros(2, 3, 8, 8), indices=[0, 1])
+        >>> sorted(p), p["order"].shape
+        (['brightness', 'contrast', 'order', 'saturation'], (2, 3))
+    """
+
+    stream = 0x47500003
+    _NAMES = ("brightness", "contrast", "saturation")
+
+    def __init__(self, brightness: Any = 0, contrast: Any = 0, saturation: Any = 0) -> None:
+        self.brightness = self._check(brightness, "brightness")
+        self.contrast = self._check(contrast, "contrast")
+        self.saturation = self._check(saturation, "saturation")
+
+    @staticmethod
+    def _check(value: Any, name: str) -> tuple[float, float] | None:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if value < 0:
+                raise ValueError(f"{name} should be a non-negative number, but got {name}={value!r}")
+            lo, hi = max(0.0, 1.0 - float(value)), 1.0 + float(value)
+        else:
+            lo, hi = _check_range(value, name, 0.0)
+        return None if lo == hi == 1.0 else (lo, hi)
+
+    def _extra_repr(self) -> str:
+        return f"brightness={self.brightness}, contrast={self.contrast}, saturation={self.saturation}"
+
+    def get_params(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+        """Per-image factors (``None`` when disabled) and ``order``: ``(N, 3)`` op ids (0 b, 1 c, 2 s)."""
+        n = _batch_size(images)
+        u = _uniforms(n, indices, epoch, seed, self.stream, 6)
+        params: dict[str, Any] = {"order": np.argsort(u[:, 0:3], axis=1, kind="stable")}
+        for k, (name, rng_) in enumerate(zip(self._NAMES, (self.brightness, self.contrast, self.saturation))):
+            params[name] = None if rng_ is None else rng_[0] + (rng_[1] - rng_[0]) * u[:, 3 + k]
+        return params
+
+    @staticmethod
+    def _blend(images: torch.Tensor, other: torch.Tensor, factor: np.ndarray) -> torch.Tensor:
+        compute = images.dtype if images.is_floating_point() else torch.get_default_dtype()
+        ratio = _to_device(factor, images.device, compute).view(-1, 1, 1, 1)
+        alpha = _to_device(1.0 - factor, images.device, compute).view(-1, 1, 1, 1)
+        # addcmul rounds a + alpha * b once, like torchvision's add_(b, alpha=...): bit-identical.
+        return torch.addcmul(images.mul(ratio), other, alpha)
+
+    def _apply(self, op: int, images: torch.Tensor, factor: np.ndarray) -> torch.Tensor:
+        fp = images.is_floating_point()
+        bound = 1.0 if fp else float(torch.iinfo(images.dtype).max)
+        if op == 0:
+            compute = images.dtype if fp else torch.get_default_dtype()
+            out = images.mul(_to_device(factor, images.device, compute).view(-1, 1, 1, 1))
+        elif op == 1:
+            mean = _grayscale(images).mean(dim=(-3, -2, -1), keepdim=True)
+            out = self._blend(images, mean, factor)
+        else:
+            out = self._blend(images, _grayscale(images), factor)
+        out = out.clamp_(0, bound)
+        return out if fp else out.to(images.dtype)
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        images = _require_tensor(images, "ColorJitter")
+        if images.shape[1] != 3:
+            raise ValueError(f"ColorJitter needs RGB images (3 channels), but got {images.shape[1]} channels")
+        params = self.get_params(images, indices=indices, epoch=epoch, seed=seed)
+        out = images
+        for stage in range(3):
+            ops = params["order"][:, stage]
+            staged: torch.Tensor | None = None
+            for op, name in enumerate(self._NAMES):
+                factor = params[name]
+                chosen = ops == op
+                if factor is None or not chosen.any():
+                    continue
+                if chosen.all():
+                    out = self._apply(op, out, factor)
+                    break
+                rows = _to_device(np.nonzero(chosen)[0], out.device)
+                if staged is None:
+                    staged = out.clone()
+                staged.index_copy_(0, rows, self._apply(op, out.index_select(0, rows), factor[chosen]))
+            if staged is not None:
+                out = staged
+        return out
+
+
+class RandomErasing(BatchTransform):
+    """Erases a random rectangle of each image with probability ``p`` (torchvision's ``RandomErasing``).
+
+    The rectangle of each image follows torchvision's parameter search (10 attempts with area in
+    ``scale`` and log-uniform ``ratio``, the rectangle must be strictly smaller than the image; if
+    none fits, the image is left unchanged). ``value="random"`` is not supported: per-pixel noise
+    has no cheap per-sample stream.
+
+    Args:
+        p: Probability of erasing an image.
+        scale: Range of the erased area as a fraction of the image's.
+        ratio: Range of the rectangle's aspect ratio (height / width, as in torchvision).
+        value: Fill value, one number or one per channel (cast to the image dtype).
+
+    Example:
+        >>> import torch
+        >>> t = RandomErasing(p=1.0, value=0)
+        >>> out = t(torch.full((2, 3, 32, 32), 7, dtype=torch.uint8), indices=[0, 1])
+        >>> bool((out == 0).any()), bool((out == 7).any())
+        (True, True)
+    """
+
+    stream = 0x47500004
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Sequence[float] = (0.02, 0.33),
+        ratio: Sequence[float] = (0.3, 3.3),
+        value: float | Sequence[float] = 0,
+    ) -> None:
+        self.p = _check_probability(p)
+        self.scale = _check_range(scale, "scale", 0.0, 1.0)
+        self.ratio = _check_range(ratio, "ratio", 0.0)
+        if self.ratio[0] <= 0:
+            raise ValueError(f"ratio should be positive, but got ratio={ratio!r}")
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            self.value = [float(value)]
+        elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0 and all(
+            isinstance(v, numbers.Real) for v in value
+        ):
+            self.value = [float(v) for v in value]
+        else:
+            raise TypeError(
+                f"value should be a number or a sequence of numbers (one per channel), but got value={value!r}"
+            )
+
+    def _extra_repr(self) -> str:
+        return f"p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value}"
+
+    def get_params(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(erase, top, left, height, width)``: which images are erased and their rectangles."""
+        images = _require_tensor(images, "RandomErasing")
+        n, _, img_h, img_w = images.shape
+        u = _uniforms(n, indices, epoch, seed, self.stream, 41)
+        area = float(img_h * img_w) * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1:11])
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = np.exp(log_lo + (log_hi - log_lo) * u[:, 11:21])
+        h = np.round(np.sqrt(area * aspect)).astype(np.int64)
+        w = np.round(np.sqrt(area / aspect)).astype(np.int64)
+        fits = (h < img_h) & (w < img_w)
+        attempt = np.argmax(fits, axis=1)
+        rows = np.arange(n)
+        found = fits[rows, attempt]
+        h, w = np.where(found, h[rows, attempt], 0), np.where(found, w[rows, attempt], 0)
+        top = np.where(found, _randint(u[rows, 21 + attempt], img_h - h + 1), 0)
+        left = np.where(found, _randint(u[rows, 31 + attempt], img_w - w + 1), 0)
+        return (u[:, 0] < self.p) & found, top, left, h, w
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        images = _require_tensor(images, "RandomErasing")
+        channels = images.shape[1]
+        if len(self.value) not in (1, channels):
+            raise ValueError(
+                f"value should have 1 or {channels} (channels) entries, but got {len(self.value)} entries"
+            )
+        erase, top, left, h, w = self.get_params(images, indices=indices, epoch=epoch, seed=seed)
+        if not erase.any():
+            return images
+        device = images.device
+        ys = np.arange(images.shape[2])[None, :]
+        xs = np.arange(images.shape[3])[None, :]
+        in_rows = _to_device(erase[:, None] & (ys >= top[:, None]) & (ys < (top + h)[:, None]), device)
+        in_cols = _to_device((xs >= left[:, None]) & (xs < (left + w)[:, None]), device)
+        mask = in_rows[:, None, :, None] & in_cols[:, None, None, :]
+        fill = _to_device(torch.tensor(self.value, dtype=torch.float32).to(images.dtype), device).view(1, -1, 1, 1)
+        return torch.where(mask, fill, images)
+
+
+class Normalize(BatchTransform):
+    """Converts to float (uint8 scaled to [0, 1]) and normalises per channel: ``(x / 255 - mean) / std``.
+
+    The arithmetic is torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, op for
+    op, so float32 results are bit-identical to it; float16/bfloat16 outputs are computed in
+    float32 and cast once (more accurate than doing the arithmetic in half precision).
+
+    Args:
+        mean: Per-channel means (in [0, 1] units), or one number.
+        std: Per-channel standard deviations, non-zero.
+        dtype: Output floating dtype.
+        channels_last: Return a ``torch.channels_last`` tensor.
+        buffers: 0 (default) allocates each output. ``k > 0`` writes the outputs into a ring of
+            ``k`` reusable tensors while shapes match: the result of call ``t`` is overwritten by
+            call ``t + k``. ``buffers=2`` is safe with :class:`fastload.CUDAPrefetcher` as long
+            as you do not keep batches beyond the next step.
+
+    Example:
+        >>> import torch
+        >>> t = Normalize([0.5], [0.5])
+        >>> t(torch.tensor([[[[0, 255]]]], dtype=torch.uint8)).tolist()
+        [[[[-1.0, 1.0]]]]
+    """
+
+    def __init__(
+        self,
+        mean: float | Sequence[float],
+        std: float | Sequence[float],
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        buffers: int = 0,
+    ) -> None:
+        self.mean = self._floats(mean, "mean")
+        self.std = self._floats(std, "std")
+        if any(s == 0 for s in self.std):
+            raise ValueError(f"std should be non-zero, but got std={std!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype should be a floating torch.dtype, but got dtype={dtype!r}")
+        if not isinstance(buffers, numbers.Integral) or buffers < 0:
+            raise ValueError(f"buffers should be a non-negative integer, but got buffers={buffers!r}")
+        self.dtype = dtype
+        self.channels_last = bool(channels_last)
+        self.buffers = int(buffers)
+        self._ring: list[torch.Tensor] = []
+        self._next = 0
+        self._constants: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @staticmethod
+    def _floats(value: Any, name: str) -> list[float]:
+        if isinstance(value, numbers.Real):
+            return [float(value)]
+        if isinstance(value, Sequence) and len(value) > 0 and all(isinstance(v, numbers.Real) for v in value):
+            return [float(v) for v in value]
+        raise TypeError(f"{name} should be a number or a sequence of numbers, but got {name}={value!r}")
+
+    def _extra_repr(self) -> str:
+        return (
+            f"mean={self.mean}, std={self.std}, dtype={self.dtype}, "
+            f"channels_last={self.channels_last}, buffers={self.buffers}"
+        )
+
+    def _output(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        if not self.buffers:
+            return torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
+        if not self._ring or self._ring[0].shape != shape or self._ring[0].device != device:
+            self._ring = [
+                torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt) for _ in range(self.buffers)
+            ]
+            self._next = 0
+        out = self._ring[self._next]
+        self._next = (self._next + 1) % self.buffers
+        return out
+
+    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        images = _require_tensor(images, "Normalize")
+        channels = images.shape[1]
+        for name, values in (("mean", self.mean), ("std", self.std)):
+            if len(values) not in (1, channels):
+                raise ValueError(
+                    f"{name} should have 1 or {channels} (channels) entries, but got {len(values)} entries"
+                )
+        if images.dtype != torch.uint8 and not images.is_floating_point():
+            raise TypeError(f"Normalize needs uint8 or floating images, but got dtype {images.dtype}")
+        out = self._output(images.shape, images.device)
+        wide = self.dtype in (torch.float32, torch.float64)
+        work = out if wide else torch.empty_like(out, dtype=torch.float32)
+        key = (work.device, work.dtype)
+        if key not in self._constants:
+            self._constants[key] = (
+                _to_device(np.array(self.mean), work.device, work.dtype).view(-1, 1, 1),
+                _to_device(np.array(self.std), work.device, work.dtype).view(-1, 1, 1),
+            )
+        mean, std = self._constants[key]
+        work.copy_(images)
+        if images.dtype == torch.uint8:
+            work.mul_(1.0 / 255)
+        work.sub_(mean).div_(std)
+        if work is not out:
+            out.copy_(work)
+        return out

@@ -1,0 +1,484 @@
+"""Batched device transforms (fastload.gpu) against torchvision.transforms.v2.functional per sample."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as tvf
+
+from fastload import gpu, rng
+
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def natural(h: int, w: int, seed: int, channels: int = 3) -> torch.Tensor:
+    """A uint8 CHW image with smooth structure plus noise (closer to photos than pure noise)."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randint(0, 256, (channels, h // 8 + 2, w // 8 + 2), generator=g, dtype=torch.uint8)
+    smooth = tvf.resize(coarse, [h, w], antialias=True).to(torch.int16)
+    noise = torch.randint(-12, 13, (channels, h, w), generator=g, dtype=torch.int16)
+    return (smooth + noise).clamp(0, 255).to(torch.uint8)
+
+
+def batch(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
+    return torch.stack([natural(h, w, seed + k) for k in range(n)])
+
+
+def level_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.to(torch.int32) - b.to(torch.int32)).abs()
+
+
+# ---------------------------------------------------------------------------------------------
+# IndexedBatch
+# ---------------------------------------------------------------------------------------------
+
+
+def test_indexed_batch_unpacks_as_pair_and_pickles_with_indices():
+    images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    b = gpu.IndexedBatch(images, torch.tensor([1, 2]), torch.tensor([10, 11]))
+    x, y = b
+    assert x is images and y.tolist() == [1, 2] and len(b) == 2
+    assert b.images is images and b.labels.tolist() == [1, 2]
+    back = pickle.loads(pickle.dumps(b))
+    assert isinstance(back, gpu.IndexedBatch)
+    assert back.indices.tolist() == [10, 11] and torch.equal(back[0], images)
+
+
+@cuda
+@needs_cuda
+def test_indexed_batch_survives_torch_pin_memory():
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    b = gpu.IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([5, 6]))
+    pinned = pin_memory(b)
+    assert isinstance(pinned, gpu.IndexedBatch) and pinned[0].is_pinned() and pinned.indices.tolist() == [5, 6]
+
+
+# ---------------------------------------------------------------------------------------------
+# RandomResizedCrop
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_rrc_params(height, width, u, scale, ratio):
+    """torchvision's RandomResizedCrop.get_params, one image, fed uniforms instead of torch's RNG."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for attempt in range(10):
+        target_area = area * (scale[0] + (scale[1] - scale[0]) * u[attempt])
+        aspect_ratio = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * u[10 + attempt])
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = min(int(u[20 + attempt] * (height - h + 1)), height - h)
+            j = min(int(u[30 + attempt] * (width - w + 1)), width - w)
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w = width
+        h = height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@pytest.mark.parametrize(
+    "sizes, scale, ratio",
+    [
+        ([(300, 400), (500, 375), (224, 224), (64, 900)], (0.08, 1.0), (3 / 4, 4 / 3)),
+        ([(40, 600), (600, 40), (100, 100)], (0.5, 1.0), (0.9, 1.1)),  # mostly the fallback
+        ([(50, 80)], (1.0, 1.0), (1.0, 1.0)),
+    ],
+)
+def test_rrc_params_follow_torchvision_algorithm(sizes, scale, ratio):
+    t = gpu.RandomResizedCrop(32, scale=scale, ratio=ratio)
+    images = [torch.zeros(3, h, w, dtype=torch.uint8) for h, w in sizes] * 25
+    indices = np.arange(len(images)) * 7 + 3
+    top, left, h, w = t.get_params(images, indices=indices, epoch=2, seed=5)
+    u = rng.batch_uniform(5, 2, indices, gpu.RandomResizedCrop.stream, 40)
+    fallbacks = 0
+    for r, img in enumerate(images):
+        expected = reference_rrc_params(img.shape[1], img.shape[2], u[r], scale, ratio)
+        assert (top[r], left[r], h[r], w[r]) == expected
+        central = (expected[0], expected[1]) == ((img.shape[1] - expected[2]) // 2, (img.shape[2] - expected[3]) // 2)
+        fallbacks += central
+        assert 0 <= top[r] and top[r] + h[r] <= img.shape[1] and 0 <= left[r] and left[r] + w[r] <= img.shape[2]
+    assert fallbacks > 0 or scale == (0.08, 1.0)
+
+
+@pytest.mark.parametrize(
+    "shape, size, scale",
+    [
+        ((8, 3, 300, 260), 224, (0.08, 1.0)),  # typical: mild down- and upscales
+        ((6, 3, 480, 400), 64, (0.5, 1.0)),  # strong downscale: antialiasing matters
+        ((6, 3, 120, 100), (160, 200), (0.02, 0.1)),  # strong upscale, non-square output
+    ],
+)
+def test_rrc_matches_torchvision_resized_crop_per_sample(shape, size, scale):
+    images = batch(*shape)
+    t = gpu.RandomResizedCrop(size, scale=scale)
+    indices = np.arange(shape[0]) + 100
+    out = t(images, indices=indices, epoch=1, seed=3)
+    out_size = list(t.size)
+    assert out.shape == (shape[0], 3, *out_size) and out.dtype == torch.uint8
+    top, left, h, w = t.get_params(images, indices=indices, epoch=1, seed=3)
+    boxes = [(int(top[r]), int(left[r]), int(h[r]), int(w[r])) for r in range(shape[0])]
+    # torchvision on CPU uint8 (16-bit fixed-point weights, rounds between passes)
+    ref = torch.stack([tvf.resized_crop(images[r], *boxes[r], out_size, antialias=True) for r in range(shape[0])])
+    d = level_diff(out, ref)
+    assert d.max() <= 1 and d.float().mean() < 0.3
+    # torchvision in float (what it does on GPU), rounded: agrees except for ties
+    ref_f = torch.stack(
+        [tvf.resized_crop(images[r].float(), *boxes[r], out_size, antialias=True) for r in range(shape[0])]
+    )
+    d_f = level_diff(out, ref_f.round().clamp(0, 255))
+    assert d_f.max() <= 1 and d_f.float().mean() < 1e-2
+
+
+def test_rrc_without_antialias_matches_plain_bilinear():
+    images = batch(4, 400, 300)
+    t = gpu.RandomResizedCrop(48, scale=(0.6, 1.0), antialias=False)
+    out = t(images, indices=[0, 1, 2, 3])
+    top, left, h, w = t.get_params(images, indices=[0, 1, 2, 3])
+    ref = torch.stack(
+        [
+            tvf.resized_crop(
+                images[r].float(), int(top[r]), int(left[r]), int(h[r]), int(w[r]), [48, 48], antialias=False
+            )
+            for r in range(4)
+        ]
+    )
+    d = level_diff(out, ref.round())
+    assert d.max() <= 1 and d.float().mean() < 1e-2
+
+
+def test_rrc_float_input_stays_float_and_matches():
+    images = batch(3, 200, 150).float() / 255
+    t = gpu.RandomResizedCrop(40)
+    out = t(images, indices=[5, 6, 7])
+    top, left, h, w = t.get_params(images, indices=[5, 6, 7])
+    ref = torch.stack(
+        [tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [40, 40]) for r in range(3)]
+    )
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+def test_same_sample_same_output_whatever_the_batch():
+    # Sample 7 alongside very different neighbours (changes the batch's padded region and tap count).
+    pool = {k: natural(*hw, seed=k) for k, hw in enumerate([(300, 260)] * 6 + [(333, 250), (900, 880), (60, 70)])}
+    t = gpu.Compose([gpu.RandomResizedCrop(96), gpu.RandomHorizontalFlip()])
+
+    def run(keys):
+        return t([pool[k] for k in keys], indices=keys, epoch=4, seed=11)
+
+    alone = run([7])[0]
+    for keys in ([7, 0, 1], [2, 7], [8, 7, 6, 5], [0, 1, 2, 3, 4, 5, 6, 7, 8]):
+        assert torch.equal(run(keys)[keys.index(7)], alone)
+    # and in a tensor batch of equal-size images
+    tensor = torch.stack([pool[k] for k in range(6)])
+    full = t(tensor, indices=list(range(6)), epoch=4, seed=11)
+    part = t(tensor[[4, 1]], indices=[4, 1], epoch=4, seed=11)
+    assert torch.equal(full[4], part[0]) and torch.equal(full[1], part[1])
+
+
+def test_one_huge_image_does_not_pad_the_whole_batch():
+    from fastload.gpu import _group_by_extent
+
+    span_y = np.array([300] * 63 + [3000])
+    span_x = np.array([300] * 63 + [4000])
+    groups = _group_by_extent(span_y, span_x)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(64))
+    area = span_y * span_x
+    for g in groups:  # padding a group to its largest region at most doubles its work
+        assert len(g) * span_y[g].max() * span_x[g].max() <= 2 * area[g].sum()
+    assert len(groups) == 2  # not 64 regions of 3000x4000
+    # RandomResizedCrop-like spread of crop sizes on equal images: a single group
+    rs = np.random.RandomState(0)
+    sizes = (np.sqrt(rs.uniform(0.08, 1.0, 64)) * 300).astype(int)
+    assert len(_group_by_extent(sizes, sizes)) == 1
+
+
+def test_epoch_and_seed_change_the_draws():
+    images = batch(16, 100, 100)
+    t = gpu.RandomResizedCrop(32)
+    base = t.get_params(images, indices=range(16), epoch=0, seed=0)
+    for kwargs in ({"epoch": 1, "seed": 0}, {"epoch": 0, "seed": 1}):
+        other = t.get_params(images, indices=range(16), **kwargs)
+        assert not all(np.array_equal(a, b) for a, b in zip(base, other))
+
+
+def test_without_indices_draws_from_torch_global_rng():
+    images = batch(6, 120, 100)
+    t = gpu.Compose([gpu.RandomResizedCrop(32), gpu.RandomHorizontalFlip()])
+    torch.manual_seed(123)
+    a = t(images)
+    torch.manual_seed(123)
+    b = t(images)
+    c = t(images)
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_rrc_on_a_list_of_different_sizes():
+    images = [natural(300, 400, 1), natural(500, 260, 2), natural(90, 120, 3), natural(1000, 700, 4)]
+    t = gpu.RandomResizedCrop(112)
+    out = t(images, indices=[0, 1, 2, 3])
+    top, left, h, w = t.get_params(images, indices=[0, 1, 2, 3])
+    ref = torch.stack(
+        [tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [112, 112]) for r in range(4)]
+    )
+    d = level_diff(out, ref)
+    assert out.shape == (4, 3, 112, 112) and d.max() <= 1 and d.float().mean() < 0.3
+
+
+# ---------------------------------------------------------------------------------------------
+# Resize, CenterCrop, flips, fusion
+# ---------------------------------------------------------------------------------------------
+
+
+def test_resize_of_a_tensor_batch_equals_torchvision():
+    images = batch(3, 120, 90)
+    for size in (64, (50, 70), 200):
+        assert torch.equal(gpu.Resize(size)(images), tvf.resize(images, size if isinstance(size, int) else list(size)))
+    assert torch.equal(gpu.Resize(64, max_size=70)(images), tvf.resize(images, 64, max_size=70))
+
+
+def test_eval_pipeline_on_a_tensor_batch_equals_torchvision_exactly():
+    images = batch(3, 300, 260)
+    pipelines = [
+        (gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)]), lambda x: tvf.center_crop(tvf.resize(x, 256), 224)),
+        (gpu.Compose([gpu.CenterCrop(200), gpu.Resize(100)]), lambda x: tvf.resize(tvf.center_crop(x, 200), 100)),
+    ]
+    for ours, theirs in pipelines:
+        assert torch.equal(ours(images), theirs(images))
+
+
+@pytest.mark.parametrize("hw", [(100, 100), (99, 160), (160, 99), (37, 301), (300, 12)])
+def test_resize_output_sizes_follow_torchvision(hw):
+    t = gpu.Resize(64)
+    h, w = t.output_sizes(np.array([hw[0]]), np.array([hw[1]]))
+    expected = tvf.resize(torch.zeros(1, *hw), 64).shape[-2:]
+    assert (int(h[0]), int(w[0])) == tuple(expected)
+    t = gpu.Resize(64, max_size=100)
+    h, w = t.output_sizes(np.array([hw[0]]), np.array([hw[1]]))
+    assert (int(h[0]), int(w[0])) == tuple(tvf.resize(torch.zeros(1, *hw), 64, max_size=100).shape[-2:])
+
+
+def test_resize_then_center_crop_is_fused_for_lists_of_different_aspect_ratios():
+    images = [natural(300, 400, 1), natural(500, 260, 2), natural(130, 120, 3), natural(700, 1000, 4)]
+    with pytest.raises(ValueError, match="one output size"):
+        gpu.Resize(256)(images)
+    out = gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)])(images)
+    ref = torch.stack([tvf.center_crop(tvf.resize(img, 256), 224) for img in images])
+    d = level_diff(out, ref)
+    assert out.shape == (4, 3, 224, 224) and d.max() <= 1 and d.float().mean() < 0.3
+
+
+def test_center_crop_is_exact_including_zero_padding():
+    images = batch(3, 100, 120)
+    for size in (50, (51, 80), (130, 101), (140, 150)):
+        ref = torch.stack([tvf.center_crop(img, list(size) if isinstance(size, tuple) else size) for img in images])
+        assert torch.equal(gpu.CenterCrop(size)(images), ref)
+        assert torch.equal(gpu.CenterCrop(size)(list(images)), ref)
+
+
+def test_padding_crop_then_resize_resamples_the_zeros_like_torchvision():
+    images = batch(2, 100, 120)
+    t = gpu.Compose([gpu.CenterCrop((130, 101)), gpu.Resize((64, 50))])
+    ref = torch.stack([tvf.resize(tvf.center_crop(img, [130, 101]), [64, 50]) for img in images])
+    for inp in (images, list(images)):
+        d = level_diff(t(inp), ref)
+        assert d.max() <= 1 and d.float().mean() < 0.3
+
+
+def test_horizontal_flip_per_sample_is_exact():
+    images = batch(32, 20, 30)
+    t = gpu.RandomHorizontalFlip(p=0.5)
+    flips = t.get_params(images, indices=range(32), epoch=3)
+    assert 0 < flips.sum() < 32
+    ref = torch.stack([tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips)])
+    assert torch.equal(t(images, indices=range(32), epoch=3), ref)
+    assert torch.equal(gpu.RandomHorizontalFlip(p=0.0)(images), images)
+    assert torch.equal(gpu.RandomHorizontalFlip(p=1.0)(images), images.flip(-1))
+
+
+def test_fused_compose_equals_transforms_applied_one_by_one():
+    images = [natural(300, 400, 1), natural(500, 260, 2), natural(130, 120, 3)]
+    kw = {"indices": [3, 4, 5], "epoch": 1, "seed": 2}
+    steps = [gpu.RandomHorizontalFlip(), gpu.RandomResizedCrop(100), gpu.RandomHorizontalFlip(), gpu.CenterCrop(80)]
+    fused = gpu.Compose(steps)(images, **kw)
+    flips = steps[0].get_params(images, **kw)  # a lone flip cannot batch a list of different sizes
+    one_by_one = [tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips)]
+    for s in steps[1:]:
+        one_by_one = s(one_by_one, **kw)
+    # the first flip acts before the resample, on different pixels: allow the same 1-level slack
+    assert level_diff(fused, one_by_one).max() <= 1
+    # flip and crop after the resample are exact
+    rrc = gpu.RandomResizedCrop(100)
+    after = gpu.CenterCrop(80)(gpu.RandomHorizontalFlip()(rrc(images, **kw), **kw))
+    assert torch.equal(gpu.Compose([rrc, gpu.RandomHorizontalFlip(), gpu.CenterCrop(80)])(images, **kw), after)
+
+
+def test_compose_runs_other_callables_with_images_only():
+    images = batch(2, 40, 40)
+    seen = []
+    out = gpu.Compose([gpu.CenterCrop(20), lambda x: seen.append(x.shape) or x + 1])(images, indices=[0, 1])
+    assert seen == [torch.Size([2, 3, 20, 20])] and torch.equal(out, tvf.center_crop(images, 20) + 1)
+
+
+def test_empty_batches_keep_their_output_shape():
+    empty = torch.zeros(0, 3, 50, 60, dtype=torch.uint8)
+    pipeline = gpu.Compose([gpu.Resize(30), gpu.CenterCrop(20), gpu.Normalize([0.5], [0.5])])
+    assert pipeline(empty, indices=[]).shape == (0, 3, 20, 20)
+    assert gpu.RandomResizedCrop(24)(empty, indices=[]).shape == (0, 3, 24, 24)
+
+
+# ---------------------------------------------------------------------------------------------
+# ColorJitter, RandomErasing, Normalize
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_color_jitter_is_bit_identical_to_torchvision_per_sample(dtype):
+    images = batch(24, 30, 40)
+    if dtype.is_floating_point:
+        images = images.to(dtype) / 255
+    t = gpu.ColorJitter(brightness=0.4, contrast=0.4, saturation=(0.5, 1.5))
+    p = t.get_params(images, indices=range(24), seed=9)
+    assert len({tuple(o) for o in p["order"]}) > 1  # several orders in one batch
+    ops = {0: tvf.adjust_brightness, 1: tvf.adjust_contrast, 2: tvf.adjust_saturation}
+    names = ("brightness", "contrast", "saturation")
+    refs = []
+    for r, img in enumerate(images):
+        for op in p["order"][r]:
+            img = ops[op](img, float(p[names[op]][r]))
+        refs.append(img)
+    assert torch.equal(t(images, indices=range(24), seed=9), torch.stack(refs))
+
+
+def test_color_jitter_disabled_factors_are_none():
+    t = gpu.ColorJitter(brightness=0.2)
+    p = t.get_params(batch(2, 8, 8), indices=[0, 1])
+    assert p["contrast"] is None and p["saturation"] is None
+    assert np.all((p["brightness"] >= 0.8) & (p["brightness"] <= 1.2))
+
+
+def test_random_erasing_is_exact():
+    images = batch(32, 40, 50)
+    t = gpu.RandomErasing(p=0.6, value=(10, 20, 30))
+    erase, top, left, h, w = t.get_params(images, indices=range(32))
+    assert 0 < erase.sum() < 32
+    fill = torch.tensor([10.0, 20.0, 30.0])[:, None, None]
+    ref = torch.stack(
+        [
+            tvf.erase(img, int(top[r]), int(left[r]), int(h[r]), int(w[r]), fill) if erase[r] else img
+            for r, img in enumerate(images)
+        ]
+    )
+    assert torch.equal(t(images, indices=range(32)), ref)
+    assert np.all((h[erase] < 40) & (w[erase] < 50) & (h[erase] > 0))
+
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def test_normalize_is_bit_identical_to_torchvision():
+    images = batch(4, 16, 16)
+    ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), MEAN, STD)
+    assert torch.equal(gpu.Normalize(MEAN, STD)(images), ref)
+    floats = images.float() / 255
+    assert torch.equal(gpu.Normalize(MEAN, STD)(floats), tvf.normalize(floats, MEAN, STD))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_normalize_half_outputs_are_the_float32_result_cast_once(dtype):
+    images = batch(2, 16, 16)
+    out = gpu.Normalize(MEAN, STD, dtype=dtype, channels_last=True)(images)
+    ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), MEAN, STD).to(dtype)
+    assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, ref)
+
+
+def test_normalize_buffers_are_reused_round_robin():
+    images = batch(2, 16, 16)
+    fresh = gpu.Normalize(MEAN, STD)
+    first, second = fresh(images), fresh(images)  # both alive: default outputs never share memory
+    assert first.data_ptr() != second.data_ptr()
+    t = gpu.Normalize(MEAN, STD, buffers=2)
+    a, b, c = t(images), t(images[[1, 0]]), t(images)
+    assert a.data_ptr() == c.data_ptr() != b.data_ptr()
+    assert torch.equal(b, gpu.Normalize(MEAN, STD)(images[[1, 0]]))
+    d = t(batch(3, 16, 16))  # new shape: new ring
+    assert d.shape[0] == 3 and d.data_ptr() not in (a.data_ptr(), b.data_ptr())
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: gpu.RandomResizedCrop(0), ValueError, "size should be positive, but got size=0"),
+        (lambda: gpu.RandomResizedCrop("a"), TypeError, "size should be an int"),
+        (lambda: gpu.RandomResizedCrop(8, scale=(0.9, 0.1)), ValueError, "scale should be"),
+        (lambda: gpu.RandomResizedCrop(8, interpolation="nearest"), ValueError, "bilinear"),
+        (lambda: gpu.RandomHorizontalFlip(p=1.5), ValueError, "p=1.5"),
+        (lambda: gpu.ColorJitter(brightness=-1), ValueError, "brightness=-1"),
+        (lambda: gpu.RandomErasing(value="random"), TypeError, "value="),
+        (lambda: gpu.RandomErasing(scale=(0.1, 2.0)), ValueError, "scale"),
+        (lambda: gpu.Normalize([0.5], [0.0]), ValueError, "std should be non-zero"),
+        (lambda: gpu.Normalize([0.5], [0.5], dtype=torch.int32), TypeError, "dtype"),
+        (lambda: gpu.Normalize([0.5], [0.5], buffers=-1), ValueError, "buffers=-1"),
+        (lambda: gpu.Resize((4, 5), max_size=10), ValueError, "max_size"),
+    ],
+)
+def test_bad_arguments_are_rejected(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_bad_inputs_are_rejected():
+    images = batch(2, 16, 16)
+    with pytest.raises(ValueError, match="one dataset index per image"):
+        gpu.RandomResizedCrop(8)(images, indices=[1, 2, 3])
+    with pytest.raises(TypeError, match="Normalize needs an"):
+        gpu.Normalize([0.5], [0.5])([images[0], images[1]])
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\)"):
+        gpu.CenterCrop(4)(images[0])
+    with pytest.raises(ValueError, match="share channels"):
+        gpu.CenterCrop(4)([images[0], images[1][:1]])
+    with pytest.raises(ValueError, match="mean should have 1 or 3"):
+        gpu.Normalize([0.5, 0.5], [0.5])(images)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: same results as on the CPU
+# ---------------------------------------------------------------------------------------------
+
+
+@cuda
+@needs_cuda
+def test_cuda_results_match_cpu():
+    images = [natural(300, 400, 1), natural(500, 260, 2), natural(130, 120, 3)]
+    t = gpu.Compose([gpu.RandomResizedCrop(96), gpu.RandomHorizontalFlip()])
+    kw = {"indices": [0, 1, 2], "epoch": 1, "seed": 4}
+    cpu = t(images, **kw)
+    dev = t([img.cuda() for img in images], **kw)
+    assert dev.device.type == "cuda" and level_diff(dev.cpu(), cpu).max() <= 1
+    jitter = gpu.ColorJitter(0.3, 0.3, 0.3)
+    assert level_diff(jitter(cpu.cuda(), **kw).cpu(), jitter(cpu, **kw)).max() <= 1
+    erase = gpu.RandomErasing(p=1.0, value=3)
+    assert torch.equal(erase(cpu.cuda(), **kw).cpu(), erase(cpu, **kw))
+    n = gpu.Normalize(MEAN, STD)
+    torch.testing.assert_close(n(cpu.cuda()).cpu(), n(cpu))
