@@ -1,0 +1,799 @@
+"""``fastload.DataLoader``: torch's DataLoader, with uint8 batches decoded straight into reusable buffers.
+
+A subclass of :class:`torch.utils.data.DataLoader` with the same arguments and semantics. Given a
+dataset that serves encoded images (``fastload.ImageFolder``, ``fastload.InMemoryImageFolder``)
+and a fastload transform with a fixed output size, it runs its own *fast path*::
+
+    main process                                      worker (process or thread)
+    sampler order = f(seed, epoch) ─ batch k ─task─>  for i in batch: bytes = dataset.get_bytes(i)
+                                                        with rng.sample_scope(seed, epoch, i):
+                                                          transform.decode_into(bytes, slot[k][j])
+    yield slot[k] as uint8 NCHW  <────── done ─────   labels[k][j] = targets[i]
+
+The batch buffers (``slots``) are allocated once, in memory shared with the workers, and reused:
+no per-sample tensors, no collate, no pickling of pixels. Images come out as a uint8 tensor of
+shape ``(N, 3, H, W)`` whose memory is channels-last (``images.is_contiguous(memory_format=
+torch.channels_last)``), which is what convolution kernels prefer; labels as int64 ``(N,)``.
+Float conversion and normalization happen once per batch on the device (``fastload.gpu``).
+
+**Buffer reuse.** A yielded batch stays valid until the loader has produced two more batches
+(``images`` of batch k is overwritten while batch k+2 is being made). Training loops never notice;
+code that keeps batches (a list of them, say) must ``.clone()`` them, or pass
+``reuse_buffers=False``.
+
+**Determinism.** The order is a function of ``(seed, epoch)`` and every random augmentation of
+sample ``i`` a function of ``(seed, epoch, i)`` (:mod:`fastload.rng`), so the batches are bitwise
+the same for any ``num_workers``, for process and thread workers, and after a mid-epoch resume:
+
+    >>> state = loader.state_dict()                 # doctest: +SKIP
+    >>> loader2.load_state_dict(state)              # in a new process: the rest of the epoch,
+    >>> rest = list(loader2)                        # then the next epochs, as if never stopped
+
+The epoch is the one given to :meth:`DataLoader.set_epoch`; a pass without a ``set_epoch`` call
+uses the previous epoch + 1 (starting at 0), so a plain ``for epoch ...: for batch in loader``
+also changes the order every epoch, exactly like an explicit ``set_epoch(epoch)``.
+
+Any other dataset / ``collate_fn`` / ``batch_sampler`` goes through torch's own iterator
+unchanged (with the seeded sampler when ``shuffle=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+
+import numpy as np
+import torch
+import torch.multiprocessing as torch_mp
+from torch.utils.data import IterableDataset, Sampler
+
+from . import rng as _rng
+from .decode import DecodeError
+from .gpu import IndexedBatch
+from .stats import LoaderStats
+
+__all__ = ["DataLoader", "EpochRandomSampler", "auto_num_workers"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+_STATE_FORMAT = "fastload.DataLoader"
+_MAX_AUTO_WORKERS = 16
+_POLL_SECONDS = 0.5
+
+
+def _cuda_available() -> bool:
+    from .prefetch import cuda_available
+
+    return cuda_available()
+
+
+def _available_cpus() -> int:
+    try:
+        import psutil
+
+        affinity = psutil.Process().cpu_affinity()
+        if affinity:
+            return len(affinity)
+    except (ImportError, AttributeError, OSError):  # pragma: no cover - platform without affinity
+        pass
+    return os.cpu_count() or 1
+
+
+def _local_world_size() -> int:
+    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def auto_num_workers() -> int:
+    """``num_workers="auto"``: the CPUs this process may use, divided among the local ranks, at most 16.
+
+    Example: 2 CPUs, no torchrun -> 2; 32 CPUs and ``torchrun --nproc_per_node=8`` -> 4.
+    """
+    return max(1, min(_MAX_AUTO_WORKERS, _available_cpus() // _local_world_size()))
+
+
+class EpochRandomSampler(Sampler[int]):
+    """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
+
+    The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
+    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica.
+
+    Args:
+        data_source: The dataset (only its length is used).
+        seed: The shuffling seed.
+    """
+
+    def __init__(self, data_source: Any, seed: int = 0) -> None:
+        self.data_source = data_source
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch whose order the next iteration yields."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(_rng.epoch_permutation(len(self.data_source), self.seed, self.epoch).tolist())
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+def _check_nonneg_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} should be a non-negative integer, but got {name}={value!r}")
+    return int(value)
+
+
+# ------------------------------------------------------------------------------------ fast path
+
+
+@dataclass
+class _Task:
+    generation: int
+    batch: int  # position in the epoch
+    slot: int
+    epoch: int
+    indices: np.ndarray
+
+
+def _is_fast_dataset(dataset: Any) -> bool:
+    transform = getattr(dataset, "transform", None)
+    return (
+        callable(getattr(dataset, "get_bytes", None))
+        and transform is not None
+        and callable(getattr(transform, "decode_into", None))
+        and getattr(transform, "output_size", None) is not None
+    )
+
+
+def _describe(dataset: Any, i: int) -> str:
+    describe = getattr(dataset, "describe", None)
+    return describe(i) if callable(describe) else f"sample {i}"
+
+
+def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, seed: int, skip: bool) -> tuple[int, list[tuple[int, str]]]:
+    """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``; returns (filled, skipped)."""
+    transform = dataset.transform
+    target_transform = getattr(dataset, "target_transform", None)
+    targets = dataset.targets
+    out = images[task.slot]
+    lab = labels[task.slot]
+    filled = 0
+    skipped: list[tuple[int, str]] = []
+    for i in task.indices.tolist():
+        try:
+            data = dataset.get_bytes(i)
+            with _rng.sample_scope(seed, task.epoch, i):
+                transform.decode_into(data, out[filled], _describe(dataset, i))
+        except (DecodeError, OSError) as e:
+            if not skip:
+                raise
+            skipped.append((i, str(e)))
+            continue
+        target = int(targets[i])
+        if target_transform is not None:
+            target = int(target_transform(target))
+        lab[filled] = target
+        filled += 1
+    return filled, skipped
+
+
+def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images: torch.Tensor, labels: torch.Tensor, seed: int, skip: bool, worker_init_fn: Callable[[int], None] | None, is_process: bool) -> None:
+    """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
+    if is_process:
+        torch.set_num_threads(1)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    np_images = images.numpy()
+    np_labels = labels.numpy()
+    while True:
+        try:
+            task = tasks.get()
+        except (EOFError, OSError, KeyboardInterrupt):  # the main process went away
+            return
+        if task is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            filled, skipped = _run_task(dataset, task, np_images, np_labels, seed, skip)
+        except Exception as e:  # reported to the main process, which re-raises it
+            results.put((task.generation, task.batch, "error", f"{type(e).__name__}: {e}", traceback.format_exc(), worker_id))
+            continue
+        results.put((task.generation, task.batch, "ok", filled, skipped, (worker_id, time.perf_counter() - t0)))
+
+
+class _WorkerPool:
+    """Workers and the shared batch slots they write into; lives as long as the loader."""
+
+    def __init__(self, loader: "DataLoader[Any]", shape: tuple[int, int], num_slots: int) -> None:
+        self.num_workers = loader.num_workers
+        self.kind = loader.worker_type
+        b = loader.batch_size or 1
+        h, w = shape
+        pin = bool(loader.pin_memory) and _cuda_available()
+        self.images = torch.empty((num_slots, b, h, w, 3), dtype=torch.uint8)
+        self.labels = torch.empty((num_slots, b), dtype=torch.int64)
+        self.pinned = False
+        if self.num_workers > 0 and self.kind == "process":
+            self.images.share_memory_()
+            self.labels.share_memory_()
+            if pin:
+                self.pinned = _register_pinned(self.images) and _register_pinned(self.labels)
+        elif pin:
+            self.images = self.images.pin_memory()
+            self.labels = self.labels.pin_memory()
+            self.pinned = True
+        self.num_slots = num_slots
+        self.free_slots = list(range(num_slots))
+        self.workers: list[Any] = []
+        self.tasks: Any = None
+        self.results: Any = None
+        self.closed = False
+        if self.num_workers == 0:
+            return
+        args_common = (loader.dataset,)
+        if self.kind == "thread":
+            self.tasks, self.results = queue.Queue(), queue.Queue()
+            for wid in range(self.num_workers):
+                t = threading.Thread(
+                    target=_worker_main,
+                    args=(wid, *args_common, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", None, False),
+                    name=f"fastload-worker-{wid}",
+                    daemon=True,
+                )
+                t.start()
+                self.workers.append(t)
+        else:
+            ctx = loader.multiprocessing_context or torch_mp.get_context()
+            self.tasks, self.results = ctx.SimpleQueue(), ctx.SimpleQueue()
+            self._task_lock = threading.Lock()
+            for wid in range(self.num_workers):
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(wid, *args_common, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", loader.worker_init_fn, True),
+                    name=f"fastload-worker-{wid}",
+                    daemon=True,
+                )
+                p.start()
+                self.workers.append(p)
+
+    def put(self, task: _Task) -> None:
+        self.tasks.put(task)
+
+    def get(self, timeout: float) -> tuple[Any, ...]:
+        """The next finished task's report; raises a clear error when a worker died."""
+        deadline = None if timeout <= 0 else time.monotonic() + timeout
+        while True:
+            if self.kind == "thread":
+                try:
+                    return self.results.get(timeout=_POLL_SECONDS)
+                except queue.Empty:
+                    pass
+            else:
+                if self.results._reader.poll(_POLL_SECONDS):  # SimpleQueue: a Connection underneath
+                    return self.results.get()
+            self.check_alive()
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})")
+
+    def check_alive(self) -> None:
+        for wid, w in enumerate(self.workers):
+            if not w.is_alive():
+                code = getattr(w, "exitcode", None)
+                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+                pid = getattr(w, "pid", None)
+                self.close()
+                raise RuntimeError(
+                    f"DataLoader worker {wid} (pid {pid}) {how} unexpectedly. If it ran out of memory, "
+                    "use fewer workers or a smaller batch_size; run with num_workers=0 to see the error in the main process."
+                )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for _ in self.workers:
+            try:
+                self.tasks.put(None)
+            except (OSError, ValueError):
+                pass
+        for w in self.workers:
+            w.join(timeout=5)
+            if self.kind == "process" and w.is_alive():
+                w.terminate()
+                w.join(timeout=5)
+        if self.pinned and self.kind == "process":
+            _unregister_pinned(self.images)
+            _unregister_pinned(self.labels)
+        self.workers = []
+
+
+def _register_pinned(t: torch.Tensor) -> bool:  # pragma: no cover - needs CUDA
+    """Page-locks shared memory in place (cudaHostRegister), so H2D copies from it are async."""
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    except (RuntimeError, AttributeError):
+        return False
+    return int(getattr(err, "value", err)) == 0
+
+
+def _unregister_pinned(t: torch.Tensor) -> None:  # pragma: no cover - needs CUDA
+    try:
+        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+    except (RuntimeError, AttributeError):
+        pass
+
+
+class _FastIterator:
+    """One pass over the epoch's batches, ``start`` batches in (resume), through the pool."""
+
+    def __init__(self, loader: "DataLoader[Any]", epoch: int, start: int) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self.batches = loader._epoch_batches(epoch)
+        self.next_batch = start
+        self.issued = start
+        self.pool = loader._get_pool()
+        loader._generation += 1
+        self.generation = loader._generation
+        self.ready: dict[int, tuple[int, int, list[tuple[int, str]]]] = {}
+        self.in_flight: dict[int, int] = {}  # batch -> slot
+        self.held: list[int] = []  # slots handed to the consumer, released two batches later
+        self.stats = loader.stats
+        self.external_stats = loader._prefetching  # the prefetcher measures at the consumer
+        if not self.external_stats:
+            self.stats.start()
+        self.done = False
+        self.pool.free_slots = list(range(self.pool.num_slots))
+
+    def __iter__(self) -> "_FastIterator":
+        return self
+
+    def _hold_limit(self) -> int:
+        return 2 if self.loader.reuse_buffers else 0
+
+    def _fill(self) -> None:
+        pool = self.pool
+        while self.issued < len(self.batches) and pool.free_slots:
+            slot = pool.free_slots.pop(0)
+            task = _Task(self.generation, self.issued, slot, self.epoch, self.batches[self.issued])
+            if pool.num_workers == 0:
+                self._run_inline(task)
+            else:
+                pool.put(task)
+            self.in_flight[self.issued] = slot
+            self.issued += 1
+            if pool.num_workers == 0:
+                break  # decode lazily, one batch per next()
+
+    def _run_inline(self, task: _Task) -> None:
+        t0 = time.perf_counter()
+        filled, skipped = _run_task(self.loader.dataset, task, self.pool.images.numpy(), self.pool.labels.numpy(), self.loader._seed, self.loader.on_error == "skip")
+        self.stats.record_decode(0, time.perf_counter() - t0)
+        self.ready[task.batch] = (task.slot, filled, skipped)
+
+    def __next__(self) -> IndexedBatch:
+        if self.done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        pool = self.pool
+        while len(self.held) > self._hold_limit():
+            pool.free_slots.append(self.held.pop(0))
+        if self.next_batch >= len(self.batches):
+            self._finish()
+            raise StopIteration
+        self._fill()
+        while self.next_batch not in self.ready:
+            report = pool.get(self.loader.timeout)
+            generation, batch, status = report[0], report[1], report[2]
+            if generation != self.generation:
+                continue  # a task of an abandoned pass: its slot is reassigned anyway
+            if status == "error":
+                self._finish()
+                message, tb, wid = report[3], report[4], report[5]
+                raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {message}\n\nOriginal traceback in the worker:\n{tb}")
+            filled, skipped, (wid, seconds) = report[3], report[4], report[5]
+            self.stats.record_decode(wid, seconds)
+            self.ready[batch] = (self.in_flight[batch], filled, skipped)
+        slot, filled, skipped = self.ready.pop(self.next_batch)
+        indices = self.batches[self.next_batch]
+        if skipped:
+            indices = indices[~np.isin(indices, [i for i, _ in skipped])]
+        del self.in_flight[self.next_batch]
+        self.next_batch += 1
+        self.loader._batches_done = self.next_batch
+        self._fill()
+        for index, message in skipped:
+            warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=2)
+        self.stats.skipped += len(skipped)
+        images = pool.images[slot, :filled].permute(0, 3, 1, 2)
+        labels = pool.labels[slot, :filled]
+        if self.loader.reuse_buffers:
+            self.held.append(slot)
+        else:
+            images, labels = images.clone(memory_format=torch.channels_last), labels.clone()
+            pool.free_slots.append(slot)
+        if not self.external_stats:
+            self.stats.record_batch(filled, time.perf_counter() - t0)
+        return IndexedBatch(images, labels, torch.from_numpy(indices))
+
+    def _finish(self) -> None:
+        if not self.done:
+            self.done = True
+            if not self.external_stats:
+                self.stats.stop()
+            self.loader._finished_epoch(self.epoch, self.next_batch >= len(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+# ------------------------------------------------------------------------------------ DataLoader
+
+
+class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[type-arg]
+    """Drop-in for :class:`torch.utils.data.DataLoader` (see the module docs for what it adds).
+
+    Every torch argument keeps its name and meaning; these defaults differ, to fix known traps:
+    ``num_workers="auto"`` (:func:`auto_num_workers`), ``persistent_workers=True`` when there are
+    workers, ``pin_memory=True`` when CUDA is available. The main process's torch intra-op threads
+    are capped so that they and the workers never oversubscribe the CPUs (``limit_threads``).
+
+    Args:
+        dataset: Any map-style or iterable dataset.
+        batch_size, shuffle, sampler, batch_sampler, collate_fn, drop_last, timeout,
+            worker_init_fn, multiprocessing_context, generator, prefetch_factor,
+            pin_memory_device, in_order: As in torch.
+        num_workers: Worker count, or ``"auto"``.
+        pin_memory: ``None`` pins when CUDA is available.
+        persistent_workers: ``None`` keeps workers between epochs when there are any.
+        seed: Seeds the shuffle order and every random augmentation. ``None`` draws one from
+            torch's global RNG at construction (so ``torch.manual_seed`` makes runs repeatable,
+            as with torch), or from ``generator`` when given.
+        device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
+        gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
+        worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
+            give identical batches.
+        distributed: Build a :class:`fastload.DistributedSampler` from the process group: with
+            ``shuffle=True`` a training sampler (``drop_last=True``: equal step counts on every
+            rank), else an evaluation sampler (every sample exactly once over all ranks).
+        on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
+            the sample is left out of its batch (which is then shorter), counted in
+            ``stats.skipped``, and a warning names it.
+        reuse_buffers: Hand out views of the reusable batch buffers (see the module docs).
+        progress: Show a tqdm bar per epoch.
+        limit_threads: Cap ``torch.get_num_threads()`` at ``CPUs - num_workers`` (at least 1)
+            when iteration starts.
+
+    Raises:
+        ValueError / TypeError: Naming the argument, for invalid values.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int | str = "auto",
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool | None = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: int | None = None,
+        device: str | torch.device | None = None,
+        gpu_transforms: Callable[..., Any] | None = None,
+        worker_type: str = "process",
+        distributed: bool = False,
+        on_error: str = "raise",
+        reuse_buffers: bool = True,
+        progress: bool = False,
+        limit_threads: bool = True,
+    ) -> None:
+        if num_workers == "auto":
+            num_workers = auto_num_workers()
+        elif isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}")
+        num_workers = int(num_workers)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0):
+            raise ValueError(f"batch_size should be a positive integer, but got batch_size={batch_size!r}")
+        if worker_type not in ("process", "thread"):
+            raise ValueError(f"worker_type should be 'process' or 'thread', but got worker_type={worker_type!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error should be 'raise' or 'skip', but got on_error={on_error!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise TypeError(f"seed should be an integer or None, but got seed={seed!r}")
+        if pin_memory is None:
+            pin_memory = _cuda_available()
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        if seed is None:
+            source = generator if generator is not None else None
+            seed = int(torch.randint(0, 2**62, (1,), generator=source).item())
+        self._seed = int(seed)
+        is_iterable = isinstance(dataset, IterableDataset)
+        own_sampler = False
+        if distributed:
+            if sampler is not None or batch_sampler is not None:
+                raise ValueError("distributed=True builds the sampler itself: pass either distributed=True or sampler/batch_sampler, not both")
+            from .sampler import DistributedSampler
+
+            sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=self._seed, drop_last=bool(shuffle))
+            shuffle = False
+            own_sampler = True
+        elif shuffle and sampler is None and batch_sampler is None and not is_iterable:
+            sampler = EpochRandomSampler(dataset, self._seed)
+            shuffle = False
+            own_sampler = True
+        self._own_sampler = own_sampler
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self.worker_type = worker_type
+        self.on_error = on_error
+        self.reuse_buffers = bool(reuse_buffers)
+        self.progress = bool(progress)
+        self.limit_threads = bool(limit_threads)
+        self.device = None if device is None else torch.device(device)
+        self.gpu_transforms = gpu_transforms
+        self.stats = LoaderStats()
+        self._fast = collate_fn is None and batch_sampler is None and batch_size is not None and not is_iterable and _is_fast_dataset(dataset)
+        self._epoch = 0  # the epoch of the next (or current) pass
+        self._epoch_set = False
+        self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
+        self._batches_done = 0
+        self._pass_epoch: int | None = None  # epoch of the pass that _batches_done counts
+        self._pool: _WorkerPool | None = None
+        self._generation = 0
+        self._prefetcher: Any = None
+        self._prefetching = False
+
+    # ---------------------------------------------------------------- public extras
+
+    @property
+    def seed(self) -> int:
+        """The seed of the shuffle order and of every random augmentation."""
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or next) pass."""
+        return self._epoch
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether batches are decoded straight into shared buffers (else torch's iterator runs)."""
+        return self._fast
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""
+        self._epoch = _check_nonneg_int(epoch, "epoch")
+        self._epoch_set = True
+        self._resume_at = 0
+        self._pass_epoch = None
+        if self._prefetcher is not None:
+            self._prefetcher._state = None  # its snapshot belongs to the abandoned pass
+        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_sampler_epoch):
+            set_sampler_epoch(self._epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: seed, epoch and batches already handed out in that epoch.
+
+        With ``device``/``gpu_transforms`` the prefetcher is one batch ahead of the consumer; the
+        state is the one of the last batch the consumer received, so a resume neither skips nor
+        repeats a batch.
+        """
+        if self._prefetcher is not None:
+            return self._prefetcher.state_dict()
+        return self._host_state_dict()
+
+    def _host_state_dict(self) -> dict[str, Any]:
+        if self._pass_epoch is not None:  # position in the last pass started
+            epoch, done = self._pass_epoch, self._batches_done
+        else:  # nothing iterated since set_epoch / load_state_dict
+            epoch, done = self._epoch, self._resume_at
+        return {"format": _STATE_FORMAT, "version": 1, "seed": self._seed, "epoch": epoch, "batches": done, "batch_size": self.batch_size, "num_samples": len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
+
+        Raises:
+            ValueError: If the state is not a fastload loader state or describes another
+                dataset size or batch size (the remaining batches would be wrong).
+        """
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError("state should come from fastload.DataLoader.state_dict()")
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported DataLoader state version {state.get('version')!r} (this fastload reads version 1)")
+        n = len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None
+        if state.get("num_samples") != n or state.get("batch_size") != self.batch_size:
+            raise ValueError(
+                f"the state was saved for {state.get('num_samples')} samples in batches of {state.get('batch_size')}, "
+                f"but this loader has {n} samples in batches of {self.batch_size}"
+            )
+        self._seed = int(state["seed"])
+        if isinstance(self.sampler, EpochRandomSampler):
+            self.sampler.seed = self._seed
+        elif self._own_sampler and hasattr(self.sampler, "seed"):
+            self.sampler.seed = self._seed
+        epoch, done = int(state["epoch"]), int(state["batches"])
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        self.set_epoch(epoch)
+        self._resume_at = done
+
+    def close(self) -> None:
+        """Stops the workers now (they also stop when the loader is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ---------------------------------------------------------------- iteration
+
+    def _begin_pass(self) -> tuple[int, int]:
+        epoch, start = self._epoch, self._resume_at
+        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_sampler_epoch) and (self._own_sampler or self._epoch_set):
+            set_sampler_epoch(epoch)
+        self._resume_at = 0
+        self._batches_done = start
+        self._pass_epoch = epoch
+        if self.limit_threads:
+            self._limit_threads()
+        return epoch, start
+
+    def _finished_epoch(self, epoch: int, complete: bool) -> None:
+        # The next pass without set_epoch() is the next epoch (also after a partial pass).
+        if self._epoch == epoch:
+            self._epoch = epoch + 1
+            self._epoch_set = False
+
+    def _limit_threads(self) -> None:
+        busy = self.num_workers if self.worker_type == "process" else 0
+        cap = max(1, _available_cpus() - busy)
+        if torch.get_num_threads() > cap:
+            torch.set_num_threads(cap)
+
+    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+        b = self.batch_size or 1
+        n_full = len(order) // b
+        batches = [order[k * b : (k + 1) * b] for k in range(n_full)]
+        if not self.drop_last and len(order) % b:
+            batches.append(order[n_full * b :])
+        return batches
+
+    def _get_pool(self) -> _WorkerPool:
+        if self._pool is None or self._pool.closed:
+            shape = self.dataset.transform.output_size
+            slots = max(2, self.num_workers * (self.prefetch_factor or 2)) + (3 if self.reuse_buffers else 1)
+            self._pool = _WorkerPool(self, tuple(shape), slots)
+        return self._pool
+
+    def _host_batches(self) -> Iterator[Any]:
+        epoch, start = self._begin_pass()
+        if self._fast:
+            it = _FastIterator(self, epoch, start)
+            try:
+                yield from it
+            finally:
+                it._finish()
+                if not self.persistent_workers:
+                    self.close()
+            return
+        if not self._prefetching:
+            self.stats.start()
+        inner = super().__iter__()
+        done = 0
+        try:
+            for batch in inner:
+                done += 1
+                if done <= start:
+                    continue  # resume on torch's path: the skipped batches are still loaded
+                self._batches_done = done
+                yield batch
+        finally:
+            if not self._prefetching:
+                self.stats.stop()
+            self._finished_epoch(epoch, True)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._prefetching = self.device is not None or self.gpu_transforms is not None
+        host = self._host_batches()
+        if not self._fast and not self._prefetching:
+            host = self._timed(host)
+        if self._prefetching:
+            from .prefetch import CUDAPrefetcher
+
+            one_pass = _OnePass(self, host)
+            if self._prefetcher is None:
+                device = self.device if self.device is not None else torch.device("cpu")
+                self._prefetcher = CUDAPrefetcher(one_pass, device=device, transforms=self.gpu_transforms, dtype=None)
+                self._prefetcher.stats = self.stats
+            else:
+                self._prefetcher.loader = one_pass
+            host = iter(self._prefetcher)
+        if self.progress:
+            from tqdm import tqdm
+
+            host = iter(tqdm(host, total=len(self), desc=f"epoch {self._epoch}", unit="batch"))
+        return host
+
+    def _timed(self, it: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.stats.record_batch(_batch_len(batch), time.perf_counter() - t0)
+            yield batch
+
+
+class _OnePass:
+    """One host pass as the prefetcher's loader: the batches, plus the pass's seed and epoch."""
+
+    def __init__(self, loader: DataLoader[Any], batches: Iterator[Any]) -> None:
+        self._loader = loader
+        self._batches = batches
+        self.seed = loader.seed
+        self.epoch = loader.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._loader._host_state_dict()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    try:
+        return len(first)
+    except TypeError:
+        return 1

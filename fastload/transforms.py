@@ -1,0 +1,662 @@
+"""Per-sample CPU transforms, fused with decoding: uint8 in, uint8 out, deterministic per sample.
+
+The classes mirror torchvision's (same names, arguments and crop-parameter distribution):
+:class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop`, :class:`RandomHorizontalFlip`
+and :class:`Compose`. Three things differ:
+
+* **Randomness** comes only from :func:`fastload.rng.current` — inside the loader, the stream of
+  ``(seed, epoch, index)`` — so a sample gets the same crop whatever the worker count, worker kind
+  or batch composition. Outside a :func:`fastload.rng.sample_scope` the stream is seeded from
+  torch's global RNG, so ``torch.manual_seed`` makes a hand-run pipeline reproducible.
+* **Fused decoding.** Given the encoded file, :meth:`Transform.decode_and_apply` reads only the
+  header, draws the crop box for that image size, decodes the JPEG at the smallest DCT scale
+  (1/2, 1/4, 1/8) that keeps the crop at least as large as the output, and crops + resizes in
+  one resample. :meth:`Transform.decode_into` writes the result straight into a slot of the
+  loader's batch buffer.
+* **Output** is always a uint8 ``(3, H, W)`` tensor, also for a PIL input (like torchvision v2 on
+  tensors), so the loader never sees PIL images.
+
+How a sample is decoded (all draws happen first, in pipeline order, so the result is a pure
+function of the random stream)::
+
+    header (size)  ──plan──>  crop box in source pixels, output size, flip
+      JPEG, crop >= 2x output    PIL draft at 1/s, crop+resize in one resample (box / s)
+      JPEG, smaller crops        torchvision.io.decode_jpeg, then torchvision's own crop/resize ops
+      PNG, CMYK, other           PIL full decode, crop+resize in one resample (also JPEGs when
+                                 torchvision.io's decoder is gone: it is deprecated since 0.29)
+    flip while copying into the output (no extra image)
+
+Worked example (``RandomResizedCrop(224)``, seed 0, epoch 0, index 3, a 1500x1000 (w x h) JPEG):
+the stream gives the box ``top=47, left=438, h=910, w=1001``; ``dct_scale(1001, 910, 224, 224) == 4``,
+so libjpeg decodes a 375x250 image and PIL resamples its box ``(109.5, 11.75, 359.75, 239.25)``
+to 224x224. A 500x375 JPEG (most of ImageNet) gets crops smaller than 448 px, so it is decoded at
+full size by ``torchvision.io`` and cropped/resized by torchvision's own ops: the same pixels as
+torchvision's pipeline. Reduced-size decoding filters a little differently from a full-size
+antialiased resize (``bench/decode.py`` measures the difference).
+
+Example:
+    >>> from fastload import rng, transforms as T
+    >>> train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+    >>> train.output_size
+    (224, 224)
+    >>> with rng.sample_scope(seed=0, epoch=0, index=3):
+    ...     img = train.decode_and_apply(open("x.JPEG", "rb").read(), "x.JPEG")   # doctest: +SKIP
+    >>> img.shape, img.dtype                                                          # doctest: +SKIP
+    (torch.Size([3, 224, 224]), torch.uint8)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from . import rng as _rng
+from .decode import DecodeError, decode_error, decode_jpeg_tensor, dct_scale, load_reduced, open_image, torchvision_jpeg_available
+
+__all__ = [
+    "CenterCrop",
+    "Compose",
+    "Plan",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "Transform",
+]
+
+_INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+_PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+# PIL's integer constants, which torchvision also accepts.
+_PIL_INT_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+# Image modes torchvision.io.decode_jpeg reads exactly like PIL (YCbCr JPEGs report "RGB").
+_TORCH_JPEG_MODES: tuple[str, ...] = ("RGB", "L")
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _check_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
+    return int(value)
+
+
+def _parse_hw(size: Any, name: str = "size") -> tuple[int, int]:
+    """``int`` or a sequence of one or two positive ints -> ``(h, w)``."""
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        s = _check_positive_int(size, name)
+        return s, s
+    if isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
+        values = [_check_positive_int(v, name) for v in size]
+        return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+    raise TypeError(f"{name} should be an int or a sequence of 1 or 2 ints (h, w), but got {name}={size!r}")
+
+
+def _parse_range(value: Any, name: str) -> tuple[float, float]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        raise TypeError(f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}")
+    lo, hi = value
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise TypeError(f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}")
+    if not 0 < lo <= hi:
+        raise ValueError(f"{name} should be (min, max) with 0 < min <= max, but got {name}={tuple(value)!r}")
+    return float(lo), float(hi)
+
+
+def _parse_interpolation(value: Any) -> str:
+    mode = getattr(value, "value", value)  # torchvision.transforms.InterpolationMode
+    if isinstance(mode, numbers.Integral) and not isinstance(mode, bool):
+        mode = _PIL_INT_MODES.get(int(mode), mode)
+    if isinstance(mode, str) and mode.lower() in _INTERPOLATIONS:
+        return mode.lower()
+    raise ValueError(f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got interpolation={value!r}")
+
+
+def _check_antialias(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"antialias should be a bool, but got antialias={value!r}")
+    return value
+
+
+def _tv_interpolation(mode: str) -> Any:
+    from torchvision.transforms import InterpolationMode
+
+    return InterpolationMode(mode)
+
+
+def resized_output_size(height: int, width: int, size: int | tuple[int, int] | None, max_size: int | None = None) -> tuple[int, int]:
+    """The ``(h, w)`` torchvision's ``Resize(size, max_size=max_size)`` gives an ``height x width`` image.
+
+    An int ``size`` is the shorter side (the longer one is scaled and truncated); ``max_size`` caps
+    the longer side. Example: a 500x375 (w x h) image, ``size=256``: ``(256, 341)``; with
+    ``max_size=300``: ``(225, 300)``; ``size=None, max_size=300``: ``(225, 300)``.
+    """
+    short, long = (width, height) if width <= height else (height, width)
+    if size is None:
+        assert max_size is not None  # checked in Resize.__init__
+        new_short, new_long = int(max_size * short / long), max_size
+    elif isinstance(size, int):
+        new_short, new_long = size, int(size * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+    else:
+        return size
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+# --------------------------------------------------------------------------------------------
+# the plan: what a pipeline does to an image of a given size, with its random draws made
+
+
+class Plan:
+    """The geometry of a pipeline run on one image, random draws made: ops in order, and one box.
+
+    Made by :meth:`Transform.plan`. Attributes:
+
+    * ``ops``: the pipeline literally, as ``("crop", top, left, h, w)``, ``("resize", h, w,
+      interpolation, antialias)``, ``("center_crop", h, w)`` (a padding one) and ``("hflip",)``,
+      in the coordinates of the image at that step; replayed with torchvision's functional ops;
+    * ``height``, ``width``: the output size;
+    * ``fusable``: every crop inside the image, one antialiased bilinear/bicubic filter. Then the
+      ops also fold into ``box`` (``(x0, y0, x1, y1)`` in source pixels, possibly fractional) and
+      a final ``flip``: one resample of ``box`` to the output size gives the same picture as the
+      chain (resizing and then cropping samples the source on the same grid as resizing only the
+      crop's source region).
+
+    Example: ``Compose([Resize(256), CenterCrop(224)])`` on a 500x375 (w x h) image: ops
+    ``[("resize", 256, 341, "bilinear", True), ("crop", 16, 58, 224, 224)]``; box
+    ``(85.04, 23.44, 413.49, 351.56)`` (the crop's region scaled back by 375/256).
+    """
+
+    __slots__ = ("source", "height", "width", "box", "flip", "ops", "fusable", "resample")
+
+    def __init__(self, height: int, width: int) -> None:
+        self.source = (height, width)
+        self.height = height
+        self.width = width
+        self.box = [0.0, 0.0, float(width), float(height)]
+        self.flip = False
+        self.ops: list[tuple[Any, ...]] = []
+        self.fusable = True
+        self.resample: tuple[str, bool] | None = None
+
+    def crop(self, top: int, left: int, height: int, width: int) -> None:
+        """A crop inside the current image (``0 <= top``, ``top + height <= self.height``, ...)."""
+        if (top, left, height, width) == (0, 0, self.height, self.width):
+            return
+        self.ops.append(("crop", top, left, height, width))
+        x0, y0, x1, y1 = self.box
+        sx, sy = (x1 - x0) / self.width, (y1 - y0) / self.height
+        if self.flip:  # the box is in the un-flipped source: mirror the crop
+            left = self.width - (left + width)
+        self.box = [x0 + left * sx, y0 + top * sy, x0 + (left + width) * sx, y0 + (top + height) * sy]
+        self.height, self.width = height, width
+
+    def resize(self, height: int, width: int, interpolation: str, antialias: bool) -> None:
+        if (height, width) == (self.height, self.width):
+            return  # torchvision returns the image unchanged
+        self.ops.append(("resize", height, width, interpolation, antialias))
+        mode = (interpolation, antialias)
+        if interpolation not in _PIL_FILTERS or not antialias or (self.resample is not None and self.resample != mode):
+            self.fusable = False  # PIL's resample always antialiases and has no torch-like nearest
+        self.resample = mode
+        self.height, self.width = height, width
+
+    def center_crop_padded(self, height: int, width: int) -> None:
+        """torchvision's ``center_crop`` of a crop larger than the image (zero padding)."""
+        self.ops.append(("center_crop", height, width))
+        self.fusable = False
+        self.height, self.width = height, width
+
+    def hflip(self) -> None:
+        self.ops.append(("hflip",))
+        self.flip = not self.flip
+
+    def pixel_box(self) -> tuple[float, float, float, float]:
+        """``box`` clamped to the source (folding fractions can overshoot by an ulp)."""
+        x0, y0, x1, y1 = self.box
+        h, w = self.source
+        return max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
+
+
+def _clamped_box(box: tuple[float, float, float, float], width: int, height: int, scale: int) -> tuple[float, float, float, float]:
+    x0, y0, x1, y1 = (v / scale for v in box)
+    return max(0.0, x0), max(0.0, y0), min(float(width), x1), min(float(height), y1)
+
+
+def _run_ops(t: torch.Tensor, ops: Iterable[tuple[Any, ...]], skip_trailing_flip: bool = False, channels_last: bool = False) -> torch.Tensor:
+    """Applies plan ops to a ``(..., H, W)`` tensor with torchvision's functional ops.
+
+    ``channels_last`` (for a decoded ``(3, H, W)`` image held as HWC memory): a crop is made
+    channels-last contiguous before it is resized, so torch's vectorised uint8 kernel runs and the
+    result stays HWC in memory (about twice as fast as resizing the strided view, and the final
+    copy into an HWC buffer is then a plain copy).
+    """
+    from torchvision.transforms.v2 import functional as F
+
+    ops = list(ops)
+    if skip_trailing_flip:
+        while ops and ops[-1][0] == "hflip":
+            ops.pop()
+    for op in ops:
+        kind = op[0]
+        if kind == "crop":
+            t = F.crop(t, op[1], op[2], op[3], op[4])
+        elif kind == "resize":
+            if channels_last and t.ndim == 3:
+                t = t.unsqueeze(0).contiguous(memory_format=torch.channels_last)[0]
+            t = F.resize(t, [op[1], op[2]], interpolation=_tv_interpolation(op[3]), antialias=op[4])
+        elif kind == "center_crop":
+            t = F.center_crop(t, [op[1], op[2]])
+        else:  # "hflip"
+            t = F.horizontal_flip(t)
+    return t
+
+
+def _trailing_flip(ops: Sequence[tuple[Any, ...]]) -> bool:
+    flips = 0
+    for op in reversed(ops):
+        if op[0] != "hflip":
+            break
+        flips += 1
+    return flips % 2 == 1
+
+
+def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
+    """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image."""
+    if img.mode not in ("RGB", "L"):
+        img = img.convert("RGB")  # CMYK, palette, RGBA, 16-bit, ...: as decode_pil does, first
+    x0, y0, x1, y1 = _clamped_box(plan.pixel_box(), img.width, img.height, scale)
+    size = (plan.width, plan.height)
+    int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
+    if plan.resample is None or (
+        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1))) and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
+    ):
+        if int_box != (0, 0, img.width, img.height):
+            img = img.crop(int_box)  # a plain crop: no resampling
+    else:
+        img = img.resize(size, _PIL_FILTERS[plan.resample[0]], box=(x0, y0, x1, y1))
+    if img.mode == "L":
+        img = img.convert("RGB")  # on the small output: same as converting first (channels are equal)
+    if plan.flip:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return img
+
+
+def _copy_pil_out(img: Image.Image, out: np.ndarray) -> None:
+    np.copyto(out, np.asarray(img))
+
+
+def _copy_tensor_out(t: torch.Tensor, out: np.ndarray, flip: bool) -> None:
+    """Copies a ``(3, H, W)`` tensor into the HWC array ``out``, mirrored when ``flip``."""
+    src = t.permute(1, 2, 0)
+    if flip:
+        src = src.flip(1)  # torch's flip + copy beat numpy's negative-stride copy by ~10x here
+    torch.from_numpy(out).copy_(src)
+
+
+# --------------------------------------------------------------------------------------------
+# transforms
+
+
+class Transform:
+    """Base class of fastload's per-sample transforms (a pipeline of one; see :class:`Compose`).
+
+    Subclasses implement :meth:`_plan` (draw the random parameters for an image size and record
+    the geometry) and :meth:`_output_size`. Everything else — running on a tensor or PIL image,
+    fused decoding — is shared.
+    """
+
+    # -- what subclasses implement -------------------------------------------------------------
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        raise NotImplementedError
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` when every image comes out that size (e.g. ``RandomResizedCrop(224)`` or
+        ``Resize(256)`` + ``CenterCrop(224)``), ``None`` when it depends on the image (``Resize(256)``)."""
+        return self._output_size(None)
+
+    def plan(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> Plan:
+        """Draws this pipeline's random parameters for an ``height x width`` image (in pipeline order).
+
+        ``rng`` defaults to :func:`fastload.rng.current`. Mostly for tests and debugging: the
+        returned plan's ``ops`` list the crops, resizes and flips that will be applied.
+        """
+        plan = Plan(int(height), int(width))
+        self._plan(plan, _rng.current() if rng is None else rng)
+        return plan
+
+    def __call__(self, img: torch.Tensor | Image.Image) -> torch.Tensor:
+        """Applies the transform to a ``(..., H, W)`` tensor or a PIL image.
+
+        A tensor goes through torchvision's functional ops at the drawn parameters (dtype kept;
+        uint8 is the intended one). A PIL image is cropped and resized in one PIL resample and
+        returned as a uint8 ``(3, H, W)`` tensor.
+        """
+        if isinstance(img, torch.Tensor):
+            if img.ndim < 2:
+                raise ValueError(f"img should be a tensor of shape (..., H, W), but got shape {tuple(img.shape)}")
+            plan = self.plan(img.shape[-2], img.shape[-1])
+            return _run_ops(img, plan.ops)
+        if isinstance(img, Image.Image):
+            plan = self.plan(img.height, img.width)
+            out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
+            self._apply_loaded(img, plan, 1, out)
+            return torch.from_numpy(out).permute(2, 0, 1)
+        raise TypeError(f"img should be a torch.Tensor or a PIL Image, but got {type(img).__name__}")
+
+    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
+        """Decodes an encoded image and applies the transform, fused (see the module docstring).
+
+        Args:
+            data: The encoded file (JPEG, PNG or anything PIL reads).
+            name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
+
+        Returns:
+            A uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
+
+        Raises:
+            DecodeError: Naming ``name`` when the file is not a decodable image.
+        """
+        img = open_image(data, name)
+        plan = self.plan(img.height, img.width)
+        out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
+        self._decode_planned(data, img, plan, out, name)
+        return torch.from_numpy(out).permute(2, 0, 1)
+
+    def decode_into(self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image") -> None:
+        """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
+
+        Args:
+            data: The encoded file.
+            out: A writable uint8 array of shape ``output_size + (3,)``, e.g. one slot of an NHWC
+                batch buffer in shared memory.
+            name: How to name the sample in an error.
+
+        Raises:
+            DecodeError: Naming ``name`` when the file is not a decodable image.
+            ValueError: If ``out`` has the wrong shape (the pipeline must have a fixed
+                :attr:`output_size`).
+        """
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint8:
+            raise TypeError(f"out should be a uint8 numpy array, but got {type(out).__name__}{'' if not isinstance(out, np.ndarray) else ' of dtype ' + str(out.dtype)}")
+        img = open_image(data, name)
+        plan = self.plan(img.height, img.width)
+        if out.shape != (plan.height, plan.width, 3):
+            raise ValueError(
+                f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), but got "
+                f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is {self.output_size})"
+            )
+        self._decode_planned(data, img, plan, out, name)
+
+    # -- the fused decode ---------------------------------------------------------------------------
+
+    def _decode_planned(self, data: bytes | memoryview | np.ndarray, img: Image.Image, plan: Plan, out: np.ndarray, name: str) -> None:
+        is_jpeg = img.format == "JPEG"
+        scale = 1
+        if plan.fusable and is_jpeg and plan.resample is not None:
+            x0, y0, x1, y1 = plan.pixel_box()
+            scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+        try:
+            if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
+                # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and
+                # torch's uint8 resize kernels are faster than Pillow's; torchvision's own ops at the
+                # drawn parameters are the reference result.
+                t = decode_jpeg_tensor(data, name)
+                res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
+                _copy_tensor_out(res, out, _trailing_flip(plan.ops))
+                return
+            loaded, applied = load_reduced(img, scale, name)
+            self._apply_loaded(loaded, plan, applied, out)
+        except DecodeError:
+            raise
+        except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+            raise decode_error(name, e) from None
+
+    @staticmethod
+    def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:
+        """Runs a plan on a decoded PIL image (at ``1/scale``), writing HWC RGB into ``out``."""
+        if plan.fusable:
+            _copy_pil_out(_pil_fused(img, plan, scale), out)
+            return
+        rgb = img if img.mode == "RGB" else img.convert("RGB")
+        t = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)
+        res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
+        _copy_tensor_out(res, out, _trailing_flip(plan.ops))
+
+
+class Compose(Transform):
+    """Runs fastload transforms in order; the whole pipeline is fused with decoding.
+
+    Args:
+        transforms: fastload transforms (``Compose`` can nest). Other callables (torchvision
+            transforms) cannot be planned before decoding: put them in a torchvision ``Compose``
+            around this one, or apply them on the batch after the loader (:mod:`fastload.gpu`).
+
+    Example:
+        >>> val = Compose([Resize(256), CenterCrop(224)])
+        >>> val.output_size
+        (224, 224)
+        >>> Compose([Resize(256)]).output_size is None      # depends on the aspect ratio
+        True
+    """
+
+    def __init__(self, transforms: Sequence[Transform]) -> None:
+        if not isinstance(transforms, Sequence) or isinstance(transforms, (str, bytes)):
+            raise TypeError(f"transforms should be a sequence of fastload transforms, but got {type(transforms).__name__}")
+        for i, t in enumerate(transforms):
+            if not isinstance(t, Transform):
+                raise TypeError(
+                    f"transforms[{i}] should be a fastload transform, but got {type(t).__name__}; wrap other "
+                    "callables in a torchvision Compose around this one, or apply them to the batch (fastload.gpu)"
+                )
+        self.transforms = list(transforms)
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        for t in self.transforms:
+            t._plan(plan, rng)
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        for t in self.transforms:
+            input_size = t._output_size(input_size)
+        return input_size
+
+    def __repr__(self) -> str:
+        body = "".join(f"\n    {t!r}" for t in self.transforms)
+        return f"{type(self).__name__}({body}\n)"
+
+
+class RandomResizedCrop(Transform):
+    """Crops a random region (random area and aspect ratio) and resizes it to ``size``.
+
+    The crop parameters follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly: up
+    to 10 attempts of ``area * U(scale)`` with aspect ratio ``exp(U(log ratio))``, the first that
+    fits is placed uniformly; after 10 misses, the whole image with its aspect ratio clamped to
+    ``ratio``, centred (at least 1 pixel: where torchvision's fallback rounds a side to 0 and
+    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image (w x h) whose 10 attempts all miss (likely for
+    such an elongated image), the fallback keeps the full height and clamps the width to
+    ``int(round(20 * 4/3)) = 27``: ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
+
+    Args:
+        size: Output ``(h, w)``, or an int for a square.
+        scale: Range of the crop's area as a fraction of the image's, ``0 < min <= max``.
+        ratio: Range of the crop's aspect ratio (w / h), ``0 < min <= max``.
+        interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"`` (or a torchvision
+            ``InterpolationMode`` / PIL constant).
+        antialias: Antialias when shrinking (torchvision's default ``True``). ``False`` or
+            ``"nearest"`` turn off DCT-scaled decoding, which would antialias.
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.size = _parse_hw(size)
+        self.scale = _parse_range(scale, "scale")
+        self.ratio = _parse_range(ratio, "ratio")
+        self.interpolation = _parse_interpolation(interpolation)
+        self.antialias = _check_antialias(antialias)
+
+    def get_params(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> tuple[int, int, int, int]:
+        """The crop ``(top, left, h, w)`` for an ``height x width`` image, drawn from ``rng``.
+
+        Same algorithm as torchvision's ``RandomResizedCrop.get_params`` (which draws from torch's
+        global RNG); ``rng`` defaults to :func:`fastload.rng.current`. Draws, in order: per attempt
+        ``U(scale)`` then ``U(log ratio)``; on success ``randint(0, height - h + 1)`` then
+        ``randint(0, width - w + 1)``; nothing in the fallback.
+        """
+        r = _rng.current() if rng is None else rng
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target_area = area * r.uniform(self.scale[0], self.scale[1])
+            aspect_ratio = math.exp(r.uniform(log_lo, log_hi))
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = r.randint(0, height - h + 1)
+                left = r.randint(0, width - w + 1)
+                return top, left, h, w
+        in_ratio = float(width) / float(height)
+        if in_ratio < self.ratio[0]:
+            w = width
+            h = max(1, int(round(w / self.ratio[0])))  # torchvision: 0 for a 1-pixel-wide image
+        elif in_ratio > self.ratio[1]:
+            h = height
+            w = max(1, int(round(h * self.ratio[1])))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        top, left, h, w = self.get_params(plan.height, plan.width, rng)
+        plan.crop(top, left, h, w)
+        plan.resize(self.size[0], self.size[1], self.interpolation, self.antialias)
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
+            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, antialias={self.antialias})"
+        )
+
+
+class Resize(Transform):
+    """Resizes like torchvision's ``Resize``: an int ``size`` is the shorter side.
+
+    Args:
+        size: ``(h, w)``; or an int (or a 1-sequence): the shorter side becomes ``size`` and the
+            longer one keeps the aspect ratio (truncated: 500x375 -> 341x256 for 256); or ``None``
+            with ``max_size``: the longer side becomes ``max_size``.
+        interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"``.
+        max_size: Upper bound of the longer side when ``size`` is an int (must be larger than it).
+        antialias: Antialias when shrinking (default ``True``).
+    """
+
+    def __init__(self, size: int | Sequence[int] | None, interpolation: Any = "bilinear", max_size: int | None = None, antialias: bool = True) -> None:
+        self.size: int | tuple[int, int] | None
+        if size is None:
+            if max_size is None:
+                raise ValueError("size should be an int or a sequence of ints, but got size=None (None needs max_size)")
+            self.size = None
+        elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 2:
+            self.size = _parse_hw(size)
+        else:
+            self.size = _parse_hw(size)[0]
+        if max_size is not None:
+            max_size = _check_positive_int(max_size, "max_size")
+            if isinstance(self.size, tuple):
+                raise ValueError(f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}")
+            if isinstance(self.size, int) and max_size <= self.size:
+                raise ValueError(f"max_size should be larger than size, but got max_size={max_size}, size={self.size}")
+        self.max_size = max_size
+        self.interpolation = _parse_interpolation(interpolation)
+        self.antialias = _check_antialias(antialias)
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        h, w = resized_output_size(plan.height, plan.width, self.size, self.max_size)
+        plan.resize(h, w, self.interpolation, self.antialias)
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size if isinstance(self.size, tuple) else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, max_size={self.max_size}, antialias={self.antialias})"
+
+
+class CenterCrop(Transform):
+    """Crops the centre ``size`` region (torchvision's rounding); pads with zeros if the image is smaller.
+
+    Args:
+        size: ``(h, w)``, or an int for a square.
+
+    Example: a 341x256 (w x h) image, ``CenterCrop(224)``: ``top = round(16.0) = 16``,
+    ``left = round(58.5) = 58`` (Python rounds half to even, as torchvision does).
+    """
+
+    def __init__(self, size: int | Sequence[int]) -> None:
+        self.size = _parse_hw(size)
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        h, w = self.size
+        if h > plan.height or w > plan.width:
+            plan.center_crop_padded(h, w)
+            return
+        top = int(round((plan.height - h) / 2.0))
+        left = int(round((plan.width - w) / 2.0))
+        plan.crop(top, left, h, w)
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size})"
+
+
+class RandomHorizontalFlip(Transform):
+    """Mirrors the image left-right with probability ``p``.
+
+    One draw per sample whatever ``p`` is, so the draws of later transforms do not depend on it.
+
+    Args:
+        p: Probability of flipping, in ``[0, 1]``.
+    """
+
+    def __init__(self, p: float = 0.5) -> None:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
+        self.p: float = float(p)
+
+    def get_params(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> bool:
+        """Whether to flip (one uniform draw ``< p``); ``rng`` defaults to :func:`fastload.rng.current`."""
+        r = _rng.current() if rng is None else rng
+        return r.random() < self.p
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        if self.get_params(plan.height, plan.width, rng):
+            plan.hflip()
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return input_size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(p={self.p})"

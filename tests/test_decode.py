@@ -1,0 +1,297 @@
+"""Fused decode + transform (fastload.decode, Transform.decode_and_apply / decode_into) on real files."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+import fastload.transforms as fT
+from fastload import rng
+from fastload.decode import DecodeError, dct_scale, decode_jpeg_tensor, decode_pil, load_sample, open_image
+from fastload.folder import ImageFolder
+from fastload.synthetic import render_image
+from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
+
+# torchvision 0.29 deprecates torchvision.io's decoders (fastload uses decode_jpeg while it exists).
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning")
+
+TRAIN = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+VAL = Compose([Resize(256), CenterCrop(224)])
+
+
+def _jpeg(img: Image.Image, quality: int = 90, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    (img.convert(mode) if mode else img).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def samples(imagenet_root: Path) -> dict[str, bytes]:
+    """Every file of the session's synthetic tree plus tiny, huge, gray-huge and CMYK-huge JPEGs."""
+    files = {str(p.relative_to(imagenet_root)): p.read_bytes() for p in sorted(imagenet_root.rglob("*.JPEG"))}
+    kinds = {f"{Image.open(io.BytesIO(d)).format}/{Image.open(io.BytesIO(d)).mode}" for d in files.values()}
+    assert {"JPEG/RGB", "JPEG/L", "JPEG/CMYK", "PNG/RGB"} <= kinds  # the ImageNet quirks are there
+    big = render_image((5, 1), 2, size=(1400, 1100))
+    files["tiny.JPEG"] = _jpeg(render_image((5, 2), 1, size=(60, 45)))
+    files["tiny_tall.JPEG"] = _jpeg(render_image((5, 3), 1, size=(20, 90)))
+    files["big.JPEG"] = _jpeg(big)
+    files["big_gray.JPEG"] = _jpeg(big, mode="L")
+    files["big_cmyk.JPEG"] = _jpeg(big, mode="CMYK")
+    png = io.BytesIO()
+    render_image((5, 4), 3, size=(1100, 900)).save(png, format="PNG", compress_level=1)
+    files["big_png.JPEG"] = png.getvalue()
+    return files
+
+
+def _reference(pipe: fT.Transform, data: bytes, index: int) -> torch.Tensor:
+    """torchvision at the same parameters: full PIL decode to RGB, then torchvision's functional ops."""
+    img = torch.from_numpy(np.array(decode_pil(data))).permute(2, 0, 1)
+    plan = pipe.plan(img.shape[1], img.shape[2], rng.SampleRNG(0, 0, index))
+    for op in plan.ops:
+        if op[0] == "crop":
+            img = F.crop(img, *op[1:])
+        elif op[0] == "resize":
+            img = F.resize(img, [op[1], op[2]], antialias=True)
+        elif op[0] == "center_crop":
+            img = F.center_crop(img, [op[1], op[2]])
+        else:
+            img = F.horizontal_flip(img)
+    return img
+
+
+def _dct_scaled(pipe: fT.Transform, data: bytes, index: int) -> bool:
+    img = open_image(data)
+    plan = pipe.plan(img.height, img.width, rng.SampleRNG(0, 0, index))
+    x0, y0, x1, y1 = plan.box
+    return img.format == "JPEG" and plan.fusable and dct_scale(x1 - x0, y1 - y0, plan.width, plan.height) > 1
+
+
+@pytest.mark.parametrize("pipe", [TRAIN, VAL], ids=["train", "val"])
+def test_fused_path_is_close_to_torchvision(samples: dict[str, bytes], pipe: fT.Transform) -> None:
+    diffs, scaled = [], 0
+    for index, (name, data) in enumerate(samples.items()):
+        with rng.sample_scope(0, 0, index):
+            got = pipe.decode_and_apply(data, name)
+        ref = _reference(pipe, data, index)
+        assert got.dtype == torch.uint8 and got.shape == (3, 224, 224), name
+        d = float((got.int() - ref.int()).abs().float().mean())
+        diffs.append(d)
+        if _dct_scaled(pipe, data, index):
+            scaled += 1
+            # Reduced-size decoding filters differently from a full-size antialiased resize: on this
+            # grain-heavy synthetic content, 1.5 to 8 levels per image (bench/decode.py reports it).
+            assert d < 12, (name, d)
+        else:
+            assert d < 1.0, (name, d)  # same decoder, same resampling maths: rounding only
+    assert scaled >= 3  # the large files really take the reduced path
+    assert np.mean(diffs) < 3, diffs
+
+
+def test_dct_scaling_is_applied_for_large_crops_only(samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, tuple[int, int]]] = []
+    real = fT.load_reduced
+
+    def spy(img: Image.Image, scale: int, name: str = "image") -> tuple[Image.Image, int]:
+        loaded, applied = real(img, scale, name)
+        calls.append((scale, applied, loaded.size))
+        return loaded, applied
+
+    monkeypatch.setattr(fT, "load_reduced", spy)
+    big = samples["big.JPEG"]  # 1400x1100
+    # Resize(224)+CenterCrop(224): the 1100x1100 box -> 224 allows 1/4 (275 >= 224), not 1/8.
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(big, "big")
+    assert calls[-1] == (4, 4, (350, 275))
+    # A 64 px output from the same box: 1/8 (137 >= 64).
+    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(big, "big")
+    assert calls[-1] == (8, 8, (175, 138))
+    # Gray and CMYK JPEGs are scaled too.
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_gray.JPEG"], "gray")
+    assert calls[-1] == (4, 4, (350, 275))
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    assert calls[-1] == (4, 4, (350, 275))
+    # A PNG has no DCT scaling: decoded at full size.
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_png.JPEG"], "png")
+    assert calls[-1][1:] == (1, (1100, 900))
+    # Not when it would make the crop smaller than the output: a 943 px box for a 600 px output.
+    n = len(calls)
+    out = Compose([Resize(700), CenterCrop(600)]).decode_and_apply(big, "big")
+    assert out.shape == (3, 600, 600)
+    assert all(c[1] == 1 for c in calls[n:])  # full-size decode (or the torchvision.io path: no call)
+    # Nor for non-antialiased / nearest resizing, where the DCT's averaging would change the result.
+    n = len(calls)
+    Compose([Resize(64, antialias=False), CenterCrop(64)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    Compose([Resize(64, interpolation="nearest"), CenterCrop(64)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    assert [c[1] for c in calls[n:]] == [1, 1]
+
+
+def test_dct_scaled_result_is_geometrically_exact() -> None:
+    """On smooth content (little energy the DCT drops), the 1/4 decode matches the full-size reference."""
+    y, x = np.mgrid[0:1200, 0:1600].astype(np.float32)
+    arr = np.stack([x / 1600 * 255, y / 1200 * 255, (np.sin(x / 90) * np.cos(y / 70) + 1) * 127], axis=-1)
+    img = Image.fromarray(arr.clip(0, 255).astype(np.uint8))
+    data = _jpeg(img, quality=95)
+    for pipe in (Compose([Resize(224), CenterCrop(224)]), Compose([RandomResizedCrop(128, scale=(0.5, 1.0)), RandomHorizontalFlip()])):
+        for index in range(4):
+            with rng.sample_scope(0, 0, index):
+                got = pipe.decode_and_apply(data, "smooth")
+            assert _dct_scaled(pipe, data, index)
+            ref = _reference(pipe, data, index)
+            # A box misplaced by one reduced pixel (4 source pixels) would give about 2 levels here.
+            assert float((got.int() - ref.int()).abs().float().mean()) < 0.6
+
+
+@pytest.mark.parametrize("pipe", [TRAIN, VAL, Compose([RandomHorizontalFlip(1.0), CenterCrop(100)]), Compose([CenterCrop(300)])], ids=["train", "val", "flip-crop", "pad"])
+def test_decode_into_writes_what_decode_and_apply_returns(samples: dict[str, bytes], pipe: fT.Transform) -> None:
+    size = pipe.output_size
+    assert size is not None
+    buf = np.full((len(samples),) + size + (3,), 7, dtype=np.uint8)
+    for index, (name, data) in enumerate(samples.items()):
+        with rng.sample_scope(2, 1, index):
+            pipe.decode_into(data, buf[index], name)
+        with rng.sample_scope(2, 1, index):
+            chw = pipe.decode_and_apply(data, name)
+        assert torch.equal(torch.from_numpy(buf[index]).permute(2, 0, 1), chw), name
+        assert np.array_equal(buf[index], chw.permute(1, 2, 0).numpy())
+
+
+def test_grayscale_cmyk_and_png_come_out_rgb(samples: dict[str, bytes]) -> None:
+    for name in ("big_gray.JPEG", "big_cmyk.JPEG", "big_png.JPEG", "tiny.JPEG"):
+        with rng.sample_scope(0, 0, 1):
+            out = VAL.decode_and_apply(samples[name], name)
+        assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
+    gray = VAL.decode_and_apply(samples["big_gray.JPEG"], "gray")
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
+
+
+def test_same_scope_is_bitwise_identical_and_thread_independent(samples: dict[str, bytes]) -> None:
+    items = list(samples.items())[:12] + [("big.JPEG", samples["big.JPEG"])]
+
+    def run(results: list[torch.Tensor], indices: range) -> None:
+        for i in indices:
+            with rng.sample_scope(9, 3, i):
+                results.append(TRAIN.decode_and_apply(items[i][1], items[i][0]))
+
+    first: list[torch.Tensor] = []
+    run(first, range(len(items)))
+    again: list[torch.Tensor] = []
+    run(again, range(len(items)))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    halves: list[list[torch.Tensor]] = [[], []]
+    threads = [threading.Thread(target=run, args=(halves[k], range(k, len(items), 2))) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    threaded = [None] * len(items)
+    for k in range(2):
+        for j, i in enumerate(range(k, len(items), 2)):
+            threaded[i] = halves[k][j]  # type: ignore[call-overload]
+    assert all(torch.equal(a, b) for a, b in zip(first, threaded))  # type: ignore[arg-type]
+    data = samples["big.JPEG"]
+    with rng.sample_scope(9, 3, 0):
+        a = TRAIN.decode_and_apply(data)
+    with rng.sample_scope(9, 3, 1):
+        b = TRAIN.decode_and_apply(data)
+    assert not torch.equal(a, b)
+
+
+def test_bytes_memoryview_and_array_inputs_agree(samples: dict[str, bytes]) -> None:
+    for name in ("big.JPEG", "tiny.JPEG", "big_png.JPEG"):
+        data = samples[name]
+        outs = []
+        for d in (data, memoryview(data), np.frombuffer(data, dtype=np.uint8), np.frombuffer(data, dtype=np.uint8).copy()):
+            with rng.sample_scope(0, 0, 5):
+                outs.append(TRAIN.decode_and_apply(d, name))
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_torchvision_io_decode_is_bit_identical_to_pil(samples: dict[str, bytes]) -> None:
+    for name in ("big.JPEG", "big_gray.JPEG", "tiny.JPEG"):
+        t = decode_jpeg_tensor(samples[name], name)
+        assert np.array_equal(t.permute(1, 2, 0).numpy(), np.asarray(decode_pil(samples[name])))
+
+
+@pytest.mark.parametrize(
+    "make_bad",
+    [
+        lambda good: good[: len(good) // 2],  # truncated JPEG (torchvision.io path)
+        lambda good: b"this is not an image at all",
+        lambda good: b"",
+        lambda good: good[:300],  # header only
+        lambda good: good[:2] + bytes(range(256)) * 20,  # JPEG magic, garbage after
+    ],
+    ids=["truncated", "text", "empty", "header-only", "garbage"],
+)
+@pytest.mark.parametrize("which", ["big.JPEG", "tiny.JPEG"])
+def test_corrupt_files_raise_decode_error_naming_the_sample(samples: dict[str, bytes], make_bad, which: str) -> None:  # type: ignore[no-untyped-def]
+    bad = make_bad(samples[which])
+    name = "sample 17 ('/data/train/n01/x.JPEG')"
+    for pipe in (TRAIN, VAL, Compose([Resize(64), CenterCrop(64)])):  # the last one takes the 1/8 path
+        with pytest.raises(DecodeError, match=r"sample 17 \('/data/train/n01/x\.JPEG'\).*Remove or replace the file"):
+            with rng.sample_scope(0, 0, 0):
+                pipe.decode_and_apply(bad, name)
+        with pytest.raises(DecodeError, match="sample 17"):
+            size = pipe.output_size
+            assert size is not None
+            pipe.decode_into(bad, np.empty(size + (3,), np.uint8), name)
+
+
+def test_truncated_large_jpeg_on_the_reduced_path(samples: dict[str, bytes]) -> None:
+    bad = samples["big.JPEG"][: len(samples["big.JPEG"]) * 2 // 3]
+    with pytest.raises(DecodeError, match="big-truncated"):
+        Compose([Resize(64), CenterCrop(64)]).decode_and_apply(bad, "big-truncated")
+
+
+def test_decode_into_checks_out() -> None:
+    data = _jpeg(render_image((1, 1), 0, size=(300, 200)))
+    with pytest.raises(ValueError, match=r"out should have shape \(224, 224, 3\).*out.shape=\(224, 224\)"):
+        TRAIN.decode_into(data, np.empty((224, 224), np.uint8), "x")
+    with pytest.raises(TypeError, match="uint8"):
+        TRAIN.decode_into(data, np.empty((224, 224, 3), np.float32), "x")
+    with pytest.raises(ValueError, match="fixed output_size"):
+        Resize(256).decode_into(data, np.empty((224, 224, 3), np.uint8), "x")
+    out = np.empty((256, 384, 3), np.uint8)  # a pipeline without fixed size still works when out fits
+    Resize(256).decode_into(data, out, "x")
+
+
+def test_dct_scale() -> None:
+    assert dct_scale(1200, 900, 224, 224) == 4
+    assert dct_scale(400, 300, 224, 224) == 1
+    assert dct_scale(448, 448, 224, 224) == 2
+    assert dct_scale(447, 448, 224, 224) == 1
+    assert dct_scale(5000, 5000, 224, 224) == 8
+
+
+def test_load_sample_and_image_folder_use_the_fused_path(imagenet_root: Path) -> None:
+    data = next((imagenet_root / "val").rglob("*.JPEG")).read_bytes()
+    with rng.sample_scope(0, 0, 0):
+        a = load_sample(data, TRAIN, "s")
+    with rng.sample_scope(0, 0, 0):
+        b = TRAIN.decode_and_apply(data, "s")
+    assert torch.equal(a, b)
+    ds = ImageFolder(imagenet_root / "val", transform=VAL)
+    img, target = ds[0]
+    assert isinstance(img, torch.Tensor) and img.shape == (3, 224, 224) and img.dtype == torch.uint8
+    assert isinstance(load_sample(data, None, "s"), Image.Image)
+
+
+def test_without_torchvision_io_pil_decodes_the_same_crops(samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision.io's decoders are deprecated: without them every file takes the PIL path, same result."""
+    items = [(n, d) for n, d in samples.items() if Image.open(io.BytesIO(d)).format == "JPEG"][:10]
+    with_tv = []
+    for index, (name, data) in enumerate(items):
+        with rng.sample_scope(0, 0, index):
+            with_tv.append(TRAIN.decode_and_apply(data, name))
+    monkeypatch.setattr(fT, "torchvision_jpeg_available", lambda: False)
+    for index, (name, data) in enumerate(items):
+        with rng.sample_scope(0, 0, index):
+            pil = TRAIN.decode_and_apply(data, name)
+        assert pil.shape == with_tv[index].shape
+        assert float((pil.int() - with_tv[index].int()).abs().float().mean()) < 1.0, name

@@ -1,0 +1,376 @@
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torchvision
+
+import fastload
+from fastload import ImageFolder, transforms as T
+from fastload.loader import DataLoader, EpochRandomSampler, auto_num_workers
+
+
+def _train_tf(size: int = 32) -> T.Compose:
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()])
+
+
+def _val_tf() -> T.Compose:
+    return T.Compose([T.Resize(40), T.CenterCrop(32)])
+
+
+@pytest.fixture(scope="module")
+def train_set(imagenet_root: Path) -> ImageFolder:
+    return ImageFolder(imagenet_root / "train", transform=_train_tf())
+
+
+def _collect(loader: DataLoader, limit: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for k, (x, y) in enumerate(loader):
+        out.append((x.clone(), y.clone()))
+        if limit is not None and k + 1 == limit:
+            break
+    return out
+
+
+def _same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+
+
+# ------------------------------------------------------------------------------------ contract
+
+
+def test_contract_uint8_nchw_batches(imagenet_root: Path) -> None:
+    ds = ImageFolder(imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+    loader = DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=2)
+    assert isinstance(loader, torch.utils.data.DataLoader) and loader.fast_path
+    batches = _collect(loader)
+    assert len(batches) == len(loader) == 4
+    for images, labels in batches:
+        assert images.shape == (8, 3, 224, 224) and images.dtype == torch.uint8
+        assert labels.dtype == torch.int64 and labels.shape == (8,)
+    seen = torch.cat([y for _, y in batches])
+    assert sorted(seen.tolist()) == sorted(ds.targets.tolist())  # every sample once, labels right
+    loader.close()
+
+
+def test_images_equal_the_transform_applied_per_sample(train_set: ImageFolder) -> None:
+    """Batch j of the loader holds exactly transform(sample) under that sample's rng scope."""
+    loader = DataLoader(train_set, batch_size=6, shuffle=True, seed=11, num_workers=0)
+    order = list(loader.sampler) if False else fastload.rng.epoch_permutation(len(train_set), 11, 0).tolist()
+    (images, labels), *_ = _collect(loader, 1)
+    for j, i in enumerate(order[:6]):
+        with fastload.rng.sample_scope(11, 0, i):
+            expected = train_set.transform.decode_and_apply(train_set.get_bytes(i), "x")
+        assert torch.equal(images[j], expected)
+        assert labels[j] == train_set.targets[i]
+
+
+def test_generic_dataset_behaves_like_torch(imagenet_root: Path) -> None:
+    ds = torchvision.datasets.ImageFolder(str(imagenet_root / "val"), transform=torchvision.transforms.Compose([torchvision.transforms.Resize((16, 16)), torchvision.transforms.PILToTensor()]))
+    ours = DataLoader(ds, batch_size=5, num_workers=0)
+    theirs = torch.utils.data.DataLoader(ds, batch_size=5)
+    assert not ours.fast_path
+    assert _same(_collect(ours), _collect(theirs))
+    names = DataLoader(ds, batch_size=4, collate_fn=_labels_only, num_workers=1)
+    assert sum((b for b in names), []) == ds.targets
+
+
+def _labels_only(batch: list[tuple[torch.Tensor, int]]) -> list[int]:
+    return [t for _, t in batch]
+
+
+class _Count(torch.utils.data.IterableDataset):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(10))
+
+
+def test_iterable_dataset_and_shuffle_semantics() -> None:
+    loader = DataLoader(_Count(), batch_size=4, num_workers=0)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with pytest.raises(ValueError, match="shuffle"):
+        DataLoader(_Count(), batch_size=4, shuffle=True, num_workers=0)
+
+
+def test_last_batch_and_drop_last(imagenet_root: Path) -> None:
+    ds = ImageFolder(imagenet_root / "val", transform=_val_tf())  # 12 samples
+    assert [len(y) for _, y in DataLoader(ds, batch_size=5, num_workers=0)] == [5, 5, 2]
+    assert [len(y) for _, y in DataLoader(ds, batch_size=5, num_workers=2, drop_last=True)] == [5, 5]
+    assert len(DataLoader(ds, batch_size=5, num_workers=0, drop_last=True)) == 2
+    # Unshuffled: dataset order, exactly torchvision's labels.
+    labels = torch.cat([y for _, y in DataLoader(ds, batch_size=5, num_workers=2)])
+    assert labels.tolist() == ds.targets.tolist()
+
+
+# ------------------------------------------------------------------------------------ determinism
+
+
+@pytest.mark.parametrize("num_workers, worker_type", [(1, "process"), (2, "process"), (3, "process"), (2, "thread"), (3, "thread")])
+def test_same_batches_for_any_workers(train_set: ImageFolder, num_workers: int, worker_type: str) -> None:
+    reference = _collect(DataLoader(train_set, batch_size=5, shuffle=True, seed=7, num_workers=0))
+    loader = DataLoader(train_set, batch_size=5, shuffle=True, seed=7, num_workers=num_workers, worker_type=worker_type)
+    assert _same(_collect(loader), reference)
+    loader.close()
+
+
+def test_epochs_differ_and_set_epoch_replays(train_set: ImageFolder) -> None:
+    loader = DataLoader(train_set, batch_size=8, shuffle=True, seed=5, num_workers=2)
+    e0, e1 = _collect(loader), _collect(loader)  # no set_epoch: epochs 0 then 1
+    assert not _same(e0, e1)
+    loader.set_epoch(0)
+    assert _same(_collect(loader), e0)
+    loader.set_epoch(1)
+    assert _same(_collect(loader), e1)
+    other_seed = DataLoader(train_set, batch_size=8, shuffle=True, seed=6, num_workers=0)
+    assert not _same(_collect(other_seed), e0)
+    # The augmentation of a sample depends on the epoch too, not only the order.
+    unshuffled = DataLoader(train_set, batch_size=8, shuffle=False, seed=5, num_workers=0)
+    a, b = _collect(unshuffled), _collect(unshuffled)
+    assert [y.tolist() for _, y in a] == [y.tolist() for _, y in b] and not _same(a, b)
+    loader.close()
+
+
+def test_seed_none_follows_torch_manual_seed(train_set: ImageFolder) -> None:
+    torch.manual_seed(123)
+    a = DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0)
+    torch.manual_seed(123)
+    b = DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0)
+    assert a.seed == b.seed and _same(_collect(a), _collect(b))
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+def _resume_case(loader_kwargs: dict, dataset: object, stop_after: int) -> None:
+    """The shared save-and-resume check: run through 2 epochs, or stop, save, resume elsewhere."""
+    full = DataLoader(dataset, **loader_kwargs)
+    uninterrupted = _collect(full) + _collect(full)
+    first = DataLoader(dataset, **loader_kwargs)
+    head = _collect(first, stop_after)
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    second = DataLoader(dataset, **{**loader_kwargs, "seed": 999})  # the state carries the seed
+    second.load_state_dict(state)
+    tail = _collect(second)
+    if stop_after < len(second):  # stopped mid-epoch: the rest of it, then the next epoch
+        tail += _collect(second)
+    assert _same(head + tail, uninterrupted)
+    for lo in (full, first, second):
+        lo.close()
+
+
+@pytest.mark.parametrize("num_workers, worker_type", [(0, "process"), (2, "process"), (2, "thread")])
+@pytest.mark.parametrize("stop_after", [1, 3, 7])
+def test_resume_mid_epoch_fast_path(train_set: ImageFolder, num_workers: int, worker_type: str, stop_after: int) -> None:
+    _resume_case({"batch_size": 5, "shuffle": True, "seed": 21, "num_workers": num_workers, "worker_type": worker_type}, train_set, stop_after)
+
+
+def test_resume_on_torch_path(imagenet_root: Path) -> None:
+    ds = torchvision.datasets.ImageFolder(str(imagenet_root / "val"), transform=torchvision.transforms.Compose([torchvision.transforms.Resize((8, 8)), torchvision.transforms.PILToTensor()]))
+    _resume_case({"batch_size": 5, "shuffle": True, "seed": 2, "num_workers": 0}, ds, 2)
+
+
+_RESUME_SCRIPT = r"""
+import pickle, sys, torch
+from fastload import ImageFolder, DataLoader, transforms as T
+ds = ImageFolder(sys.argv[1], transform=T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()]))
+loader = DataLoader(ds, batch_size=5, shuffle=True, num_workers=2)
+loader.load_state_dict(pickle.load(open(sys.argv[2], "rb")))
+batches = [(x.clone(), y.clone()) for x, y in loader]
+torch.save(batches, sys.argv[3])
+"""
+
+
+def test_resume_in_a_new_process(train_set: ImageFolder, tmp_path: Path) -> None:
+    loader = DataLoader(train_set, batch_size=5, shuffle=True, seed=4, num_workers=2)
+    loader.set_epoch(3)
+    full = _collect(loader)
+    loader.set_epoch(3)
+    head = _collect(loader, 2)
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(loader.state_dict()))
+    (tmp_path / "resume.py").write_text(_RESUME_SCRIPT)
+    subprocess.run([sys.executable, str(tmp_path / "resume.py"), train_set.root, str(tmp_path / "state.pkl"), str(tmp_path / "out.pt")], check=True, timeout=300)
+    tail = torch.load(tmp_path / "out.pt")
+    assert _same(head + tail, full)
+    loader.close()
+
+
+def test_state_dict_errors(train_set: ImageFolder, imagenet_root: Path) -> None:
+    loader = DataLoader(train_set, batch_size=5, num_workers=0)
+    with pytest.raises(ValueError, match="state_dict"):
+        loader.load_state_dict({"epoch": 1})
+    other = DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf()), batch_size=5, num_workers=0)
+    with pytest.raises(ValueError, match="12 samples"):
+        other.load_state_dict(loader.state_dict())
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size should be a positive integer, but got batch_size=0"),
+        ({"num_workers": -1}, ValueError, "num_workers"),
+        ({"num_workers": "many"}, ValueError, "num_workers"),
+        ({"worker_type": "fiber"}, ValueError, "worker_type"),
+        ({"on_error": "ignore"}, ValueError, "on_error"),
+        ({"seed": "x"}, TypeError, "seed"),
+        ({"shuffle": True, "sampler": [0, 1]}, ValueError, "mutually exclusive"),
+    ],
+)
+def test_bad_arguments(train_set: ImageFolder, kwargs: dict, exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        DataLoader(train_set, **{"num_workers": 0, **kwargs})
+
+
+def _corrupt_tree(root: Path) -> Path:
+    from fastload.synthetic import make_imagenet_like
+
+    make_imagenet_like(root, classes=2, per_class=4, val_per_class=0, seed=1, num_workers=1)
+    bad = sorted((root / "train").rglob("*.JPEG"))[2]
+    bad.write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
+    return bad
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_image_raises_naming_it_or_is_skipped(tmp_path: Path, num_workers: int) -> None:
+    bad = _corrupt_tree(tmp_path)
+    ds = ImageFolder(tmp_path / "train", transform=_val_tf())
+    with pytest.raises(Exception, match=bad.name):
+        list(DataLoader(ds, batch_size=4, num_workers=num_workers))
+    loader = DataLoader(ds, batch_size=4, num_workers=num_workers, on_error="skip")
+    with pytest.warns(UserWarning, match=f"skipped sample 2 .*{bad.name}"):
+        sizes = [len(y) for _, y in loader]
+    assert sizes == [3, 4] and loader.stats.skipped == 1
+    loader.close()
+
+
+def test_dead_worker_is_a_clear_error_not_a_hang(imagenet_root: Path) -> None:
+    ds = ImageFolder(imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(64)]))
+    loader = DataLoader(ds, batch_size=2, num_workers=2, timeout=0)
+    it = iter(loader)
+    next(it)
+    children = psutil.Process().children()
+    assert children
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="killed by signal 9"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 60
+    loader.close()
+
+
+# ------------------------------------------------------------------------------------ extras
+
+
+def test_stats_and_reuse_buffers(train_set: ImageFolder) -> None:
+    loader = DataLoader(train_set, batch_size=8, num_workers=2, shuffle=True, seed=0)
+    batches = [x for x, _ in loader]
+    assert loader.stats.batches == 4 and loader.stats.samples == 32
+    assert 0 <= loader.stats.stall_fraction <= 1 and loader.stats.images_per_s > 0
+    assert sum(loader.stats.decode_seconds.values()) > 0
+    assert "4 batches, 32 samples" in loader.stats.summary()
+    # With reuse, the batch buffers are a fixed ring; without, every batch is fresh memory.
+    ring = DataLoader(train_set, batch_size=2, num_workers=2, shuffle=True, seed=0)
+    ptrs = [x.data_ptr() for x, _ in ring]
+    assert len(ptrs) == 16 and len(set(ptrs)) < 16
+    ring.close()
+    copies = DataLoader(train_set, batch_size=8, num_workers=2, shuffle=True, seed=0, reuse_buffers=False)
+    kept = [x for x, _ in copies]
+    fresh = [x.clone() for x, _ in DataLoader(train_set, batch_size=8, num_workers=0, shuffle=True, seed=0)]
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+    loader.close()
+    copies.close()
+
+
+def test_defaults_fix_known_traps(train_set: ImageFolder) -> None:
+    loader = DataLoader(train_set, batch_size=4)
+    assert loader.num_workers == auto_num_workers() >= 1
+    assert loader.persistent_workers is True
+    assert loader.pin_memory is torch.cuda.is_available()
+    assert isinstance(DataLoader(train_set, shuffle=True, num_workers=0).sampler, EpochRandomSampler)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(64)
+        list(DataLoader(train_set, batch_size=16, num_workers=1))
+        assert torch.get_num_threads() <= max(1, len(psutil.Process().cpu_affinity()) - 1)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_auto_workers_divided_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fastload.loader._available_cpus", lambda: 32)
+    assert auto_num_workers() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert auto_num_workers() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert auto_num_workers() == 1
+
+
+def test_empty_dataset_yields_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    ds = ImageFolder(tmp_path, transform=_val_tf())
+    assert len(ds) == 0
+    assert list(DataLoader(ds, batch_size=4, num_workers=2)) == []
+
+
+# ------------------------------------------------------------------------------------ device path
+
+
+def test_device_and_gpu_transforms_on_cpu(train_set: ImageFolder) -> None:
+    """device=/gpu_transforms= run the prefetcher path on CPU: normalized floats, per-sample params."""
+    from fastload import gpu
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    tf = gpu.Compose([gpu.RandomHorizontalFlip(), gpu.Normalize(mean, std)])
+    loader = DataLoader(train_set, batch_size=5, shuffle=True, seed=9, num_workers=2, device="cpu", gpu_transforms=tf)
+    host = DataLoader(train_set, batch_size=5, shuffle=True, seed=9, num_workers=0, reuse_buffers=False)
+    out = _collect(loader)
+    ref = [b for b in host]  # IndexedBatch: carries the sample indices
+    assert len(out) == len(ref) == 7
+    for (x, y), batch in zip(out, ref):
+        expected = tf(batch[0], indices=batch.indices, epoch=0, seed=9)
+        assert x.dtype == torch.float32 and x.shape == batch[0].shape
+        assert torch.equal(x, expected) and torch.equal(y, batch[1])
+    assert loader.stats.batches == 7 and loader.stats.samples == 32
+    loader.close()
+
+
+def test_device_path_resume_is_exact(train_set: ImageFolder) -> None:
+    from fastload import gpu
+
+    kwargs = {"batch_size": 5, "shuffle": True, "seed": 3, "num_workers": 2, "device": "cpu", "gpu_transforms": gpu.Normalize((0.5,), (0.5,))}
+    _resume_case(kwargs, train_set, 3)
+
+
+def test_distributed_true_builds_the_right_sampler(train_set: ImageFolder, tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    from fastload import DistributedSampler
+
+    with pytest.raises(ValueError, match="distributed=True"):
+        DataLoader(train_set, distributed=True, sampler=[0, 1], num_workers=0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        train = DataLoader(train_set, batch_size=5, shuffle=True, distributed=True, seed=4, num_workers=0)
+        val = DataLoader(train_set, batch_size=5, shuffle=False, distributed=True, num_workers=0)
+        assert isinstance(train.sampler, DistributedSampler) and isinstance(val.sampler, DistributedSampler)
+        assert train.sampler.shuffle and train.sampler.drop_last and train.sampler.seed == 4
+        assert not val.sampler.shuffle and not val.sampler.drop_last
+        train.set_epoch(3)
+        assert train.sampler.epoch == 3
+        order = [int(i) for b in train for i in b.indices]
+        assert order == fastload.rng.epoch_permutation(len(train_set), 4, 3).tolist()
+        assert sorted(int(i) for b in val for i in b.indices) == list(range(len(train_set)))
+    finally:
+        dist.destroy_process_group()
