@@ -1,0 +1,650 @@
+"""``InMemoryImageFolder``: a whole split in RAM, once, shared by every loader worker.
+
+Keeping the encoded images in RAM stops the wait on disks, but done naively it costs the RAM
+several times over:
+
+* a Python list of ``bytes`` is shared with ``fork``-ed workers only until they touch it: reading an
+  object writes its reference count, which copies its memory page into the worker (pytorch issue
+  13246);
+* under ``spawn`` and ``forkserver`` (Python 3.14's default on Linux) the dataset is *pickled* into
+  every worker: one full copy per worker, and minutes of start-up for a large split.
+
+``InMemoryImageFolder`` keeps the split as one pack image (the layout of :mod:`fastload.pack`:
+header, offsets, labels, paths, then the encoded images back to back) in one shared memory segment,
+mapped read-only. No per-sample Python objects exist, so nothing is copied on access; pickling sends
+a *handle* of a few hundred bytes, and the receiving process maps the same physical pages.
+
+Design (Linux). The segment is an anonymous ``memfd_create`` file, sealed read-only once filled:
+
+* it has no name anywhere (nothing in ``/dev/shm``), and the kernel frees it when the last file
+  descriptor and mapping are gone, so nothing is left behind even when the owner is killed with
+  ``SIGKILL``; it is also not limited by the size of ``/dev/shm`` (64 MB in a default Docker
+  container);
+* another process attaches by opening ``/proc/<owner pid>/fd/<fd>`` (allowed for processes of the
+  same user) and checks the device, inode and size it gets, plus the digest of the pack header, so a
+  reused descriptor number can never be mistaken for the segment;
+* ``multiprocessing.shared_memory.SharedMemory`` is not used: on Python < 3.13 every process that
+  attaches registers the segment with its resource tracker, which unlinks it (and warns about a
+  "leak") when that process exits, while others still use it (bpo-39959).
+
+Fallback (no ``memfd_create`` or no ``/proc``, e.g. macOS): a file in ``/dev/shm`` (or the temporary
+folder) that children open by name; the owner deletes it when it closes, is collected or exits
+(also on an exception or ``KeyboardInterrupt``), but a ``SIGKILL``-ed owner leaves it behind.
+
+``InMemoryImageFolder.from_pack(path, in_memory=False)`` serves a pack file from its memory map
+instead: workers re-open the file by path and share the page cache; the operating system may evict
+pages under memory pressure and read them again from disk.
+
+Example:
+    >>> import fastload
+    >>> ds = fastload.InMemoryImageFolder("imagenet/val", classes="classes.json")
+    >>> len(pickle.dumps(ds)) < 1000                       # a handle, not 6 GB of images
+    True
+    >>> loader = torch.utils.data.DataLoader(ds, batch_size=256, num_workers=8,
+    ...                                      multiprocessing_context="spawn")   # one copy in RAM
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import tempfile
+import weakref
+import zlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .folder import ClassIndex, FolderIndex, _SampleList, scan_folder
+from .pack import PackFile, _available_cpus, _bounded_map, _HeadPlan, _PackView, _progress_bar
+
+__all__ = ["InMemoryImageFolder", "available_memory"]
+
+#: Where new segments are created: ``None`` picks ``"memfd"`` when it works, else ``"file"``.
+SEGMENT_BACKEND: str | None = None
+
+_MiB = 1 << 20
+
+
+def available_memory() -> int:
+    """Bytes of RAM available to new allocations (``psutil.virtual_memory().available``)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _fmt(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _check_fits(need: int, what: str) -> None:
+    """Raises ``MemoryError`` unless ``need`` bytes plus a margin (10%, at least 256 MiB) are available."""
+    margin = max(need // 10, 256 * _MiB)
+    avail = available_memory()
+    if need + margin > avail:
+        raise MemoryError(
+            f"{what} needs {_fmt(need)} of RAM (plus a margin of {_fmt(margin)}), but only {_fmt(avail)} is available. "
+            "Shrink the images when packing (python -m fastload pack ROOT OUT --max-side 512), serve a pack from its "
+            "memory map (InMemoryImageFolder.from_pack(path, in_memory=False)), or read from disk (fastload.ImageFolder)."
+        )
+
+
+# --------------------------------------------------------------------------------- shared segments
+
+_memfd_ok: bool | None = None
+
+
+def _memfd_works() -> bool:
+    """Whether a memfd can be created and re-opened through ``/proc`` here (checked once)."""
+    global _memfd_ok
+    if _memfd_ok is None:
+        _memfd_ok = False
+        if hasattr(os, "memfd_create"):
+            try:
+                fd = os.memfd_create("fastload-probe", os.MFD_CLOEXEC)
+            except OSError:
+                return False
+            try:
+                os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
+                _memfd_ok = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return _memfd_ok
+
+
+def _backend() -> str:
+    if SEGMENT_BACKEND is None:
+        return "memfd" if _memfd_works() else "file"
+    if SEGMENT_BACKEND not in ("memfd", "file"):
+        raise ValueError(f"fastload.memory.SEGMENT_BACKEND should be None, 'memfd' or 'file', but got {SEGMENT_BACKEND!r}")
+    return SEGMENT_BACKEND
+
+
+class _Resources:
+    """The OS resources behind one mapping; released by :func:`_release` (never references a dataset)."""
+
+    __slots__ = ("mm", "fd", "path", "owner_pid", "pack")
+
+    def __init__(self, fd: int | None = None, path: str | None = None, pack: PackFile | None = None) -> None:
+        self.mm: mmap.mmap | None = None
+        self.fd = fd
+        self.path = path
+        self.owner_pid = os.getpid()
+        self.pack = pack
+
+
+def _release(res: _Resources) -> None:
+    """Deletes the segment's name (owner only), closes its descriptor and unmaps it.
+
+    Runs on ``close()``, when the dataset is collected, and at interpreter exit (``weakref.finalize``).
+    A map that still has views handed out (``get_bytes`` results, ``targets``) cannot be unmapped
+    safely: it is then released when the last view is dropped.
+    """
+    if res.path is not None and res.owner_pid == os.getpid():
+        try:
+            os.unlink(res.path)
+        except FileNotFoundError:
+            pass
+        res.path = None
+    if res.fd is not None:
+        try:
+            os.close(res.fd)
+        except OSError:
+            pass
+        res.fd = None
+    if res.pack is not None:
+        res.pack.close()
+        res.pack = None
+    if res.mm is not None:
+        try:
+            res.mm.close()
+        except BufferError:
+            pass  # views still exist: unmapped when the last one goes
+        res.mm = None
+
+
+def _label(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(os.path.normpath(text)) or "data")[:48]
+
+
+def _create_segment(size: int, label: str) -> _Resources:
+    """A new writable segment of ``size`` bytes (not mapped yet)."""
+    if _backend() == "memfd":
+        flags = os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0)
+        res = _Resources(fd=os.memfd_create(f"fastload-{label}", flags))
+    else:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        fd, path = tempfile.mkstemp(prefix=f"fastload-{label}-", suffix=".seg", dir=folder)
+        res = _Resources(fd=fd, path=path)
+    try:
+        os.ftruncate(res.fd, size)  # type: ignore[arg-type]
+    except BaseException:
+        _release(res)
+        raise
+    return res
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise MemoryError(
+                f"ran out of shared memory while loading the dataset ({e.strerror}). With the file backend the segment "
+                "lives in /dev/shm: enlarge it (docker run --shm-size=...) or use in_memory=False."
+            ) from e
+        raise
+
+
+def _finish_segment(res: _Resources, size: int) -> mmap.mmap:
+    """Seals a filled segment read-only and maps it (pages pre-faulted, so its RSS is honest)."""
+    assert res.fd is not None
+    if res.path is None:
+        try:
+            import fcntl
+
+            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE  # type: ignore[attr-defined]
+            fcntl.fcntl(res.fd, fcntl.F_ADD_SEALS, seals)  # type: ignore[attr-defined]
+        except (ImportError, AttributeError, OSError):
+            pass  # sealing is a safety net (no process can then change or shrink it), not a requirement
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    res.mm = mmap.mmap(res.fd, size, flags=flags, prot=mmap.PROT_READ)
+    return res.mm
+
+
+def _handle_of(res: _Resources, size: int, digest: bytes) -> tuple[Any, ...]:
+    assert res.fd is not None
+    st = os.fstat(res.fd)
+    if res.path is None:
+        return ("memfd", os.getpid(), res.fd, st.st_dev, st.st_ino, size, digest)
+    return ("file", res.path, st.st_dev, st.st_ino, size, digest)
+
+
+class _Storage:
+    """A validated pack image (``view``) plus what keeps it mapped, and how to find it again (``handle``)."""
+
+    def __init__(self, view: _PackView, handle: tuple[Any, ...], res: _Resources, in_memory: bool) -> None:
+        self.view: _PackView | None = view
+        self.handle = handle
+        self.in_memory = in_memory
+        self.kind = handle[0]
+        self._finalizer = weakref.finalize(self, _release, res)
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+        self._finalizer()
+
+
+def _attach(handle: tuple[Any, ...]) -> _Storage:
+    """Maps the storage that ``handle`` (from another process, or this one) describes."""
+    kind = handle[0]
+    if kind == "pack":
+        _, path, stat, digest = handle
+        pack = PackFile(path, _expect=(stat, digest))
+        return _Storage(pack._view, handle, _Resources(pack=pack), in_memory=False)  # type: ignore[arg-type]
+    if kind == "memfd":
+        _, pid, fd, dev, ino, size, digest = handle
+        where = f"/proc/{pid}/fd/{fd}"
+        owner = f"process {pid}"
+    elif kind == "file":
+        _, where, dev, ino, size, digest = handle
+        owner = "the process that created it"
+    else:
+        raise ValueError(f"unknown InMemoryImageFolder handle kind {kind!r}")
+    gone = (
+        f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): {owner} has closed the dataset "
+        "or exited. Keep the dataset open in the process that created it while workers start."
+    )
+    try:
+        fd2 = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise RuntimeError(gone) from None
+    except PermissionError as e:
+        raise RuntimeError(
+            f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): {e.strerror}. Workers must run "
+            "as the same user as the process that created the dataset (and /proc must not be mounted with hidepid)."
+        ) from None
+    res = _Resources()
+    try:
+        st = os.fstat(fd2)
+        if (st.st_dev, st.st_ino, st.st_size) != (dev, ino, size):
+            raise RuntimeError(gone)
+        res.mm = mmap.mmap(fd2, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd2)
+    try:
+        view = _PackView(res.mm, f"the shared memory of an InMemoryImageFolder ({where})", verify=False, expect_digest=digest)
+    except BaseException:
+        _release(res)
+        raise
+    return _Storage(view, handle, res, in_memory=True)
+
+
+def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | None) -> _Storage:
+    """Reads every file of ``index`` into a new segment laid out as a pack image."""
+    n = len(index)
+    paths = index.paths
+    threads = num_threads if num_threads is not None else min(32, _available_cpus() + 4)
+    chunk = 64
+    executor = None
+    if threads > 0 and n > chunk:
+        from concurrent.futures import ThreadPoolExecutor
+
+        executor = ThreadPoolExecutor(threads, thread_name_prefix="fastload-load")
+
+    def stat_chunk(start: int) -> list[int]:
+        sizes = []
+        for i in range(start, min(start + chunk, n)):
+            try:
+                sizes.append(os.stat(paths[i]).st_size)
+            except OSError as e:
+                raise OSError(f"cannot read sample {i} ({paths[i]!r}): {e.strerror or e}") from e
+        return sizes
+
+    try:
+        sizes = [s for part in _bounded_map(executor, stat_chunk, range(0, n, chunk), 4 * max(1, threads)) for s in part]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        if n:
+            np.cumsum(sizes, out=offsets[1:])
+        plan = _HeadPlan(index, {"classes": list(index.classes), "root": index.root, "max_side": None, "quality": None})
+        total = plan.data_offset + int(offsets[-1])
+        _check_fits(total, f"InMemoryImageFolder({index.root!r}) ({n} samples)")
+        res = _create_segment(total, _label(index.root))
+        try:
+            fd = res.fd
+            assert fd is not None
+            crcs = np.zeros(n, dtype=np.uint32)
+
+            def fill_chunk(start: int) -> int:
+                stop = min(start + chunk, n)
+                for i in range(start, stop):
+                    path = paths[i]
+                    try:
+                        with open(path, "rb") as f:
+                            data = f.read()
+                    except OSError as e:
+                        raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+                    if len(data) != offsets[i + 1] - offsets[i]:
+                        raise OSError(f"sample {i} ({path!r}) changed size while the dataset was loading; load it again")
+                    crcs[i] = zlib.crc32(data)
+                    _pwrite_all(fd, data, plan.data_offset + int(offsets[i]))
+                return stop - start
+
+            bar = _progress_bar(n, f"load {_label(index.root)}", "img", progress)
+            try:
+                for done in _bounded_map(executor, fill_chunk, range(0, n, chunk), 4 * max(1, threads)):
+                    bar.update(done)
+            finally:
+                bar.close()
+            head = plan.render(offsets, crcs)
+            _pwrite_all(fd, head, 0)
+            mm = _finish_segment(res, total)
+            view = _PackView(mm, f"the in-memory copy of {index.root!r}", verify=False)
+            handle = _handle_of(res, total, view.digest)
+        except BaseException:
+            _release(res)
+            raise
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+    return _Storage(view, handle, res, in_memory=True)
+
+
+def _copy_file(path: str, fd: int, size: int, advance: Callable[[int], Any]) -> None:
+    """Copies the first ``size`` bytes of ``path`` to ``fd`` (with ``sendfile`` where it works)."""
+    use_sendfile = hasattr(os, "sendfile")
+    with open(path, "rb") as src:
+        done = 0
+        while done < size:
+            step = min(size - done, 64 * _MiB)
+            if use_sendfile:
+                try:
+                    os.lseek(fd, done, os.SEEK_SET)
+                    sent = os.sendfile(fd, src.fileno(), done, step)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    use_sendfile = False
+                    continue
+            else:
+                data = os.pread(src.fileno(), step, done)
+                _pwrite_all(fd, data, done)
+                sent = len(data)
+            if sent == 0:
+                raise OSError(f"{path!r} became shorter while it was loading; load it again")
+            done += sent
+            advance(sent)
+
+
+def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
+    """Copies a validated pack file into a new segment (``sendfile``: no copy through user space)."""
+    size = pack.nbytes
+    _check_fits(size, f"InMemoryImageFolder.from_pack({pack.path!r})")
+    res = _create_segment(size, _label(pack.path))
+    try:
+        fd = res.fd
+        assert fd is not None
+        bar = _progress_bar(size, f"load {_label(pack.path)}", "B", progress if progress is not None else (None if size > 1 << 30 else False))
+        try:
+            _copy_file(pack.path, fd, size, bar.update)
+        finally:
+            bar.close()
+        mm = _finish_segment(res, size)
+        view = _PackView(mm, f"the in-memory copy of {pack.path!r}", verify=False, expect_digest=pack.digest)
+        handle = _handle_of(res, size, view.digest)
+    except OSError as e:
+        _release(res)
+        if e.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise MemoryError(f"ran out of shared memory while loading {pack.path!r} ({e.strerror}); use in_memory=False") from e
+        raise
+    except BaseException:
+        _release(res)
+        raise
+    return _Storage(view, handle, res, in_memory=True)
+
+
+# ----------------------------------------------------------------------------------------- dataset
+
+
+class InMemoryImageFolder:
+    """An image split held once in shared memory (or served from a pack's memory map).
+
+    A drop-in for :class:`fastload.ImageFolder` (same attributes: ``classes``, ``class_to_idx``,
+    ``class_index``, ``targets`` (int64 numpy), ``samples``/``imgs``, ``index``, ``root``;
+    ``dataset[i]`` is ``(transform(image), target_transform(target))``, decoding fused with
+    fastload transforms) that reads every encoded file once, into one contiguous buffer:
+
+    * ``get_bytes(i)`` is a zero-copy ``memoryview`` of that buffer;
+    * ``pickle.dumps(dataset)`` is a small handle (its size does not depend on the data), and the
+      unpickled dataset maps the same physical memory, in any process (``fork``, ``spawn``,
+      ``forkserver`` workers of ``torch.utils.data.DataLoader``): one copy of the data in RAM whatever
+      ``num_workers``;
+    * the memory is released when the dataset is closed or collected, and when the process exits
+      (see the module docstring for how, and for what a ``SIGKILL`` does).
+
+    Args:
+        root_or_index: The split's folder (scanned with :func:`~fastload.folder.scan_folder`) or a ready
+            :class:`~fastload.folder.FolderIndex`.
+        transform: Applied to the image (a PIL RGB image, or fused decoding for fastload transforms).
+        target_transform: Applied to the label.
+        classes: The canonical class list, when scanning a folder (see :func:`scan_folder`).
+        num_threads: Threads reading files (default: CPUs + 4, at most 32; 0 reads in this thread).
+        progress: Show a tqdm bar while loading (default: for more than 500 files on a terminal).
+
+    Raises:
+        MemoryError: Before reading anything, if the data (plus a 10% margin, at least 256 MiB) does
+            not fit in the available RAM; the message says what to do instead.
+        OSError: Naming a sample whose file cannot be read.
+
+    Example:
+        >>> ds = InMemoryImageFolder("imagenet/val", classes=ClassIndex.load("classes.json"))
+        >>> ds.classes[:2], ds.targets.dtype, bytes(ds.get_bytes(0)[:2])
+        (['n01440764', 'n01443537'], dtype('int64'), b'\\xff\\xd8')
+        >>> image, target = ds[0]        # PIL image, int (as torchvision's ImageFolder)
+
+        A file that does not decode fails when it is read, naming it:
+        ``DecodeError: cannot decode sample 7 ('n01440764/broken.JPEG'): ...``.
+    """
+
+    def __init__(
+        self,
+        root_or_index: str | os.PathLike[str] | FolderIndex,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        classes: ClassIndex | Sequence[str] | str | os.PathLike[str] | None = None,
+        *,
+        num_threads: int | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        _check_transforms(transform, target_transform)
+        if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0):
+            raise ValueError(f"num_threads should be a non-negative integer or None, but got num_threads={num_threads!r}")
+        if isinstance(root_or_index, FolderIndex):
+            if classes is not None:
+                raise ValueError("classes is only used to scan a folder: the FolderIndex passed as root_or_index already has its class list")
+            index = root_or_index
+        elif isinstance(root_or_index, (str, os.PathLike)):
+            index = scan_folder(root_or_index, classes=classes)
+        else:
+            raise TypeError(f"root_or_index should be a folder path or a FolderIndex, but got {type(root_or_index).__name__}")
+        self._setup(_load_folder(index, num_threads, progress), transform, target_transform)
+
+    @classmethod
+    def from_pack(
+        cls,
+        path: str | os.PathLike[str],
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        in_memory: bool = True,
+        *,
+        progress: bool | None = None,
+    ) -> "InMemoryImageFolder":
+        """A dataset of a pack file written by :func:`fastload.pack.write_pack` (``python -m fastload pack``).
+
+        Args:
+            path: The pack file (validated: see :func:`fastload.pack.open_pack`).
+            transform: Applied to the image.
+            target_transform: Applied to the label.
+            in_memory: ``True`` copies the file into a shared memory segment (checked against the
+                available RAM first). ``False`` serves it from the file's memory map: nothing is
+                copied, workers map the same file and share the page cache, and the operating system
+                can evict pages under memory pressure (read again from disk when needed).
+            progress: Show a tqdm bar while copying (default: for packs over 1 GiB on a terminal).
+
+        Raises:
+            PackError: If the file is not a valid pack (the message says why and what to do).
+            MemoryError: With ``in_memory=True``, if the pack does not fit in the available RAM.
+        """
+        _check_transforms(transform, target_transform)
+        if not isinstance(in_memory, bool):
+            raise TypeError(f"in_memory should be a bool, but got in_memory={in_memory!r}")
+        pack = PackFile(path)
+        try:
+            if in_memory:
+                storage = _copy_pack(pack, progress)
+                pack.close()
+            else:
+                handle = ("pack", pack._abspath, pack._stat, pack.digest)
+                storage = _Storage(pack._view, handle, _Resources(pack=pack), in_memory=False)  # type: ignore[arg-type]
+        except BaseException:
+            pack.close()
+            raise
+        self = cls.__new__(cls)
+        self._setup(storage, transform, target_transform)
+        return self
+
+    def _setup(self, storage: _Storage, transform: Callable[..., Any] | None, target_transform: Callable[[int], Any] | None) -> None:
+        assert storage.view is not None
+        self._storage: _Storage | None = storage
+        self._view: _PackView | None = storage.view
+        self._len = len(storage.view)
+        self._nbytes = int(storage.view.data.nbytes)
+        self.index: FolderIndex = storage.view.index
+        self.root = self.index.root
+        self.transform = transform
+        self.target_transform = target_transform
+
+    # -- ImageFolder's attributes
+
+    def _require(self) -> _PackView:
+        if self._view is None:
+            raise ValueError("I/O operation on a closed InMemoryImageFolder")
+        return self._view
+
+    @property
+    def class_index(self) -> ClassIndex:
+        return self._require().index.classes
+
+    @property
+    def classes(self) -> list[str]:
+        return self._require().index.classes.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self._require().index.classes.class_to_idx
+
+    @property
+    def targets(self) -> np.ndarray:
+        """The labels, int64 (a read-only view of the shared memory)."""
+        return self._require().index.targets
+
+    @property
+    def samples(self) -> _SampleList:
+        """``(original path, target)`` pairs, as ``ImageFolder.samples`` (the files need not exist any more)."""
+        return _SampleList(self._require().index)
+
+    imgs = samples
+
+    @property
+    def in_memory(self) -> bool:
+        """``True`` when the data is in a shared memory segment, ``False`` when served from a pack's map."""
+        return self._storage is not None and self._storage.in_memory
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the encoded images."""
+        return self._nbytes
+
+    @property
+    def closed(self) -> bool:
+        return self._view is None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def get_bytes(self, i: int) -> memoryview:
+        """The encoded file of sample ``i``: a read-only ``memoryview`` of the shared buffer (no copy)."""
+        return self._require().get_bytes(i)
+
+    def describe(self, i: int) -> str:
+        """How errors name sample ``i``: its index and original relative path."""
+        return f"sample {i} ({self._require().index.relpath(i)!r})"
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        from .decode import load_sample
+
+        target: Any = int(self.targets[i])
+        image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        """Releases this process's mapping (and, in the creating process, the segment itself).
+
+        Processes that attached earlier keep their own mapping; the memory is freed when the last
+        one lets go. Views handed out earlier (``get_bytes`` results, ``targets``) stay valid until
+        dropped. Closing twice is a no-op.
+        """
+        self._view = None
+        self.__dict__.pop("index", None)
+        if self._storage is not None:
+            self._storage.close()
+
+    def __enter__(self) -> "InMemoryImageFolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._storage is None or self._view is None:
+            raise ValueError("cannot pickle a closed InMemoryImageFolder")
+        return {"handle": self._storage.handle, "transform": self.transform, "target_transform": self.target_transform}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(_attach(state["handle"]), state["transform"], state["target_transform"])
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}", f"    Number of datapoints: {len(self)}", f"    Root location: {getattr(self, 'root', None)}"]
+        if self._storage is None or self._view is None:
+            lines.append("    Storage: closed")
+        else:
+            lines.append(f"    Classes: {len(self._view.index.classes)}")
+            if self._storage.kind == "pack":
+                lines.append(f"    Storage: memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)")
+            else:
+                lines.append(f"    Storage: shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)")
+        if self.transform is not None:
+            lines.append(f"    Transform: {self.transform!r}")
+        return "\n".join(lines)
+
+
+def _check_transforms(transform: Any, target_transform: Any) -> None:
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform should be callable, but got {type(transform).__name__}")
+    if target_transform is not None and not callable(target_transform):
+        raise TypeError(f"target_transform should be callable, but got {type(target_transform).__name__}")
+
