@@ -12,12 +12,13 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # One stamp per extra set, re-made when pyproject.toml changes.
+# The test environment includes the optional DALI extra, so its CPU tests run too.
 $(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,dali]'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m pip install --quiet -e '.[bench,dali]'
 	touch $@
 
 $(DATA)/.complete: | $(VENV)/.installed-bench

@@ -29,6 +29,7 @@ _LAZY = {
     "PackFile": ("fastload.pack", "PackFile"),
     "PackError": ("fastload.pack", "PackError"),
     "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
+    "DALILoader": ("fastload.dali", "DALILoader"),
     "IndexedBatch": ("fastload.gpu", "IndexedBatch"),
     "default_device": ("fastload.prefetch", "default_device"),
     "device_is_cuda": ("fastload.prefetch", "device_is_cuda"),

@@ -187,6 +187,15 @@ register_backend(Backend("fastload-threads", _build_fastload_threads, _missing_m
 register_backend(Backend("memory", _build_memory, _missing_module("fastload.memory")))
 
 
+def _register_dali() -> None:
+    from .dali import bench_backend  # imports DALI only when the backend is built
+
+    register_backend(bench_backend())
+
+
+_register_dali()
+
+
 def pipeline_split(pipeline: str) -> str:
     """The folder a pipeline reads: ``train`` -> ``train``, ``val`` -> ``val``."""
     return "train" if pipeline == "train" else "val"

@@ -1,0 +1,804 @@
+"""Optional NVIDIA DALI backend: DALI decodes, fastload decides what and in which order.
+
+DALI is the fastest GPU decoding pipeline, but three of its defaults break what fastload
+guarantees:
+
+* **Labels.** ``fn.readers.file(file_root=...)`` numbers classes by the sorted subdirectories of
+  *each split*, the same class-map drift as torchvision's ``ImageFolder``.
+* **Order and seeds.** The reader's ``random_shuffle`` draws from a prefetch buffer of
+  ``initial_fill`` samples (a local shuffle, not a permutation of the epoch), and
+  ``shuffle_after_epoch`` uses a fixed built-in seed unless ``shuffle_after_epoch_seed`` is given
+  (DALI issues 1774, 4319, 5827). Shards are contiguous blocks that rotate after every epoch, and a
+  restarted job begins again at epoch 0, so it replays the first epoch's shards (DALI issue 2849).
+* **Last batch.** ``pad_last_batch=True`` pads every shard to whole batches by repeating its last
+  sample (without it, the last batch reads on into the next shard), and the iterator's default
+  ``LastBatchPolicy.FILL`` hands those samples out: multi-GPU validation counts some images twice
+  (see the table below).
+
+**Design: ``fn.external_source`` fed by fastload, not ``fn.readers.file``.** :class:`DALILoader`
+computes each rank's order in Python with :class:`fastload.sampler.DistributedSampler`: the
+``torch.randperm`` order seeded by ``seed + epoch``, strided shards, no padding. It hands DALI
+one batch at a time: the file bytes and each sample's crop geometry. DALI does only the pixel
+work (decoding, resizing, normalizing) on its own threads or on the GPU. The sample indices of
+every batch in flight stay on the Python side, so the labels come straight from the
+:class:`~fastload.folder.FolderIndex` built with the shared :class:`~fastload.folder.ClassIndex`.
+What follows:
+
+* the order of epoch ``e`` is a function of ``(seed, epoch)`` only, the same on every rank and
+  after a restart: ``set_epoch(e)`` or :meth:`DALILoader.load_state_dict` on a new loader gives the
+  order an uninterrupted run would have had. A mid-epoch resume skips the batches already
+  consumed without reading them;
+* evaluation shards are ``DistributedSampler(shuffle=False)``'s: every sample on exactly one rank,
+  a short last batch instead of padding, and nothing to strip afterwards (DALI takes batches
+  smaller than ``batch_size`` from an external source);
+* the random crop and flip of sample ``i`` in epoch ``e`` are drawn from
+  ``fastload.rng.SampleRNG(seed, e, i)``, with the algorithm and order of draws of
+  ``fastload.transforms.RandomResizedCrop`` + ``RandomHorizontalFlip``. They are the same boxes
+  and flips that ``fastload.DataLoader`` applies with those transforms, for any ``num_threads``,
+  world size or resume point, and never depend on DALI's global seed.
+
+The price is a little Python per sample in the thread that runs the loop: reading the file and
+parsing its header for the crop geometry (:func:`image_size`, with PIL as the fallback), about
+50 to 150 us per sample on the development machine, most of it the file read. Decoding costs tens
+of times more and stays in DALI. ``fn.decoders.image_random_crop`` would draw the crop from DALI's
+per-pipeline RNG, which is not reproducible per sample, so this module does not use it. It uses the
+decoder's ROI path with the box fastload drew (``fn.decoders.image_slice``: a fused decode and crop).
+
+**Pipelines** (``S = size``; ``R = size * 256 // 224``, i.e. 256 for 224)::
+
+    train: bytes ── decoders.image_slice(box of RandomResizedCrop(S, (0.08, 1), (3/4, 4/3)))
+                 ── resize to S x S (antialiased bilinear)
+                 ── crop_mirror_normalize(mirror = flip, mean, std) -> float CHW
+    val:   bytes ── decoders.image ── resize(ROI = the source region of Resize(R) + CenterCrop(S))
+                 ── crop_mirror_normalize(mean, std) -> float CHW
+
+The val ROI is the region of the source image that torchvision's ``Resize(R)`` followed by
+``CenterCrop(S)`` keeps, resampled in one step. On the synthetic ImageNet set the val images agree
+with torchvision's ``Resize(256)``, ``CenterCrop(224)`` to within 1/255 per pixel (mean absolute
+difference about 0.2/255). DALI's own ``resize_shorter`` + center crop rounds the size and position
+differently, and there the mean difference is about 11/255. The decoders run with
+``output_type=RGB`` (grayscale and CMYK JPEGs come out as 3-channel RGB, like PIL's ``convert``)
+and ``adjust_orientation=False`` (EXIF rotation ignored, as torchvision's loader does), and the
+GPU decoder with ``jpeg_fancy_upsampling=True`` (libjpeg-turbo's chroma upsampling, as on the CPU and
+in PIL). They detect the format from the bytes, so a PNG saved under a ``.JPEG`` name decodes.
+The train images agree with torchvision's ``resized_crop`` of the same box to a mean absolute
+difference of about 0.01/255. DALI's antialiasing filter differs from torchvision's at hard
+edges, by up to about 15/255 on a few pixels per image.
+
+**Devices.** ``device=None`` picks the current CUDA device when there is one: decoding then runs in
+DALI's ``"mixed"`` decoder (nvJPEG, with the hardware decoder where present), and resize and
+normalize run on the GPU. Without CUDA the pipeline is CPU-only (``device_id=None``) and yields CPU
+tensors.
+
+Last-batch behaviour, worked example: 10 validation images on 4 ranks, ``batch_size=2``. For
+contrast, the last two columns show what DALI 2.4's ``fn.readers.file(num_shards=4,
+pad_last_batch=True)`` with ``DALIGenericIterator(reader_name=...)`` gives::
+
+    rank   DALILoader shard   DALILoader batches   reader, FILL         reader, PARTIAL
+    0      [0, 4, 8]          [0, 4], [8]          [0, 1], [1, 1]       [0, 1], []
+    1      [1, 5, 9]          [1, 5], [9]          [2, 3], [4, 4]       [2, 3], [4]
+    2      [2, 6]             [2, 6]               [5, 6], [6, 6]       [5, 6], []
+    3      [3, 7]             [3, 7]               [7, 8], [9, 9]       [7, 8], [9]
+    total                     10 samples, once     16 (6 duplicates)    10, with empty batches
+
+In training (``drop_last=True``, the default for ``train=True``) every rank gets
+``floor(N / W)`` samples of the epoch's order and drops its incomplete last batch, so all ranks run
+the same number of steps, as DDP needs.
+
+Example::
+
+    from fastload import ClassIndex, scan_folder
+    from fastload.dali import DALILoader
+
+    classes = ClassIndex.from_folder("imagenet/train")
+    train = DALILoader(scan_folder("imagenet/train", classes), batch_size=256, train=True, seed=0)
+    val = DALILoader(scan_folder("imagenet/val", classes), batch_size=250, train=False)
+    for epoch in range(start_epoch, epochs):
+        train.set_epoch(epoch)
+        for images, labels in train:          # float NCHW on the GPU, int64 labels
+            ...
+
+DALI is optional. ``import fastload`` and ``import fastload.dali`` never import it. Constructing a
+:class:`DALILoader` without it raises ``ImportError`` naming the install command,
+``pip install 'fastload[dali]'``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .folder import FolderIndex
+from .rng import SampleRNG, batch_uniform
+from .stats import LoaderStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .benchmark import Backend, BenchConfig
+
+__all__ = ["DALILoader", "INSTALL_HINT", "bench_backend", "dali_unavailable_reason", "image_size"]
+
+#: How to install the optional dependency (named in every error about it).
+INSTALL_HINT = "pip install 'fastload[dali]'"
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_STATE_FORMAT = "fastload.DALILoader"
+_TRAIN_SCALE = (0.08, 1.0)
+_TRAIN_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+# --------------------------------------------------------------------------------------------
+# the optional import
+
+
+def dali_unavailable_reason() -> str | None:
+    """Why DALI cannot be used here (a sentence naming the install command), or ``None``."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as e:
+        return f"NVIDIA DALI cannot be imported ({e}); install it with {INSTALL_HINT}"
+    return None
+
+
+def _import_dali() -> tuple[Any, Any, Any, Any]:
+    """``(fn, types, Pipeline, feed_ndarray)`` from DALI, or ``ImportError`` with the install hint."""
+    try:
+        from nvidia.dali import fn, types
+        from nvidia.dali.pipeline import Pipeline
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+    except ImportError as e:
+        raise ImportError(
+            f"fastload.dali.DALILoader needs NVIDIA DALI, which cannot be imported ({e}). "
+            f"Install it with: {INSTALL_HINT}  (that is the CUDA 12 build, nvidia-dali-cuda120; "
+            "for CUDA 13 use pip install nvidia-dali-cuda130). The CPU-only pipeline works with either."
+        ) from e
+    return fn, types, Pipeline, feed_ndarray
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _int_arg(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise TypeError(f"{name} should be {kind}, but got {name}={value!r}")
+    value = operator.index(value)
+    if value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"{name} should be {kind}, but got {name}={value}")
+    return value
+
+
+def _seed_arg(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"seed should be an integer, but got seed={value!r}")
+    return int(value)
+
+
+def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float, float]:
+    try:
+        values = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} should be a sequence of 3 numbers (one per RGB channel), but got {name}={value!r}") from None
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name} should be 3 finite numbers (one per RGB channel), but got {name}={value!r}")
+    if positive and min(values) <= 0:
+        raise ValueError(f"{name} should be positive, but got {name}={value!r}")
+    return values[0], values[1], values[2]
+
+
+def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
+    """The output device and DALI's ``device_id`` (``None``: CPU-only pipeline)."""
+    if device is None:
+        from .prefetch import default_device
+
+        device = default_device()
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError):
+        raise ValueError(f"device should be 'cpu', 'cuda' or 'cuda:N', but got device={device!r}") from None
+    if dev.type == "cpu":
+        return dev, None
+    if dev.type != "cuda":
+        raise ValueError(f"device should be 'cpu', 'cuda' or 'cuda:N', but got device={device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False; pass device='cpu'")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return torch.device("cuda", index), index
+
+
+# --------------------------------------------------------------------------------------------
+# geometry: what fastload draws, what DALI is told
+
+
+def _val_box(height: int, width: int, resize: int, size: int) -> tuple[float, float, float, float]:
+    """``(y0, x0, y1, x1)``: the source region that ``Resize(resize)`` + ``CenterCrop(size)`` keeps.
+
+    torchvision's rules: the shorter side becomes ``resize`` and the longer one
+    ``int(resize * long / short)``; the crop starts at ``round((H - size) / 2)``.
+    Example: 500x375 (w x h), 256 then 224: resized to 341x256, crop at top 16, left 58, i.e.
+    rows ``16 * 375/256 .. 240 * 375/256`` = ``23.44 .. 351.56`` and columns ``85.04 .. 413.49``.
+    """
+    if width <= height:
+        rw, rh = resize, int(resize * height / width)
+    else:
+        rh, rw = resize, int(resize * width / height)
+    top = int(round((rh - size) / 2.0))
+    left = int(round((rw - size) / 2.0))
+    sy, sx = height / rh, width / rw
+    return top * sy, left * sx, (top + size) * sy, (left + size) * sx
+
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC are not frames
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` of a JPEG or PNG from its header, or ``None`` for anything else.
+
+    Reads only the markers before the JPEG frame header (or the PNG ``IHDR`` chunk), some 20
+    times faster than opening the file with PIL; the result is PIL's ``size`` swapped to
+    ``(h, w)``. ``None`` (the caller then asks PIL) for other formats, a truncated or malformed
+    header, or a JPEG whose height is given later in a DNL marker.
+
+    Example:
+        >>> import io; from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("L", (5, 3)).save(buf, "JPEG")
+        >>> image_size(buf.getvalue())
+        (3, 5)
+    """
+    n = len(data)
+    if data[:8] == _PNG_SIGNATURE:
+        if n < 24 or data[12:16] != b"IHDR":
+            return None
+        w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return (h, w) if h and w else None
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in _SOF_MARKERS:
+            if i + 9 > n:
+                return None
+            h = (data[i + 5] << 8) | data[i + 6]
+            w = (data[i + 7] << 8) | data[i + 8]
+            return (h, w) if h and w else None
+        if marker == 0xD9 or marker == 0xDA:  # end of image, or scan data before any frame
+            return None
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return None
+
+
+# RandomResizedCrop draws 2 numbers per attempt (10 attempts) and 2 for the position, then the flip 1.
+_MAX_TRAIN_DRAWS = 10 * 2 + 2 + 1
+
+
+class _Draws(SampleRNG):
+    """A :class:`~fastload.rng.SampleRNG` whose draws were computed in advance (a row of
+    :func:`fastload.rng.batch_uniform`); ``uniform`` and ``randint`` are SampleRNG's own."""
+
+    __slots__ = ("_row", "_pos")
+
+    def __init__(self, row: np.ndarray) -> None:  # no key: the draws are given
+        self._row = row
+        self._pos = 0
+
+    def random(self) -> float:
+        pos = self._pos
+        self._pos = pos + 1
+        return float(self._row[pos])
+
+
+class _Feed:
+    """The external source of the pipeline: each call returns the next batch of the current pass.
+
+    It owns the pass's remaining batches (``pending``) and the indices of the batches DALI has
+    taken but not yet returned (``in_flight``). DALI returns outputs in the order it called the
+    source, so the consumer pops the indices of each output batch from the front.
+    """
+
+    def __init__(self, index: FolderIndex, train: bool, size: int, resize: int, seed: int) -> None:
+        from . import transforms as T
+
+        self.index = index
+        self.train = train
+        self.size = size
+        self.resize = resize
+        self.seed = seed
+        self.crop = T.RandomResizedCrop(size, scale=_TRAIN_SCALE, ratio=_TRAIN_RATIO)
+        self.flip = T.RandomHorizontalFlip(0.5)
+        self.epoch = 0
+        self.pending: deque[np.ndarray] = deque()
+        self.in_flight: deque[np.ndarray] = deque()
+
+    def start(self, epoch: int, batches: Sequence[np.ndarray]) -> None:
+        self.epoch = epoch
+        self.pending = deque(batches)
+        self.in_flight.clear()
+
+    def stop(self) -> None:
+        """The next call ends the pass (DALI then only returns what it already took)."""
+        self.pending.clear()
+
+    def _read(self, i: int) -> bytes:
+        path = self.index.paths[i]
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+
+    def __call__(self) -> tuple[Any, ...]:
+        if not self.pending:
+            raise StopIteration
+        batch = self.pending.popleft()
+        out = self._train_inputs(batch) if self.train else self._val_inputs(batch)
+        self.in_flight.append(batch)
+        return out
+
+    def _header(self, i: int, raw: bytes) -> tuple[int, int]:
+        size = image_size(raw)
+        if size is not None:
+            return size
+        from .decode import open_image  # other formats, or a header the fast path does not follow
+
+        width, height = open_image(raw, f"sample {i} ({self.index.paths[i]!r})").size
+        return height, width
+
+    def _train_inputs(self, batch: np.ndarray) -> tuple[Any, ...]:
+        n = len(batch)
+        data = []
+        anchor = np.empty((n, 2), dtype=np.int32)  # (x, y): DALI's "WH" axis order
+        shape = np.empty((n, 2), dtype=np.int32)
+        mirror = np.empty(n, dtype=np.int32)
+        # Row j: the first draws of SampleRNG(seed, epoch, batch[j]), the stream fastload.DataLoader
+        # gives the sample, computed for the whole batch at once.
+        draws = batch_uniform(self.seed, self.epoch, batch, 0, _MAX_TRAIN_DRAWS)
+        for j, i in enumerate(batch.tolist()):
+            raw = self._read(i)
+            h, w = self._header(i, raw)
+            r = _Draws(draws[j])
+            top, left, ch, cw = self.crop.get_params(h, w, r)
+            anchor[j] = (left, top)
+            shape[j] = (cw, ch)
+            mirror[j] = self.flip.get_params(h, w, r)
+            data.append(np.frombuffer(raw, dtype=np.uint8))
+        return data, anchor, shape, mirror
+
+    def _val_inputs(self, batch: np.ndarray) -> tuple[Any, ...]:
+        n = len(batch)
+        data = []
+        start = np.empty((n, 2), dtype=np.float32)  # (y, x): the resize ROI follows the HW order
+        end = np.empty((n, 2), dtype=np.float32)
+        for j, i in enumerate(batch.tolist()):
+            raw = self._read(i)
+            h, w = self._header(i, raw)
+            y0, x0, y1, x1 = _val_box(h, w, self.resize, self.size)
+            start[j] = (y0, x0)
+            end[j] = (y1, x1)
+            data.append(np.frombuffer(raw, dtype=np.uint8))
+        return data, start, end
+
+
+# --------------------------------------------------------------------------------------------
+# the loader
+
+
+class DALILoader:
+    """Batches of ``(images, labels)`` decoded by NVIDIA DALI, in fastload's order and shards.
+
+    Iterates like a ``DataLoader``: ``images`` is a float32 ``(N, 3, size, size)`` tensor,
+    normalized with ``mean``/``std``, on ``device``; ``labels`` is int64 ``(N,)`` on the same device.
+    See the module documentation for what DALI does and what fastload does.
+
+    Args:
+        index: The split's samples (e.g. ``scan_folder("imagenet/val", classes)``). Labels are its
+            ``targets``, numbered by its shared :class:`~fastload.folder.ClassIndex`.
+        batch_size: Samples per batch (the last one of an epoch may be shorter, see ``drop_last``).
+        train: ``True``: random-resized crop (scale ``(0.08, 1)``, ratio ``(3/4, 4/3)``), resize to
+            ``size``, random horizontal flip. ``False``: resize the shorter side to
+            ``size * 256 // 224`` and center-crop ``size``.
+        size: Output height and width.
+        seed: Seed of the shuffle order and of the crops and flips; must be the same on all ranks.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``None``: the current CUDA device if CUDA is
+            available (GPU decoding), else the CPU (a CPU-only DALI pipeline).
+        num_threads: DALI's CPU threads. ``None``: the CPUs of this process divided among the
+            ranks of the node, as ``fastload.DataLoader(num_workers="auto")``.
+        num_replicas: Number of ranks. ``None``: ``fastload.distributed.get_world_size()`` (the
+            process group, else ``WORLD_SIZE``, else 1).
+        rank: This rank. ``None``: ``fastload.distributed.get_rank()``.
+        mean: Per-channel mean, on the 0..1 scale (as ``torchvision.transforms.Normalize``).
+        std: Per-channel standard deviation, on the 0..1 scale.
+        shuffle: Reshuffle every epoch. ``None``: the same as ``train``.
+        drop_last: ``True``: every rank takes ``floor(N / num_replicas)`` samples of the epoch's
+            order and drops its incomplete last batch, so all ranks run the same number of steps.
+            ``False``: every sample exactly once over all ranks, and the last batch may be short.
+            ``None``: the same as ``train``.
+        prefetch_queue_depth: Batches DALI prepares ahead of the consumer.
+
+    Raises:
+        ImportError: DALI is not installed (the message names ``pip install 'fastload[dali]'``).
+        TypeError: ``index`` is not a ``FolderIndex``, or an integer argument is not an integer.
+        ValueError: An argument is out of range (e.g. ``batch_size=0``, ``rank >= num_replicas``,
+            ``device="cuda"`` without CUDA).
+
+    Example (evaluation on 4 ranks, exact metrics)::
+
+        val = DALILoader(scan_folder("imagenet/val", classes), batch_size=250, train=False)
+        correct = total = 0
+        for images, labels in val:
+            correct += (model(images).argmax(1) == labels).sum().item()
+            total += len(labels)
+        # summed over ranks: total == len(val_index), each image counted once
+
+    A yielded batch is a fresh tensor and stays valid for as long as it is kept. Only one pass runs
+    at a time: starting a new ``for`` loop over the loader ends the previous one, and resuming the
+    old iterator afterwards raises ``RuntimeError``.
+    """
+
+    def __init__(
+        self,
+        index: FolderIndex,
+        batch_size: int,
+        train: bool = True,
+        size: int = 224,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        num_threads: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        *,
+        shuffle: bool | None = None,
+        drop_last: bool | None = None,
+        prefetch_queue_depth: int = 2,
+    ) -> None:
+        if not isinstance(index, FolderIndex):
+            raise TypeError(
+                f"index should be a fastload.FolderIndex (from scan_folder or scan_list), but got {type(index).__name__}"
+            )
+        self.index = index
+        self.batch_size = _int_arg(batch_size, "batch_size", 1)
+        self.train = bool(train)
+        self.size = _int_arg(size, "size", 1)
+        self._seed = _seed_arg(seed)
+        self.shuffle = self.train if shuffle is None else bool(shuffle)
+        self.drop_last = self.train if drop_last is None else bool(drop_last)
+        self.prefetch_queue_depth = _int_arg(prefetch_queue_depth, "prefetch_queue_depth", 1)
+        self.mean = _channel_values(mean, "mean", positive=False)
+        self.std = _channel_values(std, "std", positive=True)
+        if num_threads is None:
+            from .loader import auto_num_workers
+
+            num_threads = auto_num_workers()
+        self.num_threads = _int_arg(num_threads, "num_threads", 1)
+        from .distributed import get_rank, get_world_size
+        from .sampler import DistributedSampler
+
+        num_replicas = get_world_size() if num_replicas is None else num_replicas
+        rank = get_rank() if rank is None else rank
+        #: The order and shard of every epoch (``sampler.indices(epoch)``), e.g. for
+        #: ``fastload.distributed.gather_by_index``.
+        self.sampler = DistributedSampler(
+            index, num_replicas=num_replicas, rank=rank, shuffle=self.shuffle, seed=self._seed, drop_last=self.drop_last
+        )
+        self.num_replicas = self.sampler.num_replicas
+        self.rank = self.sampler.rank
+        self.device, self._device_id = _resolve_device(device)
+        self._dali = _import_dali()  # after the argument checks: fail on the environment last
+        self.resize_size = self.size * 256 // 224
+        #: Batches, samples and time blocked on data of the current (or last) pass.
+        self.stats = LoaderStats()
+        self._feed = _Feed(index, self.train, self.size, self.resize_size, self._seed)
+        self._pipe: Any = None
+        self._active = False  # a pass holds the pipeline (its batches may be in flight)
+        self._generation = 0  # bumped when a pass is ended from outside (new pass, close)
+        self._epoch = 0  # the epoch of the next (or current) pass
+        self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
+        self._batches_done = 0
+        self._pass_epoch: int | None = None
+        self._active_epoch = 0
+
+    # ---------------------------------------------------------------- torch-like surface
+
+    @property
+    def seed(self) -> int:
+        """The seed of the order and of every crop and flip."""
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or next) pass."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(samples={len(self.index)}, batch_size={self.batch_size}, train={self.train}, "
+            f"size={self.size}, device={str(self.device)!r}, num_threads={self.num_threads}, "
+            f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, epoch={self._epoch})"
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of the next pass, which (with ``seed``) selects its order, crops and flips.
+
+        A pass without a ``set_epoch`` call uses the previous pass's epoch + 1 (starting at 0),
+        as ``fastload.DataLoader`` does.
+        """
+        self._epoch = _int_arg(epoch, "epoch", 0)
+        self._resume_at = 0
+        self._pass_epoch = None
+
+    def indices(self, epoch: int | None = None) -> list[int]:
+        """This rank's dataset indices for an epoch, in the order the batches hold them.
+
+        Args:
+            epoch: Default: the epoch of the next (or current) pass.
+        """
+        epoch = self._epoch if epoch is None else _int_arg(epoch, "epoch", 0)
+        order = self.sampler.indices(epoch)
+        return order[: len(self) * self.batch_size] if self.drop_last else order
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: seed, epoch and batches already handed out in that epoch."""
+        if self._pass_epoch is not None:
+            epoch, done = self._pass_epoch, self._batches_done
+        else:
+            epoch, done = self._epoch, self._resume_at
+        return {
+            "format": _STATE_FORMAT,
+            "version": 1,
+            "seed": self._seed,
+            "epoch": epoch,
+            "batches": done,
+            "batch_size": self.batch_size,
+            "num_samples": len(self.index),
+            "num_replicas": self.num_replicas,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
+
+        The skipped batches are not read or decoded. A state saved at the end of an epoch resumes
+        at the start of the next one.
+
+        Raises:
+            ValueError: The state is not a ``DALILoader`` state, or it was saved for another
+                dataset size, batch size or number of ranks (the remaining batches would differ).
+        """
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError("state should come from fastload.dali.DALILoader.state_dict()")
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version 1)")
+        saved = (state.get("num_samples"), state.get("batch_size"), state.get("num_replicas"))
+        if saved != (len(self.index), self.batch_size, self.num_replicas):
+            raise ValueError(
+                f"the state was saved for {saved[0]} samples in batches of {saved[1]} on {saved[2]} ranks, "
+                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on {self.num_replicas} ranks"
+            )
+        self._seed = _seed_arg(state["seed"])
+        self.sampler.seed = self._seed
+        self._feed.seed = self._seed
+        epoch, done = _int_arg(state["epoch"], "epoch", 0), _int_arg(state["batches"], "batches", 0)
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        self.set_epoch(epoch)
+        self._resume_at = done
+
+    def close(self) -> None:
+        """Releases the DALI pipeline and its threads (a later pass builds a new one)."""
+        if self._active:
+            self._generation += 1
+            self._finish_epoch(self._active_epoch)
+        self._active = False
+        self._pipe = None
+
+    # ---------------------------------------------------------------- iteration
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._run_pass()
+
+    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        order = np.asarray(self.sampler.indices(epoch), dtype=np.int64)
+        b = self.batch_size
+        n = len(order) // b * b if self.drop_last else len(order)
+        return [order[k : k + b] for k in range(0, n, b)]
+
+    def _finish_epoch(self, epoch: int) -> None:
+        # The next pass without set_epoch() is the next epoch (also after a partial pass).
+        if self._epoch == epoch:
+            self._epoch = epoch + 1
+
+    def _build(self) -> Any:
+        fn, types, Pipeline, _ = self._dali
+        gpu = self._device_id is not None
+        pipe = Pipeline(
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            device_id=self._device_id,
+            seed=self._seed & 0x7FFFFFFF,  # no random operator reads it; set for reproducible builds
+            prefetch_queue_depth=self.prefetch_queue_depth,
+        )
+        decoder_device = "mixed" if gpu else "cpu"
+        op_device = "gpu" if gpu else "cpu"
+        with pipe:
+            if self.train:
+                data, anchor, shape, mirror = fn.external_source(
+                    source=self._feed, num_outputs=4, batch=True,
+                    dtype=[types.UINT8, types.INT32, types.INT32, types.INT32], ndim=[1, 1, 1, 0],
+                )
+                images = fn.decoders.image_slice(
+                    data, anchor, shape, device=decoder_device, output_type=types.RGB, adjust_orientation=False,
+                    jpeg_fancy_upsampling=True, axis_names="WH", normalized_anchor=False, normalized_shape=False,
+                )
+                images = fn.resize(
+                    images, device=op_device, size=[self.size, self.size], interp_type=types.INTERP_LINEAR, antialias=True,
+                )
+            else:
+                data, roi_start, roi_end = fn.external_source(
+                    source=self._feed, num_outputs=3, batch=True,
+                    dtype=[types.UINT8, types.FLOAT, types.FLOAT], ndim=[1, 1, 1],
+                )
+                images = fn.decoders.image(
+                    data, device=decoder_device, output_type=types.RGB, adjust_orientation=False, jpeg_fancy_upsampling=True,
+                )
+                images = fn.resize(
+                    images, device=op_device, size=[self.size, self.size], roi_start=roi_start, roi_end=roi_end,
+                    interp_type=types.INTERP_LINEAR, antialias=True,
+                )
+                mirror = 0
+            images = fn.crop_mirror_normalize(
+                images, device=op_device, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
+                mean=[255.0 * m for m in self.mean], std=[255.0 * s for s in self.std],
+            )
+            pipe.set_outputs(images)
+        pipe.build()
+        return pipe
+
+    def _end_pass(self, complete: bool) -> None:
+        """Returns the pipeline to the start of an epoch (draining what an unfinished pass left)."""
+        pipe = self._pipe
+        self._active = False
+        if pipe is None:
+            return
+        try:
+            if not complete:
+                self._feed.stop()
+                while True:  # at most prefetch_queue_depth batches were already taken
+                    try:
+                        pipe.run()
+                    except StopIteration:
+                        break
+            self._feed.in_flight.clear()
+            pipe.reset()
+        except Exception:  # noqa: BLE001 - a pipeline that fails here is rebuilt by the next pass
+            self._pipe = None
+
+    def _to_torch(self, output: Any) -> torch.Tensor:
+        feed_ndarray = self._dali[3]
+        tensor = output.as_tensor()
+        out = torch.empty(tensor.shape(), dtype=torch.float32, device=self.device)
+        if self.device.type == "cuda":
+            feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
+        else:
+            feed_ndarray(tensor, out)
+        return out
+
+    def _failure(self, epoch: int, error: BaseException) -> RuntimeError:
+        files = [self.index.paths[int(i)] for batch in self._feed.in_flight for i in batch]
+        shown = ", ".join(repr(f) for f in files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+        return RuntimeError(f"DALI failed in epoch {epoch} on one of the {len(files)} files in flight ({shown}): {error}")
+
+    def _run_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from .decode import DecodeError
+
+        if self._active:  # an earlier pass is unfinished: end it as if it had been closed
+            self._generation += 1
+            self._end_pass(complete=False)
+            self._finish_epoch(self._active_epoch)
+        epoch, start = self._epoch, self._resume_at
+        self._resume_at = 0
+        self._pass_epoch = epoch
+        self._batches_done = start
+        if self._pipe is None:
+            self._pipe = self._build()
+        pipe = self._pipe
+        generation = self._generation
+        self._feed.start(epoch, self._epoch_batches(epoch)[start:])
+        self._active, self._active_epoch = True, epoch
+        self.stats.start()
+        complete = False
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    (output,) = pipe.run()
+                except StopIteration:
+                    complete = True
+                    return
+                except Exception as e:
+                    self._pipe, self._active = None, False  # rebuilt by the next pass
+                    if isinstance(e, (OSError, DecodeError)):
+                        raise  # fastload's own messages (from reading a file or its header) name the file
+                    raise self._failure(epoch, e) from e
+                batch = self._feed.in_flight.popleft()
+                images = self._to_torch(output)
+                if images.shape[0] != len(batch):  # pragma: no cover - would be a DALI ordering bug
+                    raise RuntimeError(f"DALI returned {images.shape[0]} images for a batch of {len(batch)} samples")
+                labels = torch.from_numpy(self.index.targets[batch])
+                if self.device.type != "cpu":
+                    labels = labels.to(self.device, non_blocking=True)
+                self.stats.record_batch(len(batch), time.perf_counter() - t0)
+                self._batches_done += 1
+                yield images, labels
+                if generation != self._generation:
+                    raise RuntimeError(
+                        "this DALILoader iterator was ended because a new pass over the loader started "
+                        "(or close() was called); one DALI pipeline serves one pass at a time"
+                    )
+        finally:
+            self.stats.stop()
+            if generation == self._generation:
+                if self._active:
+                    self._end_pass(complete)
+                self._finish_epoch(epoch)
+
+
+# --------------------------------------------------------------------------------------------
+# the throughput benchmark's backend
+
+
+def _build_bench(config: "BenchConfig", pipeline: str, num_workers: int) -> DALILoader:
+    from .benchmark import MEAN, STD, pipeline_split
+    from .folder import ClassIndex, scan_folder
+
+    classes = ClassIndex.from_folder(config.data / "train")
+    index = scan_folder(config.data / pipeline_split(pipeline), classes)
+    return DALILoader(
+        index,
+        config.batch_size,
+        train=pipeline == "train",
+        seed=config.seed,
+        device=config.device,
+        num_threads=max(1, num_workers),
+        num_replicas=1,
+        rank=0,
+        mean=MEAN,
+        std=STD,
+    )
+
+
+def bench_backend() -> "Backend":
+    """The ``dali`` backend of ``bench/throughput.py`` (``num_workers`` maps to ``num_threads``, 0 -> 1).
+
+    Register it with ``fastload.benchmark.register_backend(fastload.dali.bench_backend())``; it
+    reports itself unavailable, with the install command, where DALI cannot be imported.
+    """
+    from .benchmark import Backend
+
+    return Backend("dali", _build_bench, dali_unavailable_reason)
