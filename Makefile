@@ -12,9 +12,9 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # One stamp per extra set, re-made when pyproject.toml changes.
-# The test environment includes the optional DALI extra, so its CPU tests run too.
+# The test environment includes the optional extras (DALI, matplotlib), so their tests run too.
 $(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[test,dali]'
+	$(PY) -m pip install --quiet -e '.[test,bench,dali]'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml | $(PY)
