@@ -50,6 +50,7 @@ class BenchConfig:
     repeat: int = 3
     device: str = "cpu"
     seed: int = 0
+    gpu_transforms: bool = False
 
 
 @dataclass
@@ -122,18 +123,33 @@ register_backend(Backend("torchvision", _build_torchvision))
 # --------------------------------------------------------------------------- fastload backends
 
 
-def _fastload_transform(pipeline: str) -> Any:
+def _fastload_transform(pipeline: str, config: BenchConfig) -> Any:
     from . import transforms as T
 
     if pipeline == "train":
+        if config.gpu_transforms:  # the flip runs on the device, with the normalization
+            return T.RandomResizedCrop(224)
         return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
     return T.Compose([T.Resize(256), T.CenterCrop(224)])
 
 
-def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_workers: int, **kwargs: Any) -> Any:
+def _device_transforms(pipeline: str, config: BenchConfig, decode_on_device: bool = False) -> Any:
     from . import gpu
+
+    normalize = gpu.Normalize(MEAN, STD)
+    if decode_on_device:
+        if pipeline == "train":
+            return gpu.Compose([gpu.RandomResizedCrop(224), gpu.RandomHorizontalFlip(), normalize])
+        return gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224), normalize])
+    if config.gpu_transforms and pipeline == "train":
+        return gpu.Compose([gpu.RandomHorizontalFlip(), normalize])
+    return normalize
+
+
+def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_workers: int, **kwargs: Any) -> Any:
     from .loader import DataLoader
 
+    kwargs.setdefault("gpu_transforms", _device_transforms(pipeline, config))
     return DataLoader(
         dataset,
         batch_size=config.batch_size,
@@ -142,7 +158,6 @@ def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_worke
         num_workers=num_workers,
         seed=config.seed,
         device=config.device,
-        gpu_transforms=gpu.Normalize(MEAN, STD),
         **kwargs,
     )
 
@@ -150,27 +165,39 @@ def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_worke
 def _build_fastload(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     from .folder import ImageFolder
 
-    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline))
+    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config))
     return _fastload_loader(dataset, config, pipeline, num_workers)
 
 
 def _build_fastload_threads(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     from .folder import ImageFolder
 
-    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline))
+    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config))
     return _fastload_loader(dataset, config, pipeline, num_workers, worker_type="thread")
 
 
 _MEMORY_CACHE: dict[tuple[str, str], Any] = {}
 
 
-def _build_memory(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+def _memory_dataset(config: BenchConfig, pipeline: str) -> Any:
     from .memory import InMemoryImageFolder
 
     key = (str(config.data), pipeline)
     if key not in _MEMORY_CACHE:  # load the bytes once per run, outside the timed part
-        _MEMORY_CACHE[key] = InMemoryImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline))
-    return _fastload_loader(_MEMORY_CACHE[key], config, pipeline, num_workers)
+        _MEMORY_CACHE[key] = InMemoryImageFolder(config.data / pipeline_split(pipeline))
+    return _MEMORY_CACHE[key]
+
+
+def _build_memory(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+    dataset = _memory_dataset(config, pipeline)
+    dataset.transform = _fastload_transform(pipeline, config)
+    return _fastload_loader(dataset, config, pipeline, num_workers)
+
+
+def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+    dataset = _memory_dataset(config, pipeline)
+    dataset.transform = None
+    return _fastload_loader(dataset, config, pipeline, num_workers, decode="device", gpu_transforms=_device_transforms(pipeline, config, True))
 
 
 def _missing_module(name: str) -> Callable[[], str | None]:
@@ -185,6 +212,7 @@ def _missing_module(name: str) -> Callable[[], str | None]:
 register_backend(Backend("fastload", _build_fastload, _missing_module("fastload.loader")))
 register_backend(Backend("fastload-threads", _build_fastload_threads, _missing_module("fastload.loader")))
 register_backend(Backend("memory", _build_memory, _missing_module("fastload.memory")))
+register_backend(Backend("device-decode", _build_device_decode, _missing_module("fastload.memory")))
 
 
 def _register_dali() -> None:
@@ -474,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="measurements per setting; the median is reported")
     p.add_argument("--device", default=None, help="cuda if available, else cpu")
     p.add_argument("--quick", action="store_true", help="a short configuration for make bench")
+    p.add_argument("--gpu-transforms", action="store_true", help="fastload backends: flip + normalize on the device (gpu transforms) instead of in the workers")
     p.add_argument("--json", metavar="PATH", help="write one record per measurement here")
     p.add_argument("--plot", metavar="PATH.png", help="plot images/s vs num_workers (needs matplotlib)")
     return p
@@ -494,6 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup if args.warmup is not None else (2 if q else 3),
         repeat=args.repeat,
         device=device,
+        gpu_transforms=args.gpu_transforms,
     )
     for name, value in (("batch-size", config.batch_size), ("batches", config.batches), ("repeat", config.repeat)):
         if value < 1:

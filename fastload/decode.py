@@ -7,13 +7,26 @@ Decoding an image is the most expensive step of a training input pipeline. Two w
 * the crop box can be computed from the JPEG header (the image size) *before* decoding.
 
 :func:`load_sample` is the one entry point datasets call: ``transform`` decides what is decoded.
+The fastload transforms (:mod:`fastload.transforms`) use the pieces here, chosen by measurement
+(``bench/decode.py``):
+
+* :func:`open_image` reads the header only (format, mode, size: ~0.1 ms);
+* :func:`dct_scale` picks the reduced size and :func:`load_reduced` decodes at it (PIL's
+  ``Image.draft``, libjpeg's DCT scaling);
+* :func:`decode_jpeg_tensor` decodes a full-size JPEG with ``torchvision.io.decode_jpeg``: the
+  same libjpeg-turbo pixels as PIL, 10-20% faster per core, straight into a tensor. torchvision
+  deprecated its decoders in 0.29; when they are gone, PIL decodes instead, automatically;
+* PNG, CMYK and anything else PIL reads go through PIL.
+
+All of them release the GIL while decoding, so thread workers run in parallel, and all of them
+raise :class:`DecodeError` naming the sample.
 """
 
 from __future__ import annotations
 
 import functools
 import io
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +34,7 @@ from PIL import Image, UnidentifiedImageError
 
 __all__ = [
     "DecodeError",
+    "decode_batch",
     "decode_jpeg_tensor",
     "decode_pil",
     "dct_scale",
@@ -50,7 +64,7 @@ class DecodeError(RuntimeError):
     """An image file could not be decoded; the message names the sample and its file."""
 
 
-def decode_error(name: str, error: BaseException) -> DecodeError:
+def decode_error(name: str, error: BaseException | str) -> DecodeError:
     """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do)."""
     return DecodeError(f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in fastload.DataLoader).")
 
@@ -199,4 +213,75 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
     try:
         return decode(encoded)
     except _DECODE_ERRORS as e:
-        raise decode_error(name, e) from None
+        # torchvision prefixes its messages with "decode_jpeg, /path/to/decode_jpeg.cpp:171, ".
+        message = str(e)
+        if ".cpp:" in message:
+            message = message.rsplit(".cpp:", 1)[-1].split(", ", 1)[-1]
+        raise decode_error(name, message) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Batched decoding on the device
+
+
+def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
+    if isinstance(data, torch.Tensor):
+        return data
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable:
+        return torch.from_numpy(data)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_batch(
+    encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor],
+    device: torch.device | str | None = None,
+    names: Sequence[str] | None = None,
+) -> list[torch.Tensor]:
+    """Decodes a batch of encoded images to a list of uint8 RGB tensors ``(3, H, W)`` on ``device``.
+
+    With a CUDA device, baseline JPEGs (YCbCr or grayscale) are decoded together on the GPU by one
+    batched ``torchvision.io.decode_jpeg(..., device="cuda")`` call (nvJPEG). Everything the GPU
+    decoder does not take (PNG, CMYK JPEGs, other formats) is decoded on the CPU and copied over,
+    so a batch of mixed files works. On the CPU (``device`` ``None`` or ``"cpu"``) the same split
+    runs with the CPU decoders, so this path runs, and is tested, without a GPU.
+
+    Args:
+        encoded: The encoded files (``bytes``, ``memoryview``, 1-D uint8 arrays or tensors).
+        device: Where the decoded images go.
+        names: How to name each sample in a :class:`DecodeError` (default ``"sample k of the batch"``).
+
+    Returns:
+        One ``(3, H, W)`` uint8 tensor per input, in order; sizes may differ.
+
+    Raises:
+        DecodeError: Naming the first sample that cannot be decoded.
+    """
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if names is not None and len(names) != len(encoded):
+        raise ValueError(f"names should have one entry per image, but got {len(names)} names for {len(encoded)} images")
+    label = (lambda k: names[k]) if names is not None else (lambda k: f"sample {k} of the batch")
+    out: list[torch.Tensor | None] = [None] * len(encoded)
+    jpeg_slots: list[int] = []
+    for k, data in enumerate(encoded):
+        raw = data.numpy() if isinstance(data, torch.Tensor) else data
+        img = open_image(raw, label(k))
+        if img.format == "JPEG" and img.mode in ("RGB", "L") and torchvision_jpeg_available():
+            jpeg_slots.append(k)
+        else:
+            blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
+            out[k] = torch.from_numpy(np.array(decode_pil(blob, label(k)))).permute(2, 0, 1).to(device)
+    if jpeg_slots:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        tensors = [_encoded_tensor(encoded[k]) for k in jpeg_slots]
+        try:
+            if device.type == "cuda":  # pragma: no cover - needs CUDA
+                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
+            else:
+                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+        except _DECODE_ERRORS:
+            # Find the culprit one by one, so the error names it.
+            decoded = [decode_jpeg_tensor(encoded[k] if not isinstance(encoded[k], torch.Tensor) else encoded[k].numpy(), label(k)).to(device) for k in jpeg_slots]
+        for k, image in zip(jpeg_slots, decoded):
+            out[k] = image
+    return [t for t in out if t is not None]

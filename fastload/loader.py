@@ -474,6 +474,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         progress: Show a tqdm bar per epoch.
         limit_threads: Cap ``torch.get_num_threads()`` at ``CPUs - num_workers`` (at least 1)
             when iteration starts.
+        decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
+            bytes (free with ``InMemoryImageFolder``); :func:`fastload.decode.decode_batch`
+            decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
+            ``gpu_transforms`` (required, starting with a resize-type transform) make one batch
+            of the differently sized images. The dataset's ``transform`` must be ``None``.
 
     Raises:
         ValueError / TypeError: Naming the argument, for invalid values.
@@ -508,6 +513,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         reuse_buffers: bool = True,
         progress: bool = False,
         limit_threads: bool = True,
+        decode: str = "cpu",
     ) -> None:
         if num_workers == "auto":
             num_workers = auto_num_workers()
@@ -518,6 +524,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             raise ValueError(f"batch_size should be a positive integer, but got batch_size={batch_size!r}")
         if worker_type not in ("process", "thread"):
             raise ValueError(f"worker_type should be 'process' or 'thread', but got worker_type={worker_type!r}")
+        if decode not in ("cpu", "device"):
+            raise ValueError(f"decode should be 'cpu' or 'device', but got decode={decode!r}")
+        if decode == "device":
+            if not callable(getattr(dataset, "get_bytes", None)):
+                raise ValueError("decode='device' needs a dataset that serves encoded images (fastload.ImageFolder or InMemoryImageFolder)")
+            if gpu_transforms is None:
+                raise ValueError("decode='device' needs gpu_transforms that bring the decoded images to one size, e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])")
+            if getattr(dataset, "transform", None) is not None:
+                raise ValueError("decode='device' decodes and transforms on the device: leave the dataset's transform None and pass the augmentations as gpu_transforms")
+            if collate_fn is not None or batch_sampler is not None:
+                raise ValueError("decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error should be 'raise' or 'skip', but got on_error={on_error!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
@@ -572,7 +589,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.device = None if device is None else torch.device(device)
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
-        self._fast = collate_fn is None and batch_sampler is None and batch_size is not None and not is_iterable and _is_fast_dataset(dataset)
+        self.decode = decode
+        self._fast = decode == "cpu" and collate_fn is None and batch_sampler is None and batch_size is not None and not is_iterable and _is_fast_dataset(dataset)
         self._epoch = 0  # the epoch of the next (or current) pass
         self._epoch_set = False
         self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
@@ -712,8 +730,36 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             self._pool = _WorkerPool(self, tuple(shape), slots)
         return self._pool
 
+    def _encoded_batches(self, epoch: int, start: int) -> Iterator[IndexedBatch]:
+        """decode='device': batches of still-encoded images, read ahead by a thread pool."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .decode import decode_batch
+
+        dataset = self.dataset
+        device = self.device if self.device is not None else torch.device("cpu")
+        batches = self._epoch_batches(epoch)[start:]
+        targets = np.asarray(dataset.targets)
+        with ThreadPoolExecutor(max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read") as pool:
+            pending = pool.map(dataset.get_bytes, batches[0].tolist()) if batches else None
+            for k, indices in enumerate(batches):
+                encoded = list(pending)  # type: ignore[arg-type]
+                if k + 1 < len(batches):
+                    pending = pool.map(dataset.get_bytes, batches[k + 1].tolist())
+                names = [_describe(dataset, int(i)) for i in indices]
+                images = decode_batch(encoded, device, names)
+                labels = torch.from_numpy(targets[indices].astype(np.int64))
+                self._batches_done = start + k + 1
+                yield IndexedBatch(images, labels, torch.from_numpy(indices))
+
     def _host_batches(self) -> Iterator[Any]:
         epoch, start = self._begin_pass()
+        if self.decode == "device":
+            try:
+                yield from self._encoded_batches(epoch, start)
+            finally:
+                self._finished_epoch(epoch, True)
+            return
         if self._fast:
             it = _FastIterator(self, epoch, start)
             try:

@@ -377,13 +377,13 @@ class Transform:
         self._decode_planned(data, img, plan, out, name)
         return torch.from_numpy(out).permute(2, 0, 1)
 
-    def decode_into(self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image") -> None:
+    def decode_into(self, data: bytes | memoryview | np.ndarray, out: np.ndarray | torch.Tensor, name: str = "image") -> None:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
         Args:
             data: The encoded file.
             out: A writable uint8 array of shape ``output_size + (3,)``, e.g. one slot of an NHWC
-                batch buffer in shared memory.
+                batch buffer in shared memory (a CPU uint8 tensor works too: written in place).
             name: How to name the sample in an error.
 
         Raises:
@@ -391,8 +391,11 @@ class Transform:
             ValueError: If ``out`` has the wrong shape (the pipeline must have a fixed
                 :attr:`output_size`).
         """
+        if isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.uint8:
+            out = out.numpy()  # e.g. a slot of a pinned NHWC batch tensor: same memory
         if not isinstance(out, np.ndarray) or out.dtype != np.uint8:
-            raise TypeError(f"out should be a uint8 numpy array, but got {type(out).__name__}{'' if not isinstance(out, np.ndarray) else ' of dtype ' + str(out.dtype)}")
+            kind = f"{type(out).__name__} of dtype {out.dtype}" if isinstance(out, (np.ndarray, torch.Tensor)) else type(out).__name__
+            raise TypeError(f"out should be a uint8 numpy array (or CPU uint8 tensor), but got {kind}")
         img = open_image(data, name)
         plan = self.plan(img.height, img.width)
         if out.shape != (plan.height, plan.width, 3):

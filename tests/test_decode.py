@@ -259,6 +259,14 @@ def test_decode_into_checks_out() -> None:
         Resize(256).decode_into(data, np.empty((224, 224, 3), np.uint8), "x")
     out = np.empty((256, 384, 3), np.uint8)  # a pipeline without fixed size still works when out fits
     Resize(256).decode_into(data, out, "x")
+    batch = torch.zeros(2, 224, 224, 3, dtype=torch.uint8)  # a CPU tensor slot is written in place
+    with rng.sample_scope(0, 0, 1):
+        TRAIN.decode_into(data, batch[1], "x")
+    with rng.sample_scope(0, 0, 1):
+        assert torch.equal(batch[1].permute(2, 0, 1), TRAIN.decode_and_apply(data, "x"))
+    assert not batch[0].any()
+    with pytest.raises(TypeError, match="float32"):
+        TRAIN.decode_into(data, torch.zeros(224, 224, 3), "x")
 
 
 def test_dct_scale() -> None:

@@ -374,3 +374,34 @@ def test_distributed_true_builds_the_right_sampler(train_set: ImageFolder, tmp_p
         assert sorted(int(i) for b in val for i in b.indices) == list(range(len(train_set)))
     finally:
         dist.destroy_process_group()
+
+
+def test_decode_on_device_matches_cpu_decode_plus_gpu_transforms(imagenet_root: Path) -> None:
+    """decode='device' (run here on CPU tensors): same as decoding each file, then the batched transforms."""
+    from fastload import InMemoryImageFolder, gpu
+    from fastload.decode import decode_pil
+
+    tf = gpu.Compose([gpu.RandomResizedCrop(48), gpu.RandomHorizontalFlip()])
+    for ds in (ImageFolder(imagenet_root / "train"), InMemoryImageFolder(imagenet_root / "train")):
+        loader = DataLoader(ds, batch_size=6, shuffle=True, seed=2, num_workers=1, decode="device", gpu_transforms=tf, device="cpu")
+        batches = _collect(loader)
+        assert [len(y) for _, y in batches] == [6, 6, 6, 6, 6, 2]
+        order = fastload.rng.epoch_permutation(len(ds), 2, 0).tolist()
+        for k, (images, labels) in enumerate(batches):
+            idx = order[6 * k : 6 * k + 6]
+            decoded = [torch.from_numpy(np.array(decode_pil(bytes(ds.get_bytes(i))))).permute(2, 0, 1) for i in idx]
+            assert torch.equal(images, tf(decoded, indices=idx, epoch=0, seed=2))
+            assert labels.tolist() == [int(ds.targets[i]) for i in idx]
+        loader.close()
+
+
+def test_decode_on_device_argument_checks(imagenet_root: Path) -> None:
+    from fastload import gpu
+
+    plain = ImageFolder(imagenet_root / "val")
+    with pytest.raises(ValueError, match="needs gpu_transforms"):
+        DataLoader(plain, decode="device")
+    with pytest.raises(ValueError, match="leave the dataset's transform None"):
+        DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf()), decode="device", gpu_transforms=gpu.Resize(8))
+    with pytest.raises(ValueError, match="decode should be"):
+        DataLoader(plain, decode="gpu")
