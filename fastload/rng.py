@@ -106,6 +106,19 @@ def batch_uniform(
     return _uniform_from(keys[:, None], counters[None, :])
 
 
+_G = 0x9E3779B97F4A7C15
+_C1 = 0xBF58476D1CE4E5B9
+_C2 = 0x94D049BB133111EB
+
+
+def _mix_int(x: int) -> int:
+    """:func:`_mix` on one Python int (the per-sample path: ~20x cheaper than numpy scalars)."""
+    x = (x + _G) & _MASK
+    x = ((x ^ (x >> 30)) * _C1) & _MASK
+    x = ((x ^ (x >> 27)) * _C2) & _MASK
+    return x ^ (x >> 31)
+
+
 class SampleRNG:
     """The random stream of one sample: sequential draws from a counter-based hash.
 
@@ -119,7 +132,10 @@ class SampleRNG:
     __slots__ = ("_key", "_counter")
 
     def __init__(self, seed: int, epoch: int, index: int, stream: int = 0) -> None:
-        self._key = int(hash_key(seed, epoch, index, stream))
+        h = _mix_int(int(seed) & _MASK)
+        h = _mix_int(h ^ (int(epoch) & _MASK))
+        h = _mix_int(h ^ (int(index) & _MASK))
+        self._key = _mix_int(h ^ (int(stream) & _MASK))
         self._counter = 0
 
     @classmethod
@@ -133,7 +149,7 @@ class SampleRNG:
         """Returns the next uniform float in ``[0, 1)``."""
         c = self._counter
         self._counter = c + 1
-        return float(_uniform_from(np.asarray(self._key, dtype=np.uint64), np.asarray(c, dtype=np.uint64)))
+        return (_mix_int((self._key + c * _G) & _MASK) >> 11) * (1.0 / (1 << 53))
 
     def uniform(self, low: float, high: float) -> float:
         """Returns the next uniform float in ``[low, high)``."""
