@@ -23,6 +23,7 @@ _LAZY = {
     "DataLoader": ("fastload.loader", "DataLoader"),
     "DistributedSampler": ("fastload.sampler", "DistributedSampler"),
     "shard_indices": ("fastload.sampler", "shard_indices"),
+    "DecodeError": ("fastload.decode", "DecodeError"),
     "InMemoryImageFolder": ("fastload.memory", "InMemoryImageFolder"),
     "write_pack": ("fastload.pack", "write_pack"),
     "open_pack": ("fastload.pack", "open_pack"),

@@ -341,12 +341,7 @@ class _Feed:
         self.pending.clear()
 
     def _read(self, i: int) -> bytes:
-        path = self.index.paths[i]
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+        return self.index.read_bytes(i)
 
     def __call__(self) -> tuple[Any, ...]:
         if not self.pending:

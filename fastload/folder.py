@@ -256,6 +256,15 @@ class FolderIndex:
         """The relative path of sample ``i`` (as stored in pack files and index files)."""
         return self.paths.relative(i)
 
+    def read_bytes(self, i: int) -> bytes:
+        """The encoded file of sample ``i``; an ``OSError`` names the sample and its path."""
+        path = self.paths[i]
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+
     def __len__(self) -> int:
         return len(self.targets)
 
@@ -590,12 +599,7 @@ class ImageFolder:
 
     def get_bytes(self, i: int) -> bytes:
         """The encoded file of sample ``i``."""
-        path = self.index.paths[i]
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+        return self.index.read_bytes(i)
 
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and path."""
