@@ -22,7 +22,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(PY)
 	touch $@
 
 $(DATA)/.complete: | $(VENV)/.installed-bench
-	$(PY) -m fastload synth $(DATA) --classes 10 --per-class 50 --val-per-class 10 --seed 0
+	$(PY) -m fastload synth $(DATA) --classes 10 --per-class 100 --val-per-class 30 --seed 0
 	touch $@
 
 bench: $(VENV)/.installed-bench $(DATA)/.complete
