@@ -255,7 +255,7 @@ class _WorkerPool:
                 self.workers.append(t)
         else:
             ctx = loader.multiprocessing_context or torch_mp.get_context()
-            self.tasks, self.results = ctx.SimpleQueue(), ctx.SimpleQueue()
+            self.tasks, self.results = ctx.SimpleQueue(), ctx.Queue()
             self._task_lock = threading.Lock()
             for wid in range(self.num_workers):
                 p = ctx.Process(
@@ -274,14 +274,10 @@ class _WorkerPool:
         """The next finished task's report; raises a clear error when a worker died."""
         deadline = None if timeout <= 0 else time.monotonic() + timeout
         while True:
-            if self.kind == "thread":
-                try:
-                    return self.results.get(timeout=_POLL_SECONDS)
-                except queue.Empty:
-                    pass
-            else:
-                if self.results._reader.poll(_POLL_SECONDS):  # SimpleQueue: a Connection underneath
-                    return self.results.get()
+            try:
+                return self.results.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                pass
             self.check_alive()
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})")
