@@ -405,3 +405,10 @@ def test_decode_on_device_argument_checks(imagenet_root: Path) -> None:
         DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf()), decode="device", gpu_transforms=gpu.Resize(8))
     with pytest.raises(ValueError, match="decode should be"):
         DataLoader(plain, decode="gpu")
+
+
+def test_progress_bar(train_set: ImageFolder, capsys: pytest.CaptureFixture[str]) -> None:
+    loader = DataLoader(train_set, batch_size=8, num_workers=0, progress=True)
+    assert len([b for b in loader]) == 4
+    err = capsys.readouterr().err
+    assert "epoch 0" in err and "4/4" in err
