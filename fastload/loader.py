@@ -40,7 +40,9 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 from __future__ import annotations
 
 import os
+import pickle
 import queue
+import random
 import threading
 import time
 import traceback
@@ -143,6 +145,7 @@ class _Task:
     batch: int  # position in the epoch
     slot: int
     epoch: int
+    seed: int
     indices: np.ndarray
 
 
@@ -161,10 +164,15 @@ def _describe(dataset: Any, i: int) -> str:
     return describe(i) if callable(describe) else f"sample {i}"
 
 
-def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, seed: int, skip: bool) -> tuple[int, list[tuple[int, str]]]:
+def _label(dataset: Any, targets: Any, i: int) -> int:
+    target = int(targets[i])
+    target_transform = getattr(dataset, "target_transform", None)
+    return int(target_transform(target)) if target_transform is not None else target
+
+
+def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, skip: bool) -> tuple[int, list[tuple[int, str]]]:
     """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``; returns (filled, skipped)."""
     transform = dataset.transform
-    target_transform = getattr(dataset, "target_transform", None)
     targets = dataset.targets
     out = images[task.slot]
     lab = labels[task.slot]
@@ -173,27 +181,36 @@ def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray,
     for i in task.indices.tolist():
         try:
             data = dataset.get_bytes(i)
-            with _rng.sample_scope(seed, task.epoch, i):
+            with _rng.sample_scope(task.seed, task.epoch, i):
                 transform.decode_into(data, out[filled], _describe(dataset, i))
         except (DecodeError, OSError) as e:
             if not skip:
                 raise
             skipped.append((i, str(e)))
             continue
-        target = int(targets[i])
-        if target_transform is not None:
-            target = int(target_transform(target))
-        lab[filled] = target
+        lab[filled] = _label(dataset, targets, i)
         filled += 1
     return filled, skipped
 
 
-def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images: torch.Tensor, labels: torch.Tensor, seed: int, skip: bool, worker_init_fn: Callable[[int], None] | None, is_process: bool) -> None:
+def _portable_error(error: Exception) -> Exception | str:
+    """The exception itself when it survives pickling (so the main process re-raises its type)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any pickling failure: send the text
+        return f"{type(error).__name__}: {error}"
+    return error
+
+
+def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images: torch.Tensor, labels: torch.Tensor, base_seed: int, skip: bool, worker_init_fn: Callable[[int], None] | None, is_process: bool) -> None:
     """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
     if is_process:
         torch.set_num_threads(1)
-        if worker_init_fn is not None:
-            worker_init_fn(worker_id)
+        # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them).
+        random.seed(base_seed + worker_id)
+        torch.manual_seed(base_seed + worker_id)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
     np_images = images.numpy()
     np_labels = labels.numpy()
     while True:
@@ -205,15 +222,21 @@ def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images:
             return
         t0 = time.perf_counter()
         try:
-            filled, skipped = _run_task(dataset, task, np_images, np_labels, seed, skip)
+            filled, skipped = _run_task(dataset, task, np_images, np_labels, skip)
         except Exception as e:  # reported to the main process, which re-raises it
-            results.put((task.generation, task.batch, "error", f"{type(e).__name__}: {e}", traceback.format_exc(), worker_id))
+            results.put((task.generation, task.batch, task.slot, "error", _portable_error(e), traceback.format_exc(), worker_id))
             continue
-        results.put((task.generation, task.batch, "ok", filled, skipped, (worker_id, time.perf_counter() - t0)))
+        results.put((task.generation, task.batch, task.slot, "ok", filled, skipped, (worker_id, time.perf_counter() - t0)))
 
 
 class _WorkerPool:
-    """Workers and the shared batch slots they write into; lives as long as the loader."""
+    """Workers and the shared batch slots they write into; lives as long as the loader.
+
+    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass), or held
+    by the current pass (ready, or handed to the consumer). A new pass only takes free slots, and a
+    slot of an abandoned pass becomes free when its task reports back, so no two tasks ever write
+    into one slot and no batch is overwritten while it is in use.
+    """
 
     def __init__(self, loader: "DataLoader[Any]", shape: tuple[int, int], num_slots: int) -> None:
         self.num_workers = loader.num_workers
@@ -235,19 +258,21 @@ class _WorkerPool:
             self.pinned = True
         self.num_slots = num_slots
         self.free_slots = list(range(num_slots))
+        self.busy: dict[int, int] = {}  # slot -> generation of the task writing into it
         self.workers: list[Any] = []
         self.tasks: Any = None
         self.results: Any = None
         self.closed = False
         if self.num_workers == 0:
             return
-        args_common = (loader.dataset,)
+        skip = loader.on_error == "skip"
+        base_seed = loader._seed
         if self.kind == "thread":
             self.tasks, self.results = queue.Queue(), queue.Queue()
             for wid in range(self.num_workers):
                 t = threading.Thread(
                     target=_worker_main,
-                    args=(wid, *args_common, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", None, False),
+                    args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, base_seed, skip, loader.worker_init_fn, False),
                     name=f"fastload-worker-{wid}",
                     daemon=True,
                 )
@@ -255,29 +280,54 @@ class _WorkerPool:
                 self.workers.append(t)
         else:
             ctx = loader.multiprocessing_context or torch_mp.get_context()
-            self.tasks, self.results = ctx.SimpleQueue(), ctx.Queue()
-            self._task_lock = threading.Lock()
+            self.tasks, self.results = ctx.Queue(), ctx.Queue()
             for wid in range(self.num_workers):
                 p = ctx.Process(
                     target=_worker_main,
-                    args=(wid, *args_common, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", loader.worker_init_fn, True),
+                    args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, base_seed, skip, loader.worker_init_fn, True),
                     name=f"fastload-worker-{wid}",
                     daemon=True,
                 )
                 p.start()
                 self.workers.append(p)
 
+    def take_slot(self) -> int | None:
+        return self.free_slots.pop(0) if self.free_slots else None
+
+    def release(self, slot: int) -> None:
+        if slot not in self.busy and slot not in self.free_slots:
+            self.free_slots.append(slot)
+
     def put(self, task: _Task) -> None:
+        self.busy[task.slot] = task.generation
         self.tasks.put(task)
 
-    def get(self, timeout: float) -> tuple[Any, ...]:
-        """The next finished task's report; raises a clear error when a worker died."""
-        deadline = None if timeout <= 0 else time.monotonic() + timeout
+    def drain(self) -> None:
+        """Takes back the tasks no worker has started yet (best effort) and frees their slots."""
         while True:
             try:
-                return self.results.get(timeout=_POLL_SECONDS)
+                task = self.tasks.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                return
+            if task is None:  # not ours to drop
+                self.tasks.put(None)
+                return
+            self.busy.pop(task.slot, None)
+            self.release(task.slot)
+
+    def get(self, timeout: float) -> tuple[Any, ...]:
+        """The next finished task's report (its slot is then no longer busy); clear errors, no hang."""
+        deadline = None if timeout <= 0 else time.monotonic() + timeout
+        while True:
+            if self.closed:
+                raise RuntimeError("the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating")
+            try:
+                report = self.results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 pass
+            else:
+                self.busy.pop(report[2], None)
+                return report
             self.check_alive()
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})")
@@ -298,6 +348,8 @@ class _WorkerPool:
         if self.closed:
             return
         self.closed = True
+        if self.workers:
+            self.drain()  # don't make the workers decode a backlog nobody will read
         for _ in self.workers:
             try:
                 self.tasks.put(None)
@@ -336,6 +388,7 @@ class _FastIterator:
     def __init__(self, loader: "DataLoader[Any]", epoch: int, start: int) -> None:
         self.loader = loader
         self.epoch = epoch
+        self.seed = loader._seed
         self.batches = loader._epoch_batches(epoch)
         self.next_batch = start
         self.issued = start
@@ -350,7 +403,11 @@ class _FastIterator:
         if not self.external_stats:
             self.stats.start()
         self.done = False
-        self.pool.free_slots = list(range(self.pool.num_slots))
+        pool = self.pool
+        if pool.num_workers:
+            pool.drain()  # tasks of an abandoned pass that no worker started
+        # Slots not written by a task of an earlier pass (those come back when their task reports).
+        pool.free_slots = [slot for slot in range(pool.num_slots) if slot not in pool.busy]
 
     def __iter__(self) -> "_FastIterator":
         return self
@@ -360,23 +417,51 @@ class _FastIterator:
 
     def _fill(self) -> None:
         pool = self.pool
-        while self.issued < len(self.batches) and pool.free_slots:
-            slot = pool.free_slots.pop(0)
-            task = _Task(self.generation, self.issued, slot, self.epoch, self.batches[self.issued])
-            if pool.num_workers == 0:
-                self._run_inline(task)
-            else:
-                pool.put(task)
+        while self.issued < len(self.batches):
+            slot = pool.take_slot()
+            if slot is None:
+                return
+            pool.put(_Task(self.generation, self.issued, slot, self.epoch, self.seed, self.batches[self.issued]))
             self.in_flight[self.issued] = slot
             self.issued += 1
-            if pool.num_workers == 0:
-                break  # decode lazily, one batch per next()
 
-    def _run_inline(self, task: _Task) -> None:
+    def _run_inline(self) -> None:
+        """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
+        slot = self.pool.take_slot()
+        assert slot is not None  # the consumer holds at most _hold_limit() slots of >= 3
+        task = _Task(self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch])
         t0 = time.perf_counter()
-        filled, skipped = _run_task(self.loader.dataset, task, self.pool.images.numpy(), self.pool.labels.numpy(), self.loader._seed, self.loader.on_error == "skip")
+        try:
+            filled, skipped = _run_task(self.loader.dataset, task, self.pool.images.numpy(), self.pool.labels.numpy(), self.loader.on_error == "skip")
+        except BaseException:
+            self.pool.release(slot)
+            raise
         self.stats.record_decode(0, time.perf_counter() - t0)
-        self.ready[task.batch] = (task.slot, filled, skipped)
+        self.in_flight[task.batch] = slot
+        self.ready[task.batch] = (slot, filled, skipped)
+
+    def _wait(self) -> None:
+        pool = self.pool
+        while self.next_batch not in self.ready:
+            self._fill()
+            report = pool.get(self.loader.timeout)
+            generation, batch, slot, status = report[0], report[1], report[2], report[3]
+            if generation != self.generation:
+                pool.release(slot)  # a task of an abandoned pass: its slot is free again
+                continue
+            if status == "error":
+                pool.release(slot)
+                self._finish()
+                error, tb, wid = report[4], report[5], report[6]
+                context = f"in DataLoader worker {wid}, batch {batch} of epoch {self.epoch}\n\nOriginal traceback in the worker:\n{tb}"
+                if isinstance(error, BaseException):
+                    if hasattr(error, "add_note"):
+                        error.add_note(context)
+                    raise error
+                raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}")
+            filled, skipped, (wid, seconds) = report[4], report[5], report[6]
+            self.stats.record_decode(wid, seconds)
+            self.ready[batch] = (slot, filled, skipped)
 
     def __next__(self) -> IndexedBatch:
         if self.done:
@@ -384,23 +469,14 @@ class _FastIterator:
         t0 = time.perf_counter()
         pool = self.pool
         while len(self.held) > self._hold_limit():
-            pool.free_slots.append(self.held.pop(0))
+            pool.release(self.held.pop(0))
         if self.next_batch >= len(self.batches):
             self._finish()
             raise StopIteration
-        self._fill()
-        while self.next_batch not in self.ready:
-            report = pool.get(self.loader.timeout)
-            generation, batch, status = report[0], report[1], report[2]
-            if generation != self.generation:
-                continue  # a task of an abandoned pass: its slot is reassigned anyway
-            if status == "error":
-                self._finish()
-                message, tb, wid = report[3], report[4], report[5]
-                raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {message}\n\nOriginal traceback in the worker:\n{tb}")
-            filled, skipped, (wid, seconds) = report[3], report[4], report[5]
-            self.stats.record_decode(wid, seconds)
-            self.ready[batch] = (self.in_flight[batch], filled, skipped)
+        if pool.num_workers == 0:
+            self._run_inline()
+        else:
+            self._wait()
         slot, filled, skipped = self.ready.pop(self.next_batch)
         indices = self.batches[self.next_batch]
         if skipped:
@@ -408,7 +484,8 @@ class _FastIterator:
         del self.in_flight[self.next_batch]
         self.next_batch += 1
         self.loader._batches_done = self.next_batch
-        self._fill()
+        if pool.num_workers:
+            self._fill()
         for index, message in skipped:
             warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=2)
         self.stats.skipped += len(skipped)
@@ -418,7 +495,7 @@ class _FastIterator:
             self.held.append(slot)
         else:
             images, labels = images.clone(memory_format=torch.channels_last), labels.clone()
-            pool.free_slots.append(slot)
+            pool.release(slot)
         if not self.external_stats:
             self.stats.record_batch(filled, time.perf_counter() - t0)
         return IndexedBatch(images, labels, torch.from_numpy(indices))
@@ -633,14 +710,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         state is the one of the last batch the consumer received, so a resume neither skips nor
         repeats a batch.
         """
-        if self._prefetcher is not None:
+        if self._prefetcher is not None and self._pass_epoch is not None:
             return self._prefetcher.state_dict()
         return self._host_state_dict()
 
     def _host_state_dict(self) -> dict[str, Any]:
-        if self._pass_epoch is not None:  # position in the last pass started
+        if self._pass_epoch is not None:  # inside a pass: its epoch and the batches handed out
             epoch, done = self._pass_epoch, self._batches_done
-        else:  # nothing iterated since set_epoch / load_state_dict
+        else:  # between passes: what the next pass will do (set_epoch, load_state_dict, or epoch + 1)
             epoch, done = self._epoch, self._resume_at
         return {"format": _STATE_FORMAT, "version": 1, "seed": self._seed, "epoch": epoch, "batches": done, "batch_size": self.batch_size, "num_samples": len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None}
 
@@ -699,10 +776,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return epoch, start
 
     def _finished_epoch(self, epoch: int, complete: bool) -> None:
-        # The next pass without set_epoch() is the next epoch (also after a partial pass).
+        # The next pass without set_epoch() is the next epoch, also after a partial pass (a loop that
+        # breaks after N steps must not see the same N batches every epoch); state_dict() between
+        # passes says so too, so a resumed run does what this loader would have done.
+        if self._pass_epoch == epoch:
+            self._pass_epoch = None
         if self._epoch == epoch:
             self._epoch = epoch + 1
             self._epoch_set = False
+            self._resume_at = 0
 
     def _limit_threads(self) -> None:
         busy = self.num_workers if self.worker_type == "process" else 0
@@ -735,7 +817,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         dataset = self.dataset
         device = self.device if self.device is not None else torch.device("cpu")
         batches = self._epoch_batches(epoch)[start:]
-        targets = np.asarray(dataset.targets)
+        targets = dataset.targets
         with ThreadPoolExecutor(max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read") as pool:
             pending = pool.map(dataset.get_bytes, batches[0].tolist()) if batches else None
             for k, indices in enumerate(batches):
@@ -744,7 +826,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                     pending = pool.map(dataset.get_bytes, batches[k + 1].tolist())
                 names = [_describe(dataset, int(i)) for i in indices]
                 images = decode_batch(encoded, device, names)
-                labels = torch.from_numpy(targets[indices].astype(np.int64))
+                labels = torch.tensor([_label(dataset, targets, int(i)) for i in indices], dtype=torch.int64)
                 self._batches_done = start + k + 1
                 yield IndexedBatch(images, labels, torch.from_numpy(indices))
 
@@ -762,8 +844,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 yield from it
             finally:
                 it._finish()
-                if not self.persistent_workers:
-                    self.close()
+                if not self.persistent_workers and self._generation == it.generation:
+                    self.close()  # only the newest pass: an older one must not stop a live pass
             return
         if not self._prefetching:
             self.stats.start()
@@ -827,7 +909,10 @@ class _OnePass:
         return self._loader._host_state_dict()
 
     def __iter__(self) -> Iterator[Any]:
-        return self._batches
+        # Hand the pass over: only the consumer's iterator keeps it alive, so dropping that
+        # iterator (a break) ends the pass, as on the host path.
+        batches, self._batches = self._batches, iter(())
+        return batches
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -149,19 +149,35 @@ def test_seed_none_follows_torch_manual_seed(train_set: ImageFolder) -> None:
 # ------------------------------------------------------------------------------------ resume
 
 
+def _collect_then_save(loader: DataLoader, stop_after: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict]:
+    """Takes ``stop_after`` batches and the state saved right after the last one (inside the loop)."""
+    out, state = [], None
+    for k, (x, y) in enumerate(loader):
+        out.append((x.clone(), y.clone()))
+        if k + 1 == stop_after:
+            state = loader.state_dict()
+            break
+    assert state is not None
+    return out, state
+
+
 def _resume_case(loader_kwargs: dict, dataset: object, stop_after: int) -> None:
     """The shared save-and-resume check: run through 2 epochs, or stop, save, resume elsewhere."""
     full = DataLoader(dataset, **loader_kwargs)
     uninterrupted = _collect(full) + _collect(full)
     first = DataLoader(dataset, **loader_kwargs)
-    head = _collect(first, stop_after)
-    state = pickle.loads(pickle.dumps(first.state_dict()))
+    head, state = _collect_then_save(first, stop_after)
+    state = pickle.loads(pickle.dumps(state))
     second = DataLoader(dataset, **{**loader_kwargs, "seed": 999})  # the state carries the seed
     second.load_state_dict(state)
     tail = _collect(second)
     if stop_after < len(second):  # stopped mid-epoch: the rest of it, then the next epoch
         tail += _collect(second)
     assert _same(head + tail, uninterrupted)
+    # Between passes, the state says what the live loader does next: the next epoch.
+    after_break = first.state_dict()
+    assert (after_break["epoch"], after_break["batches"]) == (1, 0)
+    assert _same(_collect(first), uninterrupted[len(full) :])
     for lo in (full, first, second):
         lo.close()
 
@@ -193,8 +209,8 @@ def test_resume_in_a_new_process(train_set: ImageFolder, tmp_path: Path) -> None
     loader.set_epoch(3)
     full = _collect(loader)
     loader.set_epoch(3)
-    head = _collect(loader, 2)
-    (tmp_path / "state.pkl").write_bytes(pickle.dumps(loader.state_dict()))
+    head, state = _collect_then_save(loader, 2)
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(state))
     (tmp_path / "resume.py").write_text(_RESUME_SCRIPT)
     subprocess.run([sys.executable, str(tmp_path / "resume.py"), train_set.root, str(tmp_path / "state.pkl"), str(tmp_path / "out.pt")], check=True, timeout=300)
     tail = torch.load(tmp_path / "out.pt")
@@ -412,3 +428,109 @@ def test_progress_bar(train_set: ImageFolder, capsys: pytest.CaptureFixture[str]
     assert len([b for b in loader]) == 4
     err = capsys.readouterr().err
     assert "epoch 0" in err and "4/4" in err
+
+
+# ------------------------------------------------------------------------------------ robustness
+# A dataset that follows the encoded-dataset protocol with a trivial "decoder": sample i's pixels
+# are i (+100 while SLOW is set, when decoding also takes a while), so any stale or misplaced write
+# shows up in the batch.
+
+_FAKE = {"slow": False, "bad": -1, "calls": 0}
+
+
+class _FakeDecode:
+    output_size = (2, 2)
+
+    def decode_into(self, data: int, out: np.ndarray, name: str = "image") -> None:
+        _FAKE["calls"] += 1
+        if data == _FAKE["bad"]:
+            raise fastload.DecodeError(f"cannot decode {name}")
+        if _FAKE["slow"]:
+            time.sleep(0.2)
+        out[...] = (data % 100) + (100 if _FAKE["slow"] else 0)
+
+
+class _RandomDecode:
+    output_size = (1, 1)
+
+    def decode_into(self, data: int, out: np.ndarray, name: str = "image") -> None:
+        out[...] = fastload.rng.current().randint(0, 256)
+
+
+class _FakeSet:
+    def __init__(self, n: int, transform: object) -> None:
+        self.n, self.transform, self.targets = n, transform, np.arange(n)
+
+    def get_bytes(self, i: int) -> int:
+        return i
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_abandoned_pass_never_overwrites_a_live_batch() -> None:
+    loader = DataLoader(_FakeSet(40, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", prefetch_factor=1)
+    _FAKE["slow"] = True
+    try:
+        for _ in loader:  # abandoned with slow tasks still queued and running
+            break
+    finally:
+        _FAKE["slow"] = False
+    for k, batch in enumerate(loader):
+        time.sleep(0.15)  # a training step, while stale tasks finish
+        assert batch[0][:, 0, 0, 0].tolist() == (batch.indices % 100).tolist(), f"batch {k} overwritten"
+        if k == 8:
+            break
+    loader.close()
+
+
+def test_close_while_iterating_raises_instead_of_hanging() -> None:
+    loader = DataLoader(_FakeSet(400, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", timeout=0)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        for _ in it:
+            pass
+
+
+def test_seed_of_a_loaded_state_reaches_running_workers() -> None:
+    ds = _FakeSet(12, _RandomDecode())
+    fresh = DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_workers=2)
+    expected = _collect(fresh)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=2)
+    next(iter(loader))  # the workers exist, started with seed 1
+    loader.load_state_dict(fresh.state_dict() | {"epoch": 0, "batches": 0})
+    assert _same(_collect(loader), expected)
+    for lo in (fresh, loader):
+        lo.close()
+
+
+def test_inline_path_decodes_one_batch_per_next_and_errors_at_its_batch() -> None:
+    _FAKE["calls"], _FAKE["bad"] = 0, 8
+    try:
+        loader = DataLoader(_FakeSet(20, _FakeDecode()), batch_size=2, num_workers=0)
+        it = iter(loader)
+        next(it)
+        next(it)
+        assert _FAKE["calls"] == 4
+        got = [b.indices.tolist() for b in [next(it), next(it)]]
+        assert got == [[4, 5], [6, 7]]
+        with pytest.raises(fastload.DecodeError, match="sample 8"):
+            next(it)
+    finally:
+        _FAKE["bad"] = -1
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_worker_errors_keep_their_type(worker_type: str) -> None:
+    _FAKE["bad"] = 5
+    try:
+        loader = DataLoader(_FakeSet(10, _FakeDecode()), batch_size=2, num_workers=2, worker_type=worker_type, persistent_workers=False)
+        with pytest.raises(fastload.DecodeError, match="sample 5"):
+            list(loader)
+    finally:
+        _FAKE["bad"] = -1
