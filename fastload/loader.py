@@ -16,10 +16,16 @@ shape ``(N, 3, H, W)`` whose memory is channels-last (``images.is_contiguous(mem
 torch.channels_last)``), which is what convolution kernels prefer; labels as int64 ``(N,)``.
 Float conversion and normalization happen once per batch on the device (``fastload.gpu``).
 
-**Buffer reuse.** A yielded batch stays valid until the loader has produced two more batches
-(``images`` of batch k is overwritten while batch k+2 is being made). Training loops never notice;
+**Buffer reuse.** A yielded batch stays valid while the next two batches are consumed: its
+buffer is handed back to the workers when batch k+3 is requested. Training loops never notice;
 code that keeps batches (a list of them, say) must ``.clone()`` them, or pass
 ``reuse_buffers=False``.
+
+**Workers.** fastload's own workers run the fast path; ``worker_init_fn`` is called in each of
+them (process or thread) and each process worker seeds ``random`` and torch with
+``seed + worker_id``. ``torch.utils.data.get_worker_info()`` is ``None`` inside them (it is
+torch's private machinery); datasets that need it run through torch's iterator anyway (any
+dataset without ``get_bytes`` or without a fastload transform).
 
 **Determinism.** The order is a function of ``(seed, epoch)`` and every random augmentation of
 sample ``i`` a function of ``(seed, epoch, i)`` (:mod:`fastload.rng`), so the batches are bitwise
@@ -31,7 +37,9 @@ the same for any ``num_workers``, for process and thread workers, and after a mi
 
 The epoch is the one given to :meth:`DataLoader.set_epoch`; a pass without a ``set_epoch`` call
 uses the previous epoch + 1 (starting at 0), so a plain ``for epoch ...: for batch in loader``
-also changes the order every epoch, exactly like an explicit ``set_epoch(epoch)``.
+also changes the order every epoch, exactly like an explicit ``set_epoch(epoch)``. A pass that is
+left early (``break``) also counts as an epoch. ``state_dict()`` taken inside a pass records the
+epoch and the batches handed out; taken between passes, it records what the next pass will do.
 
 Any other dataset / ``collate_fn`` / ``batch_sampler`` goes through torch's own iterator
 unchanged (with the seeded sampler when ``shuffle=True``).
