@@ -273,31 +273,23 @@ class _WorkerPool:
         self.closed = False
         if self.num_workers == 0:
             return
-        skip = loader.on_error == "skip"
-        base_seed = loader._seed
-        if self.kind == "thread":
-            self.tasks, self.results = queue.Queue(), queue.Queue()
-            for wid in range(self.num_workers):
-                t = threading.Thread(
-                    target=_worker_main,
-                    args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, base_seed, skip, loader.worker_init_fn, False),
-                    name=f"fastload-worker-{wid}",
-                    daemon=True,
-                )
-                t.start()
-                self.workers.append(t)
-        else:
+        is_process = self.kind == "process"
+        if is_process:
             ctx = loader.multiprocessing_context or torch_mp.get_context()
             self.tasks, self.results = ctx.Queue(), ctx.Queue()
-            for wid in range(self.num_workers):
-                p = ctx.Process(
-                    target=_worker_main,
-                    args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, base_seed, skip, loader.worker_init_fn, True),
-                    name=f"fastload-worker-{wid}",
-                    daemon=True,
-                )
-                p.start()
-                self.workers.append(p)
+            spawn: Any = ctx.Process
+        else:
+            self.tasks, self.results = queue.Queue(), queue.Queue()
+            spawn = threading.Thread
+        for wid in range(self.num_workers):
+            worker = spawn(
+                target=_worker_main,
+                args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", loader.worker_init_fn, is_process),
+                name=f"fastload-worker-{wid}",
+                daemon=True,
+            )
+            worker.start()
+            self.workers.append(worker)
 
     def take_slot(self) -> int | None:
         return self.free_slots.pop(0) if self.free_slots else None
