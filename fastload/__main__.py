@@ -26,7 +26,13 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
+    import os
+
     from .folder import ClassIndex, scan_folder
+
+    for flag, path in (("--out", args.out), ("--save-classes", args.save_classes)):
+        if path and os.path.isdir(path):
+            raise ValueError(f"{flag} should be a file path, but {path!r} is a directory")
 
     classes = ClassIndex.load(args.classes) if args.classes else None
     index = scan_folder(args.root, classes=classes, strict=not args.no_strict)
@@ -84,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, MemoryError) as e:
+    except (ValueError, OSError, MemoryError, RuntimeError) as e:  # DecodeError is a RuntimeError
         print(f"error: {e}", file=sys.stderr)
         return 2
 

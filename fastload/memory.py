@@ -68,11 +68,33 @@ SEGMENT_BACKEND: str | None = None
 _MiB = 1 << 20
 
 
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this process's cgroup memory limit (containers), or ``None`` when unlimited."""
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
+    ):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
 def available_memory() -> int:
-    """Bytes of RAM available to new allocations (``psutil.virtual_memory().available``)."""
+    """Bytes of RAM available to new allocations: psutil's ``available``, capped by a container's
+    cgroup memory limit (inside Docker/Kubernetes ``/proc/meminfo`` shows the host's memory)."""
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    avail = int(psutil.virtual_memory().available)
+    headroom = _cgroup_headroom()
+    return avail if headroom is None else min(avail, headroom)
 
 
 def _fmt(n: float) -> str:
@@ -352,6 +374,11 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
             view = _PackView(mm, f"the in-memory copy of {index.root!r}", verify=False)
             handle = _handle_of(res, total, view.digest)
         except BaseException:
+            # Stop the writers first: a chunk still running must not write to the fd number
+            # after it is closed (and possibly reused by another open file).
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+                executor = None
             _release(res)
             raise
     finally:

@@ -144,7 +144,8 @@ class _HeadPlan:
         self.path_offsets = po - po[0]
         self.paths = buf[int(po[0]) : int(po[-1])]
         self.labels = index.targets
-        self.meta = json.dumps({"format": _FORMAT, **meta}, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        # Names that are not valid UTF-8 on disk come from os.scandir as surrogate escapes: keep their bytes.
+        self.meta = json.dumps({"format": _FORMAT, **meta}, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogateescape")
         self.index_offset = _align(_HEADER_SIZE + len(self.meta), 8)
         self.pos, end = _index_layout(self.n, self.index_offset, len(self.paths))
         self.data_offset = _align(end, ALIGNMENT)
@@ -222,7 +223,7 @@ class _PackView:
                 f"The copy or the write was interrupted. {_RECOPY}"
             )
         try:
-            meta = json.loads(bytes(mv[_HEADER_SIZE : _HEADER_SIZE + meta_len]).decode("utf-8"))
+            meta = json.loads(bytes(mv[_HEADER_SIZE : _HEADER_SIZE + meta_len]).decode("utf-8", "surrogateescape"))
             if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
                 raise ValueError(f"format is {meta.get('format') if isinstance(meta, dict) else None!r}")
             classes = ClassIndex(meta["classes"])
@@ -628,7 +629,12 @@ def write_pack(
     offsets = np.zeros(n + 1, dtype=np.int64)
     crcs = np.zeros(n, dtype=np.uint32)
     source_bytes = reencoded = 0
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.", suffix=".tmp")
+    except OSError as e:
+        if executor is not None:
+            executor.shutdown(wait=False)
+        raise OSError(e.errno, f"cannot create the pack file {out!r}: {e.strerror}") from None
     bar = _progress_bar(n, f"pack {os.path.basename(out)}", "img", progress)
     try:
         with os.fdopen(fd, "wb") as f:

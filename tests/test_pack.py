@@ -344,3 +344,50 @@ def test_command_line(tree, tmp_path, capsys):
         assert bytes(pack.get_bytes(0)[:0]) == b""
     with open(out, "rb") as f:
         assert f.read(8) == MAGIC
+
+
+def test_non_utf8_names_round_trip(tmp_path):  # type: ignore[no-untyped-def]
+    """A class folder whose name is not valid UTF-8 (possible on Linux) packs and loads unchanged."""
+    import os
+
+    from PIL import Image
+
+    from fastload import InMemoryImageFolder, scan_folder
+    from fastload.pack import open_pack, write_pack
+
+    root = tmp_path / "split"
+    raw = os.fsencode(str(root)) + b"/cl\xe9"
+    os.makedirs(raw)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(os.fsdecode(raw + b"/x.jpg"), format="JPEG")
+    index = scan_folder(root)
+    assert index.classes.classes == [os.fsdecode(b"cl\xe9")]
+    write_pack(index, tmp_path / "p.fastpack")
+    with open_pack(tmp_path / "p.fastpack") as pack:
+        assert pack.index.classes == index.classes and bytes(pack.get_bytes(0)) == open(index.paths[0], "rb").read()
+    ds = InMemoryImageFolder(root)
+    assert ds.classes == index.classes.classes and len(ds) == 1
+    ds.close()
+
+
+def test_cli_errors_are_one_line(tmp_path):  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    res = subprocess.run([sys.executable, "-m", "fastload", "pack", str(tmp_path), str(tmp_path / "o.fastpack"), "--max-side", "4"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "bad.jpg" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "fastload", "pack", str(tmp_path), str(tmp_path / "nodir" / "o.fastpack")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "o.fastpack" in res.stderr and ".tmp" not in res.stderr
+    res = subprocess.run([sys.executable, "-m", "fastload", "scan", str(tmp_path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "is a directory" in res.stderr
+
+
+def test_available_memory_respects_a_cgroup_limit(monkeypatch):  # type: ignore[no-untyped-def]
+    import psutil
+
+    from fastload import memory
+
+    assert memory.available_memory() <= psutil.virtual_memory().available
+    monkeypatch.setattr(memory, "_cgroup_headroom", lambda: 123)
+    assert memory.available_memory() == 123
