@@ -787,7 +787,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             self._resume_at = 0
 
     def _limit_threads(self) -> None:
-        busy = self.num_workers if self.worker_type == "process" else 0
+        busy = self.num_workers  # process or thread workers: each keeps a core busy decoding
         cap = max(1, _available_cpus() - busy)
         if torch.get_num_threads() > cap:
             torch.set_num_threads(cap)
