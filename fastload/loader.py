@@ -172,9 +172,8 @@ def _describe(dataset: Any, i: int) -> str:
     return describe(i) if callable(describe) else f"sample {i}"
 
 
-def _label(dataset: Any, targets: Any, i: int) -> int:
+def _label(targets: Any, target_transform: Callable[[int], Any] | None, i: int) -> int:
     target = int(targets[i])
-    target_transform = getattr(dataset, "target_transform", None)
     return int(target_transform(target)) if target_transform is not None else target
 
 
@@ -182,6 +181,7 @@ def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray,
     """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``; returns (filled, skipped)."""
     transform = dataset.transform
     targets = dataset.targets
+    target_transform = getattr(dataset, "target_transform", None)
     out = images[task.slot]
     lab = labels[task.slot]
     filled = 0
@@ -196,7 +196,7 @@ def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray,
                 raise
             skipped.append((i, str(e)))
             continue
-        lab[filled] = _label(dataset, targets, i)
+        lab[filled] = _label(targets, target_transform, i)
         filled += 1
     return filled, skipped
 
@@ -818,6 +818,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         device = self.device if self.device is not None else torch.device("cpu")
         batches = self._epoch_batches(epoch)[start:]
         targets = dataset.targets
+        target_transform = getattr(dataset, "target_transform", None)
         with ThreadPoolExecutor(max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read") as pool:
             pending = pool.map(dataset.get_bytes, batches[0].tolist()) if batches else None
             for k, indices in enumerate(batches):
@@ -826,7 +827,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                     pending = pool.map(dataset.get_bytes, batches[k + 1].tolist())
                 names = [_describe(dataset, int(i)) for i in indices]
                 images = decode_batch(encoded, device, names)
-                labels = torch.tensor([_label(dataset, targets, int(i)) for i in indices], dtype=torch.int64)
+                labels = torch.tensor([_label(targets, target_transform, int(i)) for i in indices], dtype=torch.int64)
                 self._batches_done = start + k + 1
                 yield IndexedBatch(images, labels, torch.from_numpy(indices))
 

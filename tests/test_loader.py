@@ -534,3 +534,18 @@ def test_worker_errors_keep_their_type(worker_type: str) -> None:
             list(loader)
     finally:
         _FAKE["bad"] = -1
+
+
+def _plus_ten(target: int) -> int:
+    return target + 10
+
+
+def test_target_transform_on_every_path(imagenet_root: Path) -> None:
+    from fastload import gpu
+
+    expected = [t + 10 for t in ImageFolder(imagenet_root / "val").targets.tolist()]
+    fast = DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf(), target_transform=_plus_ten), batch_size=5, num_workers=2)
+    device = DataLoader(ImageFolder(imagenet_root / "val", target_transform=_plus_ten), batch_size=5, num_workers=1, decode="device", gpu_transforms=gpu.Resize((8, 8)), device="cpu")
+    for loader in (fast, device):
+        assert torch.cat([y for _, y in loader]).tolist() == expected
+        loader.close()
