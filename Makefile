@@ -11,13 +11,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# One stamp per extra set, re-made when pyproject.toml changes.
+# One stamp per extra set, re-made when pyproject.toml or the C extension changes.
 # The test environment includes the optional extras (DALI, matplotlib), so their tests run too.
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: pyproject.toml setup.py fastload/_jpeg.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,bench,dali]'
 	touch $@
 
-$(VENV)/.installed-bench: pyproject.toml | $(PY)
+$(VENV)/.installed-bench: pyproject.toml setup.py fastload/_jpeg.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[bench,dali]'
 	touch $@
 

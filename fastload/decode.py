@@ -13,6 +13,12 @@ The fastload transforms (:mod:`fastload.transforms`) use the pieces here, chosen
 * :func:`open_image` reads the header only (format, mode, size: ~0.1 ms);
 * :func:`dct_scale` picks the reduced size and :func:`load_reduced` decodes at it (PIL's
   ``Image.draft``, libjpeg's DCT scaling);
+* :func:`decode_jpeg_region` decodes only a region of a JPEG (optionally DCT-scaled) with
+  fastload's C extension ``fastload._jpeg`` (libjpeg-turbo's ``jpeg_skip_scanlines`` and
+  ``jpeg_crop_scanline``): the same pixels as a full decode followed by a crop, ~25% less time for
+  a typical RandomResizedCrop box, and :func:`jpeg_header` reads a JPEG's size in ~5 us instead of
+  PIL's ~150 us. The extension is built when fastload is installed on a machine with a C compiler
+  and the libjpeg headers; without it, everything below still works (slower);
 * :func:`decode_jpeg_tensor` decodes a full-size JPEG with ``torchvision.io.decode_jpeg``: the
   same libjpeg-turbo pixels as PIL, 10-20% faster per core, straight into a tensor. torchvision
   deprecated its decoders in 0.29; when they are gone, PIL decodes instead, automatically;
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -38,11 +45,23 @@ __all__ = [
     "decode_jpeg_tensor",
     "decode_pil",
     "dct_scale",
+    "decode_jpeg_region",
+    "jpeg_header",
     "load_reduced",
     "load_sample",
     "open_image",
+    "roi_decoder_available",
     "torchvision_jpeg_available",
 ]
+
+try:  # the optional C extension (see setup.py)
+    from . import _jpeg
+except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
+    _jpeg = None  # type: ignore[assignment]
+
+#: Whether :func:`jpeg_header` / :func:`decode_jpeg_region` use the C extension. ``FASTLOAD_ROI_DECODE=0``
+#: in the environment turns it off (e.g. to compare with the torchvision.io path in one benchmark).
+USE_ROI_DECODE: bool = _jpeg is not None and os.environ.get("FASTLOAD_ROI_DECODE", "1") != "0"
 
 #: Scales libjpeg can decode at straight from the DCT coefficients, largest first.
 DCT_SCALES = (8, 4, 2, 1)
@@ -166,6 +185,64 @@ def load_reduced(img: Image.Image, scale: int, name: str = "image") -> tuple[Ima
     except _DECODE_ERRORS as e:
         raise decode_error(name, e) from None
     return img, applied
+
+
+def roi_decoder_available() -> bool:
+    """Whether region-of-interest decoding (the ``fastload._jpeg`` C extension) is built and enabled."""
+    return USE_ROI_DECODE and _jpeg is not None
+
+
+def _ends_with_eoi(data: bytes | memoryview | np.ndarray) -> bool:
+    tail = bytes(data[-2:]) if len(data) >= 2 else b""
+    return tail == b"\xff\xd9"
+
+
+def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] | None:
+    """``(width, height, colorspace)`` of a JPEG the region decoder takes, else ``None``.
+
+    ``None`` means: decode this file some other way (PIL decides what it is and names any error).
+    That is the case when the extension is not there, for non-JPEG data, CMYK/YCCK JPEGs,
+    unreadable headers, and files that do not end with the JPEG end-of-image marker (a truncated
+    file must fail as it does with a full decode, even when the crop misses the missing part).
+    ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
+    """
+    if not USE_ROI_DECODE or _jpeg is None or len(data) < 4 or bytes(data[:2]) != b"\xff\xd8" or not _ends_with_eoi(data):
+        return None
+    try:
+        width, height, _, colorspace = _jpeg.header(data)
+    except (_jpeg.Error, ValueError, BufferError):
+        return None
+    if colorspace not in ("YCbCr", "RGB", "L"):
+        return None
+    return width, height, colorspace
+
+
+def decode_jpeg_region(
+    data: bytes | memoryview | np.ndarray, left: int, top: int, width: int, height: int, scale: int = 1
+) -> np.ndarray | None:
+    """Decodes only the region ``(left, top, width, height)`` of a JPEG, at ``1/scale`` of its size.
+
+    The region is in the coordinates of the image decoded at ``1/scale`` (``ceil(W / scale)`` x
+    ``ceil(H / scale)``). The pixels equal a full decode by PIL (``draft`` for ``scale > 1``) or
+    ``torchvision.io.decode_jpeg`` cropped to the region, bit for bit (tested on the synthetic set).
+
+    Args:
+        data: A JPEG for which :func:`jpeg_header` returned a size.
+        left, top, width, height: The region, inside the (scaled) image.
+        scale: 1, 2, 4 or 8.
+
+    Returns:
+        A writable ``(height, width, 3)`` uint8 RGB array, or ``None`` when libjpeg reported
+        corrupt data (or the extension is off): the caller decodes the file the reference way,
+        which raises the error, or returns what the reference decoders make of it.
+    """
+    if _jpeg is None or not USE_ROI_DECODE:
+        return None
+    try:
+        pixels = _jpeg.decode(data, int(left), int(top), int(width), int(height), int(scale))
+    except _jpeg.Error:
+        return None
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(int(height), int(width), 3)
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,7 +56,17 @@ import torch
 from PIL import Image
 
 from . import rng as _rng
-from .decode import DecodeError, decode_error, decode_jpeg_tensor, dct_scale, load_reduced, open_image, torchvision_jpeg_available
+from .decode import (
+    DecodeError,
+    dct_scale,
+    decode_error,
+    decode_jpeg_region,
+    decode_jpeg_tensor,
+    jpeg_header,
+    load_reduced,
+    open_image,
+    torchvision_jpeg_available,
+)
 
 __all__ = [
     "CenterCrop",
@@ -289,6 +299,44 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
     return img
 
 
+def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, Image.Image | None]:
+    """``(height, width, image)``: the header read by the region decoder (``image`` ``None``), or PIL's lazy open."""
+    header = jpeg_header(data)
+    if header is not None:
+        return header[1], header[0], None
+    img = open_image(data, name)
+    return img.height, img.width, img
+
+
+def _decode_region_planned(data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray) -> bool:
+    """Runs ``plan`` decoding with ``fastload._jpeg``; ``False`` when libjpeg reported corrupt data.
+
+    ``scale == 1``: a leading crop (RandomResizedCrop's box) is the only region decoded, then the
+    remaining ops run with torchvision's functional ops: the same pixels as a full decode followed
+    by the whole chain. ``scale > 1``: the image is decoded at ``1/scale`` (the same pixels as PIL's
+    ``draft``) and resampled by PIL, exactly as the PIL path does.
+    """
+    height, width = plan.source
+    if scale == 1:
+        ops = plan.ops
+        if ops and ops[0][0] == "crop":
+            _, top, left, h, w = ops[0]
+            ops = ops[1:]
+        else:
+            top, left, h, w = 0, 0, height, width
+        region = decode_jpeg_region(data, left, top, w, h)
+        if region is None:
+            return False
+        res = _run_ops(torch.from_numpy(region).permute(2, 0, 1), ops, skip_trailing_flip=True, channels_last=True)
+        _copy_tensor_out(res, out, _trailing_flip(ops))
+        return True
+    reduced = decode_jpeg_region(data, 0, 0, -(-width // scale), -(-height // scale), scale)
+    if reduced is None:
+        return False
+    _copy_pil_out(_pil_fused(Image.fromarray(reduced), plan, scale), out)
+    return True
+
+
 def _copy_pil_out(img: Image.Image, out: np.ndarray) -> None:
     np.copyto(out, np.asarray(img))
 
@@ -371,8 +419,8 @@ class Transform:
         Raises:
             DecodeError: Naming ``name`` when the file is not a decodable image.
         """
-        img = open_image(data, name)
-        plan = self.plan(img.height, img.width)
+        height, width, img = _open(data, name)
+        plan = self.plan(height, width)
         out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
         self._decode_planned(data, img, plan, out, name)
         return torch.from_numpy(out).permute(2, 0, 1)
@@ -396,8 +444,8 @@ class Transform:
         if not isinstance(out, np.ndarray) or out.dtype != np.uint8:
             kind = f"{type(out).__name__} of dtype {out.dtype}" if isinstance(out, (np.ndarray, torch.Tensor)) else type(out).__name__
             raise TypeError(f"out should be a uint8 numpy array (or CPU uint8 tensor), but got {kind}")
-        img = open_image(data, name)
-        plan = self.plan(img.height, img.width)
+        height, width, img = _open(data, name)
+        plan = self.plan(height, width)
         if out.shape != (plan.height, plan.width, 3):
             raise ValueError(
                 f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), but got "
@@ -407,12 +455,16 @@ class Transform:
 
     # -- the fused decode ---------------------------------------------------------------------------
 
-    def _decode_planned(self, data: bytes | memoryview | np.ndarray, img: Image.Image, plan: Plan, out: np.ndarray, name: str) -> None:
-        is_jpeg = img.format == "JPEG"
+    def _decode_planned(self, data: bytes | memoryview | np.ndarray, img: Image.Image | None, plan: Plan, out: np.ndarray, name: str) -> None:
         scale = 1
-        if plan.fusable and is_jpeg and plan.resample is not None:
+        if plan.fusable and plan.resample is not None and (img is None or img.format == "JPEG"):
             x0, y0, x1, y1 = plan.pixel_box()
             scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+        if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
+            if _decode_region_planned(data, plan, scale, out):
+                return
+            img = open_image(data, name)  # libjpeg reported corrupt data: decode the reference way
+        is_jpeg = img.format == "JPEG"
         try:
             if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
                 # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
+import fastload.decode
 import fastload.transforms as fT
 from fastload import rng
 from fastload.decode import DecodeError, dct_scale, decode_jpeg_tensor, decode_pil, load_sample, open_image
@@ -104,6 +105,7 @@ def test_dct_scaling_is_applied_for_large_crops_only(samples: dict[str, bytes], 
         return loaded, applied
 
     monkeypatch.setattr(fT, "load_reduced", spy)
+    monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", False)  # the PIL path (test_roi_decode covers the other)
     big = samples["big.JPEG"]  # 1400x1100
     # Resize(224)+CenterCrop(224): the 1100x1100 box -> 224 allows 1/4 (275 >= 224), not 1/8.
     Compose([Resize(224), CenterCrop(224)]).decode_and_apply(big, "big")
