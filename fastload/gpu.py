@@ -82,8 +82,11 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
+import threading
+import weakref
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -1102,6 +1105,66 @@ class RandomErasing(BatchTransform):
         return torch.where(mask, fill, images)
 
 
+class HostBufferPool:
+    """Recycles large CPU output tensors, never handing out memory that is still referenced.
+
+    Allocating a fresh 20-40 MB float batch each step costs more than filling it: the kernel
+    maps and zeroes every page on first touch (glibc serves blocks this size with ``mmap``).
+    Measured on a 64x3x224x224 float32 batch on this machine: normalizing into a new tensor took
+    50 ms, into a reused one 27 ms. Reusing a fixed ring of outputs is only safe if nobody keeps a
+    batch; this pool instead ties each buffer to the lifetime of the tensor's *storage*: the
+    buffer goes back to the pool only when the tensor, all its views, ``.detach()``-ed copies,
+    ``.numpy()`` arrays and autograd's saved references are gone. A batch you keep stays yours.
+
+    Args:
+        max_idle: Free buffers kept per (shape, dtype, layout); more are released to the OS.
+    """
+
+    _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.bfloat16: np.uint16}
+
+    def __init__(self, max_idle: int = 4) -> None:
+        self.max_idle = int(max_idle)
+        self._free: dict[Any, collections.deque[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
+        """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), from the pool when possible."""
+        shape = tuple(int(v) for v in shape)
+        if dtype not in self._NUMPY:
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            return torch.empty(shape, dtype=dtype, memory_format=fmt)
+        key = (shape, dtype, channels_last)
+        with self._lock:
+            free = self._free.get(key)
+            buf = free.pop() if free else None
+        if buf is None:
+            buf = np.empty(math.prod(shape), dtype=self._NUMPY[dtype])
+        view = buf[:]  # a new array object: the torch storage below holds it, and only it
+        weakref.finalize(view, self._release, key, buf)
+        flat = torch.from_numpy(view)
+        if dtype == torch.bfloat16:
+            flat = flat.view(torch.bfloat16)
+        if channels_last:
+            n, c, h, w = shape
+            return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(shape)
+
+    def _release(self, key: Any, buf: np.ndarray) -> None:
+        with self._lock:
+            free = self._free.setdefault(key, collections.deque())
+            if len(free) < self.max_idle:
+                free.append(buf)
+
+    def idle(self) -> int:
+        """How many free buffers the pool holds (for tests and debugging)."""
+        with self._lock:
+            return sum(len(q) for q in self._free.values())
+
+
+#: The pool :class:`Normalize` uses for CPU outputs.
+host_pool = HostBufferPool()
+
+
 class Normalize(BatchTransform):
     """Converts to float (uint8 scaled to [0, 1]) and normalises per channel: ``(x / 255 - mean) / std``.
 
@@ -1114,7 +1177,9 @@ class Normalize(BatchTransform):
         std: Per-channel standard deviations, non-zero.
         dtype: Output floating dtype.
         channels_last: Return a ``torch.channels_last`` tensor.
-        buffers: 0 (default) allocates each output. ``k > 0`` writes the outputs into a ring of
+        buffers: 0 (default): every call returns a tensor of its own (on the CPU taken from
+            :data:`host_pool`, which reuses the memory of batches that no longer exist: no page
+            faults, no aliasing). ``k > 0`` writes the outputs into a ring of
             ``k`` reusable tensors while shapes match: the result of call ``t`` is overwritten by
             call ``t + k``. ``buffers=2`` is safe with :class:`fastload.CUDAPrefetcher` as long
             as you do not keep batches beyond the next step.
@@ -1166,6 +1231,8 @@ class Normalize(BatchTransform):
     def _output(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         if not self.buffers:
+            if device.type == "cpu" and (len(shape) == 4 or not self.channels_last):
+                return host_pool.empty(shape, self.dtype, self.channels_last)  # recycled, never aliased
             return torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
         if not self._ring or self._ring[0].shape != shape or self._ring[0].device != device:
             self._ring = [
@@ -1196,10 +1263,15 @@ class Normalize(BatchTransform):
                 _to_device(np.array(self.std), work.device, work.dtype).view(-1, 1, 1),
             )
         mean, std = self._constants[key]
-        work.copy_(images)
-        if images.dtype == torch.uint8:
-            work.mul_(1.0 / 255)
-        work.sub_(mean).div_(std)
+        # On the CPU, one image at a time: the four passes then run in the cache instead of
+        # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here).
+        # Same elementwise arithmetic, so the same bits.
+        chunks = zip(work, images) if work.device.type == "cpu" and work.ndim == 4 and work.shape[0] > 1 else [(work, images)]
+        for w, x in chunks:
+            w.copy_(x)
+            if images.dtype == torch.uint8:
+                w.mul_(1.0 / 255)
+            w.sub_(mean).div_(std)
         if work is not out:
             out.copy_(work)
         return out

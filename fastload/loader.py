@@ -55,7 +55,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -155,6 +155,24 @@ class _Task:
     epoch: int
     seed: int
     indices: np.ndarray
+
+
+@dataclass
+class _Lookahead:
+    """Batches of the *next* epoch decoded while the current one drains (``epoch_lookahead``).
+
+    Made when every batch of a pass has been handed to the workers and slots are free. The next
+    pass adopts it when it is that epoch, from its start, with the same seed and exactly the same
+    batches; otherwise it is dropped (its slots come back as its tasks report).
+    """
+
+    generation: int
+    epoch: int
+    seed: int
+    batches: list[np.ndarray]
+    issued: int = 0
+    in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
+    reports: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # batch -> worker report
 
 
 def _is_fast_dataset(dataset: Any) -> bool:
@@ -302,18 +320,27 @@ class _WorkerPool:
         self.busy[task.slot] = task.generation
         self.tasks.put(task)
 
-    def drain(self) -> None:
-        """Takes back the tasks no worker has started yet (best effort) and frees their slots."""
+    def drain(self, keep: int | None = None) -> None:
+        """Takes back the tasks no worker has started yet (best effort) and frees their slots.
+
+        Tasks of generation ``keep`` (an adopted epoch lookahead) are put back, in order.
+        """
+        kept: list[_Task] = []
         while True:
             try:
                 task = self.tasks.get_nowait()
             except (queue.Empty, OSError, ValueError):
-                return
+                break
             if task is None:  # not ours to drop
                 self.tasks.put(None)
-                return
+                break
+            if task.generation == keep:
+                kept.append(task)
+                continue
             self.busy.pop(task.slot, None)
             self.release(task.slot)
+        for task in kept:
+            self.tasks.put(task)
 
     def get(self, timeout: float) -> tuple[Any, ...]:
         """The next finished task's report (its slot is then no longer busy); clear errors, no hang."""
@@ -393,10 +420,18 @@ class _FastIterator:
         self.next_batch = start
         self.issued = start
         self.pool = loader._get_pool()
-        loader._generation += 1
-        self.generation = loader._generation
         self.ready: dict[int, tuple[int, int, list[tuple[int, str]]]] = {}
         self.in_flight: dict[int, int] = {}  # batch -> slot
+        self.reports: dict[int, tuple[Any, ...]] = {}  # batch -> report received before this pass began
+        ahead = loader._take_lookahead(epoch, start, self.seed, self.batches)
+        if ahead is not None:  # the workers already started on this epoch: carry on from there
+            self.generation = ahead.generation
+            self.issued = ahead.issued
+            self.in_flight = ahead.in_flight
+            self.reports = ahead.reports
+        else:
+            loader._generation += 1
+            self.generation = loader._generation
         self.held: list[int] = []  # slots handed to the consumer, released two batches later
         self.stats = loader.stats
         self.external_stats = loader._prefetching  # the prefetcher measures at the consumer
@@ -405,9 +440,11 @@ class _FastIterator:
         self.done = False
         pool = self.pool
         if pool.num_workers:
-            pool.drain()  # tasks of an abandoned pass that no worker started
-        # Slots not written by a task of an earlier pass (those come back when their task reports).
-        pool.free_slots = [slot for slot in range(pool.num_slots) if slot not in pool.busy]
+            pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
+        # Slots not written by a task of an earlier pass (those come back when their task reports)
+        # and not holding an adopted lookahead batch.
+        kept = {report[2] for report in self.reports.values()}
+        pool.free_slots = [slot for slot in range(pool.num_slots) if slot not in pool.busy and slot not in kept]
 
     def __iter__(self) -> "_FastIterator":
         return self
@@ -424,6 +461,8 @@ class _FastIterator:
             pool.put(_Task(self.generation, self.issued, slot, self.epoch, self.seed, self.batches[self.issued]))
             self.in_flight[self.issued] = slot
             self.issued += 1
+        if pool.free_slots and pool.num_workers:
+            self.loader._fill_lookahead(self.epoch, self.seed)
 
     def _run_inline(self) -> None:
         """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
@@ -443,25 +482,34 @@ class _FastIterator:
     def _wait(self) -> None:
         pool = self.pool
         while self.next_batch not in self.ready:
+            if self.next_batch in self.reports:  # decoded ahead, before this pass began
+                self._accept(self.reports.pop(self.next_batch))
+                continue
             self._fill()
             report = pool.get(self.loader.timeout)
-            generation, batch, slot, status = report[0], report[1], report[2], report[3]
-            if generation != self.generation:
-                pool.release(slot)  # a task of an abandoned pass: its slot is free again
+            if report[0] != self.generation:
+                if not self.loader._lookahead_report(report):
+                    pool.release(report[2])  # a task of an abandoned pass: its slot is free again
                 continue
-            if status == "error":
-                pool.release(slot)
-                self._finish()
-                error, tb, wid = report[4], report[5], report[6]
-                context = f"in DataLoader worker {wid}, batch {batch} of epoch {self.epoch}\n\nOriginal traceback in the worker:\n{tb}"
-                if isinstance(error, BaseException):
-                    if hasattr(error, "add_note"):
-                        error.add_note(context)
-                    raise error
-                raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}")
-            filled, skipped, (wid, seconds) = report[4], report[5], report[6]
-            self.stats.record_decode(wid, seconds)
-            self.ready[batch] = (slot, filled, skipped)
+            self._accept(report)
+
+    def _accept(self, report: tuple[Any, ...]) -> None:
+        """Takes a worker's report of this pass: the batch is ready, or its error is raised."""
+        pool = self.pool
+        batch, slot, status = report[1], report[2], report[3]
+        if status == "error":
+            pool.release(slot)
+            self._finish()
+            error, tb, wid = report[4], report[5], report[6]
+            context = f"in DataLoader worker {wid}, batch {batch} of epoch {self.epoch}\n\nOriginal traceback in the worker:\n{tb}"
+            if isinstance(error, BaseException):
+                if hasattr(error, "add_note"):
+                    error.add_note(context)
+                raise error
+            raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}")
+        filled, skipped, (wid, seconds) = report[4], report[5], report[6]
+        self.stats.record_decode(wid, seconds)
+        self.ready[batch] = (slot, filled, skipped)
 
     def __next__(self) -> IndexedBatch:
         if self.done:
@@ -552,6 +600,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
             ``gpu_transforms`` (required, starting with a resize-type transform) make one batch
             of the differently sized images. The dataset's ``transform`` must be ``None``.
+        epoch_lookahead: With persistent workers and an order that is a function of the epoch
+            (``shuffle=True``/``False``, ``distributed=True`` or a fastload ``DistributedSampler``),
+            workers that have no batch of the current epoch left start on the next epoch's first
+            batches, so there is no pipeline drain and refill at each epoch boundary. The next
+            pass uses them only if it is exactly that epoch (same seed, same batches); anything
+            else (``set_epoch`` to another epoch, a resume, a changed sampler) discards them.
+            At most the batch ring (``num_workers * prefetch_factor`` batches) is decoded ahead.
 
     Raises:
         ValueError / TypeError: Naming the argument, for invalid values.
@@ -587,6 +642,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         progress: bool = False,
         limit_threads: bool = True,
         decode: str = "cpu",
+        epoch_lookahead: bool = True,
     ) -> None:
         if num_workers == "auto":
             num_workers = auto_num_workers()
@@ -673,6 +729,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._generation = 0
         self._prefetcher: Any = None
         self._prefetching = False
+        self.epoch_lookahead = bool(epoch_lookahead)
+        self._lookahead: _Lookahead | None = None
 
     # ---------------------------------------------------------------- public extras
 
@@ -751,6 +809,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
     def close(self) -> None:
         """Stops the workers now (they also stop when the loader is garbage-collected)."""
+        self._lookahead = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -793,7 +852,68 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             torch.set_num_threads(cap)
 
     def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        order = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+        return self._batches_of(np.fromiter((int(i) for i in self.sampler), dtype=np.int64))
+
+    def _predicted_order(self, epoch: int) -> np.ndarray | None:
+        """The sampler's order for ``epoch`` when it is a pure function of it, without touching the sampler."""
+        from .sampler import DistributedSampler
+
+        sampler = self.sampler
+        if type(sampler) is EpochRandomSampler:
+            return np.asarray(_rng.epoch_permutation(len(sampler.data_source), sampler.seed, epoch), dtype=np.int64)
+        if type(sampler) is DistributedSampler:
+            return np.asarray(sampler.indices(epoch), dtype=np.int64)
+        if type(sampler) is torch.utils.data.SequentialSampler:
+            return np.arange(len(sampler), dtype=np.int64)
+        return None
+
+    def _fill_lookahead(self, epoch: int, seed: int) -> None:
+        """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
+        pool = self._pool
+        if not (self.epoch_lookahead and self.persistent_workers) or pool is None:
+            return
+        ahead = self._lookahead
+        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed:
+            order = self._predicted_order(epoch + 1)
+            if order is None:
+                return
+            self._generation += 1
+            ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order))
+        while ahead.issued < len(ahead.batches):
+            slot = pool.take_slot()
+            if slot is None:
+                return
+            pool.put(_Task(ahead.generation, ahead.issued, slot, ahead.epoch, ahead.seed, ahead.batches[ahead.issued]))
+            ahead.in_flight[ahead.issued] = slot
+            ahead.issued += 1
+
+    def _lookahead_report(self, report: tuple[Any, ...]) -> bool:
+        """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
+        ahead = self._lookahead
+        if ahead is None or report[0] != ahead.generation:
+            return False
+        ahead.reports[report[1]] = report
+        return True
+
+    def _take_lookahead(self, epoch: int, start: int, seed: int, batches: list[np.ndarray]) -> _Lookahead | None:
+        """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
+        ahead, self._lookahead = self._lookahead, None
+        if ahead is None:
+            return None
+        if (
+            ahead.epoch == epoch
+            and start == 0
+            and ahead.seed == seed
+            and len(ahead.batches) == len(batches)
+            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches))
+        ):
+            return ahead
+        if self._pool is not None:
+            for report in ahead.reports.values():
+                self._pool.release(report[2])
+        return None
+
+    def _batches_of(self, order: np.ndarray) -> list[np.ndarray]:
         b = self.batch_size or 1
         n_full = len(order) // b
         batches = [order[k * b : (k + 1) * b] for k in range(n_full)]

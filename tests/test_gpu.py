@@ -482,3 +482,80 @@ def test_cuda_results_match_cpu():
     assert torch.equal(erase(cpu.cuda(), **kw).cpu(), erase(cpu, **kw))
     n = gpu.Normalize(MEAN, STD)
     torch.testing.assert_close(n(cpu.cuda()).cpu(), n(cpu))
+
+
+# --------------------------------------------------------------------------------------------
+# HostBufferPool: recycled CPU outputs that are never aliased
+
+
+@pytest.mark.parametrize("keep", ["view", "detach", "numpy", "reshape", "storage", "saved-for-backward"])
+def test_host_pool_never_hands_out_memory_that_is_still_referenced(keep: str) -> None:
+    pool = gpu.HostBufferPool(max_idle=2)
+    a = pool.empty((4, 3, 8, 8), torch.float32)
+    ptr = a.data_ptr()
+    a.fill_(1.0)
+    if keep == "view":
+        held = a[1:]
+    elif keep == "detach":
+        held = a.detach()
+    elif keep == "numpy":
+        held = a.numpy()
+    elif keep == "reshape":
+        held = a.reshape(-1)
+    elif keep == "storage":
+        held = a.untyped_storage()
+    else:  # autograd keeps the input of a multiplication for the backward pass
+        w = torch.ones(1, requires_grad=True)
+        held = (a * w).sum()
+    del a
+    b = pool.empty((4, 3, 8, 8), torch.float32)
+    assert b.data_ptr() != ptr  # still referenced through `held`: a new buffer
+    b.fill_(7.0)
+    if keep == "saved-for-backward":
+        held.backward()
+        assert float(w.grad) == 4 * 3 * 8 * 8  # computed from the kept ones, not the 7s
+    elif keep == "storage":
+        assert torch.empty(0).set_(held).view(-1)[:10].eq(1.0).all()
+    else:
+        assert np.all(np.asarray(held) == 1.0)
+    del held
+    if keep == "saved-for-backward":
+        del w
+    c = pool.empty((4, 3, 8, 8), torch.float32)  # now nothing references it: recycled
+    assert c.data_ptr() == ptr
+
+
+def test_host_pool_keeps_at_most_max_idle_buffers() -> None:
+    pool = gpu.HostBufferPool(max_idle=2)
+    batches = [pool.empty((2, 3, 4, 4), torch.float32) for _ in range(5)]
+    assert pool.idle() == 0
+    del batches
+    assert pool.idle() == 2
+
+
+def test_host_pool_layouts_and_dtypes() -> None:
+    pool = gpu.HostBufferPool()
+    cl = pool.empty((2, 3, 5, 7), torch.float32, channels_last=True)
+    assert cl.shape == (2, 3, 5, 7) and cl.is_contiguous(memory_format=torch.channels_last)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int32):
+        t = pool.empty((2, 3, 4, 4), dtype)
+        assert t.dtype == dtype and t.shape == (2, 3, 4, 4)
+        t.fill_(2)
+        assert float(t.sum()) == 2 * 96
+
+
+def test_normalize_outputs_are_recycled_but_kept_batches_stay_intact() -> None:
+    torch.manual_seed(0)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    norm = gpu.Normalize(mean, std)
+    images = [torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8) for _ in range(4)]
+    reference = [tvf.normalize(tvf.to_dtype(x, torch.float32, scale=True), mean, std) for x in images]
+    kept = [norm(x) for x in images]  # a user keeping every batch
+    assert len({t.data_ptr() for t in kept}) == 4
+    for got, ref in zip(kept, reference):
+        assert torch.equal(got, ref)  # nothing overwritten by later batches, bit-exact
+    ptrs = {t.data_ptr() for t in kept}
+    del kept, got
+    again = norm(images[0])  # the memory of dropped batches comes back
+    assert again.data_ptr() in ptrs
+    assert torch.equal(again, reference[0])
