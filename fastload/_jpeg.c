@@ -124,7 +124,7 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
     jpeg_start_decompress(&cinfo);
     if (err->failed) longjmp(err->jump, 1);
     const unsigned W = cinfo.output_width, H = cinfo.output_height;
-    if (width == 0 || height == 0 || left + width > W || top + height > H) {
+    if (width == 0 || height == 0 || (size_t)left + width > W || (size_t)top + height > H) {
         snprintf(err->message, sizeof(err->message),
                  "region (left=%u, top=%u, width=%u, height=%u) is not inside the %ux%u image decoded at 1/%d", left,
                  top, width, height, W, H, scale);

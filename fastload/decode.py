@@ -236,6 +236,8 @@ def decode_jpeg_region(
         corrupt data (or the extension is off): the caller decodes the file the reference way,
         which raises the error, or returns what the reference decoders make of it.
     """
+    if min(left, top, width, height) < 0:
+        raise ValueError(f"the region should have non-negative coordinates, but got left={left}, top={top}, width={width}, height={height}")
     if _jpeg is None or not USE_ROI_DECODE:
         return None
     try:

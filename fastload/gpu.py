@@ -1125,7 +1125,9 @@ class HostBufferPool:
     def __init__(self, max_idle: int = 4) -> None:
         self.max_idle = int(max_idle)
         self._free: dict[Any, collections.deque[np.ndarray]] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: a finalizer (_release) can run inside the garbage collector while this
+        # thread is in the pool's own code.
+        self._lock = threading.RLock()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
         """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), from the pool when possible."""
@@ -1150,8 +1152,9 @@ class HostBufferPool:
         return flat.view(shape)
 
     def _release(self, key: Any, buf: np.ndarray) -> None:
+        fresh: collections.deque[np.ndarray] = collections.deque()
         with self._lock:
-            free = self._free.setdefault(key, collections.deque())
+            free = self._free.setdefault(key, fresh)
             if len(free) < self.max_idle:
                 free.append(buf)
 

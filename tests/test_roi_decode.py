@@ -117,6 +117,10 @@ def test_bad_regions_and_bytes_raise(jpegs: dict[str, bytes]) -> None:
         decode_jpeg_region(data, 0, 0, 10, 10, scale=3)
     with pytest.raises(ValueError, match="empty"):
         decode_jpeg_region(data, 0, 0, 0, 10)
+    with pytest.raises(ValueError, match="non-negative"):
+        decode_jpeg_region(data, -1, 0, 10, 10)
+    with pytest.raises(ValueError, match="not inside"):  # no unsigned wrap-around in C
+        fastload.decode._jpeg.decode(data, 2**32 - 5, 0, 10, 10)
     with pytest.raises(fastload.decode._jpeg.Error):
         fastload.decode._jpeg.header(b"\xff\xd8garbage\xff\xd9")
     # Corrupt entropy data: libjpeg's warning makes the region decoder decline (None), never guess.
