@@ -10,8 +10,9 @@ on a shared machine). Rows:
 * full decode: PIL (``decode_pil``) and ``torchvision.io.decode_image`` — the decoder floor;
 * train: torchvision's per-sample pipeline (PIL decode, ``RandomResizedCrop(224)``,
   ``RandomHorizontalFlip``, uint8 tensor), as v1 transforms on PIL and as v2 on tensors, vs
-  fastload's fused ``decode_into`` (and the same with the torchvision.io full-size path turned off,
-  i.e. PIL only, to show what the decoder choice is worth);
+  fastload's fused ``decode_into`` (and the same with region-of-interest decoding turned off, i.e.
+  torchvision.io full-size decoding, and with both off, i.e. PIL only, to show what each decoder
+  choice is worth);
 * val: ``Resize(256)`` + ``CenterCrop(224)``, the same comparisons;
 * the fused pipelines with DCT-scaled decoding turned off (what reduced-size decoding buys);
 * threads: the fused train path, the torchvision v1 one and PIL's decode with 2 threads vs 1, with
@@ -108,14 +109,18 @@ def _gil_blocked(fn: Callable[[int], object], n: int) -> tuple[int, int]:
 
 @contextmanager
 def _patched(module: Any, **attrs: Any) -> Iterator[None]:
-    saved = {k: getattr(module, k) for k in attrs}
-    for k, v in attrs.items():
-        setattr(module, k, v)
+    """Sets ``module.name = value`` for the pass; a name ``"decode.X"`` patches ``fastload.decode.X``."""
+    import fastload.decode
+
+    targets = [(fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs]
+    saved = [getattr(m, k) for m, k in targets]
+    for (m, k), v in zip(targets, attrs.values()):
+        setattr(m, k, v)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
+        for (m, k), v in zip(targets, saved):
+            setattr(m, k, v)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,12 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("train, fastload fused decode_into", fused(train), 0, {}),
         # What each choice is worth: PIL decoding everything (what happens once torchvision.io's
         # deprecated decoder is gone), and DCT-scaled decoding turned off.
-        ("train, fastload fused, PIL only (no torchvision.io)", fused(train), 0, {"_TORCH_JPEG_MODES": ()}),
+        ("train, fastload fused, region decoding off (torchvision.io)", fused(train), 0, {"decode.USE_ROI_DECODE": False}),
+        ("train, fastload fused, PIL only (no C extension, no torchvision.io)", fused(train), 0, {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False}),
         ("train, fastload fused, DCT scaling off", fused(train), 0, {"dct_scale": lambda *a: 1}),
         ("val, torchvision v1 (PIL decode+Resize+CenterCrop)", lambda i: tv1_val(decode_pil(datas[i])), 0, {}),
         ("val, torchvision v2 (PIL decode, tensor ops)", lambda i: tv2_val(decode_pil(datas[i])), 0, {}),
         ("val, fastload fused decode_into", fused(val), 0, {}),
-        ("val, fastload fused, PIL only (no torchvision.io)", fused(val), 0, {"_TORCH_JPEG_MODES": ()}),
+        ("val, fastload fused, region decoding off (torchvision.io)", fused(val), 0, {"decode.USE_ROI_DECODE": False}),
+        ("val, fastload fused, PIL only (no C extension, no torchvision.io)", fused(val), 0, {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False}),
         ("val, fastload fused, DCT scaling off", fused(val), 0, {"dct_scale": lambda *a: 1}),
     ]
     for label, fn in (
