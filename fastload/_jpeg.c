@@ -140,9 +140,12 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
     if (x1 - x0 < 64) x1 = x0 + 64 < W ? x0 + 64 : W;
     if (x1 - x0 < 64) x0 = x1 > 64 ? x1 - 64 : 0;
     JDIMENSION xoff = x0, xwidth = x1 - x0;
-    if (xwidth < W) jpeg_crop_scanline(&cinfo, &xoff, &xwidth); /* rounds to iMCU boundaries */
+    /* Only at full scale: libjpeg-turbo 2.1.5 crops DCT-scaled images with 4x2/2x4 luma sampling
+     * wrongly; a reduced image is small anyway, so it is decoded whole and the region copied. */
+    const int partial = scale == 1;
+    if (partial && xwidth < W) jpeg_crop_scanline(&cinfo, &xoff, &xwidth); /* rounds to iMCU boundaries */
     else { xoff = 0; xwidth = W; }
-    const unsigned skip_rows = top > 0 ? top - 1 : 0;
+    const unsigned skip_rows = partial && top > 0 ? top - 1 : 0;
     if (skip_rows > 0 && jpeg_skip_scanlines(&cinfo, skip_rows) != skip_rows) {
         snprintf(err->message, sizeof(err->message), "could not skip %u rows", skip_rows);
         longjmp(err->jump, 1);

@@ -202,8 +202,9 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
 
     ``None`` means: decode this file some other way (PIL decides what it is and names any error).
     That is the case when the extension is not there, for non-JPEG data, CMYK/YCCK JPEGs,
-    unreadable headers, and files that do not end with the JPEG end-of-image marker (a truncated
-    file must fail as it does with a full decode, even when the crop misses the missing part).
+    unreadable headers, files that do not end with the JPEG end-of-image marker (a truncated
+    file must fail as it does with a full decode, even when the crop misses the missing part), and
+    images larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (its decompression-bomb check applies).
     ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
     """
     if not USE_ROI_DECODE or _jpeg is None or len(data) < 4 or bytes(data[:2]) != b"\xff\xd8" or not _ends_with_eoi(data):
@@ -214,6 +215,9 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
         return None
     if colorspace not in ("YCbCr", "RGB", "L"):
         return None
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        return None  # PIL's decompression-bomb check (a warning, or an error past twice the limit) decides
     return width, height, colorspace
 
 

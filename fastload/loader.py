@@ -170,6 +170,8 @@ class _Lookahead:
     epoch: int
     seed: int
     batches: list[np.ndarray]
+    pool: Any  # the _WorkerPool its tasks went to: a replaced pool (dead worker) voids it
+    dataset_state: tuple[int, ...]  # identity of the dataset's transforms when it was made
     issued: int = 0
     in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
     reports: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # batch -> worker report
@@ -432,7 +434,7 @@ class _FastIterator:
         else:
             loader._generation += 1
             self.generation = loader._generation
-        self.held: list[int] = []  # slots handed to the consumer, released two batches later
+        self.held = loader._held  # slots handed to the consumer, released two batches later (across passes)
         self.stats = loader.stats
         self.external_stats = loader._prefetching  # the prefetcher measures at the consumer
         if not self.external_stats:
@@ -443,7 +445,8 @@ class _FastIterator:
             pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
         # Slots not written by a task of an earlier pass (those come back when their task reports)
         # and not holding an adopted lookahead batch.
-        kept = {report[2] for report in self.reports.values()}
+        # The previous pass's last batches stay valid while the next two are consumed, too.
+        kept = {report[2] for report in self.reports.values()} | set(self.held)
         pool.free_slots = [slot for slot in range(pool.num_slots) if slot not in pool.busy and slot not in kept]
 
     def __iter__(self) -> "_FastIterator":
@@ -731,6 +734,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self._prefetching = False
         self.epoch_lookahead = bool(epoch_lookahead)
         self._lookahead: _Lookahead | None = None
+        self._held: list[int] = []  # batch slots the consumer may still be using (see reuse_buffers)
 
     # ---------------------------------------------------------------- public extras
 
@@ -810,6 +814,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     def close(self) -> None:
         """Stops the workers now (they also stop when the loader is garbage-collected)."""
         self._lookahead = None
+        self._held.clear()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -873,12 +878,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         if not (self.epoch_lookahead and self.persistent_workers) or pool is None:
             return
         ahead = self._lookahead
-        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed:
+        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed or ahead.pool is not pool:
             order = self._predicted_order(epoch + 1)
             if order is None:
                 return
             self._generation += 1
-            ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order))
+            ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state())
         while ahead.issued < len(ahead.batches):
             slot = pool.take_slot()
             if slot is None:
@@ -886,6 +891,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             pool.put(_Task(ahead.generation, ahead.issued, slot, ahead.epoch, ahead.seed, ahead.batches[ahead.issued]))
             ahead.in_flight[ahead.issued] = slot
             ahead.issued += 1
+
+    def _dataset_state(self) -> tuple[int, ...]:
+        """Which transform objects the dataset has: replacing one between epochs voids a lookahead
+        (thread workers would otherwise have decoded the next epoch's first batches with the old one)."""
+        ds = self.dataset
+        return tuple(id(getattr(ds, name, None)) for name in ("transform", "target_transform"))
 
     def _lookahead_report(self, report: tuple[Any, ...]) -> bool:
         """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
@@ -900,10 +911,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         ahead, self._lookahead = self._lookahead, None
         if ahead is None:
             return None
+        if ahead.pool is not self._pool or ahead.pool.closed:
+            return None  # its workers are gone (a dead worker closed the pool): nothing to free
         if (
             ahead.epoch == epoch
             and start == 0
             and ahead.seed == seed
+            and ahead.dataset_state == self._dataset_state()
             and len(ahead.batches) == len(batches)
             and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches))
         ):
@@ -923,6 +937,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
     def _get_pool(self) -> _WorkerPool:
         if self._pool is None or self._pool.closed:
+            self._lookahead = None
+            self._held.clear()  # slots of the old pool's buffers, which the consumer may keep
             shape = self.dataset.transform.output_size
             slots = max(2, self.num_workers * (self.prefetch_factor or 2)) + (3 if self.reuse_buffers else 1)
             self._pool = _WorkerPool(self, tuple(shape), slots)

@@ -140,3 +140,55 @@ def test_no_lookahead_for_orders_that_are_not_a_function_of_the_epoch(imagenet_r
     short = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=0, persistent_workers=False)
     _epoch(short)
     assert {e for _, e, _ in puts} == {0}
+
+
+def test_a_dead_worker_voids_the_lookahead(imagenet_root: Path) -> None:
+    import os
+    import signal
+    import time
+
+    ds = _dataset(imagenet_root)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=7, timeout=60)
+    _epoch(loader)  # epoch 0; epoch 1 is queued ahead on this pool
+    assert loader._lookahead is not None and loader._lookahead.issued > 0
+    os.kill(loader._pool.workers[0].pid, signal.SIGKILL)
+    loader._pool.workers[0].join(10)
+    time.sleep(0.2)
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        loader._pool.check_alive()  # how any pass finds out: it closes the pool and raises
+    # The next pass gets new workers and must not adopt batches queued on (or slots of) the dead pool.
+    got = _epoch(loader)
+    loader.close()
+    reference = DataLoader(ds, batch_size=4, shuffle=True, num_workers=0, seed=7)
+    reference.set_epoch(1)
+    assert _equal(got, _epoch(reference))
+
+
+def test_a_replaced_transform_voids_the_lookahead(imagenet_root: Path) -> None:
+    ds = _dataset(imagenet_root)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=9, worker_type="thread")
+    _epoch(loader)  # epoch 1 started ahead with the train transform
+    ds.transform = T.Compose([T.Resize(24), T.CenterCrop(24)])  # e.g. a schedule that changes it per epoch
+    got = _epoch(loader)
+    loader.close()
+    reference = DataLoader(ds, batch_size=4, shuffle=True, num_workers=0, seed=9)
+    reference.set_epoch(1)
+    assert _equal(got, _epoch(reference))
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_last_batches_of_an_epoch_stay_valid_into_the_next(imagenet_root: Path, worker_type: str) -> None:
+    import time
+
+    ds = _dataset(imagenet_root)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=1, worker_type=worker_type)
+    views = [(x, x.clone()) for x, _ in loader][-2:]  # reused buffers, not copies
+    it = iter(loader)
+    next(it)
+    time.sleep(0.5)  # let the workers fill every free slot
+    assert all(torch.equal(view, copy) for view, copy in views)  # last batch: still valid one batch later
+    next(it)
+    time.sleep(0.5)
+    assert torch.equal(*views[-1])  # and two batches later
+    del it
+    loader.close()

@@ -219,3 +219,16 @@ def test_environment_switch_turns_it_off() -> None:
     on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert (off, on) == ("False", "True")
     assert roi_decoder_available()
+
+
+def test_pils_decompression_bomb_check_still_applies(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    data = jpegs["420.JPEG"]  # 333x251 = 83,583 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30_000)  # so this file is "a bomb" (> 2x the limit)
+    assert jpeg_header(data) is None  # PIL decides
+    errors = []
+    for roi in (True, False):
+        monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", roi)
+        with pytest.raises(DecodeError, match="decompression bomb") as e:
+            TRAIN.decode_and_apply(data, "bomb")
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
