@@ -318,6 +318,17 @@ class _WorkerPool:
         if slot not in self.busy and slot not in self.free_slots:
             self.free_slots.append(slot)
 
+    def issue(self, generation: int, epoch: int, seed: int, batches: list[np.ndarray], issued: int, in_flight: dict[int, int]) -> int:
+        """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
+        while issued < len(batches):
+            slot = self.take_slot()
+            if slot is None:
+                break
+            self.put(_Task(generation, issued, slot, epoch, seed, batches[issued]))
+            in_flight[issued] = slot
+            issued += 1
+        return issued
+
     def put(self, task: _Task) -> None:
         self.busy[task.slot] = task.generation
         self.tasks.put(task)
@@ -457,14 +468,8 @@ class _FastIterator:
 
     def _fill(self) -> None:
         pool = self.pool
-        while self.issued < len(self.batches):
-            slot = pool.take_slot()
-            if slot is None:
-                return
-            pool.put(_Task(self.generation, self.issued, slot, self.epoch, self.seed, self.batches[self.issued]))
-            self.in_flight[self.issued] = slot
-            self.issued += 1
-        if pool.free_slots and pool.num_workers:
+        self.issued = pool.issue(self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight)
+        if self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
             self.loader._fill_lookahead(self.epoch, self.seed)
 
     def _run_inline(self) -> None:
@@ -884,13 +889,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 return
             self._generation += 1
             ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state())
-        while ahead.issued < len(ahead.batches):
-            slot = pool.take_slot()
-            if slot is None:
-                return
-            pool.put(_Task(ahead.generation, ahead.issued, slot, ahead.epoch, ahead.seed, ahead.batches[ahead.issued]))
-            ahead.in_flight[ahead.issued] = slot
-            ahead.issued += 1
+        ahead.issued = pool.issue(ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight)
 
     def _dataset_state(self) -> tuple[int, ...]:
         """Which transform objects the dataset has: replacing one between epochs voids a lookahead

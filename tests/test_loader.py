@@ -18,6 +18,8 @@ import fastload
 from fastload import ImageFolder, transforms as T
 from fastload.loader import DataLoader, EpochRandomSampler, auto_num_workers
 
+from _batches import collect as _collect, same as _same
+
 
 def _train_tf(size: int = 32) -> T.Compose:
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()])
@@ -30,19 +32,6 @@ def _val_tf() -> T.Compose:
 @pytest.fixture(scope="module")
 def train_set(imagenet_root: Path) -> ImageFolder:
     return ImageFolder(imagenet_root / "train", transform=_train_tf())
-
-
-def _collect(loader: DataLoader, limit: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = []
-    for k, (x, y) in enumerate(loader):
-        out.append((x.clone(), y.clone()))
-        if limit is not None and k + 1 == limit:
-            break
-    return out
-
-
-def _same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
 
 
 # ------------------------------------------------------------------------------------ contract

@@ -16,22 +16,11 @@ import torch
 from fastload import ImageFolder, transforms as T
 from fastload.loader import DataLoader, _WorkerPool
 
+from _batches import collect as _epoch, same as _equal
+
 
 def _dataset(root: Path) -> ImageFolder:
     return ImageFolder(root / "train", transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
-
-
-def _epoch(loader: DataLoader, limit: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = []
-    for k, (x, y) in enumerate(loader):
-        out.append((x.clone(), y.clone()))
-        if limit is not None and k + 1 == limit:
-            break
-    return out
-
-
-def _equal(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
 
 
 @pytest.fixture()
