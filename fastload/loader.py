@@ -171,7 +171,7 @@ class _Lookahead:
     seed: int
     batches: list[np.ndarray]
     pool: Any  # the _WorkerPool its tasks went to: a replaced pool (dead worker) voids it
-    dataset_state: tuple[int, ...]  # identity of the dataset's transforms when it was made
+    dataset_state: tuple[Any, ...]  # the dataset's transform objects when it was made
     issued: int = 0
     in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
     reports: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # batch -> worker report
@@ -891,11 +891,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state())
         ahead.issued = pool.issue(ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight)
 
-    def _dataset_state(self) -> tuple[int, ...]:
-        """Which transform objects the dataset has: replacing one between epochs voids a lookahead
+    def _dataset_state(self) -> tuple[Any, ...]:
+        """The dataset's transform objects: replacing one between epochs voids a lookahead
         (thread workers would otherwise have decoded the next epoch's first batches with the old one)."""
         ds = self.dataset
-        return tuple(id(getattr(ds, name, None)) for name in ("transform", "target_transform"))
+        return tuple(getattr(ds, name, None) for name in ("transform", "target_transform"))
 
     def _lookahead_report(self, report: tuple[Any, ...]) -> bool:
         """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
@@ -916,7 +916,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             ahead.epoch == epoch
             and start == 0
             and ahead.seed == seed
-            and ahead.dataset_state == self._dataset_state()
+            and all(a is b for a, b in zip(ahead.dataset_state, self._dataset_state()))
             and len(ahead.batches) == len(batches)
             and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches))
         ):
