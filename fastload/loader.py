@@ -17,9 +17,15 @@ torch.channels_last)``), which is what convolution kernels prefer; labels as int
 Float conversion and normalization happen once per batch on the device (``fastload.gpu``).
 
 **Buffer reuse.** A yielded batch stays valid while the next two batches are consumed: its
-buffer is handed back to the workers when batch k+3 is requested. Training loops never notice;
-code that keeps batches (a list of them, say) must ``.clone()`` them, or pass
-``reuse_buffers=False``.
+buffer is handed back to the workers when batch k+3 is requested (also across an epoch
+boundary). Training loops never notice; code that keeps batches (a list of them, say) must
+``.clone()`` them, or pass ``reuse_buffers=False``.
+
+**Epoch lookahead.** With persistent workers, once every batch of an epoch has been handed to
+the workers, free slots go to the *next* epoch's first batches (when the order is a function of
+the epoch), so the workers never idle at an epoch boundary. The next pass uses them only if it is
+exactly that epoch from its start; otherwise they are discarded (``epoch_lookahead=False`` turns
+this off).
 
 **Workers.** fastload's own workers run the fast path; ``worker_init_fn`` is called in each of
 them (process or thread) and each process worker seeds ``random`` and torch with
