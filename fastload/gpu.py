@@ -100,12 +100,14 @@ __all__ = [
     "CenterCrop",
     "ColorJitter",
     "Compose",
+    "HostBufferPool",
     "IndexedBatch",
     "Normalize",
     "RandomErasing",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
+    "host_pool",
 ]
 
 Images = Union[torch.Tensor, Sequence[torch.Tensor]]
