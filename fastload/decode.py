@@ -66,6 +66,10 @@ USE_ROI_DECODE: bool = _jpeg is not None and os.environ.get("FASTLOAD_ROI_DECODE
 #: Scales libjpeg can decode at straight from the DCT coefficients, largest first.
 DCT_SCALES = (8, 4, 2, 1)
 
+#: PIL formats that are a baseline/progressive JPEG stream (MPO: a phone or camera's multi-picture
+#: JPEG, whose first picture is what PIL and libjpeg decode).
+JPEG_FORMATS = ("JPEG", "MPO")
+
 # What PIL and torchvision raise on a bad file (PIL: OSError incl. "truncated", SyntaxError and
 # ValueError from plugins, DecompressionBombError; torchvision.io: RuntimeError).
 _DECODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -176,7 +180,7 @@ def load_reduced(img: Image.Image, scale: int, name: str = "image") -> tuple[Ima
     """
     applied = 1
     try:
-        if scale > 1 and img.format == "JPEG":
+        if scale > 1 and img.format in JPEG_FORMATS:
             width, height = img.size
             result = img.draft("RGB", (max(1, width // scale), max(1, height // scale)))
             if result is not None:
@@ -289,7 +293,7 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
     decode = _torchvision_jpeg()
     if decode is None:
         return torch.from_numpy(np.array(decode_pil(data if not isinstance(data, np.ndarray) else data.tobytes(), name))).permute(2, 0, 1)
-    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable:
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable and data.flags.c_contiguous:
         encoded = torch.from_numpy(data)
     else:  # torch.frombuffer warns on read-only buffers: hand it a private writable copy
         encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -310,7 +314,7 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
 def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(data, torch.Tensor):
         return data
-    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable:
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable and data.flags.c_contiguous:
         return torch.from_numpy(data)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -348,7 +352,7 @@ def decode_batch(
     for k, data in enumerate(encoded):
         raw = data.numpy() if isinstance(data, torch.Tensor) else data
         img = open_image(raw, label(k))
-        if img.format == "JPEG" and img.mode in ("RGB", "L") and torchvision_jpeg_available():
+        if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") and torchvision_jpeg_available():
             jpeg_slots.append(k)
         else:
             blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw

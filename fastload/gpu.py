@@ -1118,15 +1118,25 @@ class HostBufferPool:
     buffer goes back to the pool only when the tensor, all its views, ``.detach()``-ed copies,
     ``.numpy()`` arrays and autograd's saved references are gone. A batch you keep stays yours.
 
+    Free buffers are kept newest first, at most ``max_idle`` of them and ``max_idle_bytes`` in
+    all; older ones (e.g. of a batch shape no longer used) are released to the OS.
+
+    Two limits of tensors made here: their storage cannot grow (``resize_`` to a larger size
+    raises), and ``share_memory_()`` moves a tensor to new memory, so arrays exported from it
+    *before* that call (``.numpy()``, DLPack) see recycled memory afterwards, as they would see
+    freed memory with plain torch tensors.
+
     Args:
-        max_idle: Free buffers kept per (shape, dtype, layout); more are released to the OS.
+        max_idle: Free buffers kept, over all shapes.
+        max_idle_bytes: Bytes of free buffers kept, over all shapes.
     """
 
     _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.bfloat16: np.uint16}
 
-    def __init__(self, max_idle: int = 4) -> None:
+    def __init__(self, max_idle: int = 4, max_idle_bytes: int = 1 << 30) -> None:
         self.max_idle = int(max_idle)
-        self._free: dict[Any, collections.deque[np.ndarray]] = {}
+        self.max_idle_bytes = int(max_idle_bytes)
+        self._free: collections.deque[tuple[Any, np.ndarray]] = collections.deque()  # newest last
         # Re-entrant: a finalizer (_release) can run inside the garbage collector while this
         # thread is in the pool's own code.
         self._lock = threading.RLock()
@@ -1138,9 +1148,13 @@ class HostBufferPool:
             fmt = torch.channels_last if channels_last else torch.contiguous_format
             return torch.empty(shape, dtype=dtype, memory_format=fmt)
         key = (shape, dtype, channels_last)
+        buf = None
         with self._lock:
-            free = self._free.get(key)
-            buf = free.pop() if free else None
+            for k in range(len(self._free) - 1, -1, -1):  # newest first
+                if self._free[k][0] == key:
+                    buf = self._free[k][1]
+                    del self._free[k]
+                    break
         if buf is None:
             buf = np.empty(math.prod(shape), dtype=self._NUMPY[dtype])
         view = buf[:]  # a new array object: the torch storage below holds it, and only it
@@ -1154,16 +1168,20 @@ class HostBufferPool:
         return flat.view(shape)
 
     def _release(self, key: Any, buf: np.ndarray) -> None:
-        fresh: collections.deque[np.ndarray] = collections.deque()
         with self._lock:
-            free = self._free.setdefault(key, fresh)
-            if len(free) < self.max_idle:
-                free.append(buf)
+            self._free.append((key, buf))
+            while self._free and (len(self._free) > self.max_idle or self.idle_bytes() > self.max_idle_bytes):
+                self._free.popleft()  # the oldest goes back to the OS
 
     def idle(self) -> int:
         """How many free buffers the pool holds (for tests and debugging)."""
         with self._lock:
-            return sum(len(q) for q in self._free.values())
+            return len(self._free)
+
+    def idle_bytes(self) -> int:
+        """Bytes held in free buffers."""
+        with self._lock:
+            return sum(buf.nbytes for _, buf in self._free)
 
 
 #: The pool :class:`Normalize` uses for CPU outputs.

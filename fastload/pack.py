@@ -519,7 +519,7 @@ def _shrink(data: bytes, max_side: int, quality: int) -> bytes | None:
         return None
     scale = max_side / max(w, h)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    if img.format == "JPEG":
+    if img.format in ("JPEG", "MPO"):
         img.draft("RGB", size)  # DCT-domain downscale to >= size: much faster than a full decode
     img = img.convert("RGB").resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()

@@ -57,6 +57,7 @@ from PIL import Image
 
 from . import rng as _rng
 from .decode import (
+    JPEG_FORMATS,
     DecodeError,
     dct_scale,
     decode_error,
@@ -457,14 +458,14 @@ class Transform:
 
     def _decode_planned(self, data: bytes | memoryview | np.ndarray, img: Image.Image | None, plan: Plan, out: np.ndarray, name: str) -> None:
         scale = 1
-        if plan.fusable and plan.resample is not None and (img is None or img.format == "JPEG"):
+        if plan.fusable and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
             x0, y0, x1, y1 = plan.pixel_box()
             scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
         if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
             if _decode_region_planned(data, plan, scale, out):
                 return
             img = open_image(data, name)  # libjpeg reported corrupt data: decode the reference way
-        is_jpeg = img.format == "JPEG"
+        is_jpeg = img.format in JPEG_FORMATS
         try:
             if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
                 # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and

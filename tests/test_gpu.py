@@ -533,6 +533,22 @@ def test_host_pool_keeps_at_most_max_idle_buffers() -> None:
     assert pool.idle() == 2
 
 
+def test_host_pool_memory_is_bounded_when_shapes_change() -> None:
+    # Multi-scale training: every step a new size, each batch dropped after use.
+    pool = gpu.HostBufferPool(max_idle=4, max_idle_bytes=3 * 4 * 3 * 64 * 64 * 4)
+    for step in range(40):
+        size = 32 + step
+        out = pool.empty((4, 3, size, size), torch.float32)
+        out.fill_(1.0)
+        del out
+        assert pool.idle() <= 4 and pool.idle_bytes() <= pool.max_idle_bytes
+    # The two newest shapes fit under the byte cap (71 and 70 px: 477,168 bytes); older ones went.
+    assert pool.idle() == 2 and pool.idle_bytes() == 4 * 3 * (71 * 71 + 70 * 70) * 4
+    again = pool.empty((4, 3, 71, 71), torch.float32)  # the last step's shape: recycled
+    assert pool.idle() == 1 and pool.idle_bytes() == 4 * 3 * 70 * 70 * 4
+    del again
+
+
 def test_host_pool_layouts_and_dtypes() -> None:
     pool = gpu.HostBufferPool()
     cl = pool.empty((2, 3, 5, 7), torch.float32, channels_last=True)

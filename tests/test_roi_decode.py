@@ -23,7 +23,7 @@ from PIL import Image
 import fastload.decode
 import fastload.transforms as fT
 from fastload import rng
-from fastload.decode import DecodeError, decode_jpeg_region, decode_pil, jpeg_header, roi_decoder_available
+from fastload.decode import DecodeError, decode_jpeg_region, decode_jpeg_tensor, decode_pil, jpeg_header, roi_decoder_available
 from fastload.synthetic import render_image
 from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
@@ -232,3 +232,34 @@ def test_pils_decompression_bomb_check_still_applies(jpegs: dict[str, bytes], mo
             TRAIN.decode_and_apply(data, "bomb")
         errors.append(str(e.value))
     assert errors[0] == errors[1]
+
+
+def test_mpo_files_take_the_jpeg_paths(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    # MPO: the multi-picture JPEG phones and cameras write; PIL calls it "MPO", libjpeg a JPEG.
+    first = render_image((7, 4), 2, size=(500, 375))
+    buf = io.BytesIO()
+    first.save(buf, format="MPO", save_all=True, append_images=[render_image((7, 5), 2, size=(500, 375))], quality=90)
+    data = buf.getvalue()
+    assert Image.open(io.BytesIO(data)).format == "MPO" and jpeg_header(data) is not None
+    for pipe in (TRAIN, VAL):
+        outs = []
+        for roi in (True, False):
+            monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", roi)
+            with rng.sample_scope(0, 0, 2):
+                outs.append(pipe.decode_and_apply(data, "mpo"))
+        assert torch.equal(outs[0], outs[1])
+
+
+def test_non_contiguous_arrays_decode(jpegs: dict[str, bytes]) -> None:
+    data = jpegs["420.JPEG"]
+    spread = np.zeros(2 * len(data), dtype=np.uint8)
+    spread[::2] = np.frombuffer(data, dtype=np.uint8)
+    strided = spread[::2]  # writable, not contiguous
+    assert not strided.flags.c_contiguous
+    expected = decode_jpeg_tensor(data)
+    assert torch.equal(decode_jpeg_tensor(strided), expected)
+    with rng.sample_scope(0, 0, 0):
+        a = TRAIN.decode_and_apply(strided, "strided")
+    with rng.sample_scope(0, 0, 0):
+        b = TRAIN.decode_and_apply(data, "bytes")
+    assert torch.equal(a, b)
