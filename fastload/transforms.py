@@ -20,8 +20,11 @@ How a sample is decoded (all draws happen first, in pipeline order, so the resul
 function of the random stream)::
 
     header (size)  ──plan──>  crop box in source pixels, output size, flip
-      JPEG, crop >= 2x output    PIL draft at 1/s, crop+resize in one resample (box / s)
-      JPEG, smaller crops        torchvision.io.decode_jpeg, then torchvision's own crop/resize ops
+      JPEG, crop >= 2x output    decoded at 1/s (fastload._jpeg or PIL draft), crop+resize in one
+                                 PIL resample (box / s)
+      JPEG, smaller crops        with fastload._jpeg: only the leading crop is decoded; else
+                                 torchvision.io.decode_jpeg of the whole image; then torchvision's
+                                 own ops for the rest (the same pixels either way)
       PNG, CMYK, other           PIL full decode, crop+resize in one resample (also JPEGs when
                                  torchvision.io's decoder is gone: it is deprecated since 0.29)
     flip while copying into the output (no extra image)
