@@ -37,10 +37,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,7 +113,9 @@ def _patched(module: Any, **attrs: Any) -> Iterator[None]:
     """Sets ``module.name = value`` for the pass; a name ``"decode.X"`` patches ``fastload.decode.X``."""
     import fastload.decode
 
-    targets = [(fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs]
+    targets = [
+        (fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs
+    ]
     saved = [getattr(m, k) for m, k in targets]
     for (m, k), v in zip(targets, attrs.values()):
         setattr(m, k, v)
@@ -125,9 +128,13 @@ def _patched(module: Any, **attrs: Any) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=None, help="an image tree (default: a fresh synthetic ImageNet-like set)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="an image tree (default: a fresh synthetic ImageNet-like set)"
+    )
     parser.add_argument("--images", type=int, default=300, help="images to use (spread over the tree)")
-    parser.add_argument("--repeats", type=int, default=5, help="passes per measurement (the median is reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="passes per measurement (the median is reported)"
+    )
     parser.add_argument("--size", type=int, default=224, help="output size")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
@@ -149,20 +156,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fastload.synthetic import make_imagenet_like
 
         tmp = tempfile.TemporaryDirectory(prefix="fastload-bench-decode-")
-        root = make_imagenet_like(tmp.name, classes=10, per_class=max(1, args.images // 10), val_per_class=0, seed=0)
+        root = make_imagenet_like(
+            tmp.name, classes=10, per_class=max(1, args.images // 10), val_per_class=0, seed=0
+        )
     paths = _files(root, args.images)
     datas = [p.read_bytes() for p in paths]
     tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
     n = len(datas)
     s = args.size
-    print(f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {__import__('PIL').__version__}, 1 thread", file=sys.stderr)
+    print(
+        f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {__import__('PIL').__version__}, 1 thread",
+        file=sys.stderr,
+    )
 
     train = fT.Compose([fT.RandomResizedCrop(s), fT.RandomHorizontalFlip()])
     val = fT.Compose([fT.Resize(round(s * 256 / 224)), fT.CenterCrop(s)])
     tv1_train = T1.Compose([T1.RandomResizedCrop(s), T1.RandomHorizontalFlip(), T1.PILToTensor()])
     tv1_val = T1.Compose([T1.Resize(round(s * 256 / 224)), T1.CenterCrop(s), T1.PILToTensor()])
-    tv2_train = T2.Compose([T2.PILToTensor(), T2.RandomResizedCrop(s, antialias=True), T2.RandomHorizontalFlip()])
-    tv2_val = T2.Compose([T2.PILToTensor(), T2.Resize(round(s * 256 / 224), antialias=True), T2.CenterCrop(s)])
+    tv2_train = T2.Compose(
+        [T2.PILToTensor(), T2.RandomResizedCrop(s, antialias=True), T2.RandomHorizontalFlip()]
+    )
+    tv2_val = T2.Compose(
+        [T2.PILToTensor(), T2.Resize(round(s * 256 / 224), antialias=True), T2.CenterCrop(s)]
+    )
     buf = np.empty((n, s, s, 3), dtype=np.uint8)
 
     def fused(t: fT.Transform) -> Callable[[int], object]:
@@ -175,20 +191,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (label, per-image function, threads (0: in this thread), module patch for the pass)
     cases: list[tuple[str, Callable[[int], object], int, dict[str, Any]]] = [
         ("full decode, PIL (decode_pil)", lambda i: decode_pil(datas[i]), 0, {}),
-        ("full decode, torchvision.io.decode_image", lambda i: decode_image(tensors[i], mode=ImageReadMode.RGB), 0, {}),
-        ("train, torchvision v1 (PIL decode+RRC+flip+PILToTensor)", lambda i: tv1_train(decode_pil(datas[i])), 0, {}),
-        ("train, torchvision v2 (PIL decode, tensor RRC+flip)", lambda i: tv2_train(decode_pil(datas[i])), 0, {}),
+        (
+            "full decode, torchvision.io.decode_image",
+            lambda i: decode_image(tensors[i], mode=ImageReadMode.RGB),
+            0,
+            {},
+        ),
+        (
+            "train, torchvision v1 (PIL decode+RRC+flip+PILToTensor)",
+            lambda i: tv1_train(decode_pil(datas[i])),
+            0,
+            {},
+        ),
+        (
+            "train, torchvision v2 (PIL decode, tensor RRC+flip)",
+            lambda i: tv2_train(decode_pil(datas[i])),
+            0,
+            {},
+        ),
         ("train, fastload fused decode_into", fused(train), 0, {}),
         # What each choice is worth: PIL decoding everything (what happens once torchvision.io's
         # deprecated decoder is gone), and DCT-scaled decoding turned off.
-        ("train, fastload fused, region decoding off (torchvision.io)", fused(train), 0, {"decode.USE_ROI_DECODE": False}),
-        ("train, fastload fused, PIL only (no C extension, no torchvision.io)", fused(train), 0, {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False}),
+        (
+            "train, fastload fused, region decoding off (torchvision.io)",
+            fused(train),
+            0,
+            {"decode.USE_ROI_DECODE": False},
+        ),
+        (
+            "train, fastload fused, PIL only (no C extension, no torchvision.io)",
+            fused(train),
+            0,
+            {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False},
+        ),
         ("train, fastload fused, DCT scaling off", fused(train), 0, {"dct_scale": lambda *a: 1}),
-        ("val, torchvision v1 (PIL decode+Resize+CenterCrop)", lambda i: tv1_val(decode_pil(datas[i])), 0, {}),
+        (
+            "val, torchvision v1 (PIL decode+Resize+CenterCrop)",
+            lambda i: tv1_val(decode_pil(datas[i])),
+            0,
+            {},
+        ),
         ("val, torchvision v2 (PIL decode, tensor ops)", lambda i: tv2_val(decode_pil(datas[i])), 0, {}),
         ("val, fastload fused decode_into", fused(val), 0, {}),
-        ("val, fastload fused, region decoding off (torchvision.io)", fused(val), 0, {"decode.USE_ROI_DECODE": False}),
-        ("val, fastload fused, PIL only (no C extension, no torchvision.io)", fused(val), 0, {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False}),
+        (
+            "val, fastload fused, region decoding off (torchvision.io)",
+            fused(val),
+            0,
+            {"decode.USE_ROI_DECODE": False},
+        ),
+        (
+            "val, fastload fused, PIL only (no C extension, no torchvision.io)",
+            fused(val),
+            0,
+            {"_TORCH_JPEG_MODES": (), "decode.USE_ROI_DECODE": False},
+        ),
         ("val, fastload fused, DCT scaling off", fused(val), 0, {"dct_scale": lambda *a: 1}),
     ]
     for label, fn in (
@@ -260,7 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             with rng.sample_scope(0, 0, i):
                 plan = t.plan(img.height, img.width)
             x0, y0, x1, y1 = plan.box
-            if img.format == "JPEG" and plan.fusable and dct_scale(x1 - x0, y1 - y0, plan.width, plan.height) > 1:
+            if (
+                img.format == "JPEG"
+                and plan.fusable
+                and dct_scale(x1 - x0, y1 - y0, plan.width, plan.height) > 1
+            ):
                 reduced.append(d)
         accuracy[label] = {
             "mean_abs_diff": statistics.fmean(diffs),
@@ -268,8 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dct_scaled_images": len(reduced),
             "mean_abs_diff_dct_scaled": statistics.fmean(reduced) if reduced else None,
         }
-        print(f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst image {max(diffs):.3f}); "
-              f"{len(reduced)}/{n} DCT-scaled, their mean {accuracy[label]['mean_abs_diff_dct_scaled']}", file=sys.stderr)
+        print(
+            f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst image {max(diffs):.3f}); "
+            f"{len(reduced)}/{n} DCT-scaled, their mean {accuracy[label]['mean_abs_diff_dct_scaled']}",
+            file=sys.stderr,
+        )
 
     print(f"{n} images, output {s}x{s}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs\n")
     print("| pipeline | images/s (wall) | images/s (CPU time) |\n|---|---:|---:|")
@@ -281,15 +344,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n| GIL check | calls > 1 ms during which another Python thread could not run |\n|---|---:|")
     for label, blocked, long in gil_rows:
         print(f"| {label} | {blocked}/{long} |")
-    print("\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs diff |\n|---|---:|---:|---:|---:|")
+    print(
+        "\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs diff |\n|---|---:|---:|---:|---:|"
+    )
     for label, a in accuracy.items():
         dd = a["mean_abs_diff_dct_scaled"]
-        print(f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | {a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |")
+        print(
+            f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | {a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |"
+        )
     if args.json is not None:
         rates = {label: {"wall": wall, "cpu": cpu} for label, wall, cpu in rows}
-        threaded = [{"pipeline": label, "threads": t, "wall": wall, "cores_used": cores} for label, t, wall, cores in thread_rows]
+        threaded = [
+            {"pipeline": label, "threads": t, "wall": wall, "cores_used": cores}
+            for label, t, wall, cores in thread_rows
+        ]
         gil = {label: {"blocked_calls": b, "calls_over_1ms": c} for label, b, c in gil_rows}
-        out = {"images": n, "size": s, "data": str(root), "load_average": os.getloadavg()[0], "rates": rates, "threads": threaded, "gil": gil, "accuracy": accuracy}
+        out = {
+            "images": n,
+            "size": s,
+            "data": str(root),
+            "load_average": os.getloadavg()[0],
+            "rates": rates,
+            "threads": threaded,
+            "gil": gil,
+            "accuracy": accuracy,
+        }
         args.json.write_text(json.dumps(out, indent=2))
     if tmp is not None:
         tmp.cleanup()

@@ -20,8 +20,9 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
@@ -83,7 +84,9 @@ def _table(records: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=IMAGENET_VAL, help="dataset size (default: ImageNet val, 50000)")
+    parser.add_argument(
+        "--n", type=int, default=IMAGENET_VAL, help="dataset size (default: ImageNet val, 50000)"
+    )
     parser.add_argument(
         "--world-sizes",
         default="3,6,7,12,64",

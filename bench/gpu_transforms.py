@@ -27,7 +27,8 @@ import json
 import platform
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,12 +80,19 @@ def accuracy(device: torch.device) -> list[dict[str, Any]]:
         out = t(images.to(device), indices=indices).cpu().to(torch.int32)
         top, left, h, w = t.get_params(images, indices=indices)
         boxes = [(int(top[r]), int(left[r]), int(h[r]), int(w[r])) for r in range(len(images))]
-        ref_u8 = torch.stack([tvf.resized_crop(images[r], *boxes[r], [size, size]) for r in indices]).to(torch.int32)
+        ref_u8 = torch.stack([tvf.resized_crop(images[r], *boxes[r], [size, size]) for r in indices]).to(
+            torch.int32
+        )
         ref_f = torch.stack([tvf.resized_crop(images[r].float(), *boxes[r], [size, size]) for r in indices])
         ref_f = ref_f.round().clamp(0, 255).to(torch.int32)
         d8, df = (out - ref_u8).abs().float(), (out - ref_f).abs().float()
+
         def summary(d: torch.Tensor) -> dict[str, float]:
-            return {"mean": d.mean().item(), "max": d.max().item(), "frac_differ": (d > 0).float().mean().item()}
+            return {
+                "mean": d.mean().item(),
+                "max": d.max().item(),
+                "frac_differ": (d > 0).float().mean().item(),
+            }
 
         rows.append({"case": name, "vs_torchvision_uint8": summary(d8), "vs_torchvision_float": summary(df)})
     return rows
@@ -119,7 +127,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     list_batch = [natural(int(h * f), int(w * g), k).to(device) for k, (f, g) in enumerate(scales)]
     indices = torch.arange(n)
 
-    fused = gpu.Compose([gpu.RandomResizedCrop(args.size), gpu.RandomHorizontalFlip(), gpu.Normalize(MEAN, STD)])
+    fused = gpu.Compose(
+        [gpu.RandomResizedCrop(args.size), gpu.RandomHorizontalFlip(), gpu.Normalize(MEAN, STD)]
+    )
     per_sample = v2.Compose(
         [
             v2.RandomResizedCrop(args.size, antialias=True),
@@ -147,8 +157,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timings": {},
     }
     kind = results["device_kind"]
-    print(f"{kind} numbers ({device}, {torch.get_num_threads()} torch threads): batch {n}x3x{h}x{w} -> {args.size}, "
-          f"median of {args.repeat}")
+    print(
+        f"{kind} numbers ({device}, {torch.get_num_threads()} torch threads): batch {n}x3x{h}x{w} -> {args.size}, "
+        f"median of {args.repeat}"
+    )
     print(f"{'pipeline':36s} {'median s':>10s} {'images/s':>10s}")
     for name, fn in runs.items():
         times = timed(fn, args.repeat, args.warmup, sync)
@@ -167,8 +179,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{'case':50s} {'vs uint8 mean/max/frac':>26s} {'vs float mean/max/frac':>26s}")
         for row in results["accuracy"]:
             a, b = row["vs_torchvision_uint8"], row["vs_torchvision_float"]
-            print(f"{row['case']:50s} {a['mean']:8.4f} {a['max']:4.0f} {a['frac_differ']:8.4f}"
-                  f"   {b['mean']:8.4f} {b['max']:4.0f} {b['frac_differ']:8.4f}")
+            print(
+                f"{row['case']:50s} {a['mean']:8.4f} {a['max']:4.0f} {a['frac_differ']:8.4f}"
+                f"   {b['mean']:8.4f} {b['max']:4.0f} {b['frac_differ']:8.4f}"
+            )
 
     if args.json:
         with open(args.json, "w") as f:

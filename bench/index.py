@@ -43,8 +43,17 @@ def main() -> None:
         size = os.path.getsize(path)
     blob = pickle.dumps(index)
     pick = _median_seconds(lambda: pickle.loads(pickle.dumps(index)))
-    record = {"samples": args.samples, "save_s": save, "load_s": load, "file_bytes": size, "pickle_bytes": len(blob), "pickle_roundtrip_s": pick}
-    print(f"{args.samples} entries: save {save:.3f} s, load {load:.3f} s ({size / 2**20:.0f} MiB), pickle round trip {pick:.3f} s ({len(blob) / 2**20:.0f} MiB)")
+    record = {
+        "samples": args.samples,
+        "save_s": save,
+        "load_s": load,
+        "file_bytes": size,
+        "pickle_bytes": len(blob),
+        "pickle_roundtrip_s": pick,
+    }
+    print(
+        f"{args.samples} entries: save {save:.3f} s, load {load:.3f} s ({size / 2**20:.0f} MiB), pickle round trip {pick:.3f} s ({len(blob) / 2**20:.0f} MiB)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

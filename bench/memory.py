@@ -59,7 +59,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-
 from fastload.folder import FolderIndex, scan_folder
 
 _SEED_CLASSES, _SEED_PER_CLASS = 10, 40
@@ -231,7 +230,12 @@ def _measure_memory(args: argparse.Namespace) -> dict[str, Any]:
     ds = _dataset(args.variant, Path(args.tree), Path(args.pack), args.decode)
     data_bytes = ds.nbytes if hasattr(ds, "nbytes") else sum(len(b) for b in ds.data)
     loader = DataLoader(
-        ds, batch_size=64, shuffle=True, num_workers=args.workers, multiprocessing_context=args.start_method, persistent_workers=True
+        ds,
+        batch_size=64,
+        shuffle=True,
+        num_workers=args.workers,
+        multiprocessing_context=args.start_method,
+        persistent_workers=True,
     )
     peak = [0]
     stop = threading.Event()
@@ -296,7 +300,9 @@ def _measure_startup(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _child(mode: str, variant: str, tree: Path, pack: Path, args: argparse.Namespace, start_method: str = "spawn") -> dict[str, Any]:
+def _child(
+    mode: str, variant: str, tree: Path, pack: Path, args: argparse.Namespace, start_method: str = "spawn"
+) -> dict[str, Any]:
     cmd = [
         sys.executable, os.path.abspath(__file__), f"--_{mode}", variant, "--tree", str(tree), "--pack", str(pack),
         "--workers", str(args.workers), "--start-method", start_method,
@@ -309,7 +315,12 @@ def _child(mode: str, variant: str, tree: Path, pack: Path, args: argparse.Names
 
 # ---------------------------------------------------------------------------------------------- main
 
-_NAMES = {"empty": "empty (8 samples)", "list": "list of bytes", "ram": "InMemoryImageFolder", "map": "from_pack(in_memory=False)"}
+_NAMES = {
+    "empty": "empty (8 samples)",
+    "list": "list of bytes",
+    "ram": "InMemoryImageFolder",
+    "map": "from_pack(in_memory=False)",
+}
 
 
 def _mb(n: float) -> str:
@@ -318,11 +329,25 @@ def _mb(n: float) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-mb", type=float, default=600, help="size of the dataset for the memory runs (default: 600)")
+    p.add_argument(
+        "--data-mb", type=float, default=600, help="size of the dataset for the memory runs (default: 600)"
+    )
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--start-methods", default="fork,forkserver", help="comma-separated (default: fork,forkserver)")
-    p.add_argument("--startup-gb", type=float, default=1.0, help="dataset size for the spawn start-up runs (default: 1; 0 skips them)")
-    p.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fastload", "bench-memory"))
+    p.add_argument(
+        "--start-methods", default="fork,forkserver", help="comma-separated (default: fork,forkserver)"
+    )
+    p.add_argument(
+        "--startup-gb",
+        type=float,
+        default=1.0,
+        help="dataset size for the spawn start-up runs (default: 1; 0 skips them)",
+    )
+    p.add_argument(
+        "--cache",
+        default=os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fastload", "bench-memory"
+        ),
+    )
     p.add_argument("--decode", action="store_true", help="decode every image too (slower)")
     p.add_argument("--json", metavar="PATH")
     for hidden in ("--_memory", "--_startup"):
@@ -349,7 +374,14 @@ def main() -> None:
     with open_pack(pack) as pk:
         open_s = time.perf_counter() - t0
         n_files = len(pk)
-    results: dict[str, Any] = {"data_mb": args.data_mb, "workers": args.workers, "files": n_files, "pack_open_s": open_s, "memory": [], "startup": []}
+    results: dict[str, Any] = {
+        "data_mb": args.data_mb,
+        "workers": args.workers,
+        "files": n_files,
+        "pack_open_s": open_s,
+        "memory": [],
+        "startup": [],
+    }
 
     print(f"Memory: one epoch, {args.workers} workers, {n_files} files (pack opens in {open_s * 1e3:.1f} ms)")
     header = (
@@ -364,8 +396,14 @@ def main() -> None:
         for v, r in rows.items():
             r["ratio"] = r["total_pss"] / (r["data_bytes"] + empty)
             r["ratio_without_libs"] = r["total_pss_without_libs"] / (r["data_bytes"] + empty_no_lib)
-            target = "" if v in ("empty", "list") else ("<= 1.15 ok" if r["ratio_without_libs"] <= 1.15 else "<= 1.15 MISSED")
-            ratio, ratio2 = ("", "") if v == "empty" else (f"{r['ratio']:.2f}", f"{r['ratio_without_libs']:.2f}")
+            target = (
+                ""
+                if v in ("empty", "list")
+                else ("<= 1.15 ok" if r["ratio_without_libs"] <= 1.15 else "<= 1.15 MISSED")
+            )
+            ratio, ratio2 = (
+                ("", "") if v == "empty" else (f"{r['ratio']:.2f}", f"{r['ratio_without_libs']:.2f}")
+            )
             print(
                 f"{method:<12} {_NAMES[v]:<27} {_mb(r['data_bytes']):>9} {_mb(r['total_pss']):>10} {_mb(r['peak_pss']):>10} {ratio:>6}"
                 f"  {_mb(r['total_pss_without_libs']):>10} {ratio2:>6}  {target}"
@@ -373,8 +411,12 @@ def main() -> None:
             results["memory"].append(r)
         procs = rows["empty"]["processes"]
         main_pss = next(v for k, v in procs.items() if k.endswith(" main"))
-        print(f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes {_mb(sum(procs.values()) - main_pss)})")
-    print("ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose PSS share")
+        print(
+            f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes {_mb(sum(procs.values()) - main_pss)})"
+        )
+    print(
+        "ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose PSS share"
+    )
     print("depends on the other processes of the machine that map the same libraries (torch's are ~1 GB).")
 
     if args.startup_gb > 0:
@@ -391,7 +433,9 @@ def main() -> None:
             transfer = f"{(r['pickle_s'] + r['unpickle_s']) * 1e3:.2f} ms"
             print(f"{_NAMES[v]:<22} {data:>9} {pickled:>10} {transfer:>16} {r['first_batch_s']:>10.2f} s")
             results["startup"].append(r)
-        print(f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per worker)")
+        print(
+            f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per worker)"
+        )
     print(f"\n(total {time.perf_counter() - t_start:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
-from fastload import ClassIndex, DataLoader, ImageFolder, gpu, scan_folder, transforms as T
+from fastload import ClassIndex, DataLoader, ImageFolder, gpu, scan_folder
+from fastload import transforms as T
 from fastload.distributed import Accumulator, get_local_rank, is_main_process
 
 MEAN = (0.485, 0.456, 0.406)
@@ -41,7 +42,9 @@ STD = (0.229, 0.224, 0.225)
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="folder with train/ and val/ (python -m fastload synth ROOT)")
+    p.add_argument(
+        "--data", required=True, help="folder with train/ and val/ (python -m fastload synth ROOT)"
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--image-size", type=int, default=224)
@@ -66,12 +69,38 @@ def main() -> None:
     train_root, val_root = os.path.join(args.data, "train"), os.path.join(args.data, "val")
     classes = ClassIndex.from_folder(train_root)
     size = args.image_size
-    train_set = ImageFolder(None, index=scan_folder(train_root, classes, broadcast=True), transform=T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()]))
-    val_set = ImageFolder(None, index=scan_folder(val_root, classes, broadcast=True), transform=T.Compose([T.Resize(size * 256 // 224), T.CenterCrop(size)]))
+    train_set = ImageFolder(
+        None,
+        index=scan_folder(train_root, classes, broadcast=True),
+        transform=T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()]),
+    )
+    val_set = ImageFolder(
+        None,
+        index=scan_folder(val_root, classes, broadcast=True),
+        transform=T.Compose([T.Resize(size * 256 // 224), T.CenterCrop(size)]),
+    )
     workers: int | str = args.workers if args.workers == "auto" else int(args.workers)
     normalize = gpu.Normalize(MEAN, STD)
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True, distributed=True, seed=args.seed, num_workers=workers, device=device, gpu_transforms=normalize)
-    val_loader = DataLoader(val_set, batch_size=args.batch_size, shuffle=False, distributed=True, num_workers=workers, device=device, gpu_transforms=normalize)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        distributed=True,
+        seed=args.seed,
+        num_workers=workers,
+        device=device,
+        gpu_transforms=normalize,
+    )
+    val_loader = DataLoader(
+        val_set,
+        batch_size=args.batch_size,
+        shuffle=False,
+        distributed=True,
+        num_workers=workers,
+        device=device,
+        gpu_transforms=normalize,
+    )
 
     model = getattr(torchvision.models, args.arch)(num_classes=len(classes)).to(device)
     model = model.to(memory_format=torch.channels_last)
@@ -89,7 +118,10 @@ def main() -> None:
             opt.step()
             seen += len(labels)
         if is_main_process():
-            print(f"epoch {epoch}: train loss {loss.item():.3f}, {seen} samples/rank, {seen / (time.perf_counter() - t0):.1f} img/s/rank, {train_loader.stats.summary()}", flush=True)
+            print(
+                f"epoch {epoch}: train loss {loss.item():.3f}, {seen} samples/rank, {seen / (time.perf_counter() - t0):.1f} img/s/rank, {train_loader.stats.summary()}",
+                flush=True,
+            )
 
         # Exact validation: every val sample is on exactly one rank; one all_reduce of the sums.
         ddp.eval()
@@ -100,7 +132,10 @@ def main() -> None:
         totals = acc.reduce()
         if is_main_process():
             top1 = totals["correct"] / max(1, totals["total"])
-            print(f"epoch {epoch}: val top-1 {top1:.4f} over {totals['total']} samples (val set: {len(val_set)} samples, world size {dist.get_world_size()})", flush=True)
+            print(
+                f"epoch {epoch}: val top-1 {top1:.4f} over {totals['total']} samples (val set: {len(val_set)} samples, world size {dist.get_world_size()})",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

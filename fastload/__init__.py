@@ -20,6 +20,7 @@ _LAZY = {
     "rng": ("fastload.rng", None),
     "synthetic": ("fastload.synthetic", None),
     "distributed": ("fastload.distributed", None),
+    "device": ("fastload.device", None),
     "DataLoader": ("fastload.loader", "DataLoader"),
     "DistributedSampler": ("fastload.sampler", "DistributedSampler"),
     "shard_indices": ("fastload.sampler", "shard_indices"),
@@ -31,9 +32,9 @@ _LAZY = {
     "PackError": ("fastload.pack", "PackError"),
     "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
     "DALILoader": ("fastload.dali", "DALILoader"),
-    "IndexedBatch": ("fastload.gpu", "IndexedBatch"),
-    "default_device": ("fastload.prefetch", "default_device"),
-    "device_is_cuda": ("fastload.prefetch", "device_is_cuda"),
+    "IndexedBatch": ("fastload.batch", "IndexedBatch"),
+    "default_device": ("fastload.device", "default_device"),
+    "device_is_cuda": ("fastload.device", "device_is_cuda"),
 }
 
 __all__ = [

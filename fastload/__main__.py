@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -37,7 +37,9 @@ def _scan(args: argparse.Namespace) -> int:
     classes = ClassIndex.load(args.classes) if args.classes else None
     index = scan_folder(args.root, classes=classes, strict=not args.no_strict)
     counts = [int(c) for c in __import__("numpy").bincount(index.targets, minlength=len(index.classes))]
-    print(f"{args.root}: {len(index)} images in {len(index.classes)} classes (per class: min {min(counts, default=0)}, max {max(counts, default=0)})")
+    print(
+        f"{args.root}: {len(index)} images in {len(index.classes)} classes (per class: min {min(counts, default=0)}, max {max(counts, default=0)})"
+    )
     if args.save_classes:
         index.classes.save(args.save_classes)
         print(f"class list written to {args.save_classes}")
@@ -63,10 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("scan", help="scan a split folder into an index and/or a class list")
     p.add_argument("root", help="a split folder: ROOT/<class>/<images>")
-    p.add_argument("--classes", help="the canonical class list (JSON from --save-classes); default: ROOT's folders")
+    p.add_argument(
+        "--classes", help="the canonical class list (JSON from --save-classes); default: ROOT's folders"
+    )
     p.add_argument("--save-classes", metavar="PATH", help="write the class list (JSON) here")
     p.add_argument("--out", metavar="PATH", help="write the index (.npz) here")
-    p.add_argument("--no-strict", action="store_true", help="leave out class folders missing from --classes instead of failing")
+    p.add_argument(
+        "--no-strict",
+        action="store_true",
+        help="leave out class folders missing from --classes instead of failing",
+    )
     p.set_defaults(func=_scan)
 
     try:
@@ -76,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_pack_parser(sub)
 
-    p = sub.add_parser("bench", help="throughput benchmark (same options as bench/throughput.py)", add_help=False)
+    p = sub.add_parser(
+        "bench", help="throughput benchmark (same options as bench/throughput.py)", add_help=False
+    )
     p.set_defaults(func=None)
     return parser
 

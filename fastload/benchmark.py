@@ -26,10 +26,11 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -84,7 +85,9 @@ def _torchvision_transform(pipeline: str) -> Any:
     from torchvision import transforms as T
 
     if pipeline == "train":
-        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+        return T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+        )
     return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
@@ -98,13 +101,18 @@ class _ToDevice:
     def __iter__(self) -> Iterator[Any]:
         non_blocking = self.device.type == "cuda"
         for images, labels in self.loader:
-            yield images.to(self.device, non_blocking=non_blocking), labels.to(self.device, non_blocking=non_blocking)
+            yield (
+                images.to(self.device, non_blocking=non_blocking),
+                labels.to(self.device, non_blocking=non_blocking),
+            )
 
 
 def _build_torchvision(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     from torchvision.datasets import ImageFolder
 
-    dataset = ImageFolder(str(config.data / pipeline_split(pipeline)), transform=_torchvision_transform(pipeline))
+    dataset = ImageFolder(
+        str(config.data / pipeline_split(pipeline)), transform=_torchvision_transform(pipeline)
+    )
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=config.batch_size,
@@ -146,7 +154,9 @@ def _device_transforms(pipeline: str, config: BenchConfig, decode_on_device: boo
     return normalize
 
 
-def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_workers: int, **kwargs: Any) -> Any:
+def _fastload_loader(
+    dataset: Any, config: BenchConfig, pipeline: str, num_workers: int, **kwargs: Any
+) -> Any:
     from .loader import DataLoader
 
     kwargs.setdefault("gpu_transforms", _device_transforms(pipeline, config))
@@ -165,14 +175,18 @@ def _fastload_loader(dataset: Any, config: BenchConfig, pipeline: str, num_worke
 def _build_fastload(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     from .folder import ImageFolder
 
-    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config))
+    dataset = ImageFolder(
+        config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config)
+    )
     return _fastload_loader(dataset, config, pipeline, num_workers)
 
 
 def _build_fastload_threads(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     from .folder import ImageFolder
 
-    dataset = ImageFolder(config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config))
+    dataset = ImageFolder(
+        config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config)
+    )
     return _fastload_loader(dataset, config, pipeline, num_workers, worker_type="thread")
 
 
@@ -197,14 +211,23 @@ def _build_memory(config: BenchConfig, pipeline: str, num_workers: int) -> Itera
 def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
     dataset = _memory_dataset(config, pipeline)
     dataset.transform = None
-    return _fastload_loader(dataset, config, pipeline, num_workers, decode="device", gpu_transforms=_device_transforms(pipeline, config, True))
+    return _fastload_loader(
+        dataset,
+        config,
+        pipeline,
+        num_workers,
+        decode="device",
+        gpu_transforms=_device_transforms(pipeline, config, True),
+    )
 
 
 def _missing_module(name: str) -> Callable[[], str | None]:
     def check() -> str | None:
         import importlib.util
 
-        return None if importlib.util.find_spec(name) is not None else f"{name} is not available in this install"
+        return (
+            None if importlib.util.find_spec(name) is not None else f"{name} is not available in this install"
+        )
 
     return check
 
@@ -274,7 +297,7 @@ class _ResourceSampler:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def __enter__(self) -> "_ResourceSampler":
+    def __enter__(self) -> _ResourceSampler:
         self._sample()
         self._thread.start()
         return self
@@ -342,13 +365,16 @@ def measure(loader: Iterable[Any], config: BenchConfig) -> dict[str, Any]:
 
 def decode_ceiling(config: BenchConfig, pipeline: str, limit: int = 200) -> float:
     """Single-process full-size decode rate (images/s, PIL to RGB) over the split's first files."""
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     root = config.data / pipeline_split(pipeline)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))[:limit]
     if not files:
-        raise ValueError(f"no files under {root}: pass --data with train/ and val/ folders (python -m fastload synth ROOT)")
+        raise ValueError(
+            f"no files under {root}: pass --data with train/ and val/ folders (python -m fastload synth ROOT)"
+        )
     blobs = [f.read_bytes() for f in files]
     rates = []
     for _ in range(max(1, config.repeat)):
@@ -401,13 +427,27 @@ def run(
                 records.append(_record(name, pipeline, w, config, result, base_rate))
                 log(_row(records[-1]))
             if ceiling is not None:
-                rec = _record("decode-ceiling", pipeline, w, config, {"images_per_s": ceiling * max(1, w), "stall_fraction": None, "cpu_percent": None, "rss_bytes": None}, base_rate)
+                rec = _record(
+                    "decode-ceiling",
+                    pipeline,
+                    w,
+                    config,
+                    {
+                        "images_per_s": ceiling * max(1, w),
+                        "stall_fraction": None,
+                        "cpu_percent": None,
+                        "rss_bytes": None,
+                    },
+                    base_rate,
+                )
                 records.append(rec)
                 log(_row(rec))
     return records
 
 
-def _record(name: str, pipeline: str, w: int, config: BenchConfig, result: dict[str, Any], base_rate: float | None) -> dict[str, Any]:
+def _record(
+    name: str, pipeline: str, w: int, config: BenchConfig, result: dict[str, Any], base_rate: float | None
+) -> dict[str, Any]:
     rate = result["images_per_s"]
     return {
         "backend": name,
@@ -458,9 +498,15 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, len(pipelines), figsize=(5 * len(pipelines), 4), squeeze=False)
     for ax, pipeline in zip(axes[0], pipelines):
         for name in dict.fromkeys(r["backend"] for r in records):
-            pts = sorted((r["num_workers"], r["images_per_s"]) for r in records if r["backend"] == name and r["pipeline"] == pipeline)
+            pts = sorted(
+                (r["num_workers"], r["images_per_s"])
+                for r in records
+                if r["backend"] == name and r["pipeline"] == pipeline
+            )
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=name, linestyle="--" if name == "decode-ceiling" else "-")
+                ax.plot(
+                    *zip(*pts), marker="o", label=name, linestyle="--" if name == "decode-ceiling" else "-"
+                )
         ax.set_title(f"{pipeline} pipeline")
         ax.set_xlabel("num_workers")
         ax.set_ylabel("images/s")
@@ -492,17 +538,33 @@ def default_data() -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench/throughput.py", description="fastload throughput benchmark")
-    p.add_argument("--data", type=Path, default=None, help=f"dataset root with train/ and val/ (default {default_data()})")
-    p.add_argument("--workers", type=_ints, default=None, help="num_workers values, e.g. 0,1,2 (default 0,1,2; --quick: 0,2)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=f"dataset root with train/ and val/ (default {default_data()})",
+    )
+    p.add_argument(
+        "--workers",
+        type=_ints,
+        default=None,
+        help="num_workers values, e.g. 0,1,2 (default 0,1,2; --quick: 0,2)",
+    )
     p.add_argument("--backends", type=_names, default=None, help="comma-separated backends (default: all)")
     p.add_argument("--pipelines", type=_names, default=["train", "val"], help="train,val")
     p.add_argument("--batch-size", type=int, default=None, help="default 64 (--quick: 32)")
-    p.add_argument("--batches", type=int, default=None, help="batches per measurement (default 20; --quick: 8)")
+    p.add_argument(
+        "--batches", type=int, default=None, help="batches per measurement (default 20; --quick: 8)"
+    )
     p.add_argument("--warmup", type=int, default=None, help="batches before timing (default 3; --quick: 2)")
     p.add_argument("--repeat", type=int, default=3, help="measurements per setting; the median is reported")
     p.add_argument("--device", default=None, help="cuda if available, else cpu")
     p.add_argument("--quick", action="store_true", help="a short configuration for make bench")
-    p.add_argument("--gpu-transforms", action="store_true", help="fastload backends: flip + normalize on the device (gpu transforms) instead of in the workers")
+    p.add_argument(
+        "--gpu-transforms",
+        action="store_true",
+        help="fastload backends: flip + normalize on the device (gpu transforms) instead of in the workers",
+    )
     p.add_argument("--json", metavar="PATH", help="write one record per measurement here")
     p.add_argument("--plot", metavar="PATH.png", help="plot images/s vs num_workers (needs matplotlib)")
     return p
@@ -513,7 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = args.quick
     data = args.data or default_data()
     if not (data / "train").is_dir():
-        print(f"error: {data}/train not found. Make a dataset first: python -m fastload synth {data}", file=sys.stderr)
+        print(
+            f"error: {data}/train not found. Make a dataset first: python -m fastload synth {data}",
+            file=sys.stderr,
+        )
         return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = BenchConfig(
@@ -525,13 +590,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=device,
         gpu_transforms=args.gpu_transforms,
     )
-    for name, value in (("batch-size", config.batch_size), ("batches", config.batches), ("repeat", config.repeat)):
+    for name, value in (
+        ("batch-size", config.batch_size),
+        ("batches", config.batches),
+        ("repeat", config.repeat),
+    ):
         if value < 1:
             print(f"error: --{name} should be a positive integer, but got {value}", file=sys.stderr)
             return 2
     workers = args.workers or ([0, 2] if q else [0, 1, 2])
-    backends = args.backends or ["torchvision", *[b for b in BACKENDS if b != "torchvision"], "decode-ceiling"]
-    print(f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x {config.repeat} repeats (median), workers {workers}")
+    backends = args.backends or [
+        "torchvision",
+        *[b for b in BACKENDS if b != "torchvision"],
+        "decode-ceiling",
+    ]
+    print(
+        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x {config.repeat} repeats (median), workers {workers}"
+    )
     print(HEADER)
     print("-" * len(HEADER))
     try:

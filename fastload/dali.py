@@ -110,7 +110,8 @@ import numbers
 import operator
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -188,7 +189,9 @@ def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float
     try:
         values = [float(v) for v in value]
     except (TypeError, ValueError):
-        raise TypeError(f"{name} should be a sequence of 3 numbers (one per RGB channel), but got {name}={value!r}") from None
+        raise TypeError(
+            f"{name} should be a sequence of 3 numbers (one per RGB channel), but got {name}={value!r}"
+        ) from None
     if len(values) == 1:
         values = values * 3
     if len(values) != 3 or not all(math.isfinite(v) for v in values):
@@ -201,7 +204,7 @@ def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float
 def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
     """The output device and DALI's ``device_id`` (``None``: CPU-only pipeline)."""
     if device is None:
-        from .prefetch import default_device
+        from .device import default_device
 
         device = default_device()
     try:
@@ -213,7 +216,9 @@ def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
     if dev.type != "cuda":
         raise ValueError(f"device should be 'cpu', 'cuda' or 'cuda:N', but got device={device!r}")
     if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False; pass device='cpu'")
+        raise ValueError(
+            f"device={device!r} needs CUDA, but torch.cuda.is_available() is False; pass device='cpu'"
+        )
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return torch.device("cuda", index), index
 
@@ -484,7 +489,7 @@ class DALILoader:
         self.mean = _channel_values(mean, "mean", positive=False)
         self.std = _channel_values(std, "std", positive=True)
         if num_threads is None:
-            from .loader import auto_num_workers
+            from .device import auto_num_workers
 
             num_threads = auto_num_workers()
         self.num_threads = _int_arg(num_threads, "num_threads", 1)
@@ -496,7 +501,12 @@ class DALILoader:
         #: The order and shard of every epoch (``sampler.indices(epoch)``), e.g. for
         #: ``fastload.distributed.gather_by_index``.
         self.sampler = DistributedSampler(
-            index, num_replicas=num_replicas, rank=rank, shuffle=self.shuffle, seed=self._seed, drop_last=self.drop_last
+            index,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=self.shuffle,
+            seed=self._seed,
+            drop_last=self.drop_last,
         )
         self.num_replicas = self.sampler.num_replicas
         self.rank = self.sampler.rank
@@ -589,7 +599,9 @@ class DALILoader:
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ValueError("state should come from fastload.dali.DALILoader.state_dict()")
         if state.get("version") != 1:
-            raise ValueError(f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version 1)")
+            raise ValueError(
+                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version 1)"
+            )
         saved = (state.get("num_samples"), state.get("batch_size"), state.get("num_replicas"))
         if saved != (len(self.index), self.batch_size, self.num_replicas):
             raise ValueError(
@@ -644,32 +656,64 @@ class DALILoader:
         with pipe:
             if self.train:
                 data, anchor, shape, mirror = fn.external_source(
-                    source=self._feed, num_outputs=4, batch=True,
-                    dtype=[types.UINT8, types.INT32, types.INT32, types.INT32], ndim=[1, 1, 1, 0],
+                    source=self._feed,
+                    num_outputs=4,
+                    batch=True,
+                    dtype=[types.UINT8, types.INT32, types.INT32, types.INT32],
+                    ndim=[1, 1, 1, 0],
                 )
                 images = fn.decoders.image_slice(
-                    data, anchor, shape, device=decoder_device, output_type=types.RGB, adjust_orientation=False,
-                    jpeg_fancy_upsampling=True, axis_names="WH", normalized_anchor=False, normalized_shape=False,
+                    data,
+                    anchor,
+                    shape,
+                    device=decoder_device,
+                    output_type=types.RGB,
+                    adjust_orientation=False,
+                    jpeg_fancy_upsampling=True,
+                    axis_names="WH",
+                    normalized_anchor=False,
+                    normalized_shape=False,
                 )
                 images = fn.resize(
-                    images, device=op_device, size=[self.size, self.size], interp_type=types.INTERP_LINEAR, antialias=True,
+                    images,
+                    device=op_device,
+                    size=[self.size, self.size],
+                    interp_type=types.INTERP_LINEAR,
+                    antialias=True,
                 )
             else:
                 data, roi_start, roi_end = fn.external_source(
-                    source=self._feed, num_outputs=3, batch=True,
-                    dtype=[types.UINT8, types.FLOAT, types.FLOAT], ndim=[1, 1, 1],
+                    source=self._feed,
+                    num_outputs=3,
+                    batch=True,
+                    dtype=[types.UINT8, types.FLOAT, types.FLOAT],
+                    ndim=[1, 1, 1],
                 )
                 images = fn.decoders.image(
-                    data, device=decoder_device, output_type=types.RGB, adjust_orientation=False, jpeg_fancy_upsampling=True,
+                    data,
+                    device=decoder_device,
+                    output_type=types.RGB,
+                    adjust_orientation=False,
+                    jpeg_fancy_upsampling=True,
                 )
                 images = fn.resize(
-                    images, device=op_device, size=[self.size, self.size], roi_start=roi_start, roi_end=roi_end,
-                    interp_type=types.INTERP_LINEAR, antialias=True,
+                    images,
+                    device=op_device,
+                    size=[self.size, self.size],
+                    roi_start=roi_start,
+                    roi_end=roi_end,
+                    interp_type=types.INTERP_LINEAR,
+                    antialias=True,
                 )
                 mirror = 0
             images = fn.crop_mirror_normalize(
-                images, device=op_device, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
-                mean=[255.0 * m for m in self.mean], std=[255.0 * s for s in self.std],
+                images,
+                device=op_device,
+                mirror=mirror,
+                dtype=types.FLOAT,
+                output_layout="CHW",
+                mean=[255.0 * m for m in self.mean],
+                std=[255.0 * s for s in self.std],
             )
             pipe.set_outputs(images)
         pipe.build()
@@ -706,8 +750,12 @@ class DALILoader:
 
     def _failure(self, epoch: int, error: BaseException) -> RuntimeError:
         files = [self.index.paths[int(i)] for batch in self._feed.in_flight for i in batch]
-        shown = ", ".join(repr(f) for f in files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
-        return RuntimeError(f"DALI failed in epoch {epoch} on one of the {len(files)} files in flight ({shown}): {error}")
+        shown = ", ".join(repr(f) for f in files[:4]) + (
+            f" and {len(files) - 4} more" if len(files) > 4 else ""
+        )
+        return RuntimeError(
+            f"DALI failed in epoch {epoch} on one of the {len(files)} files in flight ({shown}): {error}"
+        )
 
     def _run_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from .decode import DecodeError
@@ -744,7 +792,9 @@ class DALILoader:
                 batch = self._feed.in_flight.popleft()
                 images = self._to_torch(output)
                 if images.shape[0] != len(batch):  # pragma: no cover - would be a DALI ordering bug
-                    raise RuntimeError(f"DALI returned {images.shape[0]} images for a batch of {len(batch)} samples")
+                    raise RuntimeError(
+                        f"DALI returned {images.shape[0]} images for a batch of {len(batch)} samples"
+                    )
                 labels = torch.from_numpy(self.index.targets[batch])
                 if self.device.type != "cpu":
                     labels = labels.to(self.device, non_blocking=True)
@@ -768,7 +818,7 @@ class DALILoader:
 # the throughput benchmark's backend
 
 
-def _build_bench(config: "BenchConfig", pipeline: str, num_workers: int) -> DALILoader:
+def _build_bench(config: BenchConfig, pipeline: str, num_workers: int) -> DALILoader:
     from .benchmark import MEAN, STD, pipeline_split
     from .folder import ClassIndex, scan_folder
 
@@ -788,7 +838,7 @@ def _build_bench(config: "BenchConfig", pipeline: str, num_workers: int) -> DALI
     )
 
 
-def bench_backend() -> "Backend":
+def bench_backend() -> Backend:
     """The ``dali`` backend of ``bench/throughput.py`` (``num_workers`` maps to ``num_threads``, 0 -> 1).
 
     Register it with ``fastload.benchmark.register_backend(fastload.dali.bench_backend())``; it

@@ -33,7 +33,8 @@ from __future__ import annotations
 import functools
 import io
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,7 +90,9 @@ class DecodeError(RuntimeError):
 
 def decode_error(name: str, error: BaseException | str) -> DecodeError:
     """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do)."""
-    return DecodeError(f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in fastload.DataLoader).")
+    return DecodeError(
+        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in fastload.DataLoader)."
+    )
 
 
 def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
@@ -106,7 +109,14 @@ def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
         img = Image.open(io.BytesIO(data))
         img.load()
         return img if img.mode == "RGB" else img.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
+    except (
+        UnidentifiedImageError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        Image.DecompressionBombError,
+    ) as e:
         raise decode_error(name, e) from None
 
 
@@ -211,7 +221,13 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
     images larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (its decompression-bomb check applies).
     ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
     """
-    if not USE_ROI_DECODE or _jpeg is None or len(data) < 4 or bytes(data[:2]) != b"\xff\xd8" or not _ends_with_eoi(data):
+    if (
+        not USE_ROI_DECODE
+        or _jpeg is None
+        or len(data) < 4
+        or bytes(data[:2]) != b"\xff\xd8"
+        or not _ends_with_eoi(data)
+    ):
         return None
     try:
         width, height, _, colorspace = _jpeg.header(data)
@@ -245,7 +261,9 @@ def decode_jpeg_region(
         which raises the error, or returns what the reference decoders make of it.
     """
     if min(left, top, width, height) < 0:
-        raise ValueError(f"the region should have non-negative coordinates, but got left={left}, top={top}, width={width}, height={height}")
+        raise ValueError(
+            f"the region should have non-negative coordinates, but got left={left}, top={top}, width={width}, height={height}"
+        )
     if _jpeg is None or not USE_ROI_DECODE:
         return None
     try:
@@ -255,7 +273,7 @@ def decode_jpeg_region(
     return np.frombuffer(pixels, dtype=np.uint8).reshape(int(height), int(width), 3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torchvision_jpeg() -> Callable[[torch.Tensor], torch.Tensor] | None:
     """``torchvision.io.decode_jpeg`` (RGB mode) if it is there and works, else ``None`` (checked once)."""
     try:
@@ -292,8 +310,16 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
     """
     decode = _torchvision_jpeg()
     if decode is None:
-        return torch.from_numpy(np.array(decode_pil(data if not isinstance(data, np.ndarray) else data.tobytes(), name))).permute(2, 0, 1)
-    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable and data.flags.c_contiguous:
+        return torch.from_numpy(
+            np.array(decode_pil(data if not isinstance(data, np.ndarray) else data.tobytes(), name))
+        ).permute(2, 0, 1)
+    if (
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.ndim == 1
+        and data.flags.writeable
+        and data.flags.c_contiguous
+    ):
         encoded = torch.from_numpy(data)
     else:  # torch.frombuffer warns on read-only buffers: hand it a private writable copy
         encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -314,7 +340,13 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
 def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(data, torch.Tensor):
         return data
-    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.flags.writeable and data.flags.c_contiguous:
+    if (
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.ndim == 1
+        and data.flags.writeable
+        and data.flags.c_contiguous
+    ):
         return torch.from_numpy(data)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -345,7 +377,9 @@ def decode_batch(
     """
     device = torch.device("cpu") if device is None else torch.device(device)
     if names is not None and len(names) != len(encoded):
-        raise ValueError(f"names should have one entry per image, but got {len(names)} names for {len(encoded)} images")
+        raise ValueError(
+            f"names should have one entry per image, but got {len(names)} names for {len(encoded)} images"
+        )
     label = (lambda k: names[k]) if names is not None else (lambda k: f"sample {k} of the batch")
     out: list[torch.Tensor | None] = [None] * len(encoded)
     jpeg_slots: list[int] = []
@@ -368,7 +402,12 @@ def decode_batch(
                 decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB)
         except _DECODE_ERRORS:
             # Find the culprit one by one, so the error names it.
-            decoded = [decode_jpeg_tensor(encoded[k] if not isinstance(encoded[k], torch.Tensor) else encoded[k].numpy(), label(k)).to(device) for k in jpeg_slots]
+            decoded = [
+                decode_jpeg_tensor(
+                    encoded[k] if not isinstance(encoded[k], torch.Tensor) else encoded[k].numpy(), label(k)
+                ).to(device)
+                for k in jpeg_slots
+            ]
         for k, image in zip(jpeg_slots, decoded):
             out[k] = image
     return [t for t in out if t is not None]

@@ -58,11 +58,14 @@ another device are moved for the communication and results come back on the inpu
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .device import local_world_size
 
 __all__ = [
     "Accumulator",
@@ -128,11 +131,8 @@ def get_local_rank() -> int:
 
 
 def get_local_world_size() -> int:
-    """Number of processes on this machine: ``LOCAL_WORLD_SIZE``, else the world size."""
-    value = _env_int("LOCAL_WORLD_SIZE")
-    if value == 0:
-        raise ValueError("LOCAL_WORLD_SIZE should be a positive integer, but got LOCAL_WORLD_SIZE='0'")
-    return get_world_size() if value is None else value
+    """Number of processes on this machine: :func:`fastload.device.local_world_size`."""
+    return local_world_size()
 
 
 def is_main_process() -> bool:
@@ -319,7 +319,9 @@ class Accumulator:
                         f"Accumulator values should be scalars, but got {name} with shape {tuple(value.shape)}"
                     )
                 if value.is_complex():
-                    raise TypeError(f"Accumulator values should be real, but got {name} of dtype {value.dtype}")
+                    raise TypeError(
+                        f"Accumulator values should be real, but got {name} of dtype {value.dtype}"
+                    )
                 value = value.detach().reshape(())
             elif not isinstance(value, (int, float)):
                 raise TypeError(
@@ -381,7 +383,12 @@ def _check_coverage(all_indices: np.ndarray, dataset_size: int) -> str | None:
 
 
 def _assemble(
-    parts: Sequence[torch.Tensor], part_indices: Sequence[np.ndarray], size: int, trailing: tuple, dtype, device
+    parts: Sequence[torch.Tensor],
+    part_indices: Sequence[np.ndarray],
+    size: int,
+    trailing: tuple,
+    dtype,
+    device,
 ) -> torch.Tensor:
     out = torch.empty((size, *trailing), dtype=dtype, device=device)
     for values, idx in zip(parts, part_indices):
@@ -456,7 +463,11 @@ def gather_by_index(
                 f"values of shape {tuple(values_t.shape)} and {idx.size} indices"
             )
         if dataset_size is not None:
-            if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, np.integer)) or dataset_size < 0:
+            if (
+                isinstance(dataset_size, bool)
+                or not isinstance(dataset_size, (int, np.integer))
+                or dataset_size < 0
+            ):
                 raise ValueError(
                     f"dataset_size should be a non-negative integer, but got dataset_size={dataset_size!r}"
                 )

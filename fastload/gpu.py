@@ -87,13 +87,16 @@ import math
 import numbers
 import threading
 import weakref
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 
 from . import rng
+from .batch import IndexedBatch
+from .device import device_is_cuda
 
 __all__ = [
     "BatchTransform",
@@ -115,58 +118,6 @@ Indices = Union[Sequence[int], np.ndarray, torch.Tensor, None]
 
 
 # --------------------------------------------------------------------------------------------
-# Batches that carry their sample indices
-# --------------------------------------------------------------------------------------------
-
-
-class IndexedBatch(tuple):
-    """An ``(images, labels)`` batch that also carries the dataset index of each sample.
-
-    It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,
-    and exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
-    processes) and ``pin_memory`` (torch's pin-memory thread calls :meth:`pin_memory`).
-
-    Example:
-        >>> import torch
-        >>> b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), torch.tensor([7, 3]))
-        >>> images, labels = b
-        >>> b.indices.tolist(), len(b)
-        ([7, 3], 2)
-    """
-
-    indices: Any
-
-    def __new__(cls, images: Any, labels: Any, indices: Any) -> "IndexedBatch":
-        self = super().__new__(cls, (images, labels))
-        self.indices = indices
-        return self
-
-    @property
-    def images(self) -> Any:
-        """The images (first element)."""
-        return self[0]
-
-    @property
-    def labels(self) -> Any:
-        """The labels (second element)."""
-        return self[1]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (IndexedBatch, (self[0], self[1], self.indices))
-
-    def pin_memory(self) -> "IndexedBatch":
-        """Returns a copy whose CPU tensors are in pinned memory (indices stay as they are)."""
-
-        def pin(x: Any) -> Any:
-            return x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
-
-        return IndexedBatch(pin(self[0]), pin(self[1]), self.indices)
-
-    def __repr__(self) -> str:
-        return f"IndexedBatch(images={self[0]!r}, labels={self[1]!r}, indices={self.indices!r})"
-
-
-# --------------------------------------------------------------------------------------------
 # Argument helpers
 # --------------------------------------------------------------------------------------------
 
@@ -175,8 +126,10 @@ def _check_size(size: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or ``(h, w)`` / ``(s,)`` sequence -> ``(h, w)`` positive ints."""
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
         h = w = int(size)
-    elif isinstance(size, Sequence) and len(size) in (1, 2) and all(
-        isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size
+    elif (
+        isinstance(size, Sequence)
+        and len(size) in (1, 2)
+        and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size)
     ):
         h, w = (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
     else:
@@ -186,12 +139,18 @@ def _check_size(size: Any, name: str = "size") -> tuple[int, int]:
     return h, w
 
 
-def _check_range(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
-    if not (isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, numbers.Real) for v in value)):
+def _check_range(
+    value: Any, name: str, low: float = -math.inf, high: float = math.inf
+) -> tuple[float, float]:
+    if not (
+        isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, numbers.Real) for v in value)
+    ):
         raise TypeError(f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}")
     a, b = float(value[0]), float(value[1])
     if not (low <= a <= b <= high):
-        raise ValueError(f"{name} should be (min, max) with {low} <= min <= max <= {high}, but got {name}={value!r}")
+        raise ValueError(
+            f"{name} should be (min, max) with {low} <= min <= max <= {high}, but got {name}={value!r}"
+        )
     return a, b
 
 
@@ -257,7 +216,9 @@ def _uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draw
         indices = indices.detach().cpu().numpy()
     idx = np.asarray(indices)
     if idx.ndim != 1 or idx.shape[0] != n:
-        raise ValueError(f"indices should hold one dataset index per image ({n}), but got shape {tuple(idx.shape)}")
+        raise ValueError(
+            f"indices should hold one dataset index per image ({n}), but got shape {tuple(idx.shape)}"
+        )
     if n == 0:
         return np.zeros((0, draws), dtype=np.float64)
     return rng.batch_uniform(int(seed), int(epoch), idx.astype(np.int64), stream, draws)
@@ -276,8 +237,6 @@ def _to_device(
         tensor = tensor.to(dtype)  # on the host: same rounding, smaller copy
     if device.type == "cpu":
         return tensor
-    from .prefetch import device_is_cuda  # the one place that knows about CUDA
-
     if device_is_cuda(device):
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
@@ -329,7 +288,9 @@ class _Axis:
         self.resampled = True
 
     def uniform(self) -> bool:
-        return all(bool((getattr(self, name) == getattr(self, name)[0]).all()) for name in self.__slots__[:-1])
+        return all(
+            bool((getattr(self, name) == getattr(self, name)[0]).all()) for name in self.__slots__[:-1]
+        )
 
     def taps(self, flip: np.ndarray | None, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
         """Source positions and weights, each ``(N, L, K)``: ``V[o] = sum_k w[o, k] * S[pos[o, k]]``."""
@@ -383,7 +344,9 @@ class _Plan:
         heights, widths = _image_sizes(images)
         if not isinstance(images, torch.Tensor):
             if len(images) == 0:
-                raise ValueError("images should be a non-empty list of (C, H, W) tensors, but got an empty list")
+                raise ValueError(
+                    "images should be a non-empty list of (C, H, W) tensors, but got an empty list"
+                )
             first = images[0]
             for k, t in enumerate(images):
                 if t.shape[0] != first.shape[0] or t.dtype != first.dtype or t.device != first.device:
@@ -422,8 +385,12 @@ class _Plan:
     def crop(self, top: np.ndarray, left: np.ndarray, height: np.ndarray, width: np.ndarray) -> None:
         # A crop of a flipped image is the mirrored crop of the unflipped one, then flipped.
         left = np.where(self.flip, self.x.winlen - left - width, left)
-        self.y.crop(np.asarray(top, dtype=np.int64), np.broadcast_to(np.asarray(height, dtype=np.int64), (self.n,)))
-        self.x.crop(np.asarray(left, dtype=np.int64), np.broadcast_to(np.asarray(width, dtype=np.int64), (self.n,)))
+        self.y.crop(
+            np.asarray(top, dtype=np.int64), np.broadcast_to(np.asarray(height, dtype=np.int64), (self.n,))
+        )
+        self.x.crop(
+            np.asarray(left, dtype=np.int64), np.broadcast_to(np.asarray(width, dtype=np.int64), (self.n,))
+        )
 
     def resize(self, height: np.ndarray, width: np.ndarray, antialias: bool) -> None:
         """Resamples the current image (only valid while ``not self.resampled``)."""
@@ -464,12 +431,16 @@ class _Plan:
                 return None
         out = images
         for dim, axis in ((2, self.y), (3, self.x)):
-            start, length = (axis.src0[0], axis.srclen[0]) if axis.resampled else (axis.win0[0], axis.winlen[0])
+            start, length = (
+                (axis.src0[0], axis.srclen[0]) if axis.resampled else (axis.win0[0], axis.winlen[0])
+            )
             if start != 0 or length != out.shape[dim]:
                 out = out.narrow(dim, int(start), int(length))
         if self.resampled:
-            size = [int(self.y.reslen[0]) if self.y.resampled else out.shape[2],
-                    int(self.x.reslen[0]) if self.x.resampled else out.shape[3]]
+            size = [
+                int(self.y.reslen[0]) if self.y.resampled else out.shape[2],
+                int(self.x.reslen[0]) if self.x.resampled else out.shape[3],
+            ]
             out = tvf.resize(out, size, antialias=self.antialias)
             for dim, axis in ((2, self.y), (3, self.x)):
                 if axis.resampled and (axis.win0[0] != 0 or axis.winlen[0] != out.shape[dim]):
@@ -514,8 +485,17 @@ class _Plan:
             oy = np.clip(lo_y[rows], 0, np.maximum(heights[rows] - ry, 0))
             ox = np.clip(lo_x[rows], 0, np.maximum(widths[rows] - rx, 0))
             result = _resample(
-                flat, offsets[rows], heights[rows], widths[rows], channels, ry, rx, oy, ox,
-                _trim(pos_y[rows], w_y[rows]), _trim(pos_x[rows], w_x[rows]),
+                flat,
+                offsets[rows],
+                heights[rows],
+                widths[rows],
+                channels,
+                ry,
+                rx,
+                oy,
+                ox,
+                _trim(pos_y[rows], w_y[rows]),
+                _trim(pos_x[rows], w_x[rows]),
             )
             if not dtype.is_floating_point:
                 info = torch.iinfo(dtype)
@@ -619,7 +599,9 @@ class BatchTransform:
 
     stream: int = 0
 
-    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+    def __call__(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def _extra_repr(self) -> str:
@@ -643,7 +625,9 @@ class _Geometric(BatchTransform):
         """Adds this transform to ``plan``; returns False if the plan must be executed first."""
         raise NotImplementedError
 
-    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+    def __call__(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> torch.Tensor:
         plan = _Plan(images)
         self._update(plan, indices, epoch, seed)
         return plan.execute()
@@ -667,7 +651,9 @@ class Compose(BatchTransform):
 
     def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
         if not isinstance(transforms, Sequence) or not all(callable(t) for t in transforms):
-            raise TypeError(f"transforms should be a sequence of callables, but got transforms={transforms!r}")
+            raise TypeError(
+                f"transforms should be a sequence of callables, but got transforms={transforms!r}"
+            )
         self.transforms = list(transforms)
 
     def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> Any:
@@ -754,8 +740,11 @@ class RandomResizedCrop(_Geometric):
         left = _randint(u[rows, 30 + attempt], widths - w + 1)
         # Fallback: central crop, aspect ratio clamped into `ratio`.
         in_ratio = widths / heights
-        fb_w = np.where(in_ratio < self.ratio[0], widths, np.where(in_ratio > self.ratio[1],
-                        np.round(heights * self.ratio[1]).astype(np.int64), widths))
+        fb_w = np.where(
+            in_ratio < self.ratio[0],
+            widths,
+            np.where(in_ratio > self.ratio[1], np.round(heights * self.ratio[1]).astype(np.int64), widths),
+        )
         fb_h = np.where(in_ratio < self.ratio[0], np.round(widths / self.ratio[0]).astype(np.int64), heights)
         h = np.where(found, h, fb_h)
         w = np.where(found, w, fb_w)
@@ -874,7 +863,9 @@ class CenterCrop(_Geometric):
 
         def anchor(size: np.ndarray, crop: int) -> np.ndarray:
             # Padding case: torchvision pads (crop - size) // 2 before; else round((size - crop) / 2).
-            return np.where(crop > size, -((crop - size) // 2), np.round((size - crop) / 2.0).astype(np.int64))
+            return np.where(
+                crop > size, -((crop - size) // 2), np.round((size - crop) / 2.0).astype(np.int64)
+            )
 
         plan.crop(anchor(heights, ch), anchor(widths, cw), np.full(plan.n, ch), np.full(plan.n, cw))
         return True
@@ -901,7 +892,9 @@ class RandomHorizontalFlip(_Geometric):
     def _extra_repr(self) -> str:
         return f"p={self.p}"
 
-    def get_params(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> np.ndarray:
+    def get_params(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> np.ndarray:
         """Which images get flipped (bool array)."""
         return _uniforms(_batch_size(images), indices, epoch, seed, self.stream, 1)[:, 0] < self.p
 
@@ -959,7 +952,9 @@ class ColorJitter(BatchTransform):
     def _extra_repr(self) -> str:
         return f"brightness={self.brightness}, contrast={self.contrast}, saturation={self.saturation}"
 
-    def get_params(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+    def get_params(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> dict[str, Any]:
         """Per-image factors (``None`` when disabled) and ``order``: ``(N, 3)`` op ids (0 b, 1 c, 2 s)."""
         n = _batch_size(images)
         u = _uniforms(n, indices, epoch, seed, self.stream, 6)
@@ -990,7 +985,9 @@ class ColorJitter(BatchTransform):
         out = out.clamp_(0, bound)
         return out if fp else out.to(images.dtype)
 
-    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+    def __call__(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> torch.Tensor:
         images = _require_tensor(images, "ColorJitter")
         if images.shape[1] != 3:
             raise ValueError(f"ColorJitter needs RGB images (3 channels), but got {images.shape[1]} channels")
@@ -1054,8 +1051,11 @@ class RandomErasing(BatchTransform):
             raise ValueError(f"ratio should be positive, but got ratio={ratio!r}")
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             self.value = [float(value)]
-        elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0 and all(
-            isinstance(v, numbers.Real) for v in value
+        elif (
+            isinstance(value, Sequence)
+            and not isinstance(value, str)
+            and len(value) > 0
+            and all(isinstance(v, numbers.Real) for v in value)
         ):
             self.value = [float(v) for v in value]
         else:
@@ -1087,7 +1087,9 @@ class RandomErasing(BatchTransform):
         left = np.where(found, _randint(u[rows, 31 + attempt], img_w - w + 1), 0)
         return (u[:, 0] < self.p) & found, top, left, h, w
 
-    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+    def __call__(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> torch.Tensor:
         images = _require_tensor(images, "RandomErasing")
         channels = images.shape[1]
         if len(self.value) not in (1, channels):
@@ -1103,7 +1105,9 @@ class RandomErasing(BatchTransform):
         in_rows = _to_device(erase[:, None] & (ys >= top[:, None]) & (ys < (top + h)[:, None]), device)
         in_cols = _to_device((xs >= left[:, None]) & (xs < (left + w)[:, None]), device)
         mask = in_rows[:, None, :, None] & in_cols[:, None, None, :]
-        fill = _to_device(torch.tensor(self.value, dtype=torch.float32).to(images.dtype), device).view(1, -1, 1, 1)
+        fill = _to_device(torch.tensor(self.value, dtype=torch.float32).to(images.dtype), device).view(
+            1, -1, 1, 1
+        )
         return torch.where(mask, fill, images)
 
 
@@ -1131,7 +1135,12 @@ class HostBufferPool:
         max_idle_bytes: Bytes of free buffers kept, over all shapes.
     """
 
-    _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.bfloat16: np.uint16}
+    _NUMPY = {
+        torch.float32: np.float32,
+        torch.float64: np.float64,
+        torch.float16: np.float16,
+        torch.bfloat16: np.uint16,
+    }
 
     def __init__(self, max_idle: int = 4, max_idle_bytes: int = 1 << 30) -> None:
         self.max_idle = int(max_idle)
@@ -1259,14 +1268,17 @@ class Normalize(BatchTransform):
             return torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
         if not self._ring or self._ring[0].shape != shape or self._ring[0].device != device:
             self._ring = [
-                torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt) for _ in range(self.buffers)
+                torch.empty(shape, dtype=self.dtype, device=device, memory_format=fmt)
+                for _ in range(self.buffers)
             ]
             self._next = 0
         out = self._ring[self._next]
         self._next = (self._next + 1) % self.buffers
         return out
 
-    def __call__(self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+    def __call__(
+        self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> torch.Tensor:
         images = _require_tensor(images, "Normalize")
         channels = images.shape[1]
         for name, values in (("mean", self.mean), ("std", self.std)):
@@ -1289,7 +1301,11 @@ class Normalize(BatchTransform):
         # On the CPU, one image at a time: the four passes then run in the cache instead of
         # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here).
         # Same elementwise arithmetic, so the same bits.
-        chunks = zip(work, images) if work.device.type == "cpu" and work.ndim == 4 and work.shape[0] > 1 else [(work, images)]
+        chunks = (
+            zip(work, images)
+            if work.device.type == "cpu" and work.ndim == 4 and work.shape[0] > 1
+            else [(work, images)]
+        )
         for w, x in chunks:
             w.copy_(x)
             if images.dtype == torch.uint8:

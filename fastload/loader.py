@@ -53,7 +53,6 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 
 from __future__ import annotations
 
-import os
 import pickle
 import queue
 import random
@@ -61,8 +60,9 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -70,8 +70,9 @@ import torch.multiprocessing as torch_mp
 from torch.utils.data import IterableDataset, Sampler
 
 from . import rng as _rng
+from .batch import IndexedBatch
 from .decode import DecodeError
-from .gpu import IndexedBatch
+from .device import auto_num_workers, available_cpus, cuda_available, register_pinned, unregister_pinned
 from .stats import LoaderStats
 
 __all__ = ["DataLoader", "EpochRandomSampler", "auto_num_workers"]
@@ -79,42 +80,7 @@ __all__ = ["DataLoader", "EpochRandomSampler", "auto_num_workers"]
 T_co = TypeVar("T_co", covariant=True)
 
 _STATE_FORMAT = "fastload.DataLoader"
-_MAX_AUTO_WORKERS = 16
 _POLL_SECONDS = 0.5
-
-
-def _cuda_available() -> bool:
-    from .prefetch import cuda_available
-
-    return cuda_available()
-
-
-def _available_cpus() -> int:
-    try:
-        import psutil
-
-        affinity = psutil.Process().cpu_affinity()
-        if affinity:
-            return len(affinity)
-    except (ImportError, AttributeError, OSError):  # pragma: no cover - platform without affinity
-        pass
-    return os.cpu_count() or 1
-
-
-def _local_world_size() -> int:
-    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
-
-
-def auto_num_workers() -> int:
-    """``num_workers="auto"``: the CPUs this process may use, divided among the local ranks, at most 16.
-
-    Example: 2 CPUs, no torchrun -> 2; 32 CPUs and ``torchrun --nproc_per_node=8`` -> 4.
-    """
-    return max(1, min(_MAX_AUTO_WORKERS, _available_cpus() // _local_world_size()))
 
 
 class EpochRandomSampler(Sampler[int]):
@@ -203,7 +169,9 @@ def _label(targets: Any, target_transform: Callable[[int], Any] | None, i: int) 
     return int(target_transform(target)) if target_transform is not None else target
 
 
-def _run_task(dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, skip: bool) -> tuple[int, list[tuple[int, str]]]:
+def _run_task(
+    dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, skip: bool
+) -> tuple[int, list[tuple[int, str]]]:
     """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``; returns (filled, skipped)."""
     transform = dataset.transform
     targets = dataset.targets
@@ -236,7 +204,18 @@ def _portable_error(error: Exception) -> Exception | str:
     return error
 
 
-def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images: torch.Tensor, labels: torch.Tensor, base_seed: int, skip: bool, worker_init_fn: Callable[[int], None] | None, is_process: bool) -> None:
+def _worker_main(
+    worker_id: int,
+    dataset: Any,
+    tasks: Any,
+    results: Any,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    base_seed: int,
+    skip: bool,
+    worker_init_fn: Callable[[int], None] | None,
+    is_process: bool,
+) -> None:
     """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
     if is_process:
         torch.set_num_threads(1)
@@ -258,9 +237,29 @@ def _worker_main(worker_id: int, dataset: Any, tasks: Any, results: Any, images:
         try:
             filled, skipped = _run_task(dataset, task, np_images, np_labels, skip)
         except Exception as e:  # reported to the main process, which re-raises it
-            results.put((task.generation, task.batch, task.slot, "error", _portable_error(e), traceback.format_exc(), worker_id))
+            results.put(
+                (
+                    task.generation,
+                    task.batch,
+                    task.slot,
+                    "error",
+                    _portable_error(e),
+                    traceback.format_exc(),
+                    worker_id,
+                )
+            )
             continue
-        results.put((task.generation, task.batch, task.slot, "ok", filled, skipped, (worker_id, time.perf_counter() - t0)))
+        results.put(
+            (
+                task.generation,
+                task.batch,
+                task.slot,
+                "ok",
+                filled,
+                skipped,
+                (worker_id, time.perf_counter() - t0),
+            )
+        )
 
 
 class _WorkerPool:
@@ -272,12 +271,12 @@ class _WorkerPool:
     into one slot and no batch is overwritten while it is in use.
     """
 
-    def __init__(self, loader: "DataLoader[Any]", shape: tuple[int, int], num_slots: int) -> None:
+    def __init__(self, loader: DataLoader[Any], shape: tuple[int, int], num_slots: int) -> None:
         self.num_workers = loader.num_workers
         self.kind = loader.worker_type
         b = loader.batch_size or 1
         h, w = shape
-        pin = bool(loader.pin_memory) and _cuda_available()
+        pin = bool(loader.pin_memory) and cuda_available()
         self.images = torch.empty((num_slots, b, h, w, 3), dtype=torch.uint8)
         self.labels = torch.empty((num_slots, b), dtype=torch.int64)
         self.pinned = False
@@ -285,7 +284,7 @@ class _WorkerPool:
             self.images.share_memory_()
             self.labels.share_memory_()
             if pin:
-                self.pinned = _register_pinned(self.images) and _register_pinned(self.labels)
+                self.pinned = register_pinned(self.images) and register_pinned(self.labels)
         elif pin:
             self.images = self.images.pin_memory()
             self.labels = self.labels.pin_memory()
@@ -310,7 +309,18 @@ class _WorkerPool:
         for wid in range(self.num_workers):
             worker = spawn(
                 target=_worker_main,
-                args=(wid, loader.dataset, self.tasks, self.results, self.images, self.labels, loader._seed, loader.on_error == "skip", loader.worker_init_fn, is_process),
+                args=(
+                    wid,
+                    loader.dataset,
+                    self.tasks,
+                    self.results,
+                    self.images,
+                    self.labels,
+                    loader._seed,
+                    loader.on_error == "skip",
+                    loader.worker_init_fn,
+                    is_process,
+                ),
                 name=f"fastload-worker-{wid}",
                 daemon=True,
             )
@@ -324,7 +334,15 @@ class _WorkerPool:
         if slot not in self.busy and slot not in self.free_slots:
             self.free_slots.append(slot)
 
-    def issue(self, generation: int, epoch: int, seed: int, batches: list[np.ndarray], issued: int, in_flight: dict[int, int]) -> int:
+    def issue(
+        self,
+        generation: int,
+        epoch: int,
+        seed: int,
+        batches: list[np.ndarray],
+        issued: int,
+        in_flight: dict[int, int],
+    ) -> int:
         """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
         while issued < len(batches):
             slot = self.take_slot()
@@ -366,7 +384,9 @@ class _WorkerPool:
         deadline = None if timeout <= 0 else time.monotonic() + timeout
         while True:
             if self.closed:
-                raise RuntimeError("the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating")
+                raise RuntimeError(
+                    "the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating"
+                )
             try:
                 report = self.results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
@@ -376,13 +396,19 @@ class _WorkerPool:
                 return report
             self.check_alive()
             if deadline is not None and time.monotonic() > deadline:
-                raise RuntimeError(f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})")
+                raise RuntimeError(
+                    f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})"
+                )
 
     def check_alive(self) -> None:
         for wid, w in enumerate(self.workers):
             if not w.is_alive():
                 code = getattr(w, "exitcode", None)
-                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+                how = (
+                    f"was killed by signal {-code}"
+                    if code is not None and code < 0
+                    else f"exited with code {code}"
+                )
                 pid = getattr(w, "pid", None)
                 self.close()
                 raise RuntimeError(
@@ -407,31 +433,15 @@ class _WorkerPool:
                 w.terminate()
                 w.join(timeout=5)
         if self.pinned and self.kind == "process":
-            _unregister_pinned(self.images)
-            _unregister_pinned(self.labels)
+            unregister_pinned(self.images)
+            unregister_pinned(self.labels)
         self.workers = []
-
-
-def _register_pinned(t: torch.Tensor) -> bool:  # pragma: no cover - needs CUDA
-    """Page-locks shared memory in place (cudaHostRegister), so H2D copies from it are async."""
-    try:
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-    except (RuntimeError, AttributeError):
-        return False
-    return int(getattr(err, "value", err)) == 0
-
-
-def _unregister_pinned(t: torch.Tensor) -> None:  # pragma: no cover - needs CUDA
-    try:
-        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
-    except (RuntimeError, AttributeError):
-        pass
 
 
 class _FastIterator:
     """One pass over the epoch's batches, ``start`` batches in (resume), through the pool."""
 
-    def __init__(self, loader: "DataLoader[Any]", epoch: int, start: int) -> None:
+    def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
         self.loader = loader
         self.epoch = epoch
         self.seed = loader._seed
@@ -464,9 +474,11 @@ class _FastIterator:
         # and not holding an adopted lookahead batch.
         # The previous pass's last batches stay valid while the next two are consumed, too.
         kept = {report[2] for report in self.reports.values()} | set(self.held)
-        pool.free_slots = [slot for slot in range(pool.num_slots) if slot not in pool.busy and slot not in kept]
+        pool.free_slots = [
+            slot for slot in range(pool.num_slots) if slot not in pool.busy and slot not in kept
+        ]
 
-    def __iter__(self) -> "_FastIterator":
+    def __iter__(self) -> _FastIterator:
         return self
 
     def _hold_limit(self) -> int:
@@ -474,7 +486,9 @@ class _FastIterator:
 
     def _fill(self) -> None:
         pool = self.pool
-        self.issued = pool.issue(self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight)
+        self.issued = pool.issue(
+            self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
+        )
         if self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
             self.loader._fill_lookahead(self.epoch, self.seed)
 
@@ -482,10 +496,18 @@ class _FastIterator:
         """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
         slot = self.pool.take_slot()
         assert slot is not None  # the consumer holds at most _hold_limit() slots of >= 3
-        task = _Task(self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch])
+        task = _Task(
+            self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
+        )
         t0 = time.perf_counter()
         try:
-            filled, skipped = _run_task(self.loader.dataset, task, self.pool.images.numpy(), self.pool.labels.numpy(), self.loader.on_error == "skip")
+            filled, skipped = _run_task(
+                self.loader.dataset,
+                task,
+                self.pool.images.numpy(),
+                self.pool.labels.numpy(),
+                self.loader.on_error == "skip",
+            )
         except BaseException:
             self.pool.release(slot)
             raise
@@ -520,7 +542,9 @@ class _FastIterator:
                 if hasattr(error, "add_note"):
                     error.add_note(context)
                 raise error
-            raise RuntimeError(f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}")
+            raise RuntimeError(
+                f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}"
+            )
         filled, skipped, (wid, seconds) = report[4], report[5], report[6]
         self.stats.record_decode(wid, seconds)
         self.ready[batch] = (slot, filled, skipped)
@@ -660,30 +684,46 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
     ) -> None:
         if num_workers == "auto":
             num_workers = auto_num_workers()
-        elif isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-            raise ValueError(f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}")
+        elif (
+            isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0
+        ):
+            raise ValueError(
+                f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
+            )
         num_workers = int(num_workers)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0):
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0
+        ):
             raise ValueError(f"batch_size should be a positive integer, but got batch_size={batch_size!r}")
         if worker_type not in ("process", "thread"):
-            raise ValueError(f"worker_type should be 'process' or 'thread', but got worker_type={worker_type!r}")
+            raise ValueError(
+                f"worker_type should be 'process' or 'thread', but got worker_type={worker_type!r}"
+            )
         if decode not in ("cpu", "device"):
             raise ValueError(f"decode should be 'cpu' or 'device', but got decode={decode!r}")
         if decode == "device":
             if not callable(getattr(dataset, "get_bytes", None)):
-                raise ValueError("decode='device' needs a dataset that serves encoded images (fastload.ImageFolder or InMemoryImageFolder)")
+                raise ValueError(
+                    "decode='device' needs a dataset that serves encoded images (fastload.ImageFolder or InMemoryImageFolder)"
+                )
             if gpu_transforms is None:
-                raise ValueError("decode='device' needs gpu_transforms that bring the decoded images to one size, e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])")
+                raise ValueError(
+                    "decode='device' needs gpu_transforms that bring the decoded images to one size, e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])"
+                )
             if getattr(dataset, "transform", None) is not None:
-                raise ValueError("decode='device' decodes and transforms on the device: leave the dataset's transform None and pass the augmentations as gpu_transforms")
+                raise ValueError(
+                    "decode='device' decodes and transforms on the device: leave the dataset's transform None and pass the augmentations as gpu_transforms"
+                )
             if collate_fn is not None or batch_sampler is not None:
-                raise ValueError("decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it")
+                raise ValueError(
+                    "decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it"
+                )
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error should be 'raise' or 'skip', but got on_error={on_error!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"seed should be an integer or None, but got seed={seed!r}")
         if pin_memory is None:
-            pin_memory = _cuda_available()
+            pin_memory = cuda_available()
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         if seed is None:
@@ -694,10 +734,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         own_sampler = False
         if distributed:
             if sampler is not None or batch_sampler is not None:
-                raise ValueError("distributed=True builds the sampler itself: pass either distributed=True or sampler/batch_sampler, not both")
+                raise ValueError(
+                    "distributed=True builds the sampler itself: pass either distributed=True or sampler/batch_sampler, not both"
+                )
             from .sampler import DistributedSampler
 
-            sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=self._seed, drop_last=bool(shuffle))
+            sampler = DistributedSampler(
+                dataset, shuffle=bool(shuffle), seed=self._seed, drop_last=bool(shuffle)
+            )
             shuffle = False
             own_sampler = True
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:
@@ -733,7 +777,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
         self.decode = decode
-        self._fast = decode == "cpu" and collate_fn is None and batch_sampler is None and batch_size is not None and not is_iterable and _is_fast_dataset(dataset)
+        self._fast = (
+            decode == "cpu"
+            and collate_fn is None
+            and batch_sampler is None
+            and batch_size is not None
+            and not is_iterable
+            and _is_fast_dataset(dataset)
+        )
         self._epoch = 0  # the epoch of the next (or current) pass
         self._epoch_set = False
         self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
@@ -792,7 +843,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             epoch, done = self._pass_epoch, self._batches_done
         else:  # between passes: what the next pass will do (set_epoch, load_state_dict, or epoch + 1)
             epoch, done = self._epoch, self._resume_at
-        return {"format": _STATE_FORMAT, "version": 1, "seed": self._seed, "epoch": epoch, "batches": done, "batch_size": self.batch_size, "num_samples": len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None}
+        return {
+            "format": _STATE_FORMAT,
+            "version": 1,
+            "seed": self._seed,
+            "epoch": epoch,
+            "batches": done,
+            "batch_size": self.batch_size,
+            "num_samples": len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
@@ -804,7 +863,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ValueError("state should come from fastload.DataLoader.state_dict()")
         if state.get("version") != 1:
-            raise ValueError(f"unsupported DataLoader state version {state.get('version')!r} (this fastload reads version 1)")
+            raise ValueError(
+                f"unsupported DataLoader state version {state.get('version')!r} (this fastload reads version 1)"
+            )
         n = len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None
         if state.get("num_samples") != n or state.get("batch_size") != self.batch_size:
             raise ValueError(
@@ -863,7 +924,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
     def _limit_threads(self) -> None:
         busy = self.num_workers  # process or thread workers: each keeps a core busy decoding
-        cap = max(1, _available_cpus() - busy)
+        cap = max(1, available_cpus() - busy)
         if torch.get_num_threads() > cap:
             torch.set_num_threads(cap)
 
@@ -876,7 +937,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
         sampler = self.sampler
         if type(sampler) is EpochRandomSampler:
-            return np.asarray(_rng.epoch_permutation(len(sampler.data_source), sampler.seed, epoch), dtype=np.int64)
+            return np.asarray(
+                _rng.epoch_permutation(len(sampler.data_source), sampler.seed, epoch), dtype=np.int64
+            )
         if type(sampler) is DistributedSampler:
             return np.asarray(sampler.indices(epoch), dtype=np.int64)
         if type(sampler) is torch.utils.data.SequentialSampler:
@@ -894,8 +957,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             if order is None:
                 return
             self._generation += 1
-            ahead = self._lookahead = _Lookahead(self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state())
-        ahead.issued = pool.issue(ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight)
+            ahead = self._lookahead = _Lookahead(
+                self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state()
+            )
+        ahead.issued = pool.issue(
+            ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight
+        )
 
     def _dataset_state(self) -> tuple[Any, ...]:
         """The dataset's transform objects: replacing one between epochs voids a lookahead
@@ -911,7 +978,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         ahead.reports[report[1]] = report
         return True
 
-    def _take_lookahead(self, epoch: int, start: int, seed: int, batches: list[np.ndarray]) -> _Lookahead | None:
+    def _take_lookahead(
+        self, epoch: int, start: int, seed: int, batches: list[np.ndarray]
+    ) -> _Lookahead | None:
         """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
         ahead, self._lookahead = self._lookahead, None
         if ahead is None:
@@ -960,7 +1029,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         batches = self._epoch_batches(epoch)[start:]
         targets = dataset.targets
         target_transform = getattr(dataset, "target_transform", None)
-        with ThreadPoolExecutor(max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read") as pool:
+        with ThreadPoolExecutor(
+            max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read"
+        ) as pool:
             pending = pool.map(dataset.get_bytes, batches[0].tolist()) if batches else None
             for k, indices in enumerate(batches):
                 encoded = list(pending)  # type: ignore[arg-type]
@@ -968,7 +1039,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                     pending = pool.map(dataset.get_bytes, batches[k + 1].tolist())
                 names = [_describe(dataset, int(i)) for i in indices]
                 images = decode_batch(encoded, device, names)
-                labels = torch.tensor([_label(targets, target_transform, int(i)) for i in indices], dtype=torch.int64)
+                labels = torch.tensor(
+                    [_label(targets, target_transform, int(i)) for i in indices], dtype=torch.int64
+                )
                 self._batches_done = start + k + 1
                 yield IndexedBatch(images, labels, torch.from_numpy(indices))
 
@@ -1016,7 +1089,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             one_pass = _OnePass(self, host)
             if self._prefetcher is None:
                 device = self.device if self.device is not None else torch.device("cpu")
-                self._prefetcher = CUDAPrefetcher(one_pass, device=device, transforms=self.gpu_transforms, dtype=None)
+                self._prefetcher = CUDAPrefetcher(
+                    one_pass, device=device, transforms=self.gpu_transforms, dtype=None
+                )
                 self._prefetcher.stats = self.stats
             else:
                 self._prefetcher.loader = one_pass

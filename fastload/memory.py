@@ -53,12 +53,14 @@ import re
 import tempfile
 import weakref
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from .device import available_cpus
 from .folder import ClassIndex, FolderIndex, _SampleList, scan_folder
-from .pack import PackFile, _available_cpus, _bounded_map, _HeadPlan, _PackView, _progress_bar
+from .pack import PackFile, _bounded_map, _HeadPlan, _PackView, _progress_bar
 
 __all__ = ["InMemoryImageFolder", "available_memory"]
 
@@ -142,7 +144,9 @@ def _backend() -> str:
     if SEGMENT_BACKEND is None:
         return "memfd" if _memfd_works() else "file"
     if SEGMENT_BACKEND not in ("memfd", "file"):
-        raise ValueError(f"fastload.memory.SEGMENT_BACKEND should be None, 'memfd' or 'file', but got {SEGMENT_BACKEND!r}")
+        raise ValueError(
+            f"fastload.memory.SEGMENT_BACKEND should be None, 'memfd' or 'file', but got {SEGMENT_BACKEND!r}"
+        )
     return SEGMENT_BACKEND
 
 
@@ -305,7 +309,12 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
     finally:
         os.close(fd2)
     try:
-        view = _PackView(res.mm, f"the shared memory of an InMemoryImageFolder ({where})", verify=False, expect_digest=digest)
+        view = _PackView(
+            res.mm,
+            f"the shared memory of an InMemoryImageFolder ({where})",
+            verify=False,
+            expect_digest=digest,
+        )
     except BaseException:
         _release(res)
         raise
@@ -316,7 +325,7 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
     """Reads every file of ``index`` into a new segment laid out as a pack image."""
     n = len(index)
     paths = index.paths
-    threads = num_threads if num_threads is not None else min(32, _available_cpus() + 4)
+    threads = num_threads if num_threads is not None else min(32, available_cpus() + 4)
     chunk = 64
     executor = None
     if threads > 0 and n > chunk:
@@ -334,11 +343,17 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
         return sizes
 
     try:
-        sizes = [s for part in _bounded_map(executor, stat_chunk, range(0, n, chunk), 4 * max(1, threads)) for s in part]
+        sizes = [
+            s
+            for part in _bounded_map(executor, stat_chunk, range(0, n, chunk), 4 * max(1, threads))
+            for s in part
+        ]
         offsets = np.zeros(n + 1, dtype=np.int64)
         if n:
             np.cumsum(sizes, out=offsets[1:])
-        plan = _HeadPlan(index, {"classes": list(index.classes), "root": index.root, "max_side": None, "quality": None})
+        plan = _HeadPlan(
+            index, {"classes": list(index.classes), "root": index.root, "max_side": None, "quality": None}
+        )
         total = plan.data_offset + int(offsets[-1])
         _check_fits(total, f"InMemoryImageFolder({index.root!r}) ({n} samples)")
         res = _create_segment(total, _label(index.root))
@@ -357,7 +372,9 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
                     except OSError as e:
                         raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
                     if len(data) != offsets[i + 1] - offsets[i]:
-                        raise OSError(f"sample {i} ({path!r}) changed size while the dataset was loading; load it again")
+                        raise OSError(
+                            f"sample {i} ({path!r}) changed size while the dataset was loading; load it again"
+                        )
                     crcs[i] = zlib.crc32(data)
                     _pwrite_all(fd, data, plan.data_offset + int(offsets[i]))
                 return stop - start
@@ -421,7 +438,12 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
     try:
         fd = res.fd
         assert fd is not None
-        bar = _progress_bar(size, f"load {_label(pack.path)}", "B", progress if progress is not None else (None if size > 1 << 30 else False))
+        bar = _progress_bar(
+            size,
+            f"load {_label(pack.path)}",
+            "B",
+            progress if progress is not None else (None if size > 1 << 30 else False),
+        )
         try:
             _copy_file(pack.path, fd, size, bar.update)
         finally:
@@ -432,7 +454,9 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
     except OSError as e:
         _release(res)
         if e.errno in (errno.ENOSPC, errno.ENOMEM):
-            raise MemoryError(f"ran out of shared memory while loading {pack.path!r} ({e.strerror}); use in_memory=False") from e
+            raise MemoryError(
+                f"ran out of shared memory while loading {pack.path!r} ({e.strerror}); use in_memory=False"
+            ) from e
         raise
     except BaseException:
         _release(res)
@@ -494,16 +518,24 @@ class InMemoryImageFolder:
         progress: bool | None = None,
     ) -> None:
         _check_transforms(transform, target_transform)
-        if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0):
-            raise ValueError(f"num_threads should be a non-negative integer or None, but got num_threads={num_threads!r}")
+        if num_threads is not None and (
+            not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0
+        ):
+            raise ValueError(
+                f"num_threads should be a non-negative integer or None, but got num_threads={num_threads!r}"
+            )
         if isinstance(root_or_index, FolderIndex):
             if classes is not None:
-                raise ValueError("classes is only used to scan a folder: the FolderIndex passed as root_or_index already has its class list")
+                raise ValueError(
+                    "classes is only used to scan a folder: the FolderIndex passed as root_or_index already has its class list"
+                )
             index = root_or_index
         elif isinstance(root_or_index, (str, os.PathLike)):
             index = scan_folder(root_or_index, classes=classes)
         else:
-            raise TypeError(f"root_or_index should be a folder path or a FolderIndex, but got {type(root_or_index).__name__}")
+            raise TypeError(
+                f"root_or_index should be a folder path or a FolderIndex, but got {type(root_or_index).__name__}"
+            )
         self._setup(_load_folder(index, num_threads, progress), transform, target_transform)
 
     @classmethod
@@ -515,7 +547,7 @@ class InMemoryImageFolder:
         in_memory: bool = True,
         *,
         progress: bool | None = None,
-    ) -> "InMemoryImageFolder":
+    ) -> InMemoryImageFolder:
         """A dataset of a pack file written by :func:`fastload.pack.write_pack` (``python -m fastload pack``).
 
         Args:
@@ -550,7 +582,12 @@ class InMemoryImageFolder:
         self._setup(storage, transform, target_transform)
         return self
 
-    def _setup(self, storage: _Storage, transform: Callable[..., Any] | None, target_transform: Callable[[int], Any] | None) -> None:
+    def _setup(
+        self,
+        storage: _Storage,
+        transform: Callable[..., Any] | None,
+        target_transform: Callable[[int], Any] | None,
+    ) -> None:
         assert storage.view is not None
         self._storage: _Storage | None = storage
         self._view: _PackView | None = storage.view
@@ -640,7 +677,7 @@ class InMemoryImageFolder:
         if self._storage is not None:
             self._storage.close()
 
-    def __enter__(self) -> "InMemoryImageFolder":
+    def __enter__(self) -> InMemoryImageFolder:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -649,21 +686,33 @@ class InMemoryImageFolder:
     def __getstate__(self) -> dict[str, Any]:
         if self._storage is None or self._view is None:
             raise ValueError("cannot pickle a closed InMemoryImageFolder")
-        return {"handle": self._storage.handle, "transform": self.transform, "target_transform": self.target_transform}
+        return {
+            "handle": self._storage.handle,
+            "transform": self.transform,
+            "target_transform": self.target_transform,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(_attach(state["handle"]), state["transform"], state["target_transform"])
 
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__}", f"    Number of datapoints: {len(self)}", f"    Root location: {getattr(self, 'root', None)}"]
+        lines = [
+            f"{type(self).__name__}",
+            f"    Number of datapoints: {len(self)}",
+            f"    Root location: {getattr(self, 'root', None)}",
+        ]
         if self._storage is None or self._view is None:
             lines.append("    Storage: closed")
         else:
             lines.append(f"    Classes: {len(self._view.index.classes)}")
             if self._storage.kind == "pack":
-                lines.append(f"    Storage: memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)")
+                lines.append(
+                    f"    Storage: memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)"
+                )
             else:
-                lines.append(f"    Storage: shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)")
+                lines.append(
+                    f"    Storage: shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)"
+                )
         if self.transform is not None:
             lines.append(f"    Transform: {self.transform!r}")
         return "\n".join(lines)
@@ -674,4 +723,3 @@ def _check_transforms(transform: Any, target_transform: Any) -> None:
         raise TypeError(f"transform should be callable, but got {type(transform).__name__}")
     if target_transform is not None and not callable(target_transform):
         raise TypeError(f"target_transform should be callable, but got {type(target_transform).__name__}")
-

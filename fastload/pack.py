@@ -58,13 +58,15 @@ import sys
 import tempfile
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
+from .device import available_cpus
 from .folder import ClassIndex, FolderIndex, scan_folder
 
 __all__ = [
@@ -102,18 +104,18 @@ def _align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1
-
 
 def _index_layout(n: int, index_offset: int, path_bytes: int) -> tuple[dict[str, int], int]:
     """Positions of the index arrays (a pure function of the header fields) and where they end."""
     pos: dict[str, int] = {}
     at = index_offset
-    for name, nbytes in (("offsets", 8 * (n + 1)), ("labels", 8 * n), ("path_offsets", 8 * (n + 1)), ("crc32", 4 * n), ("paths", path_bytes)):
+    for name, nbytes in (
+        ("offsets", 8 * (n + 1)),
+        ("labels", 8 * n),
+        ("path_offsets", 8 * (n + 1)),
+        ("crc32", 4 * n),
+        ("paths", path_bytes),
+    ):
         pos[name] = at
         at += nbytes
     return pos, at
@@ -145,7 +147,9 @@ class _HeadPlan:
         self.paths = buf[int(po[0]) : int(po[-1])]
         self.labels = index.targets
         # Names that are not valid UTF-8 on disk come from os.scandir as surrogate escapes: keep their bytes.
-        self.meta = json.dumps({"format": _FORMAT, **meta}, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogateescape")
+        self.meta = json.dumps({"format": _FORMAT, **meta}, ensure_ascii=False, sort_keys=True).encode(
+            "utf-8", "surrogateescape"
+        )
         self.index_offset = _align(_HEADER_SIZE + len(self.meta), 8)
         self.pos, end = _index_layout(self.n, self.index_offset, len(self.paths))
         self.data_offset = _align(end, ALIGNMENT)
@@ -164,7 +168,17 @@ class _HeadPlan:
             arr = np.asarray(values)
             np.ndarray(arr.shape, dtype=dtype, buffer=head, offset=self.pos[name])[...] = arr
         data_len = int(offsets[-1])
-        fields = (MAGIC, FORMAT_VERSION, _HEADER_SIZE, self.n, len(self.meta), self.index_offset, len(self.paths), self.data_offset, data_len)
+        fields = (
+            MAGIC,
+            FORMAT_VERSION,
+            _HEADER_SIZE,
+            self.n,
+            len(self.meta),
+            self.index_offset,
+            len(self.paths),
+            self.data_offset,
+            data_len,
+        )
         _HEADER.pack_into(head, 0, *fields, bytes(32))
         _HEADER.pack_into(head, 0, *fields, _digest(memoryview(head), self.data_offset))
         return head
@@ -185,11 +199,19 @@ class _PackView:
         size = mv.nbytes
         if size < _HEADER.size:
             if bytes(mv[: min(8, size)]) != MAGIC[: min(8, size)] or size == 0:
-                raise PackError(f"{name} is not a fastload pack file ({size} bytes, no pack header). {_REBUILD}")
-            raise PackError(f"{name} is truncated: it has {size} bytes, less than the {_HEADER.size}-byte pack header. {_RECOPY}")
-        magic, version, header_size, n, meta_len, index_offset, path_bytes, data_offset, data_len, digest = _HEADER.unpack_from(mv, 0)
+                raise PackError(
+                    f"{name} is not a fastload pack file ({size} bytes, no pack header). {_REBUILD}"
+                )
+            raise PackError(
+                f"{name} is truncated: it has {size} bytes, less than the {_HEADER.size}-byte pack header. {_RECOPY}"
+            )
+        magic, version, header_size, n, meta_len, index_offset, path_bytes, data_offset, data_len, digest = (
+            _HEADER.unpack_from(mv, 0)
+        )
         if magic != MAGIC:
-            raise PackError(f"{name} is not a fastload pack file: it starts with {bytes(magic)!r}, a pack starts with {MAGIC!r}. {_REBUILD}")
+            raise PackError(
+                f"{name} is not a fastload pack file: it starts with {bytes(magic)!r}, a pack starts with {MAGIC!r}. {_REBUILD}"
+            )
         if version != FORMAT_VERSION:
             raise PackError(
                 f"{name} has pack format version {version}, but this fastload reads version {FORMAT_VERSION}. "
@@ -210,20 +232,27 @@ class _PackView:
                 + _RECOPY
             )
         if expect_digest is not None and digest != expect_digest:
-            raise PackError(f"{name} has changed since it was opened (its header digest differs). Recreate the dataset from the new file.")
+            raise PackError(
+                f"{name} has changed since it was opened (its header digest differs). Recreate the dataset from the new file."
+            )
         if verify and _digest(mv, data_offset) != digest:
             raise PackError(
-                f"{name} is corrupt: the checksum of its header and index does not match. "
-                + _RECOPY
+                f"{name} is corrupt: the checksum of its header and index does not match. " + _RECOPY
             )
         if size != data_offset + data_len:
-            what = "is truncated" if size < data_offset + data_len else "has unexpected bytes after its data section"
+            what = (
+                "is truncated"
+                if size < data_offset + data_len
+                else "has unexpected bytes after its data section"
+            )
             raise PackError(
                 f"{name} {what}: the header says {data_offset + data_len} bytes but it has {size}. "
                 f"The copy or the write was interrupted. {_RECOPY}"
             )
         try:
-            meta = json.loads(bytes(mv[_HEADER_SIZE : _HEADER_SIZE + meta_len]).decode("utf-8", "surrogateescape"))
+            meta = json.loads(
+                bytes(mv[_HEADER_SIZE : _HEADER_SIZE + meta_len]).decode("utf-8", "surrogateescape")
+            )
             if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
                 raise ValueError(f"format is {meta.get('format') if isinstance(meta, dict) else None!r}")
             classes = ClassIndex(meta["classes"])
@@ -235,12 +264,21 @@ class _PackView:
 
         offsets = arr("offsets", "<i8", n + 1)
         path_offsets = arr("path_offsets", "<i8", n + 1)
-        for what, o, end in (("sample offsets", offsets, data_len), ("path offsets", path_offsets, path_bytes)):
+        for what, o, end in (
+            ("sample offsets", offsets, data_len),
+            ("path offsets", path_offsets, path_bytes),
+        ):
             if o[0] != 0 or o[-1] != end or not bool((o[1:] >= o[:-1]).all()):
                 raise PackError(f"{name} has corrupt {what} in its index. {_RECOPY}")
         labels = arr("labels", "<i8", n)
         try:
-            self.index = FolderIndex(str(meta.get("root", "")), None, labels, classes, _packed=(arr("paths", "u1", path_bytes), path_offsets))
+            self.index = FolderIndex(
+                str(meta.get("root", "")),
+                None,
+                labels,
+                classes,
+                _packed=(arr("paths", "u1", path_bytes), path_offsets),
+            )
         except ValueError as e:
             raise PackError(f"{name} has a corrupt index ({e}). {_REBUILD}") from None
         self.name = name
@@ -314,7 +352,9 @@ class PackFile:
     file (sharing the page cache) after a cheap check that it is still the same file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, _expect: tuple[tuple[int, ...], bytes] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, _expect: tuple[tuple[int, ...], bytes] | None = None
+    ) -> None:
         self.path = os.fspath(path)
         self._abspath = os.path.abspath(self.path)  # for pickling: the receiver may have another cwd
         name = repr(self.path)
@@ -322,7 +362,9 @@ class PackFile:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise PackError(f"{name} is not a regular file, so it is not a fastload pack file. {_REBUILD}")
+                raise PackError(
+                    f"{name} is not a regular file, so it is not a fastload pack file. {_REBUILD}"
+                )
             if st.st_size == 0:
                 raise PackError(f"{name} is empty: it is not a fastload pack file. {_REBUILD}")
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -424,7 +466,7 @@ class PackFile:
                 pass  # views still exported: the map goes with the last of them
             self._mm = None
 
-    def __enter__(self) -> "PackFile":
+    def __enter__(self) -> PackFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -486,7 +528,9 @@ def _progress_bar(total: int, desc: str, unit: str, progress: bool | None) -> An
     return tqdm(total=total, desc=desc, unit=unit, disable=not progress, unit_scale=unit == "B")
 
 
-def _bounded_map(executor: Executor | None, fn: Callable[[T], R], items: Iterable[T], max_in_flight: int) -> Iterator[R]:
+def _bounded_map(
+    executor: Executor | None, fn: Callable[[T], R], items: Iterable[T], max_in_flight: int
+) -> Iterator[R]:
     """``map(fn, items)`` in order, with at most ``max_in_flight`` tasks submitted at a time.
 
     ``Executor.map`` submits everything at once (a million futures for ImageNet, and results
@@ -559,10 +603,21 @@ def _load_chunk(task: tuple[list[str], int | None, int]) -> list[_Result]:
 def _check_int(value: Any, name: str, low: int, high: int | None = None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    ok = (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value <= high)
+    )
     if not ok:
-        what = f"an integer in [{low}, {high}]" if high is not None else ("a positive integer" if low == 1 else "a non-negative integer")
-        raise ValueError(f"{name} should be {what}{' or None' if allow_none else ''}, but got {name}={value!r}")
+        what = (
+            f"an integer in [{low}, {high}]"
+            if high is not None
+            else ("a positive integer" if low == 1 else "a non-negative integer")
+        )
+        raise ValueError(
+            f"{name} should be {what}{' or None' if allow_none else ''}, but got {name}={value!r}"
+        )
 
 
 def write_pack(
@@ -606,7 +661,9 @@ def write_pack(
         stored unchanged (even if it is a PNG or a CMYK JPEG).
     """
     if not isinstance(index, FolderIndex):
-        raise TypeError(f"index should be a FolderIndex (e.g. scan_folder(root)), but got {type(index).__name__}")
+        raise TypeError(
+            f"index should be a FolderIndex (e.g. scan_folder(root)), but got {type(index).__name__}"
+        )
     _check_int(max_side, "max_side", 1, allow_none=True)
     _check_int(quality, "quality", 1, 100)
     _check_int(num_workers, "num_workers", 0, allow_none=True)
@@ -615,10 +672,15 @@ def write_pack(
         raise ValueError(f"out_path should be a file name, but {out!r} is a directory")
     plan = _HeadPlan(
         index,
-        {"classes": list(index.classes), "root": index.root, "max_side": max_side, "quality": quality if max_side is not None else None},
+        {
+            "classes": list(index.classes),
+            "root": index.root,
+            "max_side": max_side,
+            "quality": quality if max_side is not None else None,
+        },
     )
     n = len(index)
-    workers = _available_cpus() if num_workers is None else num_workers
+    workers = available_cpus() if num_workers is None else num_workers
     chunk = 16 if max_side is not None else 64
     paths = index.paths
     tasks = ((paths[a : min(a + chunk, n)], max_side, quality) for a in range(0, n, chunk))
@@ -630,7 +692,9 @@ def write_pack(
     crcs = np.zeros(n, dtype=np.uint32)
     source_bytes = reencoded = 0
     try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(
+            dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.", suffix=".tmp"
+        )
     except OSError as e:
         if executor is not None:
             executor.shutdown(wait=False)
@@ -679,7 +743,9 @@ def write_pack(
         bar.close()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-    return PackSummary(Path(out), n, int(offsets[-1]), plan.data_offset + int(offsets[-1]), source_bytes, reencoded)
+    return PackSummary(
+        Path(out), n, int(offsets[-1]), plan.data_offset + int(offsets[-1]), source_bytes, reencoded
+    )
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -701,11 +767,35 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("root", help="the split's folder, e.g. imagenet/train")
     p.add_argument("out", help="the pack file to write, e.g. train.fastpack")
-    p.add_argument("--classes", default=None, metavar="JSON", help="class list (JSON from ClassIndex.save, or a JSON list of names); default: the subfolders of ROOT")
-    p.add_argument("--max-side", type=int, default=None, metavar="N", help="re-encode images whose longer side exceeds N pixels (RGB JPEG at --quality); default: store the files unchanged")
-    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default: 90)")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="parallel readers/encoders (default: the available CPUs)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="show a progress bar (default: on a terminal)")
+    p.add_argument(
+        "--classes",
+        default=None,
+        metavar="JSON",
+        help="class list (JSON from ClassIndex.save, or a JSON list of names); default: the subfolders of ROOT",
+    )
+    p.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        metavar="N",
+        help="re-encode images whose longer side exceeds N pixels (RGB JPEG at --quality); default: store the files unchanged",
+    )
+    p.add_argument(
+        "--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default: 90)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parallel readers/encoders (default: the available CPUs)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: on a terminal)",
+    )
     p.set_defaults(func=pack_command)
     return p
 
@@ -713,8 +803,17 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
 def pack_command(args: argparse.Namespace) -> int:
     """Runs ``python -m fastload pack`` with parsed arguments; returns the exit status."""
     index = scan_folder(args.root, classes=args.classes)
-    summary = write_pack(index, args.out, max_side=args.max_side, quality=args.quality, num_workers=args.workers, progress=args.progress)
-    shrunk = f", {summary.reencoded} re-encoded to max side {args.max_side}" if args.max_side is not None else ""
+    summary = write_pack(
+        index,
+        args.out,
+        max_side=args.max_side,
+        quality=args.quality,
+        num_workers=args.workers,
+        progress=args.progress,
+    )
+    shrunk = (
+        f", {summary.reencoded} re-encoded to max side {args.max_side}" if args.max_side is not None else ""
+    )
     print(
         f"wrote {summary.path}: {summary.num_samples} samples, {len(index.classes)} classes, "
         f"{summary.data_bytes / 1e6:.1f} MB of images (source {summary.source_bytes / 1e6:.1f} MB{shrunk})"

@@ -52,18 +52,18 @@ it into one batch).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
+from .batch import IndexedBatch
+from .device import StreamBackend, default_device, device_is_cuda, stream_backend
+from .gpu import _call
 from .stats import LoaderStats
-
-from .gpu import IndexedBatch, _call
 
 __all__ = [
     "CUDAPrefetcher",
@@ -73,134 +73,6 @@ __all__ = [
     "device_is_cuda",
     "stream_backend",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# The one place that knows about CUDA
-# --------------------------------------------------------------------------------------------
-
-
-def device_is_cuda(device: torch.device | str | int | None) -> bool:
-    """Whether ``device`` names a CUDA device (does not initialise CUDA).
-
-    Example:
-        >>> device_is_cuda("cuda:1"), device_is_cuda("cpu"), device_is_cuda(None)
-        (True, False, False)
-    """
-    if device is None:
-        return False
-    if isinstance(device, int):
-        return True  # torch's convention: a bare index is a CUDA ordinal
-    return torch.device(device).type == "cuda"
-
-
-def cuda_available() -> bool:
-    """Whether a CUDA device can be used (without creating a CUDA context)."""
-    return torch.cuda.is_available()
-
-
-def default_device() -> torch.device:
-    """The current CUDA device if CUDA is available, else the CPU."""
-    if cuda_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-class StreamBackend(Protocol):
-    """The stream operations the prefetcher needs; :func:`stream_backend` picks the implementation."""
-
-    is_cuda: bool
-
-    def new_stream(self, device: torch.device) -> Any: ...
-    def current_stream(self, device: torch.device) -> Any: ...
-    def stream_context(self, stream: Any) -> contextlib.AbstractContextManager[Any]: ...
-    def wait_stream(self, waiter: Any, waitee: Any) -> None: ...
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None: ...
-    def record_event(self, stream: Any) -> Any: ...
-    def synchronize_event(self, event: Any) -> None: ...
-    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor: ...
-    def is_pinned(self, tensor: torch.Tensor) -> bool: ...
-    def synchronize(self, device: torch.device) -> None: ...
-
-
-class _NoStreams:
-    """Devices without streams (CPU, ...): every stream operation is a no-op."""
-
-    is_cuda = False
-
-    def new_stream(self, device: torch.device) -> None:
-        return None
-
-    def current_stream(self, device: torch.device) -> None:
-        return None
-
-    def stream_context(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext()
-
-    def wait_stream(self, waiter: Any, waitee: Any) -> None:
-        pass
-
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        pass
-
-    def record_event(self, stream: Any) -> None:
-        return None
-
-    def synchronize_event(self, event: Any) -> None:
-        pass
-
-    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return tensor.to(device)
-
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return True  # irrelevant without asynchronous copies
-
-    def synchronize(self, device: torch.device) -> None:
-        pass
-
-
-class _CudaStreams:
-    """CUDA streams and events. Constructing it does not touch CUDA."""
-
-    is_cuda = True
-
-    def new_stream(self, device: torch.device) -> torch.cuda.Stream:
-        return torch.cuda.Stream(device=device)
-
-    def current_stream(self, device: torch.device) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(device)
-
-    def stream_context(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager[Any]:
-        return torch.cuda.stream(stream)
-
-    def wait_stream(self, waiter: torch.cuda.Stream, waitee: torch.cuda.Stream) -> None:
-        waiter.wait_stream(waitee)
-
-    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        if tensor.device.type == "cuda":
-            tensor.record_stream(stream)
-
-    def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        event = torch.cuda.Event()
-        event.record(stream)
-        return event
-
-    def synchronize_event(self, event: torch.cuda.Event) -> None:
-        event.synchronize()
-
-    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return tensor.to(device, non_blocking=True)
-
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return tensor.is_pinned()
-
-    def synchronize(self, device: torch.device) -> None:
-        torch.cuda.synchronize(device)
-
-
-def stream_backend(device: torch.device | str | None) -> StreamBackend:
-    """The stream backend for ``device``: CUDA streams for a CUDA device, no-ops otherwise."""
-    return _CudaStreams() if device_is_cuda(device) else _NoStreams()
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +94,9 @@ def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, IndexedBatch):
-        return IndexedBatch(_map_tensors(batch[0], fn), _map_tensors(batch[1], fn), _map_tensors(batch.indices, fn))
+        return IndexedBatch(
+            _map_tensors(batch[0], fn), _map_tensors(batch[1], fn), _map_tensors(batch.indices, fn)
+        )
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(_map_tensors(x, fn) for x in batch))
     if isinstance(batch, (tuple, list)):
@@ -369,7 +243,9 @@ class CUDAPrefetcher:
         backend: StreamBackend | None = None,
     ) -> None:
         if not isinstance(loader, Iterable):
-            raise TypeError(f"loader should be an iterable of batches, but got loader={type(loader).__name__}")
+            raise TypeError(
+                f"loader should be an iterable of batches, but got loader={type(loader).__name__}"
+            )
         if transforms is not None and not callable(transforms):
             raise TypeError(f"transforms should be callable or None, but got transforms={transforms!r}")
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
@@ -527,7 +403,7 @@ class _PrefetchIterator:
         self._it = iter(owner.loader)
         self._fetch(owner._backend.current_stream(owner.device))
 
-    def __iter__(self) -> "_PrefetchIterator":
+    def __iter__(self) -> _PrefetchIterator:
         return self
 
     def _fetch(self, consumer: Any) -> None:

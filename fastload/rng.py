@@ -27,8 +27,8 @@ the transforms then behave like torchvision's (random, reproducible with ``torch
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -139,7 +139,7 @@ class SampleRNG:
         self._counter = 0
 
     @classmethod
-    def _from_key(cls, key: int) -> "SampleRNG":
+    def _from_key(cls, key: int) -> SampleRNG:
         obj = cls.__new__(cls)
         obj._key = key & _MASK
         obj._counter = 0

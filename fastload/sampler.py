@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from typing import Any, Iterator, Sized
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -198,7 +199,12 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         # torch's constructor sets dataset, num_replicas, rank, epoch, drop_last, shuffle, seed and
         # its padded num_samples/total_size; the last two are replaced below unless pad=True.
         super().__init__(
-            dataset, num_replicas=num_replicas, rank=rank, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last)
+            dataset,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=bool(shuffle),
+            seed=seed,
+            drop_last=bool(drop_last),
         )
         self.pad = bool(pad)
         self._len = n

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+from .device import available_cpus
 
 __all__ = ["make_imagenet_like", "synthetic_classes", "render_image", "SyntheticSpec"]
 
@@ -107,7 +109,10 @@ def render_image(seed: Sequence[int], class_index: int, size: tuple[int, int] | 
         if rng.random() < 0.5:
             draw.ellipse([x0, y0, x0 + s, y0 + int(s * rng.uniform(0.5, 1.5))], fill=colour)
         else:
-            pts = [(x0 + int(rng.integers(-s, s + 1)), y0 + int(rng.integers(-s, s + 1))) for _ in range(3 + int(rng.integers(0, 3)))]
+            pts = [
+                (x0 + int(rng.integers(-s, s + 1)), y0 + int(rng.integers(-s, s + 1)))
+                for _ in range(3 + int(rng.integers(0, 3)))
+            ]
             draw.polygon(pts, fill=colour)
     arr = np.asarray(img, dtype=np.float32)
     # Texture whose strength varies over the image: fine luminance grain, blurred a little so it
@@ -211,7 +216,7 @@ def make_imagenet_like(
             (out / split / wnid).mkdir(parents=True, exist_ok=True)
     specs = list(_specs(wnids, {"train": per_class, "val": val_per_class}, seed, quirks))
     if num_workers is None:
-        num_workers = _available_cpus()
+        num_workers = available_cpus()
     if progress is None:
         progress = len(specs) > 500 and _is_terminal()
     tasks = [(str(out), s) for s in specs]
@@ -235,12 +240,6 @@ def make_imagenet_like(
                 pass
     return out
 
-
-def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1
 
 
 def _is_terminal() -> bool:

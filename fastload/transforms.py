@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,7 +118,9 @@ def _parse_range(value: Any, name: str) -> tuple[float, float]:
     lo, hi = value
     for v in (lo, hi):
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise TypeError(f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}")
+            raise TypeError(
+                f"{name} should be a sequence of two numbers (min, max), but got {name}={value!r}"
+            )
     if not 0 < lo <= hi:
         raise ValueError(f"{name} should be (min, max) with 0 < min <= max, but got {name}={tuple(value)!r}")
     return float(lo), float(hi)
@@ -129,7 +132,9 @@ def _parse_interpolation(value: Any) -> str:
         mode = _PIL_INT_MODES.get(int(mode), mode)
     if isinstance(mode, str) and mode.lower() in _INTERPOLATIONS:
         return mode.lower()
-    raise ValueError(f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got interpolation={value!r}")
+    raise ValueError(
+        f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got interpolation={value!r}"
+    )
 
 
 def _check_antialias(value: Any) -> bool:
@@ -144,7 +149,9 @@ def _tv_interpolation(mode: str) -> Any:
     return InterpolationMode(mode)
 
 
-def resized_output_size(height: int, width: int, size: int | tuple[int, int] | None, max_size: int | None = None) -> tuple[int, int]:
+def resized_output_size(
+    height: int, width: int, size: int | tuple[int, int] | None, max_size: int | None = None
+) -> tuple[int, int]:
     """The ``(h, w)`` torchvision's ``Resize(size, max_size=max_size)`` gives an ``height x width`` image.
 
     An int ``size`` is the shorter side (the longer one is scaled and truncated); ``max_size`` caps
@@ -217,7 +224,11 @@ class Plan:
             return  # torchvision returns the image unchanged
         self.ops.append(("resize", height, width, interpolation, antialias))
         mode = (interpolation, antialias)
-        if interpolation not in _PIL_FILTERS or not antialias or (self.resample is not None and self.resample != mode):
+        if (
+            interpolation not in _PIL_FILTERS
+            or not antialias
+            or (self.resample is not None and self.resample != mode)
+        ):
             self.fusable = False  # PIL's resample always antialiases and has no torch-like nearest
         self.resample = mode
         self.height, self.width = height, width
@@ -239,12 +250,19 @@ class Plan:
         return max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
 
 
-def _clamped_box(box: tuple[float, float, float, float], width: int, height: int, scale: int) -> tuple[float, float, float, float]:
+def _clamped_box(
+    box: tuple[float, float, float, float], width: int, height: int, scale: int
+) -> tuple[float, float, float, float]:
     x0, y0, x1, y1 = (v / scale for v in box)
     return max(0.0, x0), max(0.0, y0), min(float(width), x1), min(float(height), y1)
 
 
-def _run_ops(t: torch.Tensor, ops: Iterable[tuple[Any, ...]], skip_trailing_flip: bool = False, channels_last: bool = False) -> torch.Tensor:
+def _run_ops(
+    t: torch.Tensor,
+    ops: Iterable[tuple[Any, ...]],
+    skip_trailing_flip: bool = False,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """Applies plan ops to a ``(..., H, W)`` tensor with torchvision's functional ops.
 
     ``channels_last`` (for a decoded ``(3, H, W)`` image held as HWC memory): a crop is made
@@ -290,7 +308,8 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
     size = (plan.width, plan.height)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
     if plan.resample is None or (
-        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1))) and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
+        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1)))
+        and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
     ):
         if int_box != (0, 0, img.width, img.height):
             img = img.crop(int_box)  # a plain crop: no resampling
@@ -312,7 +331,9 @@ def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, I
     return img.height, img.width, img
 
 
-def _decode_region_planned(data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray) -> bool:
+def _decode_region_planned(
+    data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray
+) -> bool:
     """Runs ``plan`` decoding with ``fastload._jpeg``; ``False`` when libjpeg reported corrupt data.
 
     ``scale == 1``: a leading crop (RandomResizedCrop's box) is the only region decoded, then the
@@ -331,7 +352,9 @@ def _decode_region_planned(data: bytes | memoryview | np.ndarray, plan: Plan, sc
         region = decode_jpeg_region(data, left, top, w, h)
         if region is None:
             return False
-        res = _run_ops(torch.from_numpy(region).permute(2, 0, 1), ops, skip_trailing_flip=True, channels_last=True)
+        res = _run_ops(
+            torch.from_numpy(region).permute(2, 0, 1), ops, skip_trailing_flip=True, channels_last=True
+        )
         _copy_tensor_out(res, out, _trailing_flip(ops))
         return True
     reduced = decode_jpeg_region(data, 0, 0, -(-width // scale), -(-height // scale), scale)
@@ -400,7 +423,9 @@ class Transform:
         """
         if isinstance(img, torch.Tensor):
             if img.ndim < 2:
-                raise ValueError(f"img should be a tensor of shape (..., H, W), but got shape {tuple(img.shape)}")
+                raise ValueError(
+                    f"img should be a tensor of shape (..., H, W), but got shape {tuple(img.shape)}"
+                )
             plan = self.plan(img.shape[-2], img.shape[-1])
             return _run_ops(img, plan.ops)
         if isinstance(img, Image.Image):
@@ -429,7 +454,9 @@ class Transform:
         self._decode_planned(data, img, plan, out, name)
         return torch.from_numpy(out).permute(2, 0, 1)
 
-    def decode_into(self, data: bytes | memoryview | np.ndarray, out: np.ndarray | torch.Tensor, name: str = "image") -> None:
+    def decode_into(
+        self, data: bytes | memoryview | np.ndarray, out: np.ndarray | torch.Tensor, name: str = "image"
+    ) -> None:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
         Args:
@@ -446,7 +473,11 @@ class Transform:
         if isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.uint8:
             out = out.numpy()  # e.g. a slot of a pinned NHWC batch tensor: same memory
         if not isinstance(out, np.ndarray) or out.dtype != np.uint8:
-            kind = f"{type(out).__name__} of dtype {out.dtype}" if isinstance(out, (np.ndarray, torch.Tensor)) else type(out).__name__
+            kind = (
+                f"{type(out).__name__} of dtype {out.dtype}"
+                if isinstance(out, (np.ndarray, torch.Tensor))
+                else type(out).__name__
+            )
             raise TypeError(f"out should be a uint8 numpy array (or CPU uint8 tensor), but got {kind}")
         height, width, img = _open(data, name)
         plan = self.plan(height, width)
@@ -459,7 +490,14 @@ class Transform:
 
     # -- the fused decode ---------------------------------------------------------------------------
 
-    def _decode_planned(self, data: bytes | memoryview | np.ndarray, img: Image.Image | None, plan: Plan, out: np.ndarray, name: str) -> None:
+    def _decode_planned(
+        self,
+        data: bytes | memoryview | np.ndarray,
+        img: Image.Image | None,
+        plan: Plan,
+        out: np.ndarray,
+        name: str,
+    ) -> None:
         scale = 1
         if plan.fusable and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
             x0, y0, x1, y1 = plan.pixel_box()
@@ -515,7 +553,9 @@ class Compose(Transform):
 
     def __init__(self, transforms: Sequence[Transform]) -> None:
         if not isinstance(transforms, Sequence) or isinstance(transforms, (str, bytes)):
-            raise TypeError(f"transforms should be a sequence of fastload transforms, but got {type(transforms).__name__}")
+            raise TypeError(
+                f"transforms should be a sequence of fastload transforms, but got {type(transforms).__name__}"
+            )
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
                 raise TypeError(
@@ -573,7 +613,9 @@ class RandomResizedCrop(Transform):
         self.interpolation = _parse_interpolation(interpolation)
         self.antialias = _check_antialias(antialias)
 
-    def get_params(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> tuple[int, int, int, int]:
+    def get_params(
+        self, height: int, width: int, rng: _rng.SampleRNG | None = None
+    ) -> tuple[int, int, int, int]:
         """The crop ``(top, left, h, w)`` for an ``height x width`` image, drawn from ``rng``.
 
         Same algorithm as torchvision's ``RandomResizedCrop.get_params`` (which draws from torch's
@@ -631,11 +673,19 @@ class Resize(Transform):
         antialias: Antialias when shrinking (default ``True``).
     """
 
-    def __init__(self, size: int | Sequence[int] | None, interpolation: Any = "bilinear", max_size: int | None = None, antialias: bool = True) -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int] | None,
+        interpolation: Any = "bilinear",
+        max_size: int | None = None,
+        antialias: bool = True,
+    ) -> None:
         self.size: int | tuple[int, int] | None
         if size is None:
             if max_size is None:
-                raise ValueError("size should be an int or a sequence of ints, but got size=None (None needs max_size)")
+                raise ValueError(
+                    "size should be an int or a sequence of ints, but got size=None (None needs max_size)"
+                )
             self.size = None
         elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 2:
             self.size = _parse_hw(size)
@@ -644,9 +694,13 @@ class Resize(Transform):
         if max_size is not None:
             max_size = _check_positive_int(max_size, "max_size")
             if isinstance(self.size, tuple):
-                raise ValueError(f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}")
+                raise ValueError(
+                    f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}"
+                )
             if isinstance(self.size, int) and max_size <= self.size:
-                raise ValueError(f"max_size should be larger than size, but got max_size={max_size}, size={self.size}")
+                raise ValueError(
+                    f"max_size should be larger than size, but got max_size={max_size}, size={self.size}"
+                )
         self.max_size = max_size
         self.interpolation = _parse_interpolation(interpolation)
         self.antialias = _check_antialias(antialias)

@@ -30,7 +30,8 @@ STD = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
 @pytest.fixture(scope="module")
 def dali() -> Any:
     return pytest.importorskip(
-        "nvidia.dali", reason="NVIDIA DALI is not installed (pip install 'fastload[dali]'): DALI backend tests skipped"
+        "nvidia.dali",
+        reason="NVIDIA DALI is not installed (pip install 'fastload[dali]'): DALI backend tests skipped",
     )
 
 
@@ -73,13 +74,17 @@ def collect(loader: DALILoader) -> tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
 def test_importing_fastload_never_imports_dali() -> None:
-    code = "import sys, fastload, fastload.dali; fastload.dali.DALILoader; print('nvidia.dali' in sys.modules)"
+    code = (
+        "import sys, fastload, fastload.dali; fastload.dali.DALILoader; print('nvidia.dali' in sys.modules)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
 
 
-def test_without_dali_the_loader_names_the_install_command(train_index: FolderIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_dali_the_loader_names_the_install_command(
+    train_index: FolderIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an environment without DALI looks like
     with pytest.raises(ImportError, match=r"pip install 'fastload\[dali\]'"):
         DALILoader(train_index, 4, device="cpu")
@@ -94,14 +99,20 @@ def test_without_dali_the_loader_names_the_install_command(train_index: FolderIn
         ({"batch_size": 2.0}, TypeError, "batch_size should be a positive integer, but got batch_size=2.0"),
         ({"size": 0}, ValueError, "size should be a positive integer, but got size=0"),
         ({"num_threads": 0}, ValueError, "num_threads should be a positive integer, but got num_threads=0"),
-        ({"num_replicas": 4, "rank": 4}, ValueError, r"Invalid rank 4, rank should be in the interval \[0, 3\]"),
+        (
+            {"num_replicas": 4, "rank": 4},
+            ValueError,
+            r"Invalid rank 4, rank should be in the interval \[0, 3\]",
+        ),
         ({"std": (0.2, 0.0, 0.2)}, ValueError, "std should be positive"),
         ({"mean": (0.5, 0.5)}, ValueError, "mean should be 3 finite numbers"),
         ({"seed": "0"}, TypeError, "seed should be an integer, but got seed='0'"),
         ({"device": "mps"}, ValueError, "device should be 'cpu', 'cuda' or 'cuda:N', but got device='mps'"),
     ],
 )
-def test_bad_arguments_are_named(train_index: FolderIndex, kwargs: dict[str, Any], error: type, message: str) -> None:
+def test_bad_arguments_are_named(
+    train_index: FolderIndex, kwargs: dict[str, Any], error: type, message: str
+) -> None:
     args = {"batch_size": 4, "device": "cpu", **kwargs}
     with pytest.raises(error, match=message):
         DALILoader(train_index, **args)
@@ -127,7 +138,12 @@ def test_header_sizes_match_pil(train_index: FolderIndex, val_index: FolderIndex
                 modes.add((im.format, im.mode))
                 w, h = im.size
             assert image_size(raw) == (h, w), index.paths[i]
-    assert {("JPEG", "L"), ("JPEG", "CMYK"), ("PNG", "RGB"), ("JPEG", "RGB")} <= modes  # the quirks were covered
+    assert {
+        ("JPEG", "L"),
+        ("JPEG", "CMYK"),
+        ("PNG", "RGB"),
+        ("JPEG", "RGB"),
+    } <= modes  # the quirks were covered
     jpeg = Path(train_index.paths[0]).read_bytes()
     assert image_size(jpeg[:40]) is None  # truncated before the frame header: PIL decides
     assert image_size(b"GIF89a" + jpeg) is None
@@ -142,8 +158,12 @@ def test_val_pipeline_labels_shapes_and_pixels(dali: Any, train_index: FolderInd
     # The train split holds every quirk (grayscale, CMYK, PNG named .JPEG); decode it with the eval pipeline.
     loader = DALILoader(train_index, 5, train=False, device="cpu", num_threads=2)
     images, labels = collect(loader)
-    assert [len(y) for y in labels] == [5, 5, 5, 5, 5, 5, 2] and len(loader) == 7  # short last batch, no padding
-    assert all(x.dtype == torch.float32 and x.shape[1:] == (3, 224, 224) and x.device.type == "cpu" for x in images)
+    assert [len(y) for y in labels] == [5, 5, 5, 5, 5, 5, 2] and len(
+        loader
+    ) == 7  # short last batch, no padding
+    assert all(
+        x.dtype == torch.float32 and x.shape[1:] == (3, 224, 224) and x.device.type == "cpu" for x in images
+    )
     assert all(y.dtype == torch.int64 for y in labels)
     got = torch.cat(labels)
     assert torch.equal(got, torch.as_tensor(ImageFolder(None, index=train_index).targets))  # sample by sample
@@ -186,13 +206,17 @@ def test_train_crops_and_flips_are_fastloads_per_sample_draws(dali: Any, train_i
 @pytest.mark.dali
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [12, 10, 3])
-def test_eval_sees_every_sample_exactly_once(dali: Any, val_index: FolderIndex, world_size: int, n: int) -> None:
+def test_eval_sees_every_sample_exactly_once(
+    dali: Any, val_index: FolderIndex, world_size: int, n: int
+) -> None:
     # n=10 on 4 ranks with batches of 2: the last round has 2 samples for 4 ranks; n=3 on 4: rank 3 is empty.
     index = val_index.subset(range(n))
     ref = torch.stack([torchvision_val(index.paths[i], 32) for i in range(n)])
     seen: list[int] = []
     for rank in range(world_size):
-        loader = DALILoader(index, 2, train=False, size=32, device="cpu", num_threads=1, num_replicas=world_size, rank=rank)
+        loader = DALILoader(
+            index, 2, train=False, size=32, device="cpu", num_threads=1, num_replicas=world_size, rank=rank
+        )
         shard = loader.indices()
         assert shard == list(range(rank, n, world_size))  # fastload's strided, unpadded shard
         images, labels = collect(loader)
@@ -213,7 +237,17 @@ def test_eval_sees_every_sample_exactly_once(dali: Any, val_index: FolderIndex, 
 @pytest.mark.dali
 def test_epoch_orders_are_reproducible_across_restarts(dali: Any, train_index: FolderIndex) -> None:
     def make(rank: int, seed: int = 5) -> DALILoader:
-        return DALILoader(train_index, 4, train=True, size=32, seed=seed, device="cpu", num_threads=1, num_replicas=2, rank=rank)
+        return DALILoader(
+            train_index,
+            4,
+            train=True,
+            size=32,
+            seed=seed,
+            device="cpu",
+            num_threads=1,
+            num_replicas=2,
+            rank=rank,
+        )
 
     runs = {}
     for rank in range(2):
@@ -222,9 +256,13 @@ def test_epoch_orders_are_reproducible_across_restarts(dali: Any, train_index: F
         runs[rank] = [collect(loader) for _ in range(3)]  # epochs 0, 1, 2 without set_epoch
         assert loader.epoch == 3
         for epoch in range(3):
-            expected = DistributedSampler(train_index, 2, rank, shuffle=True, seed=5, drop_last=True).indices(epoch)
+            expected = DistributedSampler(train_index, 2, rank, shuffle=True, seed=5, drop_last=True).indices(
+                epoch
+            )
             assert loader.indices(epoch) == expected
-            assert torch.equal(torch.cat(runs[rank][epoch][1]), torch.as_tensor(train_index.targets[expected]))
+            assert torch.equal(
+                torch.cat(runs[rank][epoch][1]), torch.as_tensor(train_index.targets[expected])
+            )
     for epoch in range(3):  # the two ranks' shards of an epoch are disjoint
         assert not set(make(0).indices(epoch)) & set(make(1).indices(epoch))
     assert make(0).indices(0) != make(0).indices(1) != make(0).indices(2)
@@ -271,8 +309,8 @@ def test_mid_epoch_resume_gives_the_rest_of_the_epoch(dali: Any, train_index: Fo
 
 @pytest.mark.dali
 def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: FolderIndex) -> None:
-    from fastload.loader import auto_num_workers
-    from fastload.prefetch import default_device
+    from fastload.device import auto_num_workers
+    from fastload.device import default_device
 
     loader = DALILoader(val_index, 2, train=False, size=32)  # device and num_threads picked for this machine
     assert loader.device == default_device() and loader.num_threads == auto_num_workers()
@@ -292,7 +330,9 @@ def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: Folder
 
 
 @pytest.mark.dali
-def test_bench_backend_yields_normalized_batches(dali: Any, imagenet_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_backend_yields_normalized_batches(
+    dali: Any, imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fastload import benchmark
 
     backend = bench_backend()

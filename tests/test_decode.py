@@ -21,7 +21,9 @@ from fastload.synthetic import render_image
 from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
 # torchvision 0.29 deprecates torchvision.io's decoders (fastload uses decode_jpeg while it exists).
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
+)
 
 TRAIN = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
 VAL = Compose([Resize(256), CenterCrop(224)])
@@ -95,7 +97,9 @@ def test_fused_path_is_close_to_torchvision(samples: dict[str, bytes], pipe: fT.
     assert np.mean(diffs) < 3, diffs
 
 
-def test_dct_scaling_is_applied_for_large_crops_only(samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dct_scaling_is_applied_for_large_crops_only(
+    samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[tuple[int, int, tuple[int, int]]] = []
     real = fT.load_reduced
 
@@ -105,7 +109,9 @@ def test_dct_scaling_is_applied_for_large_crops_only(samples: dict[str, bytes], 
         return loaded, applied
 
     monkeypatch.setattr(fT, "load_reduced", spy)
-    monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", False)  # the PIL path (test_roi_decode covers the other)
+    monkeypatch.setattr(
+        fastload.decode, "USE_ROI_DECODE", False
+    )  # the PIL path (test_roi_decode covers the other)
     big = samples["big.JPEG"]  # 1400x1100
     # Resize(224)+CenterCrop(224): the 1100x1100 box -> 224 allows 1/4 (275 >= 224), not 1/8.
     Compose([Resize(224), CenterCrop(224)]).decode_and_apply(big, "big")
@@ -129,7 +135,9 @@ def test_dct_scaling_is_applied_for_large_crops_only(samples: dict[str, bytes], 
     # Nor for non-antialiased / nearest resizing, where the DCT's averaging would change the result.
     n = len(calls)
     Compose([Resize(64, antialias=False), CenterCrop(64)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
-    Compose([Resize(64, interpolation="nearest"), CenterCrop(64)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    Compose([Resize(64, interpolation="nearest"), CenterCrop(64)]).decode_and_apply(
+        samples["big_cmyk.JPEG"], "cmyk"
+    )
     assert [c[1] for c in calls[n:]] == [1, 1]
 
 
@@ -139,7 +147,10 @@ def test_dct_scaled_result_is_geometrically_exact() -> None:
     arr = np.stack([x / 1600 * 255, y / 1200 * 255, (np.sin(x / 90) * np.cos(y / 70) + 1) * 127], axis=-1)
     img = Image.fromarray(arr.clip(0, 255).astype(np.uint8))
     data = _jpeg(img, quality=95)
-    for pipe in (Compose([Resize(224), CenterCrop(224)]), Compose([RandomResizedCrop(128, scale=(0.5, 1.0)), RandomHorizontalFlip()])):
+    for pipe in (
+        Compose([Resize(224), CenterCrop(224)]),
+        Compose([RandomResizedCrop(128, scale=(0.5, 1.0)), RandomHorizontalFlip()]),
+    ):
         for index in range(4):
             with rng.sample_scope(0, 0, index):
                 got = pipe.decode_and_apply(data, "smooth")
@@ -149,8 +160,14 @@ def test_dct_scaled_result_is_geometrically_exact() -> None:
             assert float((got.int() - ref.int()).abs().float().mean()) < 0.6
 
 
-@pytest.mark.parametrize("pipe", [TRAIN, VAL, Compose([RandomHorizontalFlip(1.0), CenterCrop(100)]), Compose([CenterCrop(300)])], ids=["train", "val", "flip-crop", "pad"])
-def test_decode_into_writes_what_decode_and_apply_returns(samples: dict[str, bytes], pipe: fT.Transform) -> None:
+@pytest.mark.parametrize(
+    "pipe",
+    [TRAIN, VAL, Compose([RandomHorizontalFlip(1.0), CenterCrop(100)]), Compose([CenterCrop(300)])],
+    ids=["train", "val", "flip-crop", "pad"],
+)
+def test_decode_into_writes_what_decode_and_apply_returns(
+    samples: dict[str, bytes], pipe: fT.Transform
+) -> None:
     size = pipe.output_size
     assert size is not None
     buf = np.full((len(samples),) + size + (3,), 7, dtype=np.uint8)
@@ -208,7 +225,12 @@ def test_bytes_memoryview_and_array_inputs_agree(samples: dict[str, bytes]) -> N
     for name in ("big.JPEG", "tiny.JPEG", "big_png.JPEG"):
         data = samples[name]
         outs = []
-        for d in (data, memoryview(data), np.frombuffer(data, dtype=np.uint8), np.frombuffer(data, dtype=np.uint8).copy()):
+        for d in (
+            data,
+            memoryview(data),
+            np.frombuffer(data, dtype=np.uint8),
+            np.frombuffer(data, dtype=np.uint8).copy(),
+        ):
             with rng.sample_scope(0, 0, 5):
                 outs.append(TRAIN.decode_and_apply(d, name))
         assert all(torch.equal(outs[0], o) for o in outs[1:])
@@ -232,11 +254,15 @@ def test_torchvision_io_decode_is_bit_identical_to_pil(samples: dict[str, bytes]
     ids=["truncated", "text", "empty", "header-only", "garbage"],
 )
 @pytest.mark.parametrize("which", ["big.JPEG", "tiny.JPEG"])
-def test_corrupt_files_raise_decode_error_naming_the_sample(samples: dict[str, bytes], make_bad, which: str) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_files_raise_decode_error_naming_the_sample(
+    samples: dict[str, bytes], make_bad, which: str
+) -> None:  # type: ignore[no-untyped-def]
     bad = make_bad(samples[which])
     name = "sample 17 ('/data/train/n01/x.JPEG')"
     for pipe in (TRAIN, VAL, Compose([Resize(64), CenterCrop(64)])):  # the last one takes the 1/8 path
-        with pytest.raises(DecodeError, match=r"sample 17 \('/data/train/n01/x\.JPEG'\).*Remove or replace the file"):
+        with pytest.raises(
+            DecodeError, match=r"sample 17 \('/data/train/n01/x\.JPEG'\).*Remove or replace the file"
+        ):
             with rng.sample_scope(0, 0, 0):
                 pipe.decode_and_apply(bad, name)
         with pytest.raises(DecodeError, match="sample 17"):
@@ -292,7 +318,9 @@ def test_load_sample_and_image_folder_use_the_fused_path(imagenet_root: Path) ->
     assert isinstance(load_sample(data, None, "s"), Image.Image)
 
 
-def test_without_torchvision_io_pil_decodes_the_same_crops(samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_torchvision_io_pil_decodes_the_same_crops(
+    samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torchvision.io's decoders are deprecated: without them every file takes the PIL path, same result."""
     items = [(n, d) for n, d in samples.items() if Image.open(io.BytesIO(d)).format == "JPEG"][:10]
     with_tv = []

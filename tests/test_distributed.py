@@ -153,7 +153,11 @@ def _train_with_join(world: int) -> dict[str, Any]:
 
 def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=GROUP_TIMEOUT_S)
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
     )
     try:
         result = _run_checks(rank, world)
@@ -294,7 +298,12 @@ def clean_env(monkeypatch):
 
 
 def test_rank_helpers_single_process(clean_env) -> None:
-    assert (fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()) == (0, 1, 0, 1)
+    assert (fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()) == (
+        0,
+        1,
+        0,
+        1,
+    )
     assert fd.is_main_process()
 
 
@@ -303,7 +312,12 @@ def test_rank_helpers_from_torchrun_env(clean_env) -> None:
     clean_env.setenv("WORLD_SIZE", "8")
     clean_env.setenv("LOCAL_RANK", "1")
     clean_env.setenv("LOCAL_WORLD_SIZE", "4")
-    assert (fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()) == (5, 8, 1, 4)
+    assert (fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()) == (
+        5,
+        8,
+        1,
+        4,
+    )
     assert not fd.is_main_process()
     clean_env.delenv("LOCAL_RANK")
     clean_env.delenv("LOCAL_WORLD_SIZE")
@@ -322,7 +336,9 @@ def test_rank_helpers_from_torchrun_env(clean_env) -> None:
 )
 def test_bad_env_values(clean_env, name, value, getter) -> None:
     clean_env.setenv(name, value)
-    with pytest.raises(ValueError, match=f"{name} should be a (non-negative|positive) integer, but got {name}="):
+    with pytest.raises(
+        ValueError, match=f"{name} should be a (non-negative|positive) integer, but got {name}="
+    ):
         getter()
 
 
@@ -359,7 +375,9 @@ def test_accumulator_single_process(clean_env) -> None:
 
 
 def test_single_process_argument_errors(clean_env) -> None:
-    with pytest.raises(TypeError, match="values should be numbers or tensors, but got values\\[1\\] of type str"):
+    with pytest.raises(
+        TypeError, match="values should be numbers or tensors, but got values\\[1\\] of type str"
+    ):
         fd.reduce_sum(1, "2")
     with pytest.raises(ValueError, match="exactly up to 2\\*\\*53"):
         fd.reduce_sum(2**60)

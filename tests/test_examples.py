@@ -23,14 +23,31 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_train_ddp_example_counts_every_val_sample_once(imagenet_root: Path, tmp_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-        str(EXAMPLE), "--data", str(imagenet_root), "--epochs", "2", "--batch-size", "5", "--image-size", "32",
-        "--workers", "1", "--arch", "resnet18",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={_free_port()}",
+        str(EXAMPLE),
+        "--data",
+        str(imagenet_root),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "5",
+        "--image-size",
+        "32",
+        "--workers",
+        "1",
+        "--arch",
+        "resnet18",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    lines = re.findall(r"val top-1 ([0-9.]+) over (\d+) samples \(val set: (\d+) samples, world size (\d+)\)", res.stdout)
+    lines = re.findall(
+        r"val top-1 ([0-9.]+) over (\d+) samples \(val set: (\d+) samples, world size (\d+)\)", res.stdout
+    )
     assert len(lines) == 2, res.stdout
     for top1, counted, size, world in lines:
         assert int(counted) == int(size) == 12 and int(world) == 2  # 12 = 4 classes x 3, odd per rank

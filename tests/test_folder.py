@@ -3,7 +3,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import socket
 import subprocess
 import sys
@@ -112,7 +111,12 @@ def test_hidden_non_image_nested_and_empty(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         index = scan_folder(root)
-    assert [str(Path(p).relative_to(root)) for p in index.paths] == ["a/a_0.jpg", "a/a_1.jpg", "b/b_0.jpg", "b/sub/deep.PNG"]
+    assert [str(Path(p).relative_to(root)) for p in index.paths] == [
+        "a/a_0.jpg",
+        "a/a_1.jpg",
+        "b/b_0.jpg",
+        "b/sub/deep.PNG",
+    ]
     assert index.classes.classes == ["a", "b", "empty"]  # empty class folder kept
     assert list(index.targets) == [0, 0, 1, 1] and index.targets.dtype == np.int64
     assert any("empty" in str(w.message) for w in caught)
@@ -158,7 +162,10 @@ def test_folder_index_storage_save_load_pickle(imagenet_root: Path, tmp_path: Pa
     with pytest.raises(IndexError, match="out of range"):
         index.paths[len(index)]
     sub = index.subset([3, 1])
-    assert list(sub.paths) == [index.paths[3], index.paths[1]] and list(sub.targets) == [index.targets[3], index.targets[1]]
+    assert list(sub.paths) == [index.paths[3], index.paths[1]] and list(sub.targets) == [
+        index.targets[3],
+        index.targets[1],
+    ]
 
 
 def test_non_ascii_paths(tmp_path: Path) -> None:
@@ -213,7 +220,11 @@ def test_image_folder_is_a_drop_in_for_torchvision(imagenet_root: Path) -> None:
 def test_image_folder_transforms_and_loader(imagenet_root: Path) -> None:
     from torchvision import transforms as T
 
-    ds = ImageFolder(imagenet_root / "val", transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]), target_transform=str)
+    ds = ImageFolder(
+        imagenet_root / "val",
+        transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]),
+        target_transform=str,
+    )
     img, target = ds[0]
     assert img.shape == (3, 32, 32) and img.dtype == torch.uint8 and target == "0"
     ds = ImageFolder(imagenet_root / "val", loader=os.path.getsize)
@@ -246,7 +257,9 @@ def test_image_folder_pickles_for_spawn_workers(imagenet_root: Path) -> None:
     with mp.get_context("spawn").Pool(1) as pool:
         n, target, width = pool.apply(_len_and_first_target, (ds,))
     assert n == len(ds) and target == 3 and width == ds[len(ds) - 1][0].size[0]
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn", collate_fn=_targets_only)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=1, multiprocessing_context="spawn", collate_fn=_targets_only
+    )
     assert sum(loader, []) == ds.targets.tolist()
 
 
@@ -280,7 +293,15 @@ def test_scan_broadcast_from_rank_zero(imagenet_root: Path, tmp_path: Path) -> N
     script = tmp_path / "bcast.py"
     script.write_text(_BROADCAST_SCRIPT)
     init = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, str(script), init, str(r), str(imagenet_root / "train")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), init, str(r), str(imagenet_root / "train")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err

@@ -55,9 +55,13 @@ def test_indexed_batch_unpacks_as_pair_and_pickles_with_indices():
 def test_indexed_batch_survives_torch_pin_memory():
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    b = gpu.IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([5, 6]))
+    b = gpu.IndexedBatch(
+        torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([5, 6])
+    )
     pinned = pin_memory(b)
-    assert isinstance(pinned, gpu.IndexedBatch) and pinned[0].is_pinned() and pinned.indices.tolist() == [5, 6]
+    assert (
+        isinstance(pinned, gpu.IndexedBatch) and pinned[0].is_pinned() and pinned.indices.tolist() == [5, 6]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,9 +113,14 @@ def test_rrc_params_follow_torchvision_algorithm(sizes, scale, ratio):
     for r, img in enumerate(images):
         expected = reference_rrc_params(img.shape[1], img.shape[2], u[r], scale, ratio)
         assert (top[r], left[r], h[r], w[r]) == expected
-        central = (expected[0], expected[1]) == ((img.shape[1] - expected[2]) // 2, (img.shape[2] - expected[3]) // 2)
+        central = (expected[0], expected[1]) == (
+            (img.shape[1] - expected[2]) // 2,
+            (img.shape[2] - expected[3]) // 2,
+        )
         fallbacks += central
-        assert 0 <= top[r] and top[r] + h[r] <= img.shape[1] and 0 <= left[r] and left[r] + w[r] <= img.shape[2]
+        assert (
+            0 <= top[r] and top[r] + h[r] <= img.shape[1] and 0 <= left[r] and left[r] + w[r] <= img.shape[2]
+        )
     assert fallbacks > 0 or scale == (0.08, 1.0)
 
 
@@ -133,7 +142,9 @@ def test_rrc_matches_torchvision_resized_crop_per_sample(shape, size, scale):
     top, left, h, w = t.get_params(images, indices=indices, epoch=1, seed=3)
     boxes = [(int(top[r]), int(left[r]), int(h[r]), int(w[r])) for r in range(shape[0])]
     # torchvision on CPU uint8 (16-bit fixed-point weights, rounds between passes)
-    ref = torch.stack([tvf.resized_crop(images[r], *boxes[r], out_size, antialias=True) for r in range(shape[0])])
+    ref = torch.stack(
+        [tvf.resized_crop(images[r], *boxes[r], out_size, antialias=True) for r in range(shape[0])]
+    )
     d = level_diff(out, ref)
     assert d.max() <= 1 and d.float().mean() < 0.3
     # torchvision in float (what it does on GPU), rounded: agrees except for ties
@@ -167,7 +178,10 @@ def test_rrc_float_input_stays_float_and_matches():
     out = t(images, indices=[5, 6, 7])
     top, left, h, w = t.get_params(images, indices=[5, 6, 7])
     ref = torch.stack(
-        [tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [40, 40]) for r in range(3)]
+        [
+            tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [40, 40])
+            for r in range(3)
+        ]
     )
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
@@ -175,7 +189,9 @@ def test_rrc_float_input_stays_float_and_matches():
 
 def test_same_sample_same_output_whatever_the_batch():
     # Sample 7 alongside very different neighbours (changes the batch's padded region and tap count).
-    pool = {k: natural(*hw, seed=k) for k, hw in enumerate([(300, 260)] * 6 + [(333, 250), (900, 880), (60, 70)])}
+    pool = {
+        k: natural(*hw, seed=k) for k, hw in enumerate([(300, 260)] * 6 + [(333, 250), (900, 880), (60, 70)])
+    }
     t = gpu.Compose([gpu.RandomResizedCrop(96), gpu.RandomHorizontalFlip()])
 
     def run(keys):
@@ -234,7 +250,10 @@ def test_rrc_on_a_list_of_different_sizes():
     out = t(images, indices=[0, 1, 2, 3])
     top, left, h, w = t.get_params(images, indices=[0, 1, 2, 3])
     ref = torch.stack(
-        [tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [112, 112]) for r in range(4)]
+        [
+            tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [112, 112])
+            for r in range(4)
+        ]
     )
     d = level_diff(out, ref)
     assert out.shape == (4, 3, 112, 112) and d.max() <= 1 and d.float().mean() < 0.3
@@ -248,15 +267,23 @@ def test_rrc_on_a_list_of_different_sizes():
 def test_resize_of_a_tensor_batch_equals_torchvision():
     images = batch(3, 120, 90)
     for size in (64, (50, 70), 200):
-        assert torch.equal(gpu.Resize(size)(images), tvf.resize(images, size if isinstance(size, int) else list(size)))
+        assert torch.equal(
+            gpu.Resize(size)(images), tvf.resize(images, size if isinstance(size, int) else list(size))
+        )
     assert torch.equal(gpu.Resize(64, max_size=70)(images), tvf.resize(images, 64, max_size=70))
 
 
 def test_eval_pipeline_on_a_tensor_batch_equals_torchvision_exactly():
     images = batch(3, 300, 260)
     pipelines = [
-        (gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)]), lambda x: tvf.center_crop(tvf.resize(x, 256), 224)),
-        (gpu.Compose([gpu.CenterCrop(200), gpu.Resize(100)]), lambda x: tvf.resize(tvf.center_crop(x, 200), 100)),
+        (
+            gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)]),
+            lambda x: tvf.center_crop(tvf.resize(x, 256), 224),
+        ),
+        (
+            gpu.Compose([gpu.CenterCrop(200), gpu.Resize(100)]),
+            lambda x: tvf.resize(tvf.center_crop(x, 200), 100),
+        ),
     ]
     for ours, theirs in pipelines:
         assert torch.equal(ours(images), theirs(images))
@@ -286,7 +313,9 @@ def test_resize_then_center_crop_is_fused_for_lists_of_different_aspect_ratios()
 def test_center_crop_is_exact_including_zero_padding():
     images = batch(3, 100, 120)
     for size in (50, (51, 80), (130, 101), (140, 150)):
-        ref = torch.stack([tvf.center_crop(img, list(size) if isinstance(size, tuple) else size) for img in images])
+        ref = torch.stack(
+            [tvf.center_crop(img, list(size) if isinstance(size, tuple) else size) for img in images]
+        )
         assert torch.equal(gpu.CenterCrop(size)(images), ref)
         assert torch.equal(gpu.CenterCrop(size)(list(images)), ref)
 
@@ -314,7 +343,12 @@ def test_horizontal_flip_per_sample_is_exact():
 def test_fused_compose_equals_transforms_applied_one_by_one():
     images = [natural(300, 400, 1), natural(500, 260, 2), natural(130, 120, 3)]
     kw = {"indices": [3, 4, 5], "epoch": 1, "seed": 2}
-    steps = [gpu.RandomHorizontalFlip(), gpu.RandomResizedCrop(100), gpu.RandomHorizontalFlip(), gpu.CenterCrop(80)]
+    steps = [
+        gpu.RandomHorizontalFlip(),
+        gpu.RandomResizedCrop(100),
+        gpu.RandomHorizontalFlip(),
+        gpu.CenterCrop(80),
+    ]
     fused = gpu.Compose(steps)(images, **kw)
     flips = steps[0].get_params(images, **kw)  # a lone flip cannot batch a list of different sizes
     one_by_one = [tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips)]
@@ -325,7 +359,9 @@ def test_fused_compose_equals_transforms_applied_one_by_one():
     # flip and crop after the resample are exact
     rrc = gpu.RandomResizedCrop(100)
     after = gpu.CenterCrop(80)(gpu.RandomHorizontalFlip()(rrc(images, **kw), **kw))
-    assert torch.equal(gpu.Compose([rrc, gpu.RandomHorizontalFlip(), gpu.CenterCrop(80)])(images, **kw), after)
+    assert torch.equal(
+        gpu.Compose([rrc, gpu.RandomHorizontalFlip(), gpu.CenterCrop(80)])(images, **kw), after
+    )
 
 
 def test_compose_runs_other_callables_with_images_only():

@@ -13,12 +13,13 @@ import psutil
 import pytest
 import torch
 import torchvision
+from _batches import collect as _collect
+from _batches import same as _same
 
 import fastload
-from fastload import ImageFolder, transforms as T
+from fastload import ImageFolder
+from fastload import transforms as T
 from fastload.loader import DataLoader, EpochRandomSampler, auto_num_workers
-
-from _batches import collect as _collect, same as _same
 
 
 def _train_tf(size: int = 32) -> T.Compose:
@@ -38,7 +39,9 @@ def train_set(imagenet_root: Path) -> ImageFolder:
 
 
 def test_contract_uint8_nchw_batches(imagenet_root: Path) -> None:
-    ds = ImageFolder(imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+    ds = ImageFolder(
+        imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+    )
     loader = DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=2)
     assert isinstance(loader, torch.utils.data.DataLoader) and loader.fast_path
     batches = _collect(loader)
@@ -64,7 +67,12 @@ def test_images_equal_the_transform_applied_per_sample(train_set: ImageFolder) -
 
 
 def test_generic_dataset_behaves_like_torch(imagenet_root: Path) -> None:
-    ds = torchvision.datasets.ImageFolder(str(imagenet_root / "val"), transform=torchvision.transforms.Compose([torchvision.transforms.Resize((16, 16)), torchvision.transforms.PILToTensor()]))
+    ds = torchvision.datasets.ImageFolder(
+        str(imagenet_root / "val"),
+        transform=torchvision.transforms.Compose(
+            [torchvision.transforms.Resize((16, 16)), torchvision.transforms.PILToTensor()]
+        ),
+    )
     ours = DataLoader(ds, batch_size=5, num_workers=0)
     theirs = torch.utils.data.DataLoader(ds, batch_size=5)
     assert not ours.fast_path
@@ -102,10 +110,14 @@ def test_last_batch_and_drop_last(imagenet_root: Path) -> None:
 # ------------------------------------------------------------------------------------ determinism
 
 
-@pytest.mark.parametrize("num_workers, worker_type", [(1, "process"), (2, "process"), (3, "process"), (2, "thread"), (3, "thread")])
+@pytest.mark.parametrize(
+    "num_workers, worker_type", [(1, "process"), (2, "process"), (3, "process"), (2, "thread"), (3, "thread")]
+)
 def test_same_batches_for_any_workers(train_set: ImageFolder, num_workers: int, worker_type: str) -> None:
     reference = _collect(DataLoader(train_set, batch_size=5, shuffle=True, seed=7, num_workers=0))
-    loader = DataLoader(train_set, batch_size=5, shuffle=True, seed=7, num_workers=num_workers, worker_type=worker_type)
+    loader = DataLoader(
+        train_set, batch_size=5, shuffle=True, seed=7, num_workers=num_workers, worker_type=worker_type
+    )
     assert _same(_collect(loader), reference)
     loader.close()
 
@@ -138,7 +150,9 @@ def test_seed_none_follows_torch_manual_seed(train_set: ImageFolder) -> None:
 # ------------------------------------------------------------------------------------ resume
 
 
-def _collect_then_save(loader: DataLoader, stop_after: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict]:
+def _collect_then_save(
+    loader: DataLoader, stop_after: int
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict]:
     """Takes ``stop_after`` batches and the state saved right after the last one (inside the loop)."""
     out, state = [], None
     for k, (x, y) in enumerate(loader):
@@ -173,12 +187,29 @@ def _resume_case(loader_kwargs: dict, dataset: object, stop_after: int) -> None:
 
 @pytest.mark.parametrize("num_workers, worker_type", [(0, "process"), (2, "process"), (2, "thread")])
 @pytest.mark.parametrize("stop_after", [1, 3, 7])
-def test_resume_mid_epoch_fast_path(train_set: ImageFolder, num_workers: int, worker_type: str, stop_after: int) -> None:
-    _resume_case({"batch_size": 5, "shuffle": True, "seed": 21, "num_workers": num_workers, "worker_type": worker_type}, train_set, stop_after)
+def test_resume_mid_epoch_fast_path(
+    train_set: ImageFolder, num_workers: int, worker_type: str, stop_after: int
+) -> None:
+    _resume_case(
+        {
+            "batch_size": 5,
+            "shuffle": True,
+            "seed": 21,
+            "num_workers": num_workers,
+            "worker_type": worker_type,
+        },
+        train_set,
+        stop_after,
+    )
 
 
 def test_resume_on_torch_path(imagenet_root: Path) -> None:
-    ds = torchvision.datasets.ImageFolder(str(imagenet_root / "val"), transform=torchvision.transforms.Compose([torchvision.transforms.Resize((8, 8)), torchvision.transforms.PILToTensor()]))
+    ds = torchvision.datasets.ImageFolder(
+        str(imagenet_root / "val"),
+        transform=torchvision.transforms.Compose(
+            [torchvision.transforms.Resize((8, 8)), torchvision.transforms.PILToTensor()]
+        ),
+    )
     _resume_case({"batch_size": 5, "shuffle": True, "seed": 2, "num_workers": 0}, ds, 2)
 
 
@@ -201,7 +232,17 @@ def test_resume_in_a_new_process(train_set: ImageFolder, tmp_path: Path) -> None
     head, state = _collect_then_save(loader, 2)
     (tmp_path / "state.pkl").write_bytes(pickle.dumps(state))
     (tmp_path / "resume.py").write_text(_RESUME_SCRIPT)
-    subprocess.run([sys.executable, str(tmp_path / "resume.py"), train_set.root, str(tmp_path / "state.pkl"), str(tmp_path / "out.pt")], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "resume.py"),
+            train_set.root,
+            str(tmp_path / "state.pkl"),
+            str(tmp_path / "out.pt"),
+        ],
+        check=True,
+        timeout=300,
+    )
     tail = torch.load(tmp_path / "out.pt")
     assert _same(head + tail, full)
     loader.close()
@@ -314,7 +355,7 @@ def test_defaults_fix_known_traps(train_set: ImageFolder) -> None:
 
 
 def test_auto_workers_divided_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fastload.loader._available_cpus", lambda: 32)
+    monkeypatch.setattr("fastload.device.available_cpus", lambda: 32)
     assert auto_num_workers() == 16
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert auto_num_workers() == 4
@@ -338,7 +379,9 @@ def test_device_and_gpu_transforms_on_cpu(train_set: ImageFolder) -> None:
 
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     tf = gpu.Compose([gpu.RandomHorizontalFlip(), gpu.Normalize(mean, std)])
-    loader = DataLoader(train_set, batch_size=5, shuffle=True, seed=9, num_workers=2, device="cpu", gpu_transforms=tf)
+    loader = DataLoader(
+        train_set, batch_size=5, shuffle=True, seed=9, num_workers=2, device="cpu", gpu_transforms=tf
+    )
     host = DataLoader(train_set, batch_size=5, shuffle=True, seed=9, num_workers=0, reuse_buffers=False)
     out = _collect(loader)
     ref = [b for b in host]  # IndexedBatch: carries the sample indices
@@ -354,7 +397,14 @@ def test_device_and_gpu_transforms_on_cpu(train_set: ImageFolder) -> None:
 def test_device_path_resume_is_exact(train_set: ImageFolder) -> None:
     from fastload import gpu
 
-    kwargs = {"batch_size": 5, "shuffle": True, "seed": 3, "num_workers": 2, "device": "cpu", "gpu_transforms": gpu.Normalize((0.5,), (0.5,))}
+    kwargs = {
+        "batch_size": 5,
+        "shuffle": True,
+        "seed": 3,
+        "num_workers": 2,
+        "device": "cpu",
+        "gpu_transforms": gpu.Normalize((0.5,), (0.5,)),
+    }
     _resume_case(kwargs, train_set, 3)
 
 
@@ -388,13 +438,24 @@ def test_decode_on_device_matches_cpu_decode_plus_gpu_transforms(imagenet_root: 
 
     tf = gpu.Compose([gpu.RandomResizedCrop(48), gpu.RandomHorizontalFlip()])
     for ds in (ImageFolder(imagenet_root / "train"), InMemoryImageFolder(imagenet_root / "train")):
-        loader = DataLoader(ds, batch_size=6, shuffle=True, seed=2, num_workers=1, decode="device", gpu_transforms=tf, device="cpu")
+        loader = DataLoader(
+            ds,
+            batch_size=6,
+            shuffle=True,
+            seed=2,
+            num_workers=1,
+            decode="device",
+            gpu_transforms=tf,
+            device="cpu",
+        )
         batches = _collect(loader)
         assert [len(y) for _, y in batches] == [6, 6, 6, 6, 6, 2]
         order = fastload.rng.epoch_permutation(len(ds), 2, 0).tolist()
         for k, (images, labels) in enumerate(batches):
             idx = order[6 * k : 6 * k + 6]
-            decoded = [torch.from_numpy(np.array(decode_pil(bytes(ds.get_bytes(i))))).permute(2, 0, 1) for i in idx]
+            decoded = [
+                torch.from_numpy(np.array(decode_pil(bytes(ds.get_bytes(i))))).permute(2, 0, 1) for i in idx
+            ]
             assert torch.equal(images, tf(decoded, indices=idx, epoch=0, seed=2))
             assert labels.tolist() == [int(ds.targets[i]) for i in idx]
         loader.close()
@@ -407,7 +468,11 @@ def test_decode_on_device_argument_checks(imagenet_root: Path) -> None:
     with pytest.raises(ValueError, match="needs gpu_transforms"):
         DataLoader(plain, decode="device")
     with pytest.raises(ValueError, match="leave the dataset's transform None"):
-        DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf()), decode="device", gpu_transforms=gpu.Resize(8))
+        DataLoader(
+            ImageFolder(imagenet_root / "val", transform=_val_tf()),
+            decode="device",
+            gpu_transforms=gpu.Resize(8),
+        )
     with pytest.raises(ValueError, match="decode should be"):
         DataLoader(plain, decode="gpu")
 
@@ -461,7 +526,9 @@ class _FakeSet:
 
 
 def test_abandoned_pass_never_overwrites_a_live_batch() -> None:
-    loader = DataLoader(_FakeSet(40, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", prefetch_factor=1)
+    loader = DataLoader(
+        _FakeSet(40, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", prefetch_factor=1
+    )
     _FAKE["slow"] = True
     try:
         for _ in loader:  # abandoned with slow tasks still queued and running
@@ -477,7 +544,9 @@ def test_abandoned_pass_never_overwrites_a_live_batch() -> None:
 
 
 def test_close_while_iterating_raises_instead_of_hanging() -> None:
-    loader = DataLoader(_FakeSet(400, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", timeout=0)
+    loader = DataLoader(
+        _FakeSet(400, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", timeout=0
+    )
     it = iter(loader)
     next(it)
     loader.close()
@@ -518,7 +587,13 @@ def test_inline_path_decodes_one_batch_per_next_and_errors_at_its_batch() -> Non
 def test_worker_errors_keep_their_type(worker_type: str) -> None:
     _FAKE["bad"] = 5
     try:
-        loader = DataLoader(_FakeSet(10, _FakeDecode()), batch_size=2, num_workers=2, worker_type=worker_type, persistent_workers=False)
+        loader = DataLoader(
+            _FakeSet(10, _FakeDecode()),
+            batch_size=2,
+            num_workers=2,
+            worker_type=worker_type,
+            persistent_workers=False,
+        )
         with pytest.raises(fastload.DecodeError, match="sample 5"):
             list(loader)
     finally:
@@ -533,8 +608,19 @@ def test_target_transform_on_every_path(imagenet_root: Path) -> None:
     from fastload import gpu
 
     expected = [t + 10 for t in ImageFolder(imagenet_root / "val").targets.tolist()]
-    fast = DataLoader(ImageFolder(imagenet_root / "val", transform=_val_tf(), target_transform=_plus_ten), batch_size=5, num_workers=2)
-    device = DataLoader(ImageFolder(imagenet_root / "val", target_transform=_plus_ten), batch_size=5, num_workers=1, decode="device", gpu_transforms=gpu.Resize((8, 8)), device="cpu")
+    fast = DataLoader(
+        ImageFolder(imagenet_root / "val", transform=_val_tf(), target_transform=_plus_ten),
+        batch_size=5,
+        num_workers=2,
+    )
+    device = DataLoader(
+        ImageFolder(imagenet_root / "val", target_transform=_plus_ten),
+        batch_size=5,
+        num_workers=1,
+        decode="device",
+        gpu_transforms=gpu.Resize((8, 8)),
+        device="cpu",
+    )
     for loader in (fast, device):
         assert torch.cat([y for _, y in loader]).tolist() == expected
         loader.close()

@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from _batches import collect as _epoch
+from _batches import same as _equal
 
-from fastload import ImageFolder, transforms as T
+from fastload import ImageFolder
+from fastload import transforms as T
 from fastload.loader import DataLoader, _WorkerPool
-
-from _batches import collect as _epoch, same as _equal
 
 
 def _dataset(root: Path) -> ImageFolder:
-    return ImageFolder(root / "train", transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()]))
+    return ImageFolder(
+        root / "train", transform=T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
+    )
 
 
 @pytest.fixture()
@@ -39,7 +42,9 @@ def puts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
 
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_same_batches_as_without_lookahead_and_next_epoch_started_early(imagenet_root: Path, puts: list[tuple[int, int, int]], worker_type: str, shuffle: bool) -> None:
+def test_same_batches_as_without_lookahead_and_next_epoch_started_early(
+    imagenet_root: Path, puts: list[tuple[int, int, int]], worker_type: str, shuffle: bool
+) -> None:
     ds = _dataset(imagenet_root)
     kwargs = dict(batch_size=4, shuffle=shuffle, num_workers=2, seed=3, worker_type=worker_type)
     plain = DataLoader(ds, epoch_lookahead=False, **kwargs)
@@ -97,7 +102,9 @@ def test_partial_pass_and_resume_with_a_lookahead_pending(imagenet_root: Path) -
     assert _equal(resumed, epoch0[7:])
 
 
-def test_distributed_sampler_orders_are_looked_ahead(imagenet_root: Path, puts: list[tuple[int, int, int]]) -> None:
+def test_distributed_sampler_orders_are_looked_ahead(
+    imagenet_root: Path, puts: list[tuple[int, int, int]]
+) -> None:
     from fastload.sampler import DistributedSampler
 
     ds = _dataset(imagenet_root)
@@ -109,13 +116,21 @@ def test_distributed_sampler_orders_are_looked_ahead(imagenet_root: Path, puts: 
         got.append(_epoch(loader))
     loader.close()
     assert any(e == 1 for _, e, _ in puts[: len(puts) // 2 + 1])
-    reference = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=1, seed=2), num_workers=0, seed=2)
+    reference = DataLoader(
+        ds,
+        batch_size=4,
+        sampler=DistributedSampler(ds, num_replicas=2, rank=1, seed=2),
+        num_workers=0,
+        seed=2,
+    )
     for epoch in range(2):
         reference.sampler.set_epoch(epoch)
         assert _equal(got[epoch], _epoch(reference))
 
 
-def test_no_lookahead_for_orders_that_are_not_a_function_of_the_epoch(imagenet_root: Path, puts: list[tuple[int, int, int]]) -> None:
+def test_no_lookahead_for_orders_that_are_not_a_function_of_the_epoch(
+    imagenet_root: Path, puts: list[tuple[int, int, int]]
+) -> None:
     ds = _dataset(imagenet_root)
     sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, seed=0)

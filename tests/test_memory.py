@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gc
-import re
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -103,7 +103,9 @@ class ProbeTransform:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    return make_imagenet_like(tmp_path_factory.mktemp("inet"), classes=4, per_class=6, val_per_class=2, seed=1)
+    return make_imagenet_like(
+        tmp_path_factory.mktemp("inet"), classes=4, per_class=6, val_per_class=2, seed=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -174,11 +176,15 @@ def test_folder_index_and_shared_classes(tree):
         np.testing.assert_array_equal(ds.targets, index.targets)
     with pytest.raises(ValueError, match="classes is only used to scan a folder"):
         InMemoryImageFolder(index, classes=classes)
-    with pytest.raises(TypeError, match="root_or_index should be a folder path or a FolderIndex, but got int"):
+    with pytest.raises(
+        TypeError, match="root_or_index should be a folder path or a FolderIndex, but got int"
+    ):
         InMemoryImageFolder(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="transform should be callable, but got int"):
         InMemoryImageFolder(index, transform=3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_threads should be a non-negative integer or None, but got num_threads=-1"):
+    with pytest.raises(
+        ValueError, match="num_threads should be a non-negative integer or None, but got num_threads=-1"
+    ):
         InMemoryImageFolder(index, num_threads=-1)
 
 
@@ -218,7 +224,10 @@ def test_decode_error_names_index_and_original_path(tree, tmp_path):
     with open(index.paths[bad], "wb") as f:
         f.write(b"\xff\xd8\xff\xe0 not a JPEG after all")
     write_pack(index, tmp_path / "t.fastpack")
-    for ds in (InMemoryImageFolder(root), InMemoryImageFolder.from_pack(tmp_path / "t.fastpack", in_memory=False)):
+    for ds in (
+        InMemoryImageFolder(root),
+        InMemoryImageFolder.from_pack(tmp_path / "t.fastpack", in_memory=False),
+    ):
         with ds:
             with pytest.raises(DecodeError, match=rf"cannot decode sample {bad} \('{index.relpath(bad)}'\)"):
                 ds[bad]
@@ -245,7 +254,9 @@ def test_refuses_to_load_what_does_not_fit(rand_root, rand_pack, monkeypatch):
     with pytest.raises(MemoryError) as info:
         InMemoryImageFolder(rand_root)
     text = str(info.value)
-    assert re.search(r"needs 1\.\d MB of RAM \(plus a margin of 268\.4 MB\), but only 1\.\d MB is available", text), text
+    assert re.search(
+        r"needs 1\.\d MB of RAM \(plus a margin of 268\.4 MB\), but only 1\.\d MB is available", text
+    ), text
     assert "--max-side" in text and "in_memory=False" in text
     with pytest.raises(MemoryError, match="in_memory=False"):
         InMemoryImageFolder.from_pack(rand_pack)
@@ -315,7 +326,9 @@ def test_stale_handles_are_refused(rand_root, tmp_path, file_backend, kind):
     blob = pickle.dumps(ds)
     ds.close()
     write_pack(scan_folder(rand_root).subset([1, 2]), pack)  # pack: rebuilt in the meantime
-    with pytest.raises((RuntimeError, PackError), match="has closed the dataset or exited|has changed since it was opened"):
+    with pytest.raises(
+        (RuntimeError, PackError), match="has closed the dataset or exited|has changed since it was opened"
+    ):
         pickle.loads(blob)
 
 
@@ -323,7 +336,9 @@ def test_stale_handles_are_refused(rand_root, tmp_path, file_backend, kind):
 
 
 def _run_loader(ds, context):
-    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context, persistent_workers=False)
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=2, multiprocessing_context=context, persistent_workers=False
+    )
     rows = [image for image, _ in loader]
     return torch.cat(rows).numpy()
 
@@ -458,7 +473,11 @@ if how == "wait":
 @pytest.mark.parametrize("how", ["normal", "exception", "interrupt"])
 def test_file_backend_segment_is_deleted_when_the_process_exits(rand_root, tmp_path, how):
     proc = subprocess.run(
-        [sys.executable, "-c", _EXIT_SCRIPT, str(rand_root), "file", how], capture_output=True, text=True, timeout=60, cwd=os.getcwd()
+        [sys.executable, "-c", _EXIT_SCRIPT, str(rand_root), "file", how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.getcwd(),
     )
     path = proc.stdout.strip()
     assert path.startswith((SHM, tempfile.gettempdir())), proc.stderr
@@ -468,11 +487,20 @@ def test_file_backend_segment_is_deleted_when_the_process_exits(rand_root, tmp_p
 
 def test_sigkilled_owner_leaves_nothing_in_dev_shm(rand_root):
     before = _shm_entries()
-    proc = subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, str(rand_root), "memfd", "wait"], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(rand_root), "memfd", "wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "memfd"
         fds = os.listdir(f"/proc/{proc.pid}/fd")
-        assert any("memfd:fastload" in os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in fds if os.path.exists(f"/proc/{proc.pid}/fd/{fd}"))
+        assert any(
+            "memfd:fastload" in os.readlink(f"/proc/{proc.pid}/fd/{fd}")
+            for fd in fds
+            if os.path.exists(f"/proc/{proc.pid}/fd/{fd}")
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -500,4 +528,3 @@ def test_segment_backend_setting_is_checked(rand_root, monkeypatch):
     monkeypatch.setattr(memory, "SEGMENT_BACKEND", "shm")
     with pytest.raises(ValueError, match="SEGMENT_BACKEND should be None, 'memfd' or 'file', but got 'shm'"):
         InMemoryImageFolder(rand_root)
-

@@ -15,13 +15,24 @@ from PIL import Image
 
 from fastload.decode import DecodeError
 from fastload.folder import ClassIndex, FolderIndex, scan_folder
-from fastload.pack import ALIGNMENT, MAGIC, PackError, PackFile, _HeadPlan, add_pack_parser, open_pack, write_pack
+from fastload.pack import (
+    ALIGNMENT,
+    MAGIC,
+    PackError,
+    PackFile,
+    _HeadPlan,
+    add_pack_parser,
+    open_pack,
+    write_pack,
+)
 from fastload.synthetic import make_imagenet_like
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory):
-    return make_imagenet_like(tmp_path_factory.mktemp("inet"), classes=4, per_class=6, val_per_class=2, seed=0)
+    return make_imagenet_like(
+        tmp_path_factory.mktemp("inet"), classes=4, per_class=6, val_per_class=2, seed=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +58,9 @@ def test_round_trip_is_bit_exact(train, tmp_path):
         assert pack.index.classes.classes == train.classes.classes
         np.testing.assert_array_equal(pack.labels, train.targets)
         assert pack.labels.dtype == np.int64
-        assert [pack.index.relpath(i) for i in range(len(pack))] == [train.relpath(i) for i in range(len(train))]
+        assert [pack.index.relpath(i) for i in range(len(pack))] == [
+            train.relpath(i) for i in range(len(train))
+        ]
         assert pack.index.root == train.root
         for i in range(len(train)):
             assert bytes(pack.get_bytes(i)) == _file(train, i), i
@@ -191,10 +204,16 @@ def _data_offset(path) -> int:
 @pytest.mark.parametrize(
     "corrupt, message",
     [
-        (lambda d, off: bytearray(b"\xff\xd8\xff\xe0" + bytes(200)), "is not a fastload pack file: it starts with"),
+        (
+            lambda d, off: bytearray(b"\xff\xd8\xff\xe0" + bytes(200)),
+            "is not a fastload pack file: it starts with",
+        ),
         (lambda d, off: bytearray(), "is empty"),
         (lambda d, off: d[:50], "is truncated: it has 50 bytes"),
-        (lambda d, off: _set(d, 8, struct.pack("<I", 2)), "has pack format version 2, but this fastload reads version 1"),
+        (
+            lambda d, off: _set(d, 8, struct.pack("<I", 2)),
+            "has pack format version 2, but this fastload reads version 1",
+        ),
         (lambda d, off: d[: off - 10], "is truncated .*the header and index need"),
         (lambda d, off: d[:-100], "is truncated: the header says"),
         (lambda d, off: d + b"junk", "has unexpected bytes after its data section"),
@@ -231,7 +250,9 @@ def test_open_does_not_check_the_data_but_verify_does(train, good_pack):
     with open_pack(good_pack) as pack:  # opens: the data is not part of the checksum
         assert bytes(pack.get_bytes(7)) != _file(train, 7)
         assert bytes(pack.get_bytes(6)) == _file(train, 6)
-        with pytest.raises(PackError, match=rf"sample 7 \('{train.relpath(7)}'\) of .* is corrupt: its CRC-32"):
+        with pytest.raises(
+            PackError, match=rf"sample 7 \('{train.relpath(7)}'\) of .* is corrupt: its CRC-32"
+        ):
             pack.verify()
 
 
@@ -306,11 +327,23 @@ def test_missing_file_or_folder(tmp_path):
     "kwargs, error, message",
     [
         ({"max_side": 0}, ValueError, "max_side should be a positive integer or None, but got max_side=0"),
-        ({"max_side": 2.5}, ValueError, "max_side should be a positive integer or None, but got max_side=2.5"),
+        (
+            {"max_side": 2.5},
+            ValueError,
+            "max_side should be a positive integer or None, but got max_side=2.5",
+        ),
         ({"quality": 0}, ValueError, r"quality should be an integer in \[1, 100\], but got quality=0"),
         ({"quality": 101}, ValueError, r"quality should be an integer in \[1, 100\], but got quality=101"),
-        ({"num_workers": -1}, ValueError, "num_workers should be a non-negative integer or None, but got num_workers=-1"),
-        ({"num_workers": True}, ValueError, "num_workers should be a non-negative integer or None, but got num_workers=True"),
+        (
+            {"num_workers": -1},
+            ValueError,
+            "num_workers should be a non-negative integer or None, but got num_workers=-1",
+        ),
+        (
+            {"num_workers": True},
+            ValueError,
+            "num_workers should be a non-negative integer or None, but got num_workers=True",
+        ),
     ],
 )
 def test_write_pack_argument_errors(train, tmp_path, kwargs, error, message):
@@ -333,14 +366,29 @@ def test_command_line(tree, tmp_path, capsys):
     add_pack_parser(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "val.fastpack"
     args = parser.parse_args(
-        ["pack", str(tree / "val"), str(out), "--classes", str(classes_file), "--max-side", "200", "--quality", "80", "--workers", "0", "--no-progress"]
+        [
+            "pack",
+            str(tree / "val"),
+            str(out),
+            "--classes",
+            str(classes_file),
+            "--max-side",
+            "200",
+            "--quality",
+            "80",
+            "--workers",
+            "0",
+            "--no-progress",
+        ]
     )
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}: 8 samples, 4 classes" in printed and "re-encoded to max side 200" in printed
     with open_pack(out) as pack:
         assert pack.meta["max_side"] == 200 and pack.meta["quality"] == 80
-        assert max(max(Image.open(io.BytesIO(bytes(pack.get_bytes(i)))).size) for i in range(len(pack))) <= 200
+        assert (
+            max(max(Image.open(io.BytesIO(bytes(pack.get_bytes(i)))).size) for i in range(len(pack))) <= 200
+        )
         assert bytes(pack.get_bytes(0)[:0]) == b""
     with open(out, "rb") as f:
         assert f.read(8) == MAGIC
@@ -363,7 +411,10 @@ def test_non_utf8_names_round_trip(tmp_path):  # type: ignore[no-untyped-def]
     assert index.classes.classes == [os.fsdecode(b"cl\xe9")]
     write_pack(index, tmp_path / "p.fastpack")
     with open_pack(tmp_path / "p.fastpack") as pack:
-        assert pack.index.classes == index.classes and bytes(pack.get_bytes(0)) == open(index.paths[0], "rb").read()
+        assert (
+            pack.index.classes == index.classes
+            and bytes(pack.get_bytes(0)) == open(index.paths[0], "rb").read()
+        )
     ds = InMemoryImageFolder(root)
     assert ds.classes == index.classes.classes and len(ds) == 1
     ds.close()
@@ -375,11 +426,35 @@ def test_cli_errors_are_one_line(tmp_path):  # type: ignore[no-untyped-def]
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
-    res = subprocess.run([sys.executable, "-m", "fastload", "pack", str(tmp_path), str(tmp_path / "o.fastpack"), "--max-side", "4"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastload",
+            "pack",
+            str(tmp_path),
+            str(tmp_path / "o.fastpack"),
+            "--max-side",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr and "bad.jpg" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "fastload", "pack", str(tmp_path), str(tmp_path / "nodir" / "o.fastpack")], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "fastload", "pack", str(tmp_path), str(tmp_path / "nodir" / "o.fastpack")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "o.fastpack" in res.stderr and ".tmp" not in res.stderr
-    res = subprocess.run([sys.executable, "-m", "fastload", "scan", str(tmp_path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "fastload", "scan", str(tmp_path), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "is a directory" in res.stderr
 
 

@@ -131,7 +131,9 @@ def assert_protocol(log, n_batches, side="side0", consumer="consumer"):
         consumed_at = position(log, next(e for e in log if e[:2] == ("consumed", k)))
         _, _, images_id, labels_id = log[consumed_at]
         # before batch k is handed out, the consumer waits on the side stream, after its transform ...
-        hand_out_waits = [i for i, e in enumerate(log) if e == ("wait", consumer, side) and transform < i < consumed_at]
+        hand_out_waits = [
+            i for i, e in enumerate(log) if e == ("wait", consumer, side) and transform < i < consumed_at
+        ]
         assert len(hand_out_waits) == 1, f"batch {k}: expected one consumer.wait_stream(side)"
         wait = hand_out_waits[0]
         # ... and no later batch's transform is queued before that wait (it would delay batch k)
@@ -152,7 +154,9 @@ def assert_protocol(log, n_batches, side="side0", consumer="consumer"):
 
 def test_stream_protocol_over_a_multi_batch_epoch():
     backend = FakeStreams()
-    p = CUDAPrefetcher(tagged_batches(5), device="cpu", transforms=RecordingTransform(backend), backend=backend)
+    p = CUDAPrefetcher(
+        tagged_batches(5), device="cpu", transforms=RecordingTransform(backend), backend=backend
+    )
     assert run_epoch(p, backend) == [0, 1, 2, 3, 4]
     log = backend.log
     assert [e for e in log if e[0] == "new_stream"] == [("new_stream", "side0")]
@@ -168,7 +172,9 @@ def test_stream_protocol_over_a_multi_batch_epoch():
 
 def test_second_epoch_reuses_the_same_side_stream():
     backend = FakeStreams()
-    p = CUDAPrefetcher(tagged_batches(3), device="cpu", transforms=RecordingTransform(backend), backend=backend)
+    p = CUDAPrefetcher(
+        tagged_batches(3), device="cpu", transforms=RecordingTransform(backend), backend=backend
+    )
     assert run_epoch(p, backend) == [0, 1, 2]
     first = list(backend.log)
     backend.log.clear()
@@ -184,7 +190,9 @@ def test_empty_loader_yields_nothing():
     assert list(p) == [] and list(p) == []
     assert not any(e[0] in ("copy", "record_stream", "wait") for e in backend.log)
     assert p.stats.batches == 0
-    assert list(CUDAPrefetcher(DataLoader(TensorDataset(torch.zeros(0, 3)), batch_size=2), device="cpu")) == []
+    assert (
+        list(CUDAPrefetcher(DataLoader(TensorDataset(torch.zeros(0, 3)), batch_size=2), device="cpu")) == []
+    )
 
 
 def test_loader_exception_mid_epoch_propagates_after_earlier_batches():
@@ -336,7 +344,9 @@ def natural_images(n: int, h: int, w: int) -> torch.Tensor:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_indexed_batches_give_per_sample_augmentation_independent_of_batching(num_workers):
     images = natural_images(12, 60, 50)
-    pipeline = gpu.Compose([gpu.RandomResizedCrop(32), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])])
+    pipeline = gpu.Compose(
+        [gpu.RandomResizedCrop(32), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])]
+    )
     outputs = {}
     for batch_size in (4, 5):
         loader = SeededLoader(
@@ -454,7 +464,11 @@ def test_dict_namedtuple_and_list_batches():
 
     out = list(CUDAPrefetcher(batches, device="cpu", transforms=Spy()))
     assert seen == [[7, 8], None, None, None]
-    assert out[0]["name"] == "a" and out[0]["images"].dtype == torch.float32 and float(out[0]["images"].max()) == 1.0
+    assert (
+        out[0]["name"] == "a"
+        and out[0]["images"].dtype == torch.float32
+        and float(out[0]["images"].max()) == 1.0
+    )
     assert isinstance(out[1], Pair) and out[1].img.dtype == torch.float32
     assert isinstance(out[2], list) and out[2][0].dtype == torch.float32
     assert out[3].dtype == torch.float32
@@ -464,7 +478,7 @@ def test_list_of_variable_size_images_is_batched_by_the_transforms():
     images = [torch.zeros(3, 40, 50, dtype=torch.uint8), torch.zeros(3, 60, 30, dtype=torch.uint8)]
     lists = [(images, torch.tensor([0, 1]))]
     p = CUDAPrefetcher(lists, device="cpu", transforms=gpu.Compose([gpu.Resize(32), gpu.CenterCrop(24)]))
-    (x, y), = list(p)
+    ((x, y),) = list(p)
     assert x.shape == (2, 3, 24, 24) and x.dtype == torch.float32 and p.stats.samples == 2
 
 
@@ -480,7 +494,9 @@ def test_cuda_prefetcher_matches_cpu_reference_over_pinned_loader():
     loader = DataLoader(
         IndexedDataset(images), batch_size=6, collate_fn=collate_indexed, pin_memory=True, num_workers=0
     )
-    pipeline = gpu.Compose([gpu.RandomResizedCrop(32), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])])
+    pipeline = gpu.Compose(
+        [gpu.RandomResizedCrop(32), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])]
+    )
     p = CUDAPrefetcher(loader, device="cuda", transforms=pipeline, channels_last=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # pinned: no pageable-memory warning

@@ -14,7 +14,9 @@ def test_scalar_stream_equals_vectorised_draws(key: tuple[int, int, int]) -> Non
     r = rng.SampleRNG(*key, stream=4)
     scalar = [r.random() for _ in range(6)]
     assert rng.batch_uniform(key[0], key[1], [key[2]], stream=4, n=6)[0].tolist() == scalar
-    assert rng.batch_uniform(key[0], key[1], torch.tensor([key[2], key[2]]), stream=4, n=6)[1].tolist() == scalar
+    assert (
+        rng.batch_uniform(key[0], key[1], torch.tensor([key[2], key[2]]), stream=4, n=6)[1].tolist() == scalar
+    )
 
 
 def test_pure_function_of_the_key_and_independent_across_keys() -> None:
@@ -22,7 +24,9 @@ def test_pure_function_of_the_key_and_independent_across_keys() -> None:
     torch.manual_seed(0)
     np.random.seed(0)
     assert rng.SampleRNG(1, 2, 3).random() == first  # no global state involved
-    others = {rng.SampleRNG(*k).random() for k in [(2, 2, 3), (1, 3, 3), (1, 2, 4)]} | {rng.SampleRNG(1, 2, 3, stream=1).random()}
+    others = {rng.SampleRNG(*k).random() for k in [(2, 2, 3), (1, 3, 3), (1, 2, 4)]} | {
+        rng.SampleRNG(1, 2, 3, stream=1).random()
+    }
     assert first not in others and len(others) == 4
 
 

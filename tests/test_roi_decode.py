@@ -23,13 +23,24 @@ from PIL import Image
 import fastload.decode
 import fastload.transforms as fT
 from fastload import rng
-from fastload.decode import DecodeError, decode_jpeg_region, decode_jpeg_tensor, decode_pil, jpeg_header, roi_decoder_available
+from fastload.decode import (
+    DecodeError,
+    decode_jpeg_region,
+    decode_jpeg_tensor,
+    decode_pil,
+    jpeg_header,
+    roi_decoder_available,
+)
 from fastload.synthetic import render_image
 from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"),
-    pytest.mark.skipif(fastload.decode._jpeg is None, reason="fastload._jpeg was not built (no compiler or libjpeg headers)"),
+    pytest.mark.filterwarnings(
+        "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
+    ),
+    pytest.mark.skipif(
+        fastload.decode._jpeg is None, reason="fastload._jpeg was not built (no compiler or libjpeg headers)"
+    ),
 ]
 
 TRAIN = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
@@ -74,12 +85,21 @@ def test_header_matches_pil_and_declines_what_it_does_not_decode(jpegs: dict[str
             assert header is not None and header[:2] == img.size, name
         else:  # PNG named .JPEG, CMYK JPEG: PIL's business
             assert header is None, name
-    assert {("JPEG", "RGB", False), ("JPEG", "L", False), ("JPEG", "CMYK", True), ("PNG", "RGB", True)} <= kinds
+    assert {
+        ("JPEG", "RGB", False),
+        ("JPEG", "L", False),
+        ("JPEG", "CMYK", True),
+        ("PNG", "RGB", True),
+    } <= kinds
     good = jpegs["420.JPEG"]
     assert jpeg_header(good[: len(good) // 2]) is None  # truncated: no end-of-image marker
     assert jpeg_header(b"not a jpeg at all") is None
     assert jpeg_header(b"") is None
-    assert jpeg_header(np.frombuffer(good, dtype=np.uint8)) == (333, 251, "YCbCr")  # the in-memory dataset's arrays
+    assert jpeg_header(np.frombuffer(good, dtype=np.uint8)) == (
+        333,
+        251,
+        "YCbCr",
+    )  # the in-memory dataset's arrays
     assert jpeg_header(memoryview(good)) == (333, 251, "YCbCr")
 
 
@@ -102,7 +122,9 @@ def test_regions_are_bit_identical_to_a_cropped_full_decode(jpegs: dict[str, byt
             for left, top, w, h in regions:
                 got = decode_jpeg_region(data, left, top, w, h, scale)
                 assert got is not None and got.shape == (h, w, 3) and got.flags.writeable, (name, scale)
-                np.testing.assert_array_equal(got, full[top : top + h, left : left + w], err_msg=f"{name} 1/{scale} {(left, top, w, h)}")
+                np.testing.assert_array_equal(
+                    got, full[top : top + h, left : left + w], err_msg=f"{name} 1/{scale} {(left, top, w, h)}"
+                )
                 checked += 1
     assert checked > 1000
 
@@ -131,8 +153,19 @@ def test_bad_regions_and_bytes_raise(jpegs: dict[str, bytes]) -> None:
     assert decode_jpeg_region(bytes(corrupt), 0, 200, 333, 51) is None
 
 
-@pytest.mark.parametrize("pipe", [TRAIN, VAL, Compose([Resize(64), CenterCrop(64)]), Compose([Resize(80, interpolation="nearest"), CenterCrop(64)])], ids=["train", "val", "scaled", "nearest"])
-def test_fused_transforms_give_the_same_bytes_with_and_without_it(jpegs: dict[str, bytes], pipe: fT.Transform, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "pipe",
+    [
+        TRAIN,
+        VAL,
+        Compose([Resize(64), CenterCrop(64)]),
+        Compose([Resize(80, interpolation="nearest"), CenterCrop(64)]),
+    ],
+    ids=["train", "val", "scaled", "nearest"],
+)
+def test_fused_transforms_give_the_same_bytes_with_and_without_it(
+    jpegs: dict[str, bytes], pipe: fT.Transform, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for epoch in range(3):
         for index, (name, data) in enumerate(jpegs.items()):
             with rng.sample_scope(0, epoch, index):
@@ -164,7 +197,9 @@ def test_only_the_crop_is_decoded(jpegs: dict[str, bytes], monkeypatch: pytest.M
     assert calls == [(0, 0, 175, 138, 8)]
 
 
-def test_truncated_and_corrupt_files_behave_as_with_the_reference_decoders(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_truncated_and_corrupt_files_behave_as_with_the_reference_decoders(
+    jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     good = jpegs["big.JPEG"]
     truncated = good[: len(good) * 3 // 4]
     # Even a crop in the intact top part fails: the file is broken, whatever the crop.
@@ -214,14 +249,20 @@ def test_decode_into_a_batch_slot_and_from_numpy_bytes(jpegs: dict[str, bytes]) 
 def test_environment_switch_turns_it_off() -> None:
     code = "import fastload.decode as d; print(d.roi_decoder_available())"
     env = dict(os.environ, FASTLOAD_ROI_DECODE="0")
-    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    off = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     env["FASTLOAD_ROI_DECODE"] = "1"
-    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    on = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert (off, on) == ("False", "True")
     assert roi_decoder_available()
 
 
-def test_pils_decompression_bomb_check_still_applies(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pils_decompression_bomb_check_still_applies(
+    jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = jpegs["420.JPEG"]  # 333x251 = 83,583 pixels
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30_000)  # so this file is "a bomb" (> 2x the limit)
     assert jpeg_header(data) is None  # PIL decides
@@ -238,7 +279,9 @@ def test_mpo_files_take_the_jpeg_paths(jpegs: dict[str, bytes], monkeypatch: pyt
     # MPO: the multi-picture JPEG phones and cameras write; PIL calls it "MPO", libjpeg a JPEG.
     first = render_image((7, 4), 2, size=(500, 375))
     buf = io.BytesIO()
-    first.save(buf, format="MPO", save_all=True, append_images=[render_image((7, 5), 2, size=(500, 375))], quality=90)
+    first.save(
+        buf, format="MPO", save_all=True, append_images=[render_image((7, 5), 2, size=(500, 375))], quality=90
+    )
     data = buf.getvalue()
     assert Image.open(io.BytesIO(data)).format == "MPO" and jpeg_header(data) is not None
     for pipe in (TRAIN, VAL):

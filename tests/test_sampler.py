@@ -246,10 +246,26 @@ def test_state_dict_round_trip() -> None:
 @pytest.mark.parametrize(
     "kwargs, exc, message",
     [
-        (dict(num_replicas=3, rank=3), ValueError, r"Invalid rank 3, rank should be in the interval \[0, 2\]"),
-        (dict(num_replicas=3, rank=-1), ValueError, r"Invalid rank -1, rank should be in the interval \[0, 2\]"),
-        (dict(num_replicas=0, rank=0), ValueError, "num_replicas should be a positive integer, but got num_replicas=0"),
-        (dict(num_replicas=2.0, rank=0), TypeError, "num_replicas should be an integer, but got num_replicas=2.0"),
+        (
+            dict(num_replicas=3, rank=3),
+            ValueError,
+            r"Invalid rank 3, rank should be in the interval \[0, 2\]",
+        ),
+        (
+            dict(num_replicas=3, rank=-1),
+            ValueError,
+            r"Invalid rank -1, rank should be in the interval \[0, 2\]",
+        ),
+        (
+            dict(num_replicas=0, rank=0),
+            ValueError,
+            "num_replicas should be a positive integer, but got num_replicas=0",
+        ),
+        (
+            dict(num_replicas=2.0, rank=0),
+            TypeError,
+            "num_replicas should be an integer, but got num_replicas=2.0",
+        ),
         (dict(num_replicas=2, rank="0"), TypeError, "rank should be an integer, but got rank='0'"),
         (dict(num_replicas=2, rank=0, seed=None), TypeError, "seed should be an integer, but got seed=None"),
     ],

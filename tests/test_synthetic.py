@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,10 @@ from fastload.synthetic import make_imagenet_like, render_image, synthetic_class
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.JPEG"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*.JPEG"))
+    }
 
 
 def test_layout_names_and_counts(imagenet_root: Path) -> None:
@@ -77,7 +79,9 @@ def test_quality_range(tmp_path: Path) -> None:
     assert len(qualities) > 1
 
 
-@pytest.mark.parametrize("kwargs, match", [({"classes": 0}, "classes"), ({"per_class": -1}, "per_class"), ({"seed": 1.5}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"classes": 0}, "classes"), ({"per_class": -1}, "per_class"), ({"seed": 1.5}, "seed")]
+)
 def test_bad_arguments(tmp_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make_imagenet_like(tmp_path, **kwargs)
@@ -85,8 +89,24 @@ def test_bad_arguments(tmp_path: Path, kwargs: dict, match: str) -> None:
 
 def test_cli_synth(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "fastload", "synth", str(tmp_path / "d"), "--classes", "2", "--per-class", "2", "--val-per-class", "1", "--seed", "4"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "fastload",
+            "synth",
+            str(tmp_path / "d"),
+            "--classes",
+            "2",
+            "--per-class",
+            "2",
+            "--val-per-class",
+            "1",
+            "--seed",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "wrote 6 images" in out.stdout
     assert len(list((tmp_path / "d").rglob("*.JPEG"))) == 6

@@ -70,7 +70,9 @@ def run_two_nodes(script: Path, args: list[str], cwd: Path, timeout: float = TIM
     Fails the test (after killing both launchers and their workers) if they do not finish in time.
     """
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
     repo = str(Path(fastload.__file__).resolve().parent.parent)  # until fastload is pip-installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = "1"

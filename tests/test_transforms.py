@@ -15,7 +15,14 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from fastload import rng
-from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize, resized_output_size
+from fastload.transforms import (
+    CenterCrop,
+    Compose,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    resized_output_size,
+)
 
 
 class ReplayRNG:
@@ -45,7 +52,9 @@ class ReplayRNG:
         return low + min(int(v * (high - low)), high - low - 1)
 
 
-def reference_get_params(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], r: ReplayRNG) -> tuple[int, int, int, int]:
+def reference_get_params(
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], r: ReplayRNG
+) -> tuple[int, int, int, int]:
     """torchvision.transforms.RandomResizedCrop.get_params, transcribed, torch's RNG replaced by ``r``."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -87,12 +96,19 @@ class TorchGlobalRNG:
 
 
 SHAPES = [(375, 500), (500, 375), (224, 224), (1000, 10), (10, 1000), (31, 400), (1, 1), (2, 7)]
-SETTINGS = [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 0.5), (1.0, 1.0)), ((0.9, 3.0), (0.2, 5.0)), ((0.25, 1.0), (2.0, 3.0))]
+SETTINGS = [
+    ((0.08, 1.0), (3 / 4, 4 / 3)),
+    ((0.5, 0.5), (1.0, 1.0)),
+    ((0.9, 3.0), (0.2, 5.0)),
+    ((0.25, 1.0), (2.0, 3.0)),
+]
 
 
 @pytest.mark.parametrize("height,width", SHAPES)
 @pytest.mark.parametrize("scale,ratio", SETTINGS)
-def test_get_params_is_torchvisions_algorithm_on_the_same_draws(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]) -> None:
+def test_get_params_is_torchvisions_algorithm_on_the_same_draws(
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]
+) -> None:
     t = RandomResizedCrop(224, scale=scale, ratio=ratio)
     fallbacks = 0
     for seed in range(200):
@@ -101,7 +117,12 @@ def test_get_params_is_torchvisions_algorithm_on_the_same_draws(height: int, wid
         got = t.get_params(height, width, mine)  # type: ignore[arg-type]
         expected = reference_get_params(height, width, scale, ratio, ref)
         if 0 in expected[2:]:  # torchvision's fallback rounded a side to 0 (its resize then fails): we keep 1
-            expected = ((height - max(1, expected[2])) // 2, (width - max(1, expected[3])) // 2, max(1, expected[2]), max(1, expected[3]))
+            expected = (
+                (height - max(1, expected[2])) // 2,
+                (width - max(1, expected[3])) // 2,
+                max(1, expected[2]),
+                max(1, expected[3]),
+            )
         assert got == expected
         assert mine.calls == ref.calls  # same draws in the same order
         fallbacks += "randint" not in mine.calls
@@ -147,7 +168,9 @@ def test_crop_distribution_matches_torchvision(height: int, width: int) -> None:
     ours = RandomResizedCrop(224)
     img = torch.zeros(1, height, width)
     torch.manual_seed(0)
-    ref = np.array([T1.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)], dtype=float)
+    ref = np.array(
+        [T1.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)], dtype=float
+    )
     got = np.array([ours.get_params(height, width, rng.SampleRNG(0, 0, i)) for i in range(n)], dtype=float)
 
     def features(b: np.ndarray) -> dict[str, np.ndarray]:
@@ -189,7 +212,9 @@ def test_draws_happen_in_pipeline_order() -> None:
         r = rng.SampleRNG(3, 1, index)
         top, left, h, w = RandomResizedCrop(224).get_params(375, 500, r)
         flip = r.random() < 0.5
-        expected = [("crop", top, left, h, w), ("resize", 224, 224, "bilinear", True)] + ([("hflip",)] if flip else [])
+        expected = [("crop", top, left, h, w), ("resize", 224, 224, "bilinear", True)] + (
+            [("hflip",)] if flip else []
+        )
         if (h, w) == (224, 224):
             expected.remove(("resize", 224, 224, "bilinear", True))
         assert plan.ops == expected
@@ -226,7 +251,9 @@ def test_val_pipeline_equals_torchvision_on_tensors() -> None:
     assert torch.equal(CenterCrop((50, 45))(x), F.center_crop(x, [50, 45]))
 
 
-@pytest.mark.parametrize("size,max_size", [(256, None), ([256], None), ((100, 150), None), (256, 300), (None, 300), (7, None)])
+@pytest.mark.parametrize(
+    "size,max_size", [(256, None), ([256], None), ((100, 150), None), (256, 300), (None, 300), (7, None)]
+)
 @pytest.mark.parametrize("h,w", [(375, 500), (500, 375), (300, 300), (10, 1000)])
 def test_resize_output_size_is_torchvisions(size, max_size, h: int, w: int) -> None:  # type: ignore[no-untyped-def]
     x = torch.zeros(1, h, w, dtype=torch.uint8)
@@ -247,7 +274,9 @@ def test_output_size() -> None:
     assert Compose([Resize(256), CenterCrop(224)]).output_size == (224, 224)
     assert Compose([RandomResizedCrop(224), RandomHorizontalFlip()]).output_size == (224, 224)
     assert Compose([CenterCrop(224), Resize(256)]).output_size is None
-    assert Compose([Compose([Resize(256)]), Compose([CenterCrop(20), RandomHorizontalFlip()])]).output_size == (20, 20)
+    assert Compose(
+        [Compose([Resize(256)]), Compose([CenterCrop(20), RandomHorizontalFlip()])]
+    ).output_size == (20, 20)
     assert Compose([]).output_size is None
 
 
@@ -286,7 +315,11 @@ def test_determinism_same_scope_same_output_different_index_different_crop() -> 
 def test_pil_input_gives_uint8_chw_close_to_the_tensor_path() -> None:
     x = _image(200, 260)
     pil = Image.fromarray(x.permute(1, 2, 0).numpy())
-    for pipe in (Compose([RandomResizedCrop(64), RandomHorizontalFlip()]), Compose([Resize(80), CenterCrop(64)]), CenterCrop(300)):
+    for pipe in (
+        Compose([RandomResizedCrop(64), RandomHorizontalFlip()]),
+        Compose([Resize(80), CenterCrop(64)]),
+        CenterCrop(300),
+    ):
         for index in range(5):
             with rng.sample_scope(0, 0, index):
                 a = pipe(pil)
@@ -314,7 +347,9 @@ def test_flip_before_crop_mirrors_the_crop() -> None:
 def test_other_interpolations_and_no_antialias_match_torchvision() -> None:
     x = _image(200, 260)
     for interp, tv in (("nearest", T2.InterpolationMode.NEAREST), ("bicubic", T2.InterpolationMode.BICUBIC)):
-        assert torch.equal(Resize(50, interpolation=interp)(x), F.resize(x, 50, interpolation=tv, antialias=True))
+        assert torch.equal(
+            Resize(50, interpolation=interp)(x), F.resize(x, 50, interpolation=tv, antialias=True)
+        )
     assert torch.equal(Resize(50, antialias=False)(x), F.resize(x, 50, antialias=False))
     assert Resize(50, interpolation=T2.InterpolationMode.BICUBIC).interpolation == "bicubic"
     assert Resize(50, interpolation=Image.Resampling.NEAREST).interpolation == "nearest"
@@ -381,5 +416,9 @@ def test_bad_inputs() -> None:
         RandomResizedCrop(8)(np.zeros((10, 10, 3), np.uint8))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shape"):
         RandomResizedCrop(8)(torch.zeros(5))
-    assert "size should be a positive integer, but got size=0" in str(pytest.raises(ValueError, RandomResizedCrop, 0).value)
-    assert "p should be a probability between 0 and 1, but got p=2" in str(pytest.raises(ValueError, RandomHorizontalFlip, 2).value)
+    assert "size should be a positive integer, but got size=0" in str(
+        pytest.raises(ValueError, RandomResizedCrop, 0).value
+    )
+    assert "p should be a probability between 0 and 1, but got p=2" in str(
+        pytest.raises(ValueError, RandomHorizontalFlip, 2).value
+    )

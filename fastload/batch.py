@@ -1,0 +1,98 @@
+"""``IndexedBatch``: the ``(images, labels)`` pair every stage passes along, with the sample indices.
+
+Workers fill it, the loader yields it, the prefetcher moves it and hands ``indices`` to the batched
+device transforms (per-sample randomness is keyed by the dataset index, :mod:`fastload.rng`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["IndexedBatch"]
+
+_MISSING = object()
+
+
+class IndexedBatch(tuple):  # type: ignore[type-arg]
+    """An ``(images, labels)`` batch that also carries the dataset index of each sample.
+
+    It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,
+    and exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
+    processes), ``pin_memory``, and the generic collection utilities of the frameworks:
+
+    - torch's pytree (``tree_map``, used by ``torch.compile`` and many move-to-device helpers):
+      registered as a node with children ``images, labels, indices``, so all three are mapped.
+    - utilities that rebuild a tuple subclass as ``type(batch)(items)`` (Lightning's
+      ``apply_to_collection``, Accelerate's ``send_to_device``): ``IndexedBatch([images, labels])``
+      is a valid construction; the indices, which those utilities do not see, are ``None``
+      afterwards. fastload's own prefetcher uses them before a framework moves the batch.
+
+    Example:
+        >>> import torch
+        >>> b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), torch.tensor([7, 3]))
+        >>> images, labels = b
+        >>> b.indices.tolist(), len(b)
+        ([7, 3], 2)
+        >>> type(b)(list(b)).indices is None  # rebuilt from its items, as frameworks do
+        True
+    """
+
+    indices: Any
+
+    def __new__(cls, images: Any, labels: Any = _MISSING, indices: Any = None) -> IndexedBatch:
+        if labels is _MISSING:  # IndexedBatch(iterable): [images, labels] or [images, labels, indices]
+            items = list(images) if isinstance(images, Iterable) else None
+            if items is None or len(items) not in (2, 3):
+                raise TypeError(
+                    "IndexedBatch takes (images, labels, indices) or one iterable of 2 or 3 items, "
+                    f"but got {type(images).__name__}"
+                )
+            images, labels = items[0], items[1]
+            indices = items[2] if len(items) == 3 else None
+        self = super().__new__(cls, (images, labels))
+        self.indices = indices
+        return self
+
+    @property
+    def images(self) -> Any:
+        """The images (first element)."""
+        return self[0]
+
+    @property
+    def labels(self) -> Any:
+        """The labels (second element)."""
+        return self[1]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (IndexedBatch, (self[0], self[1], self.indices))
+
+    def pin_memory(self) -> IndexedBatch:
+        """Returns a copy whose CPU tensors are in pinned memory (indices stay as they are)."""
+
+        def pin(x: Any) -> Any:
+            return x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
+
+        return IndexedBatch(pin(self[0]), pin(self[1]), self.indices)
+
+    def __repr__(self) -> str:
+        return f"IndexedBatch(images={self[0]!r}, labels={self[1]!r}, indices={self.indices!r})"
+
+
+def _flatten(batch: IndexedBatch) -> tuple[list[Any], None]:
+    return [batch[0], batch[1], batch.indices], None
+
+
+def _unflatten(children: Iterable[Any], context: None) -> IndexedBatch:
+    return IndexedBatch(*children)
+
+
+pytree.register_pytree_node(
+    IndexedBatch,
+    _flatten,
+    _unflatten,
+    serialized_type_name="fastload.batch.IndexedBatch",
+)
