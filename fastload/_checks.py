@@ -1,0 +1,112 @@
+"""Argument checks shared by every module, in torch's message template.
+
+``"batch_size should be a positive integer, but got batch_size=0"``: the argument's name, what it
+should be, and what it got. Never ``assert`` on user input. Integers are Python ints and numpy
+integers, never bools or floats.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from collections.abc import Collection, Sequence
+from typing import Any
+
+__all__ = ["check_choice", "check_int", "check_optional_int", "check_probability", "check_size"]
+
+
+def _describe(low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer in [{low}, {high}]"
+    if low == 1:
+        return "a positive integer"
+    if low == 0:
+        return "a non-negative integer"
+    if low is not None:
+        return f"an integer >= {low}"
+    if high is not None:
+        return f"an integer <= {high}"
+    return "an integer"
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    type_error: bool = False,
+) -> int:
+    """``value`` as a Python int in ``[low, high]``.
+
+    Args:
+        value: What the user passed.
+        name: The argument's name, for the message.
+        low, high: Inclusive bounds (``None``: unbounded).
+        type_error: Raise ``TypeError`` (not ``ValueError``) for a value that is not an integer.
+
+    Raises:
+        ValueError: Out of range (and for a non-integer unless ``type_error``), e.g.
+            ``"num_workers should be a non-negative integer, but got num_workers=-1"``.
+        TypeError: For a non-integer when ``type_error`` is set.
+    """
+    what = _describe(low, high)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise (TypeError if type_error else ValueError)(f"{name} should be {what}, but got {name}={value!r}")
+    number = operator.index(value)
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValueError(f"{name} should be {what}, but got {name}={value!r}")
+    return number
+
+
+def check_optional_int(
+    value: Any, name: str, *, low: int | None = None, high: int | None = None, type_error: bool = False
+) -> int | None:
+    """:func:`check_int` that lets ``None`` through (the message then says "or None")."""
+    if value is None:
+        return None
+    try:
+        return check_int(value, name, low=low, high=high, type_error=type_error)
+    except (TypeError, ValueError) as e:
+        raise type(e)(str(e).replace(", but got", " or None, but got", 1)) from None
+
+
+def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
+    """``value`` if it is one of ``choices``, else ``ValueError`` listing them.
+
+    Example: ``worker_type should be one of 'process', 'thread', but got worker_type='fork'``.
+    """
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} should be one of {listed}, but got {name}={value!r}")
+    return value
+
+
+def check_probability(value: Any, name: str = "p") -> float:
+    """A number in ``[0, 1]`` as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} should be a probability in [0, 1], but got {name}={value!r}")
+    return float(value)
+
+
+def check_size(size: Any, name: str = "size") -> tuple[int, int]:
+    """An ``int`` or a sequence of one or two positive ints -> ``(h, w)``.
+
+    Raises:
+        TypeError: Not an int or such a sequence.
+        ValueError: A size that is not positive.
+    """
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        h = w = int(size)
+    elif (
+        isinstance(size, Sequence)
+        and not isinstance(size, str)
+        and len(size) in (1, 2)
+        and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size)
+    ):
+        h, w = (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
+    else:
+        raise TypeError(f"{name} should be an int or a sequence of one or two ints, but got {name}={size!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"{name} should be positive, but got {name}={size!r}")
+    return h, w
