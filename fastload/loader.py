@@ -53,34 +53,33 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 
 from __future__ import annotations
 
-import pickle
-import queue
-import random
-import threading
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
-import torch.multiprocessing as torch_mp
-from torch.utils.data import IterableDataset, Sampler
+from torch.utils.data import IterableDataset, Sampler, SequentialSampler
 
-from . import rng as _rng
+from . import rng
+from ._checks import check_choice, check_int
+from ._epoch import DefaultSeed, EpochState
+from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample, run_task
 from .batch import IndexedBatch
-from .decode import DecodeError
-from .device import auto_num_workers, available_cpus, cuda_available, register_pinned, unregister_pinned
+from .decode import decode_batch
+from .device import auto_num_workers, available_cpus, cuda_available
+from .prefetch import CUDAPrefetcher
+from .sampler import DistributedSampler
 from .stats import LoaderStats
 
-__all__ = ["DataLoader", "EpochRandomSampler", "auto_num_workers"]
+__all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_workers"]
 
 T_co = TypeVar("T_co", covariant=True)
 
-_STATE_FORMAT = "fastload.DataLoader"
-_POLL_SECONDS = 0.5
+_STATE_KIND = "fastload.DataLoader"
 
 
 class EpochRandomSampler(Sampler[int]):
@@ -91,42 +90,84 @@ class EpochRandomSampler(Sampler[int]):
 
     Args:
         data_source: The dataset (only its length is used).
-        seed: The shuffling seed.
+        seed: The shuffling seed, or a :class:`fastload._epoch.DefaultSeed` resolved at the first
+            iteration (0 in a distributed job, so that every rank shuffles alike).
     """
 
-    def __init__(self, data_source: Any, seed: int = 0) -> None:
+    def __init__(self, data_source: Any, seed: int | DefaultSeed = 0) -> None:
         self.data_source = data_source
-        self.seed = int(seed)
+        self._seed = seed
         self.epoch = 0
+
+    @property
+    def seed(self) -> int:
+        """The shuffling seed."""
+        if isinstance(self._seed, DefaultSeed):
+            self._seed = self._seed.value
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch whose order the next iteration yields."""
         self.epoch = int(epoch)
 
+    def indices(self, epoch: int) -> np.ndarray:
+        """The order of ``epoch`` (without changing the sampler's epoch)."""
+        return np.asarray(rng.epoch_permutation(len(self.data_source), self.seed, epoch), dtype=np.int64)
+
     def __iter__(self) -> Iterator[int]:
-        return iter(_rng.epoch_permutation(len(self.data_source), self.seed, self.epoch).tolist())
+        return iter(self.indices(self.epoch).tolist())
 
     def __len__(self) -> int:
         return len(self.data_source)
 
 
-def _check_nonneg_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} should be a non-negative integer, but got {name}={value!r}")
-    return int(value)
+def _is_fast_dataset(dataset: Any) -> bool:
+    transform = getattr(dataset, "transform", None)
+    return (
+        callable(getattr(dataset, "get_bytes", None))
+        and transform is not None
+        and callable(getattr(transform, "decode_into", None))
+        and getattr(transform, "output_size", None) is not None
+    )
 
 
-# ------------------------------------------------------------------------------------ fast path
+def _split(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
+    """``order`` cut into batches (the last one shorter unless ``drop_last``)."""
+    n_full = len(order) // batch_size
+    batches = [order[k * batch_size : (k + 1) * batch_size] for k in range(n_full)]
+    if not drop_last and len(order) % batch_size:
+        batches.append(order[n_full * batch_size :])
+    return batches
 
 
-@dataclass
-class _Task:
-    generation: int
-    batch: int  # position in the epoch
-    slot: int
-    epoch: int
-    seed: int
-    indices: np.ndarray
+def _predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
+    """The sampler's order for ``epoch`` when it is a pure function of it, without touching the sampler."""
+    if type(sampler) is EpochRandomSampler:
+        return sampler.indices(epoch)
+    if type(sampler) is DistributedSampler:
+        return np.asarray(sampler.indices(epoch), dtype=np.int64)
+    if type(sampler) is SequentialSampler:
+        return np.arange(len(sampler), dtype=np.int64)
+    return None
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    try:
+        return len(first)
+    except Exception:  # noqa: BLE001 - len() of a nested tensor raises RuntimeError: count it as one
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            return int(first.size(0))
+        return 1
+
+
+# ------------------------------------------------------------------------------------ the engine
 
 
 @dataclass
@@ -142,347 +183,168 @@ class _Lookahead:
     epoch: int
     seed: int
     batches: list[np.ndarray]
-    pool: Any  # the _WorkerPool its tasks went to: a replaced pool (dead worker) voids it
+    pool: WorkerPool  # a replaced pool (dead worker) voids it
     dataset_state: tuple[Any, ...]  # the dataset's transform objects when it was made
     issued: int = 0
     in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
-    reports: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # batch -> worker report
+    reports: dict[int, Report] = field(default_factory=dict)  # batch -> worker report
 
 
-def _is_fast_dataset(dataset: Any) -> bool:
-    transform = getattr(dataset, "transform", None)
-    return (
-        callable(getattr(dataset, "get_bytes", None))
-        and transform is not None
-        and callable(getattr(transform, "decode_into", None))
-        and getattr(transform, "output_size", None) is not None
-    )
+def _dataset_state(dataset: Any) -> tuple[Any, ...]:
+    """The dataset's transform objects: replacing one between epochs voids a lookahead."""
+    return tuple(getattr(dataset, name, None) for name in ("transform", "target_transform"))
 
 
-def _describe(dataset: Any, i: int) -> str:
-    describe = getattr(dataset, "describe", None)
-    return describe(i) if callable(describe) else f"sample {i}"
+class _Engine:
+    """What lives across passes: the worker pool and its slot ring, the epoch lookahead, the
+    slots the consumer may still hold, and the torch thread cap. One per DataLoader; each pass
+    gets it explicitly. It keeps no reference to the loader (so a dropped loader is collected
+    at once and its workers stop)."""
 
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.generation = 0
+        self.lookahead: _Lookahead | None = None
+        self.held: list[int] = []  # slots handed to the consumer, released two batches later
+        self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
 
-def _label(targets: Any, target_transform: Callable[[int], Any] | None, i: int) -> int:
-    target = int(targets[i])
-    return int(target_transform(target)) if target_transform is not None else target
+    def new_generation(self) -> int:
+        self.generation += 1
+        return self.generation
 
-
-def _run_task(
-    dataset: Any, task: _Task, images: np.ndarray, labels: np.ndarray, skip: bool
-) -> tuple[int, list[tuple[int, str]]]:
-    """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``; returns (filled, skipped)."""
-    transform = dataset.transform
-    targets = dataset.targets
-    target_transform = getattr(dataset, "target_transform", None)
-    out = images[task.slot]
-    lab = labels[task.slot]
-    filled = 0
-    skipped: list[tuple[int, str]] = []
-    for i in task.indices.tolist():
-        try:
-            data = dataset.get_bytes(i)
-            with _rng.sample_scope(task.seed, task.epoch, i):
-                transform.decode_into(data, out[filled], _describe(dataset, i))
-        except (DecodeError, OSError) as e:
-            if not skip:
-                raise
-            skipped.append((i, str(e)))
-            continue
-        lab[filled] = _label(targets, target_transform, i)
-        filled += 1
-    return filled, skipped
-
-
-def _portable_error(error: Exception) -> Exception | str:
-    """The exception itself when it survives pickling (so the main process re-raises its type)."""
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:  # noqa: BLE001 - any pickling failure: send the text
-        return f"{type(error).__name__}: {error}"
-    return error
-
-
-def _worker_main(
-    worker_id: int,
-    dataset: Any,
-    tasks: Any,
-    results: Any,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    base_seed: int,
-    skip: bool,
-    worker_init_fn: Callable[[int], None] | None,
-    is_process: bool,
-) -> None:
-    """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
-    if is_process:
-        torch.set_num_threads(1)
-        # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them).
-        random.seed(base_seed + worker_id)
-        torch.manual_seed(base_seed + worker_id)
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
-    np_images = images.numpy()
-    np_labels = labels.numpy()
-    while True:
-        try:
-            task = tasks.get()
-        except (EOFError, OSError, KeyboardInterrupt):  # the main process went away
-            return
-        if task is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            filled, skipped = _run_task(dataset, task, np_images, np_labels, skip)
-        except Exception as e:  # reported to the main process, which re-raises it
-            results.put(
-                (
-                    task.generation,
-                    task.batch,
-                    task.slot,
-                    "error",
-                    _portable_error(e),
-                    traceback.format_exc(),
-                    worker_id,
-                )
+    def get_pool(self, loader: DataLoader[Any], seed: int) -> WorkerPool:
+        if self.pool is None or self.pool.closed:
+            self.lookahead = None
+            self.held.clear()  # slots of the old pool's buffers, which the consumer may keep
+            slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
+                3 if loader.reuse_buffers else 1
             )
-            continue
-        results.put(
-            (
-                task.generation,
-                task.batch,
-                task.slot,
-                "ok",
-                filled,
-                skipped,
-                (worker_id, time.perf_counter() - t0),
+            self.pool = WorkerPool(
+                loader.dataset,
+                tuple(loader.dataset.transform.output_size),
+                loader.batch_size or 1,
+                slots,
+                loader.num_workers,
+                loader.worker_type,
+                loader.multiprocessing_context,
+                bool(loader.pin_memory),
+                seed,
+                loader.on_error == "skip",
+                loader.worker_init_fn,
             )
+        return self.pool
+
+    def limit_threads(self, busy: int) -> None:
+        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs."""
+        cap = max(1, available_cpus() - busy)
+        current = torch.get_num_threads()
+        if current > cap:
+            if self.saved_threads is None:
+                self.saved_threads = current
+            torch.set_num_threads(cap)
+
+    def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
+        """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
+        pool = self.pool
+        if not (loader.epoch_lookahead and loader.persistent_workers) or pool is None:
+            return
+        ahead = self.lookahead
+        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed or ahead.pool is not pool:
+            order = _predicted_order(loader.sampler, epoch + 1)
+            if order is None:
+                return
+            batches = _split(order, loader.batch_size or 1, loader.drop_last)
+            ahead = _Lookahead(
+                self.new_generation(), epoch + 1, seed, batches, pool, _dataset_state(loader.dataset)
+            )
+            self.lookahead = ahead
+        ahead.issued = pool.issue(
+            ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight
         )
 
+    def keep_lookahead_report(self, report: Report) -> bool:
+        """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
+        ahead = self.lookahead
+        if ahead is None or report.generation != ahead.generation:
+            return False
+        ahead.reports[report.batch] = report
+        return True
 
-class _WorkerPool:
-    """Workers and the shared batch slots they write into; lives as long as the loader.
-
-    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass), or held
-    by the current pass (ready, or handed to the consumer). A new pass only takes free slots, and a
-    slot of an abandoned pass becomes free when its task reports back, so no two tasks ever write
-    into one slot and no batch is overwritten while it is in use.
-    """
-
-    def __init__(self, loader: DataLoader[Any], shape: tuple[int, int], num_slots: int) -> None:
-        self.num_workers = loader.num_workers
-        self.kind = loader.worker_type
-        b = loader.batch_size or 1
-        h, w = shape
-        pin = bool(loader.pin_memory) and cuda_available()
-        self.images = torch.empty((num_slots, b, h, w, 3), dtype=torch.uint8)
-        self.labels = torch.empty((num_slots, b), dtype=torch.int64)
-        self.pinned = False
-        if self.num_workers > 0 and self.kind == "process":
-            self.images.share_memory_()
-            self.labels.share_memory_()
-            if pin:
-                self.pinned = register_pinned(self.images) and register_pinned(self.labels)
-        elif pin:
-            self.images = self.images.pin_memory()
-            self.labels = self.labels.pin_memory()
-            self.pinned = True
-        self.num_slots = num_slots
-        self.free_slots = list(range(num_slots))
-        self.busy: dict[int, int] = {}  # slot -> generation of the task writing into it
-        self.workers: list[Any] = []
-        self.tasks: Any = None
-        self.results: Any = None
-        self.closed = False
-        if self.num_workers == 0:
-            return
-        is_process = self.kind == "process"
-        if is_process:
-            ctx = loader.multiprocessing_context or torch_mp.get_context()
-            self.tasks, self.results = ctx.Queue(), ctx.Queue()
-            spawn: Any = ctx.Process
-        else:
-            self.tasks, self.results = queue.Queue(), queue.Queue()
-            spawn = threading.Thread
-        for wid in range(self.num_workers):
-            worker = spawn(
-                target=_worker_main,
-                args=(
-                    wid,
-                    loader.dataset,
-                    self.tasks,
-                    self.results,
-                    self.images,
-                    self.labels,
-                    loader._seed,
-                    loader.on_error == "skip",
-                    loader.worker_init_fn,
-                    is_process,
-                ),
-                name=f"fastload-worker-{wid}",
-                daemon=True,
-            )
-            worker.start()
-            self.workers.append(worker)
-
-    def take_slot(self) -> int | None:
-        return self.free_slots.pop(0) if self.free_slots else None
-
-    def release(self, slot: int) -> None:
-        if slot not in self.busy and slot not in self.free_slots:
-            self.free_slots.append(slot)
-
-    def issue(
-        self,
-        generation: int,
-        epoch: int,
-        seed: int,
-        batches: list[np.ndarray],
-        issued: int,
-        in_flight: dict[int, int],
-    ) -> int:
-        """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
-        while issued < len(batches):
-            slot = self.take_slot()
-            if slot is None:
-                break
-            self.put(_Task(generation, issued, slot, epoch, seed, batches[issued]))
-            in_flight[issued] = slot
-            issued += 1
-        return issued
-
-    def put(self, task: _Task) -> None:
-        self.busy[task.slot] = task.generation
-        self.tasks.put(task)
-
-    def drain(self, keep: int | None = None) -> None:
-        """Takes back the tasks no worker has started yet (best effort) and frees their slots.
-
-        Tasks of generation ``keep`` (an adopted epoch lookahead) are put back, in order.
-        """
-        kept: list[_Task] = []
-        while True:
-            try:
-                task = self.tasks.get_nowait()
-            except (queue.Empty, OSError, ValueError):
-                break
-            if task is None:  # not ours to drop
-                self.tasks.put(None)
-                break
-            if task.generation == keep:
-                kept.append(task)
-                continue
-            self.busy.pop(task.slot, None)
-            self.release(task.slot)
-        for task in kept:
-            self.tasks.put(task)
-
-    def get(self, timeout: float) -> tuple[Any, ...]:
-        """The next finished task's report (its slot is then no longer busy); clear errors, no hang."""
-        deadline = None if timeout <= 0 else time.monotonic() + timeout
-        while True:
-            if self.closed:
-                raise RuntimeError(
-                    "the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating"
-                )
-            try:
-                report = self.results.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                pass
-            else:
-                self.busy.pop(report[2], None)
-                return report
-            self.check_alive()
-            if deadline is not None and time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"DataLoader timed out after {timeout} seconds waiting for a batch (timeout={timeout})"
-                )
-
-    def check_alive(self) -> None:
-        for wid, w in enumerate(self.workers):
-            if not w.is_alive():
-                code = getattr(w, "exitcode", None)
-                how = (
-                    f"was killed by signal {-code}"
-                    if code is not None and code < 0
-                    else f"exited with code {code}"
-                )
-                pid = getattr(w, "pid", None)
-                self.close()
-                raise RuntimeError(
-                    f"DataLoader worker {wid} (pid {pid}) {how} unexpectedly. If it ran out of memory, "
-                    "use fewer workers or a smaller batch_size; run with num_workers=0 to see the error in the main process."
-                )
+    def take_lookahead(
+        self, dataset: Any, epoch: int, start: int, seed: int, batches: list[np.ndarray]
+    ) -> _Lookahead | None:
+        """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
+        ahead, self.lookahead = self.lookahead, None
+        if ahead is None:
+            return None
+        if ahead.pool is not self.pool or ahead.pool.closed:
+            return None  # its workers are gone (a dead worker closed the pool): nothing to free
+        if (
+            ahead.epoch == epoch
+            and start == 0
+            and ahead.seed == seed
+            and all(a is b for a, b in zip(ahead.dataset_state, _dataset_state(dataset), strict=True))
+            and len(ahead.batches) == len(batches)
+            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches, strict=True))
+        ):
+            return ahead
+        for report in ahead.reports.values():
+            ahead.pool.release(report.slot)
+        return None
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.workers:
-            self.drain()  # don't make the workers decode a backlog nobody will read
-        for _ in self.workers:
-            try:
-                self.tasks.put(None)
-            except (OSError, ValueError):
-                pass
-        for w in self.workers:
-            w.join(timeout=5)
-            if self.kind == "process" and w.is_alive():
-                w.terminate()
-                w.join(timeout=5)
-        if self.pinned and self.kind == "process":
-            unregister_pinned(self.images)
-            unregister_pinned(self.labels)
-        self.workers = []
+        """Stops the workers and gives torch its thread count back."""
+        self.lookahead = None
+        self.held.clear()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.saved_threads is not None:
+            torch.set_num_threads(self.saved_threads)
+            self.saved_threads = None
 
 
-class _FastIterator:
-    """One pass over the epoch's batches, ``start`` batches in (resume), through the pool."""
+# ------------------------------------------------------------------------------------ one pass
 
-    def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
+
+class _FastPass:
+    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine."""
+
+    def __init__(self, loader: DataLoader[Any], engine: _Engine, epoch: int, start: int, seed: int) -> None:
         self.loader = loader
+        self.engine = engine
         self.epoch = epoch
-        self.seed = loader._seed
-        self.batches = loader._epoch_batches(epoch)
+        self.seed = seed
+        self.batches = _split(
+            np.fromiter((int(i) for i in loader.sampler), dtype=np.int64),
+            loader.batch_size or 1,
+            loader.drop_last,
+        )
         self.next_batch = start
         self.issued = start
-        self.pool = loader._get_pool()
-        self.ready: dict[int, tuple[int, int, list[tuple[int, str]]]] = {}
+        self.pool = engine.get_pool(loader, seed)
+        self.ready: dict[int, BatchDone] = {}
         self.in_flight: dict[int, int] = {}  # batch -> slot
-        self.reports: dict[int, tuple[Any, ...]] = {}  # batch -> report received before this pass began
-        ahead = loader._take_lookahead(epoch, start, self.seed, self.batches)
+        self.reports: dict[int, Report] = {}  # batch -> report received before this pass began
+        ahead = engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
         if ahead is not None:  # the workers already started on this epoch: carry on from there
             self.generation = ahead.generation
             self.issued = ahead.issued
             self.in_flight = ahead.in_flight
             self.reports = ahead.reports
         else:
-            loader._generation += 1
-            self.generation = loader._generation
-        self.held = loader._held  # slots handed to the consumer, released two batches later (across passes)
-        self.stats = loader.stats
-        self.external_stats = loader._prefetching  # the prefetcher measures at the consumer
-        if not self.external_stats:
-            self.stats.start()
-        self.done = False
+            self.generation = engine.new_generation()
         pool = self.pool
         if pool.num_workers:
             pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
         # Slots not written by a task of an earlier pass (those come back when their task reports)
-        # and not holding an adopted lookahead batch.
-        # The previous pass's last batches stay valid while the next two are consumed, too.
-        kept = {report[2] for report in self.reports.values()} | set(self.held)
-        pool.free_slots = [
-            slot for slot in range(pool.num_slots) if slot not in pool.busy and slot not in kept
-        ]
+        # and not holding an adopted lookahead batch; the previous pass's last batches stay valid
+        # while the next two are consumed, too.
+        kept = {report.slot for report in self.reports.values()} | set(engine.held)
+        pool.free_slots = [s for s in range(pool.num_slots) if s not in pool.busy and s not in kept]
 
-    def __iter__(self) -> _FastIterator:
-        return self
-
-    def _hold_limit(self) -> int:
-        return 2 if self.loader.reuse_buffers else 0
+    def __len__(self) -> int:
+        return len(self.batches)
 
     def _fill(self) -> None:
         pool = self.pool
@@ -490,111 +352,307 @@ class _FastIterator:
             self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
         )
         if self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
-            self.loader._fill_lookahead(self.epoch, self.seed)
+            self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
 
-    def _run_inline(self) -> None:
+    def _run_inline(self) -> Report:
         """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
         slot = self.pool.take_slot()
-        assert slot is not None  # the consumer holds at most _hold_limit() slots of >= 3
-        task = _Task(
+        if slot is None:  # pragma: no cover - the consumer holds at most 2 of >= 3 slots
+            raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
+        task = Task(
             self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
         )
-        t0 = time.perf_counter()
-        try:
-            filled, skipped = _run_task(
-                self.loader.dataset,
-                task,
-                self.pool.images.numpy(),
-                self.pool.labels.numpy(),
-                self.loader.on_error == "skip",
-            )
-        except BaseException:
-            self.pool.release(slot)
-            raise
-        self.stats.record_decode(0, time.perf_counter() - t0)
         self.in_flight[task.batch] = slot
-        self.ready[task.batch] = (slot, filled, skipped)
-
-    def _wait(self) -> None:
+        t0 = time.perf_counter()
         pool = self.pool
-        while self.next_batch not in self.ready:
+        filled, skipped = run_task(
+            self.loader.dataset,
+            task,
+            pool.images.numpy(),
+            pool.labels.numpy(),
+            self.loader.on_error == "skip",
+        )
+        return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
+
+    def _wait(self) -> Report:
+        """The report of batch ``next_batch``, from before this pass or from the workers."""
+        pool = self.pool
+        while True:
             if self.next_batch in self.reports:  # decoded ahead, before this pass began
-                self._accept(self.reports.pop(self.next_batch))
-                continue
+                return self.reports.pop(self.next_batch)
+            if self.next_batch in self.ready:
+                return self.ready.pop(self.next_batch)
             self._fill()
             report = pool.get(self.loader.timeout)
-            if report[0] != self.generation:
-                if not self.loader._lookahead_report(report):
-                    pool.release(report[2])  # a task of an abandoned pass: its slot is free again
+            if report.generation != self.generation:
+                if not self.engine.keep_lookahead_report(report):
+                    pool.release(report.slot)  # a task of an abandoned pass: its slot is free again
                 continue
-            self._accept(report)
-
-    def _accept(self, report: tuple[Any, ...]) -> None:
-        """Takes a worker's report of this pass: the batch is ready, or its error is raised."""
-        pool = self.pool
-        batch, slot, status = report[1], report[2], report[3]
-        if status == "error":
-            pool.release(slot)
-            self._finish()
-            error, tb, wid = report[4], report[5], report[6]
-            context = f"in DataLoader worker {wid}, batch {batch} of epoch {self.epoch}\n\nOriginal traceback in the worker:\n{tb}"
-            if isinstance(error, BaseException):
-                if hasattr(error, "add_note"):
-                    error.add_note(context)
-                raise error
-            raise RuntimeError(
-                f"DataLoader worker {wid} failed on batch {batch} of epoch {self.epoch}: {error}\n\n{context}"
-            )
-        filled, skipped, (wid, seconds) = report[4], report[5], report[6]
-        self.stats.record_decode(wid, seconds)
-        self.ready[batch] = (slot, filled, skipped)
+            if report.batch == self.next_batch:
+                return report
+            if isinstance(report, BatchDone):
+                self.ready[report.batch] = report
+            else:
+                self.reports[report.batch] = report  # an error of a later batch: raised in its turn
 
     def __next__(self) -> IndexedBatch:
-        if self.done:
-            raise StopIteration
-        t0 = time.perf_counter()
         pool = self.pool
-        while len(self.held) > self._hold_limit():
-            pool.release(self.held.pop(0))
+        held = self.engine.held
+        while len(held) > (2 if self.loader.reuse_buffers else 0):
+            pool.release(held.pop(0))
         if self.next_batch >= len(self.batches):
-            self._finish()
             raise StopIteration
-        if pool.num_workers == 0:
-            self._run_inline()
-        else:
-            self._wait()
-        slot, filled, skipped = self.ready.pop(self.next_batch)
-        indices = self.batches[self.next_batch]
-        if skipped:
-            indices = indices[~np.isin(indices, [i for i, _ in skipped])]
-        del self.in_flight[self.next_batch]
+        k = self.next_batch
+        indices = self.batches[k]
+        try:
+            report = self._run_inline() if pool.num_workers == 0 else self._wait()
+        except BaseException:
+            slot = self.in_flight.pop(k, None)
+            if pool.num_workers == 0 and slot is not None:
+                pool.release(slot)  # the inline decode raised: batch k is over, k + 1 comes next
+                self.next_batch += 1
+            raise
         self.next_batch += 1
-        self.loader._batches_done = self.next_batch
+        del self.in_flight[k]
         if pool.num_workers:
             self._fill()
-        for index, message in skipped:
-            warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=2)
-        self.stats.skipped += len(skipped)
+        if isinstance(report, BatchFailed):
+            pool.release(report.slot)
+            report.reraise(self.epoch)
+        assert isinstance(report, BatchDone)
+        self.loader.stats.record_decode(report.worker_id, report.seconds)
+        if report.skipped:
+            indices = indices[~np.isin(indices, [i for i, _ in report.skipped])]
+            for index, message in report.skipped:
+                warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=3)
+            self.loader.stats.skipped += len(report.skipped)
+        slot, filled = report.slot, report.filled
         images = pool.images[slot, :filled].permute(0, 3, 1, 2)
         labels = pool.labels[slot, :filled]
         if self.loader.reuse_buffers:
-            self.held.append(slot)
+            held.append(slot)
         else:
             images, labels = images.clone(memory_format=torch.channels_last), labels.clone()
             pool.release(slot)
-        if not self.external_stats:
-            self.stats.record_batch(filled, time.perf_counter() - t0)
         return IndexedBatch(images, labels, torch.from_numpy(indices))
 
-    def _finish(self) -> None:
-        if not self.done:
-            self.done = True
-            if not self.external_stats:
-                self.stats.stop()
-            self.loader._finished_epoch(self.epoch, self.next_batch >= len(self.batches))
+
+class _EncodedPass:
+    """decode='device': batches of still-encoded images, read ahead by a thread pool, decoded on the device."""
+
+    def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
+        self.loader = loader
+        self.device = loader.device if loader.device is not None else torch.device("cpu")
+        order = np.fromiter((int(i) for i in loader.sampler), dtype=np.int64)
+        self.batches = _split(order, loader.batch_size or 1, loader.drop_last)
+        self.next_batch = start
+        self.readers = ThreadPoolExecutor(
+            max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
+        )
+        self.pending: Any = self._read(start)
 
     def __len__(self) -> int:
         return len(self.batches)
+
+    def _read(self, k: int) -> Any:
+        if k >= len(self.batches):
+            return None
+        return self.readers.map(self.loader.dataset.get_bytes, self.batches[k].tolist())
+
+    def __next__(self) -> IndexedBatch:
+        k = self.next_batch
+        if k >= len(self.batches):
+            self.close()
+            raise StopIteration
+        pending, self.pending = self.pending, None
+        self.next_batch += 1
+        self.pending = self._read(k + 1)
+        dataset = self.loader.dataset
+        indices = self.batches[k]
+        encoded = list(pending)
+        names = [describe_sample(dataset, int(i)) for i in indices]
+        images = decode_batch(encoded, self.device, names)
+        target_transform = getattr(dataset, "target_transform", None)
+        targets = [int(dataset.targets[int(i)]) for i in indices]
+        if target_transform is not None:
+            targets = [int(target_transform(t)) for t in targets]
+        return IndexedBatch(images, torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices))
+
+    def close(self) -> None:
+        self.readers.shutdown(wait=False, cancel_futures=True)
+
+
+class _TorchPass:
+    """Any other dataset / collate_fn / batch_sampler: torch's own iterator, ``start`` batches in.
+
+    torch's iterator goes on after a batch whose loading raised, and so does this one.
+    """
+
+    def __init__(self, torch_iter: Iterator[Any], start: int) -> None:
+        self.it = torch_iter
+        for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
+            next(self.it)
+
+    def __next__(self) -> Any:
+        return next(self.it)
+
+
+class _OnePass:
+    """One host pass as the iterable the prefetcher wraps, with its ``seed`` and ``epoch``."""
+
+    def __init__(self, host: Iterator[Any], seed: int, epoch: int, length: int | None) -> None:
+        self._host = host
+        self.seed = seed
+        self.epoch = epoch
+        self._length = length
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._host
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("this pass has no len()")
+        return self._length
+
+
+class _HostIterator:
+    """Adapts a pass object (``__next__`` only) to the iterator protocol."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __iter__(self) -> _HostIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.source)
+
+
+class DataLoaderIterator:
+    """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
+
+    - ``next()`` returns the next batch, or raises the error of loading it -- a corrupt image,
+      an exception in the dataset -- with the worker and the original traceback; the following
+      ``next()`` goes on with the batch after it, as torch's iterator does.
+    - It counts the batches handed to the consumer (``loader.state_dict()`` inside the pass),
+      records ``loader.stats`` at the consumer, and ends the pass (the next pass is the next
+      epoch) when it is exhausted, when :meth:`close` is called, or when it is dropped.
+    - Without persistent workers, the workers of the pass stop at its end.
+
+    Attributes:
+        epoch: The epoch of this pass.
+        seed: The seed of its order and augmentations.
+    """
+
+    def __init__(self, loader: DataLoader[Any], engine: _Engine) -> None:
+        self._loader = loader
+        self._engine = engine
+        self._epochs = loader._epochs
+        self.seed = self._epochs.seed
+        self.epoch, start = self._epochs.begin_pass()
+        self._done = start
+        self._ended = False
+        self._generation: int | None = None
+        try:
+            self._length: int | None = len(loader)
+        except TypeError:  # an IterableDataset without __len__
+            self._length = None
+        sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
+        if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
+            sampler_set_epoch(self.epoch)
+        self.stats = loader.stats
+        self.stats.start()
+        try:
+            source: Any
+            if loader.decode == "device":
+                source = _EncodedPass(loader, self.epoch, start)
+            elif loader.fast_path:
+                if loader.limit_threads:
+                    engine.limit_threads(loader.num_workers)
+                source = _FastPass(loader, engine, self.epoch, start, self.seed)
+                self._generation = source.generation
+            else:
+                if loader.limit_threads:
+                    engine.limit_threads(loader.num_workers)
+                source = _TorchPass(loader._torch_iter(), start)
+            self._source = source
+            it: Iterator[Any] = _HostIterator(source)
+            if loader.device is not None or loader.gpu_transforms is not None:
+                prefetcher = loader._get_prefetcher()
+                prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
+                it = iter(prefetcher)
+            if loader.progress:
+                from tqdm import tqdm  # only when asked for a progress bar
+
+                it = iter(
+                    tqdm(
+                        it,
+                        total=None if self._length is None else self._length - start,
+                        desc=f"epoch {self.epoch}",
+                        unit="batch",
+                    )
+                )
+            self._it = it
+        except BaseException:
+            self._end()
+            raise
+
+    def __iter__(self) -> DataLoaderIterator:
+        return self
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError(
+                f"the dataset of this loader ({type(self._loader.dataset).__name__}) has no len()"
+            )
+        return self._length
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._end()
+            raise
+        except Exception:
+            self._count_handed_out()  # this batch is over; the next next() goes on after it
+            raise
+        self.stats.record_batch(_batch_len(batch), time.perf_counter() - t0)
+        self._count_handed_out()
+        return batch
+
+    def _count_handed_out(self) -> None:
+        self._done += 1
+        self._epochs.handed_out(self.epoch, self._done)
+
+    def close(self) -> None:
+        """Ends the pass now (the next pass is the next epoch)."""
+        self._end()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.stats.stop()
+        close = getattr(getattr(self, "_source", None), "close", None)
+        if callable(close):
+            close()
+        self._epochs.end_pass(self.epoch)
+        loader = self._loader
+        if (
+            self._generation is not None
+            and not loader.persistent_workers
+            and self._engine.generation == self._generation
+        ):
+            self._engine.close()  # only the newest pass: an older one must not stop a live pass
+
+    def __del__(self) -> None:
+        try:
+            self._end()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
 
 
 # ------------------------------------------------------------------------------------ DataLoader
@@ -691,45 +749,20 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
             )
         num_workers = int(num_workers)
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0
-        ):
-            raise ValueError(f"batch_size should be a positive integer, but got batch_size={batch_size!r}")
-        if worker_type not in ("process", "thread"):
-            raise ValueError(
-                f"worker_type should be 'process' or 'thread', but got worker_type={worker_type!r}"
-            )
-        if decode not in ("cpu", "device"):
-            raise ValueError(f"decode should be 'cpu' or 'device', but got decode={decode!r}")
+        if batch_size is not None:
+            check_int(batch_size, "batch_size", low=1)
+        check_choice(worker_type, "worker_type", ("process", "thread"))
+        check_choice(decode, "decode", ("cpu", "device"))
+        check_choice(on_error, "on_error", ("raise", "skip"))
         if decode == "device":
-            if not callable(getattr(dataset, "get_bytes", None)):
-                raise ValueError(
-                    "decode='device' needs a dataset that serves encoded images (fastload.ImageFolder or InMemoryImageFolder)"
-                )
-            if gpu_transforms is None:
-                raise ValueError(
-                    "decode='device' needs gpu_transforms that bring the decoded images to one size, e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])"
-                )
-            if getattr(dataset, "transform", None) is not None:
-                raise ValueError(
-                    "decode='device' decodes and transforms on the device: leave the dataset's transform None and pass the augmentations as gpu_transforms"
-                )
-            if collate_fn is not None or batch_sampler is not None:
-                raise ValueError(
-                    "decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it"
-                )
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error should be 'raise' or 'skip', but got on_error={on_error!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise TypeError(f"seed should be an integer or None, but got seed={seed!r}")
+            _check_device_decode(dataset, gpu_transforms, collate_fn, batch_sampler)
+        if seed is not None:
+            check_int(seed, "seed", type_error=True)
         if pin_memory is None:
             pin_memory = cuda_available()
         if persistent_workers is None:
             persistent_workers = num_workers > 0
-        if seed is None:
-            source = generator if generator is not None else None
-            seed = int(torch.randint(0, 2**62, (1,), generator=source).item())
-        self._seed = int(seed)
+        self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
         is_iterable = isinstance(dataset, IterableDataset)
         own_sampler = False
         if distributed:
@@ -737,15 +770,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
                 raise ValueError(
                     "distributed=True builds the sampler itself: pass either distributed=True or sampler/batch_sampler, not both"
                 )
-            from .sampler import DistributedSampler
-
             sampler = DistributedSampler(
-                dataset, shuffle=bool(shuffle), seed=self._seed, drop_last=bool(shuffle)
+                dataset, shuffle=bool(shuffle), seed=self._epochs.seed, drop_last=bool(shuffle)
             )
             shuffle = False
             own_sampler = True
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:
-            sampler = EpochRandomSampler(dataset, self._seed)
+            sampler = EpochRandomSampler(dataset, self._epochs.seed_source)
             shuffle = False
             own_sampler = True
         self._own_sampler = own_sampler
@@ -785,30 +816,21 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
             and not is_iterable
             and _is_fast_dataset(dataset)
         )
-        self._epoch = 0  # the epoch of the next (or current) pass
-        self._epoch_set = False
-        self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
-        self._batches_done = 0
-        self._pass_epoch: int | None = None  # epoch of the pass that _batches_done counts
-        self._pool: _WorkerPool | None = None
-        self._generation = 0
-        self._prefetcher: Any = None
-        self._prefetching = False
         self.epoch_lookahead = bool(epoch_lookahead)
-        self._lookahead: _Lookahead | None = None
-        self._held: list[int] = []  # batch slots the consumer may still be using (see reuse_buffers)
+        self._engine = _Engine()
+        self._prefetcher: CUDAPrefetcher | None = None
 
     # ---------------------------------------------------------------- public extras
 
     @property
     def seed(self) -> int:
-        """The seed of the shuffle order and of every random augmentation."""
-        return self._seed
+        """The seed of the shuffle order and of every random augmentation (see ``seed``)."""
+        return self._epochs.seed
 
     @property
     def epoch(self) -> int:
         """The epoch of the current (or next) pass."""
-        return self._epoch
+        return self._epochs.pass_epoch if self._epochs.pass_epoch is not None else self._epochs.epoch
 
     @property
     def fast_path(self) -> bool:
@@ -817,327 +839,86 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""
-        self._epoch = _check_nonneg_int(epoch, "epoch")
-        self._epoch_set = True
-        self._resume_at = 0
-        self._pass_epoch = None
-        if self._prefetcher is not None:
-            self._prefetcher._state = None  # its snapshot belongs to the abandoned pass
+        self._epochs.set_epoch(epoch)
         set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_sampler_epoch):
-            set_sampler_epoch(self._epoch)
+            set_sampler_epoch(self._epochs.epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: seed, epoch and batches already handed out in that epoch.
+        """Where the loader is: seed, epoch and batches handed to the consumer in that epoch.
 
-        With ``device``/``gpu_transforms`` the prefetcher is one batch ahead of the consumer; the
-        state is the one of the last batch the consumer received, so a resume neither skips nor
-        repeats a batch.
+        Taken inside a pass: that pass's epoch and the batches the consumer received (with
+        ``device``/``gpu_transforms`` the prefetcher is one batch ahead; the batch it holds is
+        not counted, so a resume neither skips nor repeats a batch). Taken between passes: what
+        the next pass will do.
         """
-        if self._prefetcher is not None and self._pass_epoch is not None:
-            return self._prefetcher.state_dict()
-        return self._host_state_dict()
+        return self._epochs.state_dict(**self._state_shape())
 
-    def _host_state_dict(self) -> dict[str, Any]:
-        if self._pass_epoch is not None:  # inside a pass: its epoch and the batches handed out
-            epoch, done = self._pass_epoch, self._batches_done
-        else:  # between passes: what the next pass will do (set_epoch, load_state_dict, or epoch + 1)
-            epoch, done = self._epoch, self._resume_at
-        return {
-            "format": _STATE_FORMAT,
-            "version": 1,
-            "seed": self._seed,
-            "epoch": epoch,
-            "batches": done,
-            "batch_size": self.batch_size,
-            "num_samples": len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None,
-        }
+    def _state_shape(self) -> dict[str, Any]:
+        n = None if isinstance(self.dataset, IterableDataset) else len(self.dataset)
+        return {"batch_size": self.batch_size, "num_samples": n}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
         Raises:
-            ValueError: If the state is not a fastload loader state or describes another
-                dataset size or batch size (the remaining batches would be wrong).
+            ValueError: If the state is not a fastload loader state, describes another dataset
+                size or batch size (the remaining batches would be wrong), or holds a field out
+                of range (e.g. ``batches`` beyond the epoch's length).
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("state should come from fastload.DataLoader.state_dict()")
-        if state.get("version") != 1:
-            raise ValueError(
-                f"unsupported DataLoader state version {state.get('version')!r} (this fastload reads version 1)"
-            )
-        n = len(self.dataset) if not isinstance(self.dataset, IterableDataset) else None
-        if state.get("num_samples") != n or state.get("batch_size") != self.batch_size:
-            raise ValueError(
-                f"the state was saved for {state.get('num_samples')} samples in batches of {state.get('batch_size')}, "
-                f"but this loader has {n} samples in batches of {self.batch_size}"
-            )
-        self._seed = int(state["seed"])
-        if isinstance(self.sampler, EpochRandomSampler):
-            self.sampler.seed = self._seed
-        elif self._own_sampler and hasattr(self.sampler, "seed"):
-            self.sampler.seed = self._seed
-        epoch, done = int(state["epoch"]), int(state["batches"])
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
-        self.set_epoch(epoch)
-        self._resume_at = done
+        self._epochs.load_state_dict(state, len(self), **self._state_shape())
+        seed = self._epochs.seed
+        if self._own_sampler and hasattr(self.sampler, "seed"):
+            self.sampler.seed = seed
+        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_sampler_epoch):
+            set_sampler_epoch(self._epochs.epoch)
 
     def close(self) -> None:
-        """Stops the workers now (they also stop when the loader is garbage-collected)."""
-        self._lookahead = None
-        self._held.clear()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        """Stops the workers now and restores torch's thread count (also done when the loader is
+        garbage-collected and at interpreter exit)."""
+        self._engine.close()
 
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
 
     # ---------------------------------------------------------------- iteration
 
-    def _begin_pass(self) -> tuple[int, int]:
-        epoch, start = self._epoch, self._resume_at
-        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
-        if callable(set_sampler_epoch) and (self._own_sampler or self._epoch_set):
-            set_sampler_epoch(epoch)
-        self._resume_at = 0
-        self._batches_done = start
-        self._pass_epoch = epoch
-        if self.limit_threads:
-            self._limit_threads()
-        return epoch, start
+    def __iter__(self) -> DataLoaderIterator:  # type: ignore[override]
+        return DataLoaderIterator(self, self._engine)
 
-    def _finished_epoch(self, epoch: int, complete: bool) -> None:
-        # The next pass without set_epoch() is the next epoch, also after a partial pass (a loop that
-        # breaks after N steps must not see the same N batches every epoch); state_dict() between
-        # passes says so too, so a resumed run does what this loader would have done.
-        if self._pass_epoch == epoch:
-            self._pass_epoch = None
-        if self._epoch == epoch:
-            self._epoch = epoch + 1
-            self._epoch_set = False
-            self._resume_at = 0
+    def _torch_iter(self) -> Iterator[Any]:
+        """torch's own iterator for this loader (the path for everything the fast path does not serve)."""
+        return super().__iter__()
 
-    def _limit_threads(self) -> None:
-        busy = self.num_workers  # process or thread workers: each keeps a core busy decoding
-        cap = max(1, available_cpus() - busy)
-        if torch.get_num_threads() > cap:
-            torch.set_num_threads(cap)
+    def _get_prefetcher(self) -> CUDAPrefetcher:
+        """One prefetcher (one side stream) for the loader's lifetime."""
+        if self._prefetcher is None:
+            device = self.device if self.device is not None else torch.device("cpu")
+            self._prefetcher = CUDAPrefetcher([], device=device, transforms=self.gpu_transforms, dtype=None)
+        return self._prefetcher
 
-    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        return self._batches_of(np.fromiter((int(i) for i in self.sampler), dtype=np.int64))
 
-    def _predicted_order(self, epoch: int) -> np.ndarray | None:
-        """The sampler's order for ``epoch`` when it is a pure function of it, without touching the sampler."""
-        from .sampler import DistributedSampler
-
-        sampler = self.sampler
-        if type(sampler) is EpochRandomSampler:
-            return np.asarray(
-                _rng.epoch_permutation(len(sampler.data_source), sampler.seed, epoch), dtype=np.int64
-            )
-        if type(sampler) is DistributedSampler:
-            return np.asarray(sampler.indices(epoch), dtype=np.int64)
-        if type(sampler) is torch.utils.data.SequentialSampler:
-            return np.arange(len(sampler), dtype=np.int64)
-        return None
-
-    def _fill_lookahead(self, epoch: int, seed: int) -> None:
-        """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
-        pool = self._pool
-        if not (self.epoch_lookahead and self.persistent_workers) or pool is None:
-            return
-        ahead = self._lookahead
-        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed or ahead.pool is not pool:
-            order = self._predicted_order(epoch + 1)
-            if order is None:
-                return
-            self._generation += 1
-            ahead = self._lookahead = _Lookahead(
-                self._generation, epoch + 1, seed, self._batches_of(order), pool, self._dataset_state()
-            )
-        ahead.issued = pool.issue(
-            ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight
+def _check_device_decode(dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any) -> None:
+    if not callable(getattr(dataset, "get_bytes", None)):
+        raise ValueError(
+            "decode='device' needs a dataset that serves encoded images "
+            "(fastload.ImageFolder or InMemoryImageFolder)"
         )
-
-    def _dataset_state(self) -> tuple[Any, ...]:
-        """The dataset's transform objects: replacing one between epochs voids a lookahead
-        (thread workers would otherwise have decoded the next epoch's first batches with the old one)."""
-        ds = self.dataset
-        return tuple(getattr(ds, name, None) for name in ("transform", "target_transform"))
-
-    def _lookahead_report(self, report: tuple[Any, ...]) -> bool:
-        """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
-        ahead = self._lookahead
-        if ahead is None or report[0] != ahead.generation:
-            return False
-        ahead.reports[report[1]] = report
-        return True
-
-    def _take_lookahead(
-        self, epoch: int, start: int, seed: int, batches: list[np.ndarray]
-    ) -> _Lookahead | None:
-        """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
-        ahead, self._lookahead = self._lookahead, None
-        if ahead is None:
-            return None
-        if ahead.pool is not self._pool or ahead.pool.closed:
-            return None  # its workers are gone (a dead worker closed the pool): nothing to free
-        if (
-            ahead.epoch == epoch
-            and start == 0
-            and ahead.seed == seed
-            and all(a is b for a, b in zip(ahead.dataset_state, self._dataset_state()))
-            and len(ahead.batches) == len(batches)
-            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches))
-        ):
-            return ahead
-        if self._pool is not None:
-            for report in ahead.reports.values():
-                self._pool.release(report[2])
-        return None
-
-    def _batches_of(self, order: np.ndarray) -> list[np.ndarray]:
-        b = self.batch_size or 1
-        n_full = len(order) // b
-        batches = [order[k * b : (k + 1) * b] for k in range(n_full)]
-        if not self.drop_last and len(order) % b:
-            batches.append(order[n_full * b :])
-        return batches
-
-    def _get_pool(self) -> _WorkerPool:
-        if self._pool is None or self._pool.closed:
-            self._lookahead = None
-            self._held.clear()  # slots of the old pool's buffers, which the consumer may keep
-            shape = self.dataset.transform.output_size
-            slots = max(2, self.num_workers * (self.prefetch_factor or 2)) + (3 if self.reuse_buffers else 1)
-            self._pool = _WorkerPool(self, tuple(shape), slots)
-        return self._pool
-
-    def _encoded_batches(self, epoch: int, start: int) -> Iterator[IndexedBatch]:
-        """decode='device': batches of still-encoded images, read ahead by a thread pool."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from .decode import decode_batch
-
-        dataset = self.dataset
-        device = self.device if self.device is not None else torch.device("cpu")
-        batches = self._epoch_batches(epoch)[start:]
-        targets = dataset.targets
-        target_transform = getattr(dataset, "target_transform", None)
-        with ThreadPoolExecutor(
-            max_workers=max(1, self.num_workers), thread_name_prefix="fastload-read"
-        ) as pool:
-            pending = pool.map(dataset.get_bytes, batches[0].tolist()) if batches else None
-            for k, indices in enumerate(batches):
-                encoded = list(pending)  # type: ignore[arg-type]
-                if k + 1 < len(batches):
-                    pending = pool.map(dataset.get_bytes, batches[k + 1].tolist())
-                names = [_describe(dataset, int(i)) for i in indices]
-                images = decode_batch(encoded, device, names)
-                labels = torch.tensor(
-                    [_label(targets, target_transform, int(i)) for i in indices], dtype=torch.int64
-                )
-                self._batches_done = start + k + 1
-                yield IndexedBatch(images, labels, torch.from_numpy(indices))
-
-    def _host_batches(self) -> Iterator[Any]:
-        epoch, start = self._begin_pass()
-        if self.decode == "device":
-            try:
-                yield from self._encoded_batches(epoch, start)
-            finally:
-                self._finished_epoch(epoch, True)
-            return
-        if self._fast:
-            it = _FastIterator(self, epoch, start)
-            try:
-                yield from it
-            finally:
-                it._finish()
-                if not self.persistent_workers and self._generation == it.generation:
-                    self.close()  # only the newest pass: an older one must not stop a live pass
-            return
-        if not self._prefetching:
-            self.stats.start()
-        inner = super().__iter__()
-        done = 0
-        try:
-            for batch in inner:
-                done += 1
-                if done <= start:
-                    continue  # resume on torch's path: the skipped batches are still loaded
-                self._batches_done = done
-                yield batch
-        finally:
-            if not self._prefetching:
-                self.stats.stop()
-            self._finished_epoch(epoch, True)
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._prefetching = self.device is not None or self.gpu_transforms is not None
-        host = self._host_batches()
-        if not self._fast and not self._prefetching:
-            host = self._timed(host)
-        if self._prefetching:
-            from .prefetch import CUDAPrefetcher
-
-            one_pass = _OnePass(self, host)
-            if self._prefetcher is None:
-                device = self.device if self.device is not None else torch.device("cpu")
-                self._prefetcher = CUDAPrefetcher(
-                    one_pass, device=device, transforms=self.gpu_transforms, dtype=None
-                )
-                self._prefetcher.stats = self.stats
-            else:
-                self._prefetcher.loader = one_pass
-            host = iter(self._prefetcher)
-        if self.progress:
-            from tqdm import tqdm
-
-            host = iter(tqdm(host, total=len(self), desc=f"epoch {self._epoch}", unit="batch"))
-        return host
-
-    def _timed(self, it: Iterator[Any]) -> Iterator[Any]:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            self.stats.record_batch(_batch_len(batch), time.perf_counter() - t0)
-            yield batch
-
-
-class _OnePass:
-    """One host pass as the prefetcher's loader: the batches, plus the pass's seed and epoch."""
-
-    def __init__(self, loader: DataLoader[Any], batches: Iterator[Any]) -> None:
-        self._loader = loader
-        self._batches = batches
-        self.seed = loader.seed
-        self.epoch = loader.epoch
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._loader._host_state_dict()
-
-    def __iter__(self) -> Iterator[Any]:
-        # Hand the pass over: only the consumer's iterator keeps it alive, so dropping that
-        # iterator (a break) ends the pass, as on the host path.
-        batches, self._batches = self._batches, iter(())
-        return batches
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-
-def _batch_len(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-    try:
-        return len(first)
-    except TypeError:
-        return 1
+    if gpu_transforms is None:
+        raise ValueError(
+            "decode='device' needs gpu_transforms that bring the decoded images to one size, "
+            "e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])"
+        )
+    if getattr(dataset, "transform", None) is not None:
+        raise ValueError(
+            "decode='device' decodes and transforms on the device: leave the dataset's transform None "
+            "and pass the augmentations as gpu_transforms"
+        )
+    if collate_fn is not None or batch_sampler is not None:
+        raise ValueError(
+            "decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it"
+        )

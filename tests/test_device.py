@@ -32,7 +32,9 @@ def test_available_cpus_is_the_affinity_mask() -> None:
         ({"WORLD_SIZE": "16", "SLURM_NTASKS_PER_NODE": "4"}, 4),  # Slurm
     ],
 )
-def test_local_world_size_one_answer(clean_env: pytest.MonkeyPatch, env: dict[str, str], expected: int) -> None:
+def test_local_world_size_one_answer(
+    clean_env: pytest.MonkeyPatch, env: dict[str, str], expected: int
+) -> None:
     for name, value in env.items():
         clean_env.setenv(name, value)
     assert device.local_world_size() == expected

@@ -348,8 +348,14 @@ def test_defaults_fix_known_traps(train_set: ImageFolder) -> None:
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(64)
-        list(DataLoader(train_set, batch_size=16, num_workers=1))
+        capped = DataLoader(train_set, batch_size=16, num_workers=1)
+        list(capped)
+        # capped while the loader lives, so the main process and its worker fit the CPUs ...
         assert torch.get_num_threads() <= max(1, len(psutil.Process().cpu_affinity()) - 1)
+        capped.close()
+        assert torch.get_num_threads() == 64  # ... and given back when it is closed
+        list(DataLoader(train_set, batch_size=16, num_workers=1))  # or garbage-collected
+        assert torch.get_num_threads() == 64
     finally:
         torch.set_num_threads(threads)
 

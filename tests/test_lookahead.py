@@ -17,7 +17,8 @@ from _batches import same as _equal
 
 from fastload import ImageFolder
 from fastload import transforms as T
-from fastload.loader import DataLoader, _WorkerPool
+from fastload._worker import WorkerPool
+from fastload.loader import DataLoader
 
 
 def _dataset(root: Path) -> ImageFolder:
@@ -30,13 +31,13 @@ def _dataset(root: Path) -> ImageFolder:
 def puts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
     """Every task handed to the workers, as (generation, epoch, batch)."""
     seen: list[tuple[int, int, int]] = []
-    real = _WorkerPool.put
+    real = WorkerPool.put
 
-    def put(self: _WorkerPool, task: object) -> None:
+    def put(self: WorkerPool, task: object) -> None:
         seen.append((task.generation, task.epoch, task.batch))  # type: ignore[attr-defined]
         real(self, task)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_WorkerPool, "put", put)
+    monkeypatch.setattr(WorkerPool, "put", put)
     return seen
 
 
@@ -154,12 +155,12 @@ def test_a_dead_worker_voids_the_lookahead(imagenet_root: Path) -> None:
     ds = _dataset(imagenet_root)
     loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=7, timeout=60)
     _epoch(loader)  # epoch 0; epoch 1 is queued ahead on this pool
-    assert loader._lookahead is not None and loader._lookahead.issued > 0
-    os.kill(loader._pool.workers[0].pid, signal.SIGKILL)
-    loader._pool.workers[0].join(10)
+    assert loader._engine.lookahead is not None and loader._engine.lookahead.issued > 0
+    os.kill(loader._engine.pool.workers[0].pid, signal.SIGKILL)
+    loader._engine.pool.workers[0].join(10)
     time.sleep(0.2)
     with pytest.raises(RuntimeError, match="killed by signal"):
-        loader._pool.check_alive()  # how any pass finds out: it closes the pool and raises
+        loader._engine.pool.check_alive()  # how any pass finds out: it closes the pool and raises
     # The next pass gets new workers and must not adopt batches queued on (or slots of) the dead pool.
     got = _epoch(loader)
     loader.close()

@@ -1,0 +1,545 @@
+"""The fast path's workers: the loop each one runs, the messages it sends, the pool of them.
+
+The shape of torch's ``torch/utils/data/_utils/worker.py``, for fastload's shared batch slots::
+
+    main process (WorkerPool)                     worker (process or thread): worker_loop()
+    tasks.put(Task(batch k, slot s, indices)) ──> run_task: decode each sample into slots[s]
+    results.get() <── BatchDone(k, s, filled)     (or BatchFailed(k, s, error, traceback))
+
+Lifecycle guarantees (each tested):
+
+- **A worker never outlives the process that started it.** On Linux a process worker asks the
+  kernel for ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``, when it was started
+  from the main thread), checks once that the parent is still there (the race before the
+  ``prctl``), and, on every platform, a watchdog in its task loop (like torch's
+  ``ManagerWatchdog``) notices within ``WATCHDOG_SECONDS`` that the main process is gone.
+- **Workers own their signal handling.** A process worker resets every Python signal handler it
+  inherited (a framework's SIGTERM handler that only logs would make it unkillable by
+  ``terminate()``), restores the default ``SIGTERM`` action and lets ``SIGINT`` raise
+  ``KeyboardInterrupt``, which it swallows: the main process handles Ctrl-C.
+- **Pools shut down** on :meth:`WorkerPool.close`, when their owner is garbage-collected, and at
+  interpreter exit, within a bounded time: a stop message, then ``terminate()``, then ``kill()``.
+  Thread workers get the stop message; they are daemon threads.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import pickle
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as torch_mp
+
+from . import rng
+from .decode import DecodeError
+from .device import cuda_available, register_pinned, unregister_pinned
+
+__all__ = [
+    "WATCHDOG_SECONDS",
+    "BatchDone",
+    "BatchFailed",
+    "Task",
+    "WorkerPool",
+    "describe_sample",
+    "run_task",
+    "worker_loop",
+]
+
+WATCHDOG_SECONDS = 2.0
+POLL_SECONDS = 0.5
+JOIN_SECONDS = 5.0
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    """Decode the samples ``indices`` of batch ``batch`` (of pass ``generation``) into ``slot``."""
+
+    generation: int
+    batch: int  # position in the epoch
+    slot: int
+    epoch: int
+    seed: int
+    indices: np.ndarray
+
+
+@dataclass
+class BatchDone:
+    """A worker filled ``slot`` with ``filled`` samples; ``skipped`` lists ``(index, reason)``."""
+
+    generation: int
+    batch: int
+    slot: int
+    worker_id: int
+    filled: int
+    skipped: list[tuple[int, str]]
+    seconds: float
+
+
+@dataclass
+class BatchFailed:
+    """Decoding batch ``batch`` raised: the error (or its text if it cannot be pickled) and traceback."""
+
+    generation: int
+    batch: int
+    slot: int
+    worker_id: int
+    error: BaseException | str
+    traceback: str
+
+    def reraise(self, epoch: int) -> None:
+        """Raises the worker's error in the calling process, torch's ``ExceptionWrapper`` style."""
+        context = (
+            f"Caught in DataLoader worker {self.worker_id}, batch {self.batch} of epoch {epoch}.\n"
+            f"Original traceback in the worker:\n{self.traceback}"
+        )
+        error = self.error
+        if isinstance(error, BaseException):
+            if hasattr(error, "add_note"):  # Python >= 3.11
+                error.add_note(context)
+            raise error
+        raise RuntimeError(f"DataLoader worker {self.worker_id} failed: {error}\n\n{context}")
+
+
+Report = BatchDone | BatchFailed
+
+
+# --------------------------------------------------------------------------------------------
+# One task
+# --------------------------------------------------------------------------------------------
+
+
+def describe_sample(dataset: Any, i: int) -> str:
+    """How error messages name sample ``i``: the dataset's ``describe(i)`` (its file), else its index."""
+    describe = getattr(dataset, "describe", None)
+    return describe(i) if callable(describe) else f"sample {i}"
+
+
+def run_task(
+    dataset: Any, task: Task, images: np.ndarray, labels: np.ndarray, skip: bool
+) -> tuple[int, list[tuple[int, str]]]:
+    """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``.
+
+    Returns:
+        ``(filled, skipped)``: how many samples were written, and ``(index, reason)`` of those
+        left out (only with ``skip``, for unreadable images).
+    """
+    transform = dataset.transform
+    targets = dataset.targets
+    target_transform = getattr(dataset, "target_transform", None)
+    out = images[task.slot]
+    lab = labels[task.slot]
+    filled = 0
+    skipped: list[tuple[int, str]] = []
+    for i in task.indices.tolist():
+        try:
+            data = dataset.get_bytes(i)
+            with rng.sample_scope(task.seed, task.epoch, i):
+                transform.decode_into(data, out[filled], describe_sample(dataset, i))
+        except (DecodeError, OSError) as e:
+            if not skip:
+                raise
+            skipped.append((i, str(e)))
+            continue
+        target = int(targets[i])
+        lab[filled] = int(target_transform(target)) if target_transform is not None else target
+        filled += 1
+    return filled, skipped
+
+
+def _portable_error(error: BaseException) -> BaseException | str:
+    """The exception itself when it survives pickling (the main process re-raises its type)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any pickling failure: send the text
+        return f"{type(error).__name__}: {error}"
+    return error
+
+
+# --------------------------------------------------------------------------------------------
+# The worker loop
+# --------------------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process when the thread that forked it ends.
+
+    Only set when the pool was started from the main thread: a worker started from a thread
+    that later ends would otherwise die with that thread. The watchdog covers the rest.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _reset_signal_handlers() -> None:
+    """Drops the Python signal handlers inherited from the parent (fork) and the ignored SIGTERM.
+
+    ``SIGINT`` keeps Python's default (``KeyboardInterrupt``, swallowed by the loop).
+    """
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            handler = signal.getsignal(sig)
+            if sig == signal.SIGINT:
+                if handler is not signal.default_int_handler:
+                    signal.signal(sig, signal.default_int_handler)
+            elif callable(handler):
+                signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _Watchdog:
+    """Whether the process that started the workers is still alive (torch's ManagerWatchdog)."""
+
+    def __init__(self, main_pid: int) -> None:
+        self.main_pid = main_pid
+        self.parent = os.getppid()
+
+    def alive(self) -> bool:
+        if os.getppid() != self.parent:
+            return False  # re-parented: our parent (main process or forkserver) is gone
+        try:
+            os.kill(self.main_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # pragma: no cover - a pid reused by another user's process
+            return False
+        return True
+
+
+@dataclass
+class WorkerArgs:
+    """Everything a worker is started with (pickled once for spawn/forkserver)."""
+
+    worker_id: int
+    dataset: Any
+    tasks: Any
+    results: Any
+    images: torch.Tensor
+    labels: torch.Tensor
+    base_seed: int
+    skip: bool
+    worker_init_fn: Callable[[int], None] | None
+    is_process: bool
+    main_pid: int
+    die_with_parent: bool
+
+
+def worker_loop(args: WorkerArgs) -> None:
+    """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
+    watchdog: _Watchdog | None = None
+    if args.is_process:
+        if args.die_with_parent:
+            _die_with_parent()
+        _reset_signal_handlers()
+        watchdog = _Watchdog(args.main_pid)
+        if not watchdog.alive():
+            return  # the parent died before the prctl took effect
+        torch.set_num_threads(1)
+        # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them).
+        random.seed(args.base_seed + args.worker_id)
+        torch.manual_seed(args.base_seed + args.worker_id)
+    try:
+        if args.worker_init_fn is not None:
+            args.worker_init_fn(args.worker_id)
+        _serve(args, watchdog)
+    except KeyboardInterrupt:  # the main process handles Ctrl-C and stops the pool
+        pass
+
+
+def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
+    np_images = args.images.numpy()
+    np_labels = args.labels.numpy()
+    while True:
+        try:
+            task = args.tasks.get(timeout=WATCHDOG_SECONDS)
+        except queue.Empty:
+            if watchdog is not None and not watchdog.alive():
+                return
+            continue
+        except (EOFError, OSError):  # the main process went away
+            return
+        if task is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            filled, skipped = run_task(args.dataset, task, np_images, np_labels, args.skip)
+        except Exception as e:  # reported to the main process, which re-raises it  # noqa: BLE001
+            report: Report = BatchFailed(
+                task.generation,
+                task.batch,
+                task.slot,
+                args.worker_id,
+                _portable_error(e),
+                traceback.format_exc(),
+            )
+        else:
+            report = BatchDone(
+                task.generation,
+                task.batch,
+                task.slot,
+                args.worker_id,
+                filled,
+                skipped,
+                time.perf_counter() - t0,
+            )
+        args.results.put(report)
+
+
+# --------------------------------------------------------------------------------------------
+# The pool
+# --------------------------------------------------------------------------------------------
+
+_LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """At interpreter exit: stop every pool still running (before multiprocessing's own hook)."""
+    for pool in list(_LIVE_POOLS):
+        with contextlib.suppress(Exception):
+            pool.close()
+
+
+class WorkerPool:
+    """Workers and the shared batch slots they write into.
+
+    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass), or held
+    by a pass (ready, or handed to the consumer). A pass only takes free slots, and a slot of an
+    abandoned pass becomes free when its task reports back, so no two tasks ever write into one
+    slot and no batch is overwritten while it is in use.
+
+    Args:
+        dataset: Serves ``get_bytes(i)``, ``targets`` and a ``transform`` with ``decode_into``.
+        shape: ``(H, W)`` of every image.
+        batch_size: Samples per slot.
+        num_slots: Batch slots in the ring.
+        num_workers: 0: no workers (the caller decodes with :func:`run_task`).
+        kind: ``"process"`` or ``"thread"``.
+        context: A multiprocessing context (process workers), or ``None`` for torch's default.
+        pin: Page-lock the slots (only with CUDA).
+        base_seed, skip, worker_init_fn: Passed to each worker.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        shape: tuple[int, int],
+        batch_size: int,
+        num_slots: int,
+        num_workers: int,
+        kind: str,
+        context: Any,
+        pin: bool,
+        base_seed: int,
+        skip: bool,
+        worker_init_fn: Callable[[int], None] | None,
+    ) -> None:
+        self.num_workers = num_workers
+        self.kind = kind
+        h, w = shape
+        pin = pin and cuda_available()
+        self.images = torch.empty((num_slots, batch_size, h, w, 3), dtype=torch.uint8)
+        self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
+        self.pinned = False
+        is_process = num_workers > 0 and kind == "process"
+        if is_process:
+            self.images.share_memory_()
+            self.labels.share_memory_()
+            if pin:
+                self.pinned = register_pinned(self.images) and register_pinned(self.labels)
+        elif pin:
+            self.images = self.images.pin_memory()
+            self.labels = self.labels.pin_memory()
+            self.pinned = True
+        self.num_slots = num_slots
+        self.free_slots = list(range(num_slots))
+        self.busy: dict[int, int] = {}  # slot -> generation of the task writing into it
+        self.workers: list[Any] = []
+        self.tasks: Any = None
+        self.results: Any = None
+        self.closed = False
+        if num_workers == 0:
+            return
+        if is_process:
+            ctx = context if context is not None else torch_mp.get_context()
+            if isinstance(ctx, str):
+                ctx = torch_mp.get_context(ctx)
+            self.tasks, self.results = ctx.Queue(), ctx.Queue()
+            start: Any = ctx.Process
+        else:
+            self.tasks, self.results = queue.Queue(), queue.Queue()
+            start = threading.Thread
+        main_thread = threading.current_thread() is threading.main_thread()
+        for wid in range(num_workers):
+            args = WorkerArgs(
+                wid,
+                dataset,
+                self.tasks,
+                self.results,
+                self.images,
+                self.labels,
+                base_seed,
+                skip,
+                worker_init_fn,
+                is_process,
+                os.getpid(),
+                main_thread,
+            )
+            worker = start(target=worker_loop, args=(args,), name=f"fastload-worker-{wid}", daemon=True)
+            worker.start()
+            self.workers.append(worker)
+        _LIVE_POOLS.add(self)
+
+    def take_slot(self) -> int | None:
+        """A free slot, or ``None``."""
+        return self.free_slots.pop(0) if self.free_slots else None
+
+    def release(self, slot: int) -> None:
+        """Makes ``slot`` free again (unless a task is still writing into it)."""
+        if slot not in self.busy and slot not in self.free_slots:
+            self.free_slots.append(slot)
+
+    def issue(
+        self,
+        generation: int,
+        epoch: int,
+        seed: int,
+        batches: list[np.ndarray],
+        issued: int,
+        in_flight: dict[int, int],
+    ) -> int:
+        """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
+        while issued < len(batches):
+            slot = self.take_slot()
+            if slot is None:
+                break
+            self.put(Task(generation, issued, slot, epoch, seed, batches[issued]))
+            in_flight[issued] = slot
+            issued += 1
+        return issued
+
+    def put(self, task: Task) -> None:
+        """Hands one task to the workers; its slot is busy until the task reports."""
+        self.busy[task.slot] = task.generation
+        self.tasks.put(task)
+
+    def drain(self, keep: int | None = None) -> None:
+        """Takes back the tasks no worker has started yet (best effort) and frees their slots.
+
+        Tasks of generation ``keep`` (an adopted epoch lookahead) are put back, in order.
+        """
+        kept: list[Task] = []
+        while True:
+            try:
+                task = self.tasks.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                break
+            if task is None:  # not ours to drop
+                self.tasks.put(None)
+                break
+            if task.generation == keep:
+                kept.append(task)
+                continue
+            self.busy.pop(task.slot, None)
+            self.release(task.slot)
+        for task in kept:
+            self.tasks.put(task)
+
+    def get(self, timeout: float) -> Report:
+        """The next finished task's report (its slot is then no longer busy); clear errors, no hang.
+
+        Raises:
+            RuntimeError: torch's ``"DataLoader timed out after N seconds"`` when ``timeout > 0``
+                passes without a report, or a worker died (named, with its exit code or signal).
+        """
+        deadline = None if timeout <= 0 else time.monotonic() + timeout
+        while True:
+            if self.closed:
+                raise RuntimeError(
+                    "the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating"
+                )
+            try:
+                report: Report = self.results.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                pass
+            else:
+                self.busy.pop(report.slot, None)
+                return report
+            self.check_alive()
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
+
+    def check_alive(self) -> None:
+        """Raises a clear error (and closes the pool) if a worker has died."""
+        for wid, w in enumerate(self.workers):
+            if not w.is_alive():
+                code = getattr(w, "exitcode", None)
+                how = (
+                    f"was killed by signal {-code}"
+                    if code is not None and code < 0
+                    else f"exited with code {code}"
+                )
+                pid = getattr(w, "pid", None)
+                self.close()
+                raise RuntimeError(
+                    f"DataLoader worker {wid} (pid {pid}) {how} unexpectedly. If it ran out of memory, "
+                    "use fewer workers or a smaller batch_size; run with num_workers=0 to see the error "
+                    "in the main process."
+                )
+
+    def close(self) -> None:
+        """Stops the workers: a stop message each, then ``terminate()``, then ``kill()``."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE_POOLS.discard(self)
+        if self.workers:
+            self.drain()  # don't make the workers decode a backlog nobody will read
+        for _ in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                self.tasks.put(None)
+        deadline = time.monotonic() + JOIN_SECONDS
+        for w in self.workers:
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.kind == "process":
+            for w in self.workers:
+                if w.is_alive():
+                    w.terminate()
+                    w.join(timeout=1.0)
+                if w.is_alive():
+                    w.kill()
+                    w.join(timeout=1.0)
+            for q in (self.tasks, self.results):
+                if q is not None:
+                    q.cancel_join_thread()  # never block exit on undelivered messages
+                    q.close()
+        if self.pinned and self.kind == "process":
+            unregister_pinned(self.images)
+            unregister_pinned(self.labels)
+        self.workers = []
