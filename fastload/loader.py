@@ -674,9 +674,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         num_workers: Worker count, or ``"auto"``.
         pin_memory: ``None`` pins when CUDA is available.
         persistent_workers: ``None`` keeps workers between epochs when there are any.
-        seed: Seeds the shuffle order and every random augmentation. ``None`` draws one from
-            torch's global RNG at construction (so ``torch.manual_seed`` makes runs repeatable,
-            as with torch), or from ``generator`` when given.
+        seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed
+            job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
+            needed) 0, like torch's ``DistributedSampler``, so that every rank shuffles alike
+            before the order is sharded (also by Lightning's or Accelerate's wrappers of
+            ``loader.sampler``); epochs then differ through the epoch. Otherwise a value drawn
+            from torch's global RNG (or ``generator``) at construction, so ``torch.manual_seed``
+            makes runs repeatable, as with torch.
         device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
         worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
