@@ -29,6 +29,9 @@ bench: $(VENV)/.installed-bench $(DATA)/.complete
 	$(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS)
 
 test: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 venv: $(VENV)/.installed-test $(VENV)/.installed-bench
