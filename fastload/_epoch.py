@@ -116,7 +116,7 @@ class EpochState:
             self.resume_at = 0
 
     def state_dict(self, **shape: Any) -> dict[str, Any]:
-        """The state: kind, version, seed, epoch, batches handed out, and ``shape`` (sizes a resume must match)."""
+        """The state: seed, epoch, batches handed out, and ``shape`` (the sizes a resume must match)."""
         if self.pass_epoch is not None:
             epoch, done = self.pass_epoch, self.done
         else:

@@ -387,7 +387,7 @@ class WorkerPool:
         if num_workers == 0:
             return
         if is_process:
-            ctx = context if context is not None else torch_mp.get_context()
+            ctx: Any = context if context is not None else torch_mp.get_context()
             if isinstance(ctx, str):
                 ctx = torch_mp.get_context(ctx)
             self.tasks, self.results = ctx.Queue(), ctx.Queue()
@@ -482,7 +482,8 @@ class WorkerPool:
         while True:
             if self.closed:
                 raise RuntimeError(
-                    "the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating"
+                    "the DataLoader was closed (close(), or its workers shut down) "
+                    "while a pass was still iterating"
                 )
             try:
                 report: Report = self.results.get(timeout=POLL_SECONDS)

@@ -17,7 +17,7 @@ __all__ = ["IndexedBatch"]
 _MISSING = object()
 
 
-class IndexedBatch(tuple):  # type: ignore[type-arg]
+class IndexedBatch(tuple[Any, Any]):
     """An ``(images, labels)`` batch that also carries the dataset index of each sample.
 
     It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,
@@ -33,7 +33,8 @@ class IndexedBatch(tuple):  # type: ignore[type-arg]
 
     Example:
         >>> import torch
-        >>> b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), torch.tensor([7, 3]))
+        >>> images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+        >>> b = IndexedBatch(images, torch.tensor([0, 1]), torch.tensor([7, 3]))
         >>> images, labels = b
         >>> b.indices.tolist(), len(b)
         ([7, 3], 2)

@@ -221,7 +221,7 @@ class _Engine:
             )
             self.pool = WorkerPool(
                 loader.dataset,
-                tuple(loader.dataset.transform.output_size),
+                tuple(loader.dataset.transform.output_size),  # type: ignore[attr-defined]
                 loader.batch_size or 1,
                 slots,
                 loader.num_workers,
@@ -438,7 +438,7 @@ class _FastPass:
 
 
 class _EncodedPass:
-    """decode='device': batches of still-encoded images, read ahead by a thread pool, decoded on the device."""
+    """decode='device': batches of still-encoded images, read ahead by threads, decoded on the device."""
 
     def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
         self.loader = loader
@@ -457,7 +457,8 @@ class _EncodedPass:
     def _read(self, k: int) -> Any:
         if k >= len(self.batches):
             return None
-        return self.readers.map(self.loader.dataset.get_bytes, self.batches[k].tolist())
+        dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
+        return self.readers.map(dataset.get_bytes, self.batches[k].tolist())
 
     def __next__(self) -> IndexedBatch:
         k = self.next_batch
@@ -467,7 +468,7 @@ class _EncodedPass:
         pending, self.pending = self.pending, None
         self.next_batch += 1
         self.pending = self._read(k + 1)
-        dataset = self.loader.dataset
+        dataset: Any = self.loader.dataset
         indices = self.batches[k]
         encoded = list(pending)
         names = [describe_sample(dataset, int(i)) for i in indices]
@@ -658,7 +659,7 @@ class DataLoaderIterator:
 # ------------------------------------------------------------------------------------ DataLoader
 
 
-class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[type-arg]
+class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     """Drop-in for :class:`torch.utils.data.DataLoader` (see the module docs for what it adds).
 
     Every torch argument keeps its name and meaning; these defaults differ, to fix known traps:
@@ -772,7 +773,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         if distributed:
             if sampler is not None or batch_sampler is not None:
                 raise ValueError(
-                    "distributed=True builds the sampler itself: pass either distributed=True or sampler/batch_sampler, not both"
+                    "distributed=True builds the sampler itself: "
+                    "pass either distributed=True or sampler/batch_sampler, not both"
                 )
             sampler = DistributedSampler(
                 dataset, shuffle=bool(shuffle), seed=self._epochs.seed, drop_last=bool(shuffle)
@@ -859,7 +861,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):  # type: ignore[ty
         return self._epochs.state_dict(**self._state_shape())
 
     def _state_shape(self) -> dict[str, Any]:
-        n = None if isinstance(self.dataset, IterableDataset) else len(self.dataset)
+        n = None if isinstance(self.dataset, IterableDataset) else len(self.dataset)  # type: ignore[arg-type]
         return {"batch_size": self.batch_size, "num_samples": n}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

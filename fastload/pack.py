@@ -104,7 +104,6 @@ def _align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-
 def _index_layout(n: int, index_offset: int, path_bytes: int) -> tuple[dict[str, int], int]:
     """Positions of the index arrays (a pure function of the header fields) and where they end."""
     pos: dict[str, int] = {}

@@ -241,7 +241,6 @@ def make_imagenet_like(
     return out
 
 
-
 def _is_terminal() -> bool:
     import sys
 
