@@ -12,7 +12,9 @@ from fastload.batch import IndexedBatch
 
 
 def _batch() -> IndexedBatch:
-    return IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([7, 3]))
+    return IndexedBatch(
+        torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([7, 3])
+    )
 
 
 def test_unpacks_as_a_pair_and_pickles() -> None:
