@@ -81,7 +81,7 @@ def test_missing_class_in_val_keeps_labels_unlike_torchvision(tmp_path: Path) ->
     classes = ClassIndex.from_folder(train)
     with pytest.warns(UserWarning, match=r"1 of 3 classes have no samples.*'b'"):
         index = scan_folder(val, classes)
-    c_label = {Path(p).parent.name: int(t) for p, t in zip(index.paths, index.targets)}["c"]
+    c_label = {Path(p).parent.name: int(t) for p, t in zip(index.paths, index.targets, strict=True)}["c"]
     assert c_label == 2 == classes.index("c")
     ds = ImageFolder(val, classes=classes)
     assert ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
@@ -303,7 +303,7 @@ def test_scan_broadcast_from_rank_zero(imagenet_root: Path, tmp_path: Path) -> N
         for r in range(2)
     ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     index = scan_folder(imagenet_root / "train")
     expected = f"{len(index)} {index.paths[0]} {int(index.targets[-1])}"
