@@ -428,6 +428,7 @@ def scan_folder(
     extensions: str | Iterable[str] = IMG_EXTENSIONS,
     strict: bool = True,
     broadcast: bool = False,
+    allow_empty: bool = False,
 ) -> FolderIndex:
     """Scans ``root/<class>/**/<file>`` into a :class:`FolderIndex` labelled by ``classes``.
 
@@ -442,12 +443,18 @@ def scan_folder(
             with ``strict=False`` it is reported in a warning and its files are left out.
         broadcast: When ``torch.distributed`` is initialized, scan on rank 0 only and broadcast the
             index, so N ranks do not walk the same network file system N times.
+        allow_empty: Return an empty index when no file is found, instead of raising (torchvision's
+            ``allow_empty``).
 
     Returns:
         The index, in a deterministic order: classes in label order, files sorted within a class.
 
     Raises:
-        FileNotFoundError: If ``root`` is not a directory.
+        FileNotFoundError: If ``root`` is not a directory, or (unless ``allow_empty``) if no class
+            folder holds an image file, like torchvision:
+            ``Found no valid file for the classes a, b in 'val'. Supported extensions are: .jpg, ...``.
+            A split in which only *some* classes are empty is fine (a warning names them): torchvision
+            raises for it, but with a class list shared by train and val it is legitimate.
         ValueError: If ``root`` holds a class directory that is not in ``classes`` (``strict``).
 
     Example:
@@ -461,7 +468,7 @@ def scan_folder(
             box: list[Any] = [None]
             if dist.get_rank() == 0:
                 try:
-                    box[0] = scan_folder(root, classes, extensions, strict, broadcast=False)
+                    box[0] = scan_folder(root, classes, extensions, strict, False, allow_empty)
                 except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank hangs
                     box[0] = e
             dist.broadcast_object_list(box, src=0)
@@ -509,6 +516,9 @@ def scan_folder(
         before = len(relpaths)
         _walk_files(os.path.join(root, name), name, exts, relpaths)
         counts[label] = len(relpaths) - before
+    if not relpaths and not allow_empty:
+        looked_in = [name for name in class_index if name in present] or list(class_index)
+        raise FileNotFoundError(_no_files_message(root, looked_in, exts))
     missing = [class_index[int(i)] for i in np.flatnonzero(counts == 0)]
     if missing and len(relpaths) > 0:
         shown = ", ".join(repr(m) for m in missing[:10]) + (
@@ -521,6 +531,16 @@ def scan_folder(
         )
     targets = np.repeat(np.arange(len(class_index), dtype=np.int64), counts)
     return FolderIndex(root, relpaths, targets, class_index)
+
+
+def _no_files_message(root: str, classes: Sequence[str], extensions: tuple[str, ...]) -> str:
+    """torchvision's wording, plus the folder: ``Found no valid file for the classes a, b in 'val'. ...``."""
+    if classes:
+        shown = ", ".join(classes[:10]) + (f" and {len(classes) - 10} more" if len(classes) > 10 else "")
+        what = f"Found no valid file for the classes {shown} in {root!r}."
+    else:
+        what = f"Found no valid file for the classes of {root!r}: it has no class folders."
+    return f"{what} Supported extensions are: {', '.join(extensions)}"
 
 
 def scan_list(
@@ -737,6 +757,13 @@ class ImageFolder(EncodedImageDataset):
         strict: See :func:`scan_folder`.
         index: A ready :class:`FolderIndex` (then ``root``, ``classes``, ``extensions`` are not used
             for scanning; ``root`` may be ``None``).
+        allow_empty: Accept a folder without any image file (an empty dataset) instead of raising
+            ``FileNotFoundError`` (torchvision's ``allow_empty``; see :func:`scan_folder`).
+
+    Raises:
+        FileNotFoundError: If ``root`` does not exist, or (unless ``allow_empty``) holds no image file
+            in any class folder: ``Found no valid file for the classes a, b in 'val'. Supported
+            extensions are: .jpg, ...``.
     """
 
     def __init__(
@@ -749,13 +776,16 @@ class ImageFolder(EncodedImageDataset):
         extensions: str | Iterable[str] = IMG_EXTENSIONS,
         strict: bool = True,
         index: FolderIndex | None = None,
+        allow_empty: bool = False,
     ) -> None:
         self.check_transforms(transform, target_transform)
         _check_callable(loader, "loader")
         if index is None:
             if root is None:
                 raise ValueError("ImageFolder needs root (a folder to scan) or index (a FolderIndex)")
-            index = scan_folder(root, classes=classes, extensions=extensions, strict=strict)
+            index = scan_folder(
+                root, classes=classes, extensions=extensions, strict=strict, allow_empty=allow_empty
+            )
         elif not isinstance(index, FolderIndex):
             raise TypeError(f"index should be a FolderIndex, but got {type(index).__name__}")
         super().__init__(index.root, transform, target_transform)

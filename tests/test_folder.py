@@ -127,6 +127,46 @@ def test_hidden_non_image_nested_and_empty(tmp_path: Path) -> None:
     assert scan_folder(root, extensions=(".png",)).relpath(0) == "b/sub/deep.PNG"
 
 
+def test_no_image_file_is_an_error_like_torchvision(tmp_path: Path) -> None:
+    empty_root = tmp_path / "empty_root"
+    empty_root.mkdir()
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes of .*empty_root"):
+        ImageFolder(empty_root)
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
+        torchvision.datasets.ImageFolder(str(empty_root))
+    root = tmp_path / "split"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "notes.txt").write_text("x")
+    (root / "a" / ".hidden.jpg").write_bytes(b"junk")
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"Found no valid file for the classes a, b in .*split'\. Supported extensions are: \.jpg, ",
+    ):
+        scan_folder(root)
+    # torchvision's wording (it counts the hidden a/.hidden.jpg as a valid file, fastload skips it).
+    with pytest.raises(
+        FileNotFoundError, match=r"Found no valid file for the classes b\. Supported extensions"
+    ):
+        torchvision.datasets.ImageFolder(str(root))
+    with pytest.raises(FileNotFoundError, match=r"classes a, b in .*Supported extensions are: \.png$"):
+        ImageFolder(root, extensions=".png")
+    # A class list shared with train: the classes looked for are named.
+    with pytest.raises(FileNotFoundError, match="classes a, b in"):
+        ImageFolder(root, classes=ClassIndex(["a", "b", "c"]))
+    # Opting in (torchvision's allow_empty) gives an empty dataset.
+    assert len(ImageFolder(root, allow_empty=True)) == 0
+    assert len(scan_folder(root, allow_empty=True)) == 0
+    assert len(scan_folder(empty_root, allow_empty=True)) == 0
+    # A ready empty index is not a scan: accepted as given.
+    assert len(ImageFolder(None, index=FolderIndex(str(root), [], [], ClassIndex(["a"])))) == 0
+    # One file is enough: the empty classes of a split only warn (their labels stay reserved).
+    Image.new("RGB", (8, 8)).save(root / "b" / "one.png")
+    with pytest.warns(UserWarning, match="1 of 2 classes have no samples"):
+        ds = ImageFolder(root)
+    assert len(ds) == 1 and list(ds.targets) == [1]
+
+
 def test_loose_files_at_root_warn(tmp_path: Path) -> None:
     root = _tree(tmp_path / "split", {"a": 1})
     Image.new("RGB", (8, 8)).save(root / "stray.jpg")
