@@ -30,9 +30,12 @@ from typing import Any, overload
 
 import numpy as np
 
+from .decode import load_sample
+
 __all__ = [
     "IMG_EXTENSIONS",
     "ClassIndex",
+    "EncodedImageDataset",
     "FolderIndex",
     "ImageFolder",
     "scan_folder",
@@ -229,20 +232,44 @@ class FolderIndex:
         relpaths: Sequence[str] | None,
         targets: Sequence[int] | np.ndarray,
         classes: ClassIndex,
-        *,
-        _packed: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        encoded = [p.encode("utf-8", "surrogateescape") for p in (relpaths or ())]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        if encoded:
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        self._assign(root, np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets, targets, classes)
+
+    @classmethod
+    def from_buffers(
+        cls,
+        root: str | os.PathLike[str],
+        path_bytes: np.ndarray,
+        path_offsets: np.ndarray,
+        targets: Sequence[int] | np.ndarray,
+        classes: ClassIndex,
+    ) -> FolderIndex:
+        """An index over ready buffers (no copy): relative path ``i`` is the UTF-8 string
+        ``path_bytes[path_offsets[i]:path_offsets[i + 1]]``.
+
+        This is how a pack file or a shared segment exposes its index without building strings.
+        Example: ``path_bytes = b"a/1.jpgb/22.jpg"``, ``path_offsets = [0, 7, 15]`` are the paths
+        ``a/1.jpg`` and ``b/22.jpg``.
+        """
+        self = cls.__new__(cls)
+        self._assign(root, path_bytes, path_offsets, targets, classes)
+        return self
+
+    def _assign(
+        self,
+        root: str | os.PathLike[str],
+        buf: np.ndarray,
+        offsets: np.ndarray,
+        targets: Sequence[int] | np.ndarray,
+        classes: ClassIndex,
     ) -> None:
         if not isinstance(classes, ClassIndex):
             raise TypeError(f"classes should be a ClassIndex, but got {type(classes).__name__}")
         self.root = os.fspath(root)
-        if _packed is not None:
-            buf, offsets = _packed
-        else:
-            encoded = [p.encode("utf-8", "surrogateescape") for p in (relpaths or ())]
-            offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-            if encoded:
-                np.cumsum([len(e) for e in encoded], out=offsets[1:])
-            buf = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         self._buf = buf
         self._offsets = offsets
         self.targets: np.ndarray = np.ascontiguousarray(np.asarray(targets, dtype=np.int64))
@@ -252,6 +279,16 @@ class FolderIndex:
             bad = int(self.targets[(self.targets < 0) | (self.targets >= len(classes))][0])
             raise ValueError(f"target {bad} is out of range for {len(classes)} classes")
         self.classes = classes
+
+    @property
+    def path_bytes(self) -> np.ndarray:
+        """The relative paths as one ``uint8`` buffer of UTF-8, back to back (see :meth:`from_buffers`)."""
+        return self._buf
+
+    @property
+    def path_offsets(self) -> np.ndarray:
+        """``int64[n + 1]``: relative path ``i`` is ``path_bytes[path_offsets[i]:path_offsets[i + 1]]``."""
+        return self._offsets
 
     @property
     def paths(self) -> _PathList:
@@ -329,14 +366,11 @@ class FolderIndex:
             )
         if meta.get("version") != 1:
             raise ValueError(
-                f"{os.fspath(path)!r} has index format version {meta.get('version')}, this fastload reads version 1"
+                f"{os.fspath(path)!r} has index format version {meta.get('version')}, "
+                "this fastload reads version 1"
             )
-        return cls(
-            root if root is not None else meta["root"],
-            None,
-            targets,
-            ClassIndex(meta["classes"]),
-            _packed=(buf, offsets),
+        return cls.from_buffers(
+            root if root is not None else meta["root"], buf, offsets, targets, ClassIndex(meta["classes"])
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -394,6 +428,7 @@ def scan_folder(
     extensions: str | Iterable[str] = IMG_EXTENSIONS,
     strict: bool = True,
     broadcast: bool = False,
+    allow_empty: bool = False,
 ) -> FolderIndex:
     """Scans ``root/<class>/**/<file>`` into a :class:`FolderIndex` labelled by ``classes``.
 
@@ -408,12 +443,18 @@ def scan_folder(
             with ``strict=False`` it is reported in a warning and its files are left out.
         broadcast: When ``torch.distributed`` is initialized, scan on rank 0 only and broadcast the
             index, so N ranks do not walk the same network file system N times.
+        allow_empty: Return an empty index when no file is found, instead of raising (torchvision's
+            ``allow_empty``).
 
     Returns:
         The index, in a deterministic order: classes in label order, files sorted within a class.
 
     Raises:
-        FileNotFoundError: If ``root`` is not a directory.
+        FileNotFoundError: If ``root`` is not a directory, or (unless ``allow_empty``) if no class
+            folder holds an image file, like torchvision:
+            ``Found no valid file for the classes a, b in 'val'. Supported extensions are: .jpg, ...``.
+            A split in which only *some* classes are empty is fine (a warning names them): torchvision
+            raises for it, but with a class list shared by train and val it is legitimate.
         ValueError: If ``root`` holds a class directory that is not in ``classes`` (``strict``).
 
     Example:
@@ -427,8 +468,8 @@ def scan_folder(
             box: list[Any] = [None]
             if dist.get_rank() == 0:
                 try:
-                    box[0] = scan_folder(root, classes, extensions, strict, broadcast=False)
-                except Exception as e:  # re-raised on every rank below, so no rank hangs
+                    box[0] = scan_folder(root, classes, extensions, strict, False, allow_empty)
+                except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank hangs
                     box[0] = e
             dist.broadcast_object_list(box, src=0)
             if isinstance(box[0], Exception):
@@ -451,8 +492,8 @@ def scan_folder(
         )
         if strict:
             raise ValueError(
-                msg
-                + "Pass the class list that includes them (e.g. ClassIndex.from_splits(train, val)), or strict=False to leave their files out."
+                msg + "Pass the class list that includes them (e.g. ClassIndex.from_splits(train, val)), "
+                "or strict=False to leave their files out."
             )
         warnings.warn(msg + "Their files are left out (strict=False).", stacklevel=2)
     loose = []
@@ -475,7 +516,10 @@ def scan_folder(
         before = len(relpaths)
         _walk_files(os.path.join(root, name), name, exts, relpaths)
         counts[label] = len(relpaths) - before
-    missing = [class_index[i] for i in np.flatnonzero(counts == 0)]
+    if not relpaths and not allow_empty:
+        looked_in = [name for name in class_index if name in present] or list(class_index)
+        raise FileNotFoundError(_no_files_message(root, looked_in, exts))
+    missing = [class_index[int(i)] for i in np.flatnonzero(counts == 0)]
     if missing and len(relpaths) > 0:
         shown = ", ".join(repr(m) for m in missing[:10]) + (
             f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -487,6 +531,16 @@ def scan_folder(
         )
     targets = np.repeat(np.arange(len(class_index), dtype=np.int64), counts)
     return FolderIndex(root, relpaths, targets, class_index)
+
+
+def _no_files_message(root: str, classes: Sequence[str], extensions: tuple[str, ...]) -> str:
+    """torchvision's wording, plus the folder: ``Found no valid file for the classes a, b in 'val'. ...``."""
+    if classes:
+        shown = ", ".join(classes[:10]) + (f" and {len(classes) - 10} more" if len(classes) > 10 else "")
+        what = f"Found no valid file for the classes {shown} in {root!r}."
+    else:
+        what = f"Found no valid file for the classes of {root!r}: it has no class folders."
+    return f"{what} Supported extensions are: {', '.join(extensions)}"
 
 
 def scan_list(
@@ -536,11 +590,13 @@ def scan_list(
                 target = int(label)
                 if not 0 <= target < len(class_index):
                     raise ValueError(
-                        f"{os.fspath(list_file)}:{lineno}: label {target} is out of range for {len(class_index)} classes"
+                        f"{os.fspath(list_file)}:{lineno}: label {target} is out of range "
+                        f"for {len(class_index)} classes"
                     )
             else:
                 raise ValueError(
-                    f"{os.fspath(list_file)}:{lineno}: unknown class {label!r} (not in the {len(class_index)} classes)"
+                    f"{os.fspath(list_file)}:{lineno}: unknown class {label!r} "
+                    f"(not in the {len(class_index)} classes)"
                 )
             if check_files and not os.path.isfile(os.path.join(root, rel)):
                 raise FileNotFoundError(
@@ -557,21 +613,132 @@ class _SampleList(Sequence[tuple[str, int]]):
     def __init__(self, index: FolderIndex) -> None:
         self._index = index
 
-    def __getitem__(self, i: int) -> tuple[str, int]:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, int]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[str, int]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]  # type: ignore[return-value]
+            return [self[j] for j in range(*i.indices(len(self)))]
         return self._index.paths[i], int(self._index.targets[i])
 
     def __len__(self) -> int:
         return len(self._index)
 
 
-class ImageFolder:
+def _check_callable(value: Any, name: str) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} should be callable, but got {type(value).__name__}")
+
+
+class EncodedImageDataset:
+    """What :class:`ImageFolder` and :class:`~fastload.memory.InMemoryImageFolder` share: torchvision's
+    ``ImageFolder`` attributes over a :class:`FolderIndex`, and samples decoded from encoded bytes.
+
+    Attributes (as torchvision's): ``classes``, ``class_to_idx``, ``samples`` / ``imgs`` (a lazy
+    sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list:
+    ``Counter``, ``np.asarray`` and ``torch.as_tensor`` work on it unchanged), ``root``,
+    ``transform``, ``target_transform``; plus ``index`` (the :class:`FolderIndex`) and
+    ``class_index``.
+
+    ``dataset[i]`` is ``(transform(image), target_transform(target))``: the image is a PIL RGB image
+    (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
+    decoding is fused with it and the image is a uint8 tensor. The loader reads
+    ``get_bytes(i)`` and ``describe(i)`` directly to decode in its workers.
+
+    A subclass provides :attr:`index` and :meth:`get_bytes`, and calls ``__init__`` to set the rest.
+    """
+
+    def __init__(
+        self,
+        root: str | None,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+    ) -> None:
+        self.check_transforms(transform, target_transform)
+        self.root = root
+        self.transform = transform
+        self.target_transform = target_transform
+
+    @staticmethod
+    def check_transforms(transform: Any, target_transform: Any) -> None:
+        """``TypeError`` unless both are callable or ``None`` (for checks before any costly work)."""
+        _check_callable(transform, "transform")
+        _check_callable(target_transform, "target_transform")
+
+    @property
+    def index(self) -> FolderIndex:
+        """The samples: paths, int64 targets and the shared :class:`ClassIndex`."""
+        raise NotImplementedError
+
+    def get_bytes(self, i: int) -> bytes | memoryview:
+        """The encoded file of sample ``i``."""
+        raise NotImplementedError
+
+    def describe(self, i: int) -> str:
+        """How errors name sample ``i``: its index and path."""
+        return f"sample {i} ({self.index.paths[i]!r})"
+
+    @property
+    def class_index(self) -> ClassIndex:
+        return self.index.classes
+
+    @property
+    def classes(self) -> list[str]:
+        return self.index.classes.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.index.classes.class_to_idx
+
+    @property
+    def targets(self) -> np.ndarray:
+        """The labels, int64."""
+        return self.index.targets
+
+    @property
+    def samples(self) -> Sequence[tuple[str, int]]:
+        """``(path, target)`` pairs, as ``ImageFolder.samples`` (a lazy sequence)."""
+        return _SampleList(self.index)
+
+    @property
+    def imgs(self) -> Sequence[tuple[str, int]]:
+        """The same as :attr:`samples` (torchvision's alias)."""
+        return self.samples
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        target: Any = int(self.targets[i])
+        image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def extra_repr(self) -> str:
+        """Lines added to ``repr`` after the root (torchvision's ``VisionDataset.extra_repr``)."""
+        return f"Classes: {len(self.index.classes)}"
+
+    def __repr__(self) -> str:
+        lines = [
+            f"{type(self).__name__}",
+            f"    Number of datapoints: {len(self)}",
+            f"    Root location: {getattr(self, 'root', None)}",
+        ]
+        lines += [f"    {line}" for line in self.extra_repr().splitlines()]
+        if self.transform is not None:
+            lines.append(f"    Transform: {self.transform!r}")
+        return "\n".join(lines)
+
+
+class ImageFolder(EncodedImageDataset):
     """Drop-in for ``torchvision.datasets.ImageFolder`` whose labels follow a shared class list.
 
-    Same attributes as torchvision's: ``classes``, ``class_to_idx``, ``samples`` / ``imgs``
-    (a lazy sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list:
-    ``Counter``, ``np.asarray`` and ``torch.as_tensor`` work on it unchanged) plus ``index`` (the
+    Same attributes as torchvision's (see :class:`EncodedImageDataset`): ``classes``,
+    ``class_to_idx``, ``samples`` / ``imgs``, ``targets`` (int64 numpy), plus ``index`` (the
     :class:`FolderIndex`) and ``class_index``.
 
     ``dataset[i]`` returns ``(transform(image), target_transform(target))``. The image is a PIL RGB
@@ -590,6 +757,13 @@ class ImageFolder:
         strict: See :func:`scan_folder`.
         index: A ready :class:`FolderIndex` (then ``root``, ``classes``, ``extensions`` are not used
             for scanning; ``root`` may be ``None``).
+        allow_empty: Accept a folder without any image file (an empty dataset) instead of raising
+            ``FileNotFoundError`` (torchvision's ``allow_empty``; see :func:`scan_folder`).
+
+    Raises:
+        FileNotFoundError: If ``root`` does not exist, or (unless ``allow_empty``) holds no image file
+            in any class folder: ``Found no valid file for the classes a, b in 'val'. Supported
+            extensions are: .jpg, ...``.
     """
 
     def __init__(
@@ -602,79 +776,38 @@ class ImageFolder:
         extensions: str | Iterable[str] = IMG_EXTENSIONS,
         strict: bool = True,
         index: FolderIndex | None = None,
+        allow_empty: bool = False,
     ) -> None:
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform should be callable, but got {type(transform).__name__}")
-        if target_transform is not None and not callable(target_transform):
-            raise TypeError(f"target_transform should be callable, but got {type(target_transform).__name__}")
-        if loader is not None and not callable(loader):
-            raise TypeError(f"loader should be callable, but got {type(loader).__name__}")
+        self.check_transforms(transform, target_transform)
+        _check_callable(loader, "loader")
         if index is None:
             if root is None:
                 raise ValueError("ImageFolder needs root (a folder to scan) or index (a FolderIndex)")
-            index = scan_folder(root, classes=classes, extensions=extensions, strict=strict)
+            index = scan_folder(
+                root, classes=classes, extensions=extensions, strict=strict, allow_empty=allow_empty
+            )
         elif not isinstance(index, FolderIndex):
             raise TypeError(f"index should be a FolderIndex, but got {type(index).__name__}")
-        self.index = index
-        self.root = index.root
-        self.transform = transform
-        self.target_transform = target_transform
+        super().__init__(index.root, transform, target_transform)
+        self._index = index
         self.loader = loader
 
     @property
-    def class_index(self) -> ClassIndex:
-        return self.index.classes
-
-    @property
-    def classes(self) -> list[str]:
-        return self.index.classes.classes
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.index.classes.class_to_idx
-
-    @property
-    def targets(self) -> np.ndarray:
-        return self.index.targets
-
-    @property
-    def samples(self) -> _SampleList:
-        return _SampleList(self.index)
-
-    imgs = samples
-
-    def __len__(self) -> int:
-        return len(self.index)
+    def index(self) -> FolderIndex:
+        """The :class:`FolderIndex` scanned (or passed)."""
+        return self._index
 
     def get_bytes(self, i: int) -> bytes:
         """The encoded file of sample ``i``."""
         return self.index.read_bytes(i)
 
-    def describe(self, i: int) -> str:
-        """How errors name sample ``i``: its index and path."""
-        return f"sample {i} ({self.index.paths[i]!r})"
-
     def __getitem__(self, i: int) -> tuple[Any, Any]:
-        from .decode import load_sample
-
+        if self.loader is None:
+            return super().__getitem__(i)
         target: Any = int(self.index.targets[i])
-        if self.loader is not None:
-            image = self.loader(self.index.paths[i])
-            if self.transform is not None:
-                image = self.transform(image)
-        else:
-            image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
+        image = self.loader(self.index.paths[i])
+        if self.transform is not None:
+            image = self.transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
-
-    def __repr__(self) -> str:
-        lines = [
-            f"{type(self).__name__}",
-            f"    Number of datapoints: {len(self)}",
-            f"    Root location: {self.root}",
-            f"    Classes: {len(self.index.classes)}",
-        ]
-        if self.transform is not None:
-            lines.append(f"    Transform: {self.transform!r}")
-        return "\n".join(lines)

@@ -54,13 +54,16 @@ import tempfile
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from ._checks import check_optional_int
+from ._packformat import HeadPlan, PackView
 from .device import available_cpus
-from .folder import ClassIndex, FolderIndex, _SampleList, scan_folder
-from .pack import PackFile, _bounded_map, _HeadPlan, _PackView, _progress_bar
+from .folder import ClassIndex, EncodedImageDataset, FolderIndex, scan_folder
+from .pack import PackFile, bounded_map, progress_bar
 
 __all__ = ["InMemoryImageFolder", "available_memory"]
 
@@ -92,7 +95,7 @@ def _cgroup_headroom() -> int | None:
 def available_memory() -> int:
     """Bytes of RAM available to new allocations: psutil's ``available``, capped by a container's
     cgroup memory limit (inside Docker/Kubernetes ``/proc/meminfo`` shows the host's memory)."""
-    import psutil
+    import psutil  # type: ignore[import-untyped,unused-ignore]  # no stubs; reported once per run
 
     avail = int(psutil.virtual_memory().available)
     headroom = _cgroup_headroom()
@@ -109,9 +112,11 @@ def _check_fits(need: int, what: str) -> None:
     avail = available_memory()
     if need + margin > avail:
         raise MemoryError(
-            f"{what} needs {_fmt(need)} of RAM (plus a margin of {_fmt(margin)}), but only {_fmt(avail)} is available. "
-            "Shrink the images when packing (python -m fastload pack ROOT OUT --max-side 512), serve a pack from its "
-            "memory map (InMemoryImageFolder.from_pack(path, in_memory=False)), or read from disk (fastload.ImageFolder)."
+            f"{what} needs {_fmt(need)} of RAM (plus a margin of {_fmt(margin)}), "
+            f"but only {_fmt(avail)} is available. "
+            "Shrink the images when packing (python -m fastload pack ROOT OUT --max-side 512), "
+            "serve a pack from its memory map (InMemoryImageFolder.from_pack(path, in_memory=False)), "
+            "or read from disk (fastload.ImageFolder)."
         )
 
 
@@ -214,7 +219,7 @@ def _create_segment(size: int, label: str) -> _Resources:
     return res
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     try:
         while view:
@@ -224,8 +229,9 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.ENOMEM):
             raise MemoryError(
-                f"ran out of shared memory while loading the dataset ({e.strerror}). With the file backend the segment "
-                "lives in /dev/shm: enlarge it (docker run --shm-size=...) or use in_memory=False."
+                f"ran out of shared memory while loading the dataset ({e.strerror}). "
+                "With the file backend the segment lives in /dev/shm: "
+                "enlarge it (docker run --shm-size=...) or use in_memory=False."
             ) from e
         raise
 
@@ -237,8 +243,8 @@ def _finish_segment(res: _Resources, size: int) -> mmap.mmap:
         try:
             import fcntl
 
-            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE  # type: ignore[attr-defined]
-            fcntl.fcntl(res.fd, fcntl.F_ADD_SEALS, seals)  # type: ignore[attr-defined]
+            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+            fcntl.fcntl(res.fd, fcntl.F_ADD_SEALS, seals)
         except (ImportError, AttributeError, OSError):
             pass  # sealing is a safety net (no process can then change or shrink it), not a requirement
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -257,8 +263,8 @@ def _handle_of(res: _Resources, size: int, digest: bytes) -> tuple[Any, ...]:
 class _Storage:
     """A validated pack image (``view``) plus what keeps it mapped, and how to find it again (``handle``)."""
 
-    def __init__(self, view: _PackView, handle: tuple[Any, ...], res: _Resources, in_memory: bool) -> None:
-        self.view: _PackView | None = view
+    def __init__(self, view: PackView, handle: tuple[Any, ...], res: _Resources, in_memory: bool) -> None:
+        self.view: PackView | None = view
         self.handle = handle
         self.in_memory = in_memory
         self.kind = handle[0]
@@ -275,9 +281,8 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
     """Maps the storage that ``handle`` (from another process, or this one) describes."""
     kind = handle[0]
     if kind == "pack":
-        _, path, stat, digest = handle
-        pack = PackFile(path, _expect=(stat, digest))
-        return _Storage(pack._view, handle, _Resources(pack=pack), in_memory=False)  # type: ignore[arg-type]
+        pack = PackFile.reopen(handle[1:])
+        return _Storage(pack.view, handle, _Resources(pack=pack), in_memory=False)
     if kind == "memfd":
         _, pid, fd, dev, ino, size, digest = handle
         where = f"/proc/{pid}/fd/{fd}"
@@ -288,8 +293,9 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
     else:
         raise ValueError(f"unknown InMemoryImageFolder handle kind {kind!r}")
     gone = (
-        f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): {owner} has closed the dataset "
-        "or exited. Keep the dataset open in the process that created it while workers start."
+        f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): "
+        f"{owner} has closed the dataset or exited. "
+        "Keep the dataset open in the process that created it while workers start."
     )
     try:
         fd2 = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -297,8 +303,9 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
         raise RuntimeError(gone) from None
     except PermissionError as e:
         raise RuntimeError(
-            f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): {e.strerror}. Workers must run "
-            "as the same user as the process that created the dataset (and /proc must not be mounted with hidepid)."
+            f"cannot attach to the shared memory of an InMemoryImageFolder ({where}): {e.strerror}. "
+            "Workers must run as the same user as the process that created the dataset "
+            "(and /proc must not be mounted with hidepid)."
         ) from None
     res = _Resources()
     try:
@@ -309,7 +316,7 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
     finally:
         os.close(fd2)
     try:
-        view = _PackView(
+        view = PackView(
             res.mm,
             f"the shared memory of an InMemoryImageFolder ({where})",
             verify=False,
@@ -327,10 +334,8 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
     paths = index.paths
     threads = num_threads if num_threads is not None else min(32, available_cpus() + 4)
     chunk = 64
-    executor = None
+    executor: ThreadPoolExecutor | None = None
     if threads > 0 and n > chunk:
-        from concurrent.futures import ThreadPoolExecutor
-
         executor = ThreadPoolExecutor(threads, thread_name_prefix="fastload-load")
 
     def stat_chunk(start: int) -> list[int]:
@@ -345,13 +350,13 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
     try:
         sizes = [
             s
-            for part in _bounded_map(executor, stat_chunk, range(0, n, chunk), 4 * max(1, threads))
+            for part in bounded_map(executor, stat_chunk, range(0, n, chunk), 4 * max(1, threads))
             for s in part
         ]
         offsets = np.zeros(n + 1, dtype=np.int64)
         if n:
             np.cumsum(sizes, out=offsets[1:])
-        plan = _HeadPlan(
+        plan = HeadPlan(
             index, {"classes": list(index.classes), "root": index.root, "max_side": None, "quality": None}
         )
         total = plan.data_offset + int(offsets[-1])
@@ -379,16 +384,16 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
                     _pwrite_all(fd, data, plan.data_offset + int(offsets[i]))
                 return stop - start
 
-            bar = _progress_bar(n, f"load {_label(index.root)}", "img", progress)
+            bar = progress_bar(n, f"load {_label(index.root)}", "img", progress)
             try:
-                for done in _bounded_map(executor, fill_chunk, range(0, n, chunk), 4 * max(1, threads)):
+                for done in bounded_map(executor, fill_chunk, range(0, n, chunk), 4 * max(1, threads)):
                     bar.update(done)
             finally:
                 bar.close()
             head = plan.render(offsets, crcs)
             _pwrite_all(fd, head, 0)
             mm = _finish_segment(res, total)
-            view = _PackView(mm, f"the in-memory copy of {index.root!r}", verify=False)
+            view = PackView(mm, f"the in-memory copy of {index.root!r}", verify=False)
             handle = _handle_of(res, total, view.digest)
         except BaseException:
             # Stop the writers first: a chunk still running must not write to the fd number
@@ -438,7 +443,7 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
     try:
         fd = res.fd
         assert fd is not None
-        bar = _progress_bar(
+        bar = progress_bar(
             size,
             f"load {_label(pack.path)}",
             "B",
@@ -449,7 +454,7 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
         finally:
             bar.close()
         mm = _finish_segment(res, size)
-        view = _PackView(mm, f"the in-memory copy of {pack.path!r}", verify=False, expect_digest=pack.digest)
+        view = PackView(mm, f"the in-memory copy of {pack.path!r}", verify=False, expect_digest=pack.digest)
         handle = _handle_of(res, size, view.digest)
     except OSError as e:
         _release(res)
@@ -467,7 +472,7 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
 # ----------------------------------------------------------------------------------------- dataset
 
 
-class InMemoryImageFolder:
+class InMemoryImageFolder(EncodedImageDataset):
     """An image split held once in shared memory (or served from a pack's memory map).
 
     A drop-in for :class:`fastload.ImageFolder` (same attributes: ``classes``, ``class_to_idx``,
@@ -517,24 +522,21 @@ class InMemoryImageFolder:
         num_threads: int | None = None,
         progress: bool | None = None,
     ) -> None:
-        _check_transforms(transform, target_transform)
-        if num_threads is not None and (
-            not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0
-        ):
-            raise ValueError(
-                f"num_threads should be a non-negative integer or None, but got num_threads={num_threads!r}"
-            )
+        self.check_transforms(transform, target_transform)
+        check_optional_int(num_threads, "num_threads", low=0)
         if isinstance(root_or_index, FolderIndex):
             if classes is not None:
                 raise ValueError(
-                    "classes is only used to scan a folder: the FolderIndex passed as root_or_index already has its class list"
+                    "classes is only used to scan a folder: "
+                    "the FolderIndex passed as root_or_index already has its class list"
                 )
             index = root_or_index
         elif isinstance(root_or_index, (str, os.PathLike)):
             index = scan_folder(root_or_index, classes=classes)
         else:
             raise TypeError(
-                f"root_or_index should be a folder path or a FolderIndex, but got {type(root_or_index).__name__}"
+                "root_or_index should be a folder path or a FolderIndex, "
+                f"but got {type(root_or_index).__name__}"
             )
         self._setup(_load_folder(index, num_threads, progress), transform, target_transform)
 
@@ -564,7 +566,7 @@ class InMemoryImageFolder:
             PackError: If the file is not a valid pack (the message says why and what to do).
             MemoryError: With ``in_memory=True``, if the pack does not fit in the available RAM.
         """
-        _check_transforms(transform, target_transform)
+        cls.check_transforms(transform, target_transform)
         if not isinstance(in_memory, bool):
             raise TypeError(f"in_memory should be a bool, but got in_memory={in_memory!r}")
         pack = PackFile(path)
@@ -573,8 +575,8 @@ class InMemoryImageFolder:
                 storage = _copy_pack(pack, progress)
                 pack.close()
             else:
-                handle = ("pack", pack._abspath, pack._stat, pack.digest)
-                storage = _Storage(pack._view, handle, _Resources(pack=pack), in_memory=False)  # type: ignore[arg-type]
+                handle = ("pack", *pack.identity)
+                storage = _Storage(pack.view, handle, _Resources(pack=pack), in_memory=False)
         except BaseException:
             pack.close()
             raise
@@ -590,44 +592,27 @@ class InMemoryImageFolder:
     ) -> None:
         assert storage.view is not None
         self._storage: _Storage | None = storage
-        self._view: _PackView | None = storage.view
+        self._view: PackView | None = storage.view
         self._len = len(storage.view)
         self._nbytes = int(storage.view.data.nbytes)
-        self.index: FolderIndex = storage.view.index
-        self.root = self.index.root
-        self.transform = transform
-        self.target_transform = target_transform
+        super().__init__(storage.view.index.root, transform, target_transform)
 
-    # -- ImageFolder's attributes
+    # -- ImageFolder's attributes (the rest come from EncodedImageDataset, through `index`)
 
-    def _require(self) -> _PackView:
+    def _require(self) -> PackView:
         if self._view is None:
             raise ValueError("I/O operation on a closed InMemoryImageFolder")
         return self._view
 
     @property
-    def class_index(self) -> ClassIndex:
-        return self._require().index.classes
+    def index(self) -> FolderIndex:
+        """The original relative paths, int64 targets and class list (views of the shared memory)."""
+        return self._require().index
 
     @property
-    def classes(self) -> list[str]:
-        return self._require().index.classes.classes
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self._require().index.classes.class_to_idx
-
-    @property
-    def targets(self) -> np.ndarray:
-        """The labels, int64 (a read-only view of the shared memory)."""
-        return self._require().index.targets
-
-    @property
-    def samples(self) -> _SampleList:
-        """``(original path, target)`` pairs, as ``ImageFolder.samples`` (the files need not exist any more)."""
-        return _SampleList(self._require().index)
-
-    imgs = samples
+    def samples(self) -> Sequence[tuple[str, int]]:
+        """``(original path, target)`` pairs, as ``ImageFolder.samples`` (the files need not exist)."""
+        return super().samples
 
     @property
     def in_memory(self) -> bool:
@@ -652,16 +637,7 @@ class InMemoryImageFolder:
 
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and original relative path."""
-        return f"sample {i} ({self._require().index.relpath(i)!r})"
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        from .decode import load_sample
-
-        target: Any = int(self.targets[i])
-        image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
+        return f"sample {i} ({self.index.relpath(i)!r})"
 
     # -- lifecycle
 
@@ -673,7 +649,6 @@ class InMemoryImageFolder:
         dropped. Closing twice is a no-op.
         """
         self._view = None
-        self.__dict__.pop("index", None)
         if self._storage is not None:
             self._storage.close()
 
@@ -695,31 +670,11 @@ class InMemoryImageFolder:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(_attach(state["handle"]), state["transform"], state["target_transform"])
 
-    def __repr__(self) -> str:
-        lines = [
-            f"{type(self).__name__}",
-            f"    Number of datapoints: {len(self)}",
-            f"    Root location: {getattr(self, 'root', None)}",
-        ]
+    def extra_repr(self) -> str:
         if self._storage is None or self._view is None:
-            lines.append("    Storage: closed")
+            return "Storage: closed"
+        if self._storage.kind == "pack":
+            storage = f"memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)"
         else:
-            lines.append(f"    Classes: {len(self._view.index.classes)}")
-            if self._storage.kind == "pack":
-                lines.append(
-                    f"    Storage: memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)"
-                )
-            else:
-                lines.append(
-                    f"    Storage: shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)"
-                )
-        if self.transform is not None:
-            lines.append(f"    Transform: {self.transform!r}")
-        return "\n".join(lines)
-
-
-def _check_transforms(transform: Any, target_transform: Any) -> None:
-    if transform is not None and not callable(transform):
-        raise TypeError(f"transform should be callable, but got {type(transform).__name__}")
-    if target_transform is not None and not callable(target_transform):
-        raise TypeError(f"target_transform should be callable, but got {type(target_transform).__name__}")
+            storage = f"shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)"
+        return f"Classes: {len(self._view.index.classes)}\nStorage: {storage}"

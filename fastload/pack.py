@@ -10,23 +10,8 @@ small header and index, so that a dataset of a million files becomes one file th
   index only, so a 150 GB pack of ImageNet opens in a fraction of a second. ``verify()`` checks the
   images themselves (a CRC-32 per sample) when you want to.
 
-Layout (version 1, all integers little-endian)::
-
-    0              fixed header (128 bytes):
-                   magic b"FASTPACK", format version u32, header size u32 (128),
-                   samples u64, meta length u64, index offset u64, path bytes u64,
-                   data offset u64, data length u64,
-                   blake2b-256 digest of bytes [0, data offset) with this field zeroed
-    128            meta: UTF-8 JSON {"format": "fastload.pack", "classes": [...], "root": ...,
-                   "max_side": ..., "quality": ...}
-    index offset   (8-byte aligned)
-                   offsets       int64[n + 1]  sample i is data[offsets[i]:offsets[i + 1]]
-                   labels        int64[n]      indices into meta["classes"]
-                   path offsets  int64[n + 1]  relative path i is paths[po[i]:po[i + 1]]
-                   crc32         uint32[n]     of each sample's bytes (checked by verify())
-                   paths         UTF-8 bytes   the original relative paths, back to back
-    data offset    (a multiple of 4096, so the data section is page-aligned in a map)
-                   the encoded images, back to back, in index order
+The byte layout (header, index, page-aligned data section) is defined in
+:mod:`fastload._packformat`, shared with the RAM segment of :mod:`fastload.memory`.
 
 Labels are those of the index the pack was built from, so a pack of ``val`` built with the class list
 of ``train`` keeps ``train``'s labels (see :mod:`fastload.folder`).
@@ -46,14 +31,10 @@ Command line: ``python -m fastload pack ROOT OUT [--classes classes.json] [--max
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
-import json
 import mmap
-import operator
 import os
 import stat
-import struct
 import sys
 import tempfile
 import zlib
@@ -65,7 +46,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from PIL import Image
 
+from ._checks import check_int, check_optional_int
+from ._packformat import (
+    ALIGNMENT,
+    FORMAT_VERSION,
+    MAGIC,
+    REBUILD_HINT,
+    HeadPlan,
+    PackError,
+    PackView,
+)
+from .decode import DecodeError
 from .device import available_cpus
 from .folder import ClassIndex, FolderIndex, scan_folder
 
@@ -75,263 +68,58 @@ __all__ = [
     "MAGIC",
     "PackError",
     "PackFile",
+    "PackIdentity",
     "PackSummary",
     "add_pack_parser",
+    "bounded_map",
     "open_pack",
     "pack_command",
+    "progress_bar",
     "write_pack",
 ]
-
-MAGIC = b"FASTPACK"
-FORMAT_VERSION = 1
-ALIGNMENT = 4096
-_FORMAT = "fastload.pack"
-_HEADER = struct.Struct("<8sIIQQQQQQ32s")
-_HEADER_SIZE = 128
-_DIGEST_AT = _HEADER.size - 32
-_REBUILD = "Rebuild it with: python -m fastload pack ROOT OUT"
-_RECOPY = "Copy it again or rebuild it (python -m fastload pack ROOT OUT)."
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-
-class PackError(ValueError):
-    """A file is not a valid pack: the message names the file, what is wrong and what to do."""
-
-
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
+#: What identifies one pack file across processes: absolute path, ``(st_dev, st_ino, st_size,
+#: st_mtime_ns)`` and the header digest (see :attr:`PackFile.identity`).
+PackIdentity = tuple[str, tuple[int, ...], bytes]
 
 
-def _index_layout(n: int, index_offset: int, path_bytes: int) -> tuple[dict[str, int], int]:
-    """Positions of the index arrays (a pure function of the header fields) and where they end."""
-    pos: dict[str, int] = {}
-    at = index_offset
-    for name, nbytes in (
-        ("offsets", 8 * (n + 1)),
-        ("labels", 8 * n),
-        ("path_offsets", 8 * (n + 1)),
-        ("crc32", 4 * n),
-        ("paths", path_bytes),
-    ):
-        pos[name] = at
-        at += nbytes
-    return pos, at
+def progress_bar(total: int, desc: str, unit: str, progress: bool | None) -> Any:
+    """A tqdm bar (``update``/``close``), disabled unless ``progress`` (``None``: for more than 500
+    items when stderr is a terminal). ``unit="B"`` scales the counts (kB, MB, ...)."""
+    if progress is None:
+        progress = total > 500 and sys.stderr.isatty()
+    from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]  # no stubs; reported once per run
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, unit_scale=unit == "B")
 
 
-def _digest(buf: memoryview, data_offset: int) -> bytes:
-    """blake2b-256 of ``buf[:data_offset]`` with the digest field read as zeros (no copies)."""
-    h = hashlib.blake2b(digest_size=32)
-    h.update(buf[:_DIGEST_AT])
-    h.update(bytes(32))
-    h.update(buf[_DIGEST_AT + 32 : data_offset])
-    return h.digest()
+def bounded_map(
+    executor: Executor | None, fn: Callable[[T], R], items: Iterable[T], max_in_flight: int
+) -> Iterator[R]:
+    """``map(fn, items)`` in order, with at most ``max_in_flight`` tasks submitted at a time.
 
-
-class _HeadPlan:
-    """Everything before the data section, for one index: sized up front, rendered at the end.
-
-    The size of the header and index depends only on the number of samples, the meta JSON and the
-    total length of the relative paths, so a writer can leave room for it, stream the images, and
-    fill it in once the offsets and checksums are known.
+    ``Executor.map`` submits everything at once (a million futures for ImageNet, and results
+    pile up in memory when the consumer is slower); this keeps a bounded window instead. With
+    ``executor=None`` it runs in the calling thread. Example: 10 items, ``max_in_flight=4``: items
+    0-3 are submitted, then item 4 only once the result of item 0 has been yielded.
     """
-
-    def __init__(self, index: FolderIndex, meta: dict[str, Any]) -> None:
-        self.n = len(index)
-        # FolderIndex keeps its relative paths as one UTF-8 buffer plus offsets: reuse them as is.
-        po = np.asarray(index._offsets, dtype=np.int64)
-        buf = np.asarray(index._buf, dtype=np.uint8)
-        self.path_offsets = po - po[0]
-        self.paths = buf[int(po[0]) : int(po[-1])]
-        self.labels = index.targets
-        # Names that are not valid UTF-8 on disk come from os.scandir as surrogate escapes: keep their bytes.
-        self.meta = json.dumps({"format": _FORMAT, **meta}, ensure_ascii=False, sort_keys=True).encode(
-            "utf-8", "surrogateescape"
-        )
-        self.index_offset = _align(_HEADER_SIZE + len(self.meta), 8)
-        self.pos, end = _index_layout(self.n, self.index_offset, len(self.paths))
-        self.data_offset = _align(end, ALIGNMENT)
-
-    def render(self, offsets: np.ndarray, crc32: np.ndarray) -> bytearray:
-        """The bytes ``[0, data_offset)`` of the pack, digest included."""
-        head = bytearray(self.data_offset)
-        head[_HEADER_SIZE : _HEADER_SIZE + len(self.meta)] = self.meta
-        for name, dtype, values in (
-            ("offsets", "<i8", offsets),
-            ("labels", "<i8", self.labels),
-            ("path_offsets", "<i8", self.path_offsets),
-            ("crc32", "<u4", crc32),
-            ("paths", "u1", self.paths),
-        ):
-            arr = np.asarray(values)
-            np.ndarray(arr.shape, dtype=dtype, buffer=head, offset=self.pos[name])[...] = arr
-        data_len = int(offsets[-1])
-        fields = (
-            MAGIC,
-            FORMAT_VERSION,
-            _HEADER_SIZE,
-            self.n,
-            len(self.meta),
-            self.index_offset,
-            len(self.paths),
-            self.data_offset,
-            data_len,
-        )
-        _HEADER.pack_into(head, 0, *fields, bytes(32))
-        _HEADER.pack_into(head, 0, *fields, _digest(memoryview(head), self.data_offset))
-        return head
-
-
-class _PackView:
-    """Validated, zero-copy views of a pack image held in any buffer (a file map or a shared segment).
-
-    Args:
-        buf: The whole pack image (an ``mmap``).
-        name: How to name it in errors (e.g. ``"'train.fastpack'"``).
-        verify: Check the digest of the header and index (O(index)).
-        expect_digest: The digest it must have (a cheap identity check when re-attaching).
-    """
-
-    def __init__(self, buf: Any, name: str, verify: bool = True, expect_digest: bytes | None = None) -> None:
-        mv = memoryview(buf)
-        size = mv.nbytes
-        if size < _HEADER.size:
-            if bytes(mv[: min(8, size)]) != MAGIC[: min(8, size)] or size == 0:
-                raise PackError(
-                    f"{name} is not a fastload pack file ({size} bytes, no pack header). {_REBUILD}"
-                )
-            raise PackError(
-                f"{name} is truncated: it has {size} bytes, less than the {_HEADER.size}-byte pack header. {_RECOPY}"
-            )
-        magic, version, header_size, n, meta_len, index_offset, path_bytes, data_offset, data_len, digest = (
-            _HEADER.unpack_from(mv, 0)
-        )
-        if magic != MAGIC:
-            raise PackError(
-                f"{name} is not a fastload pack file: it starts with {bytes(magic)!r}, a pack starts with {MAGIC!r}. {_REBUILD}"
-            )
-        if version != FORMAT_VERSION:
-            raise PackError(
-                f"{name} has pack format version {version}, but this fastload reads version {FORMAT_VERSION}. "
-                f"Install the fastload that wrote it, or rebuild the pack with this one (python -m fastload pack ROOT OUT)."
-            )
-        pos, index_end = _index_layout(n, index_offset, path_bytes)
-        if (
-            header_size != _HEADER_SIZE
-            or index_offset < _HEADER_SIZE + meta_len
-            or index_offset % 8
-            or data_offset % ALIGNMENT
-            or data_offset < index_end
-        ):
-            raise PackError(f"{name} has a corrupt pack header (inconsistent section offsets). {_RECOPY}")
-        if size < data_offset:
-            raise PackError(
-                f"{name} is truncated (or its header is damaged): the header and index need {data_offset} bytes but it has {size}. "
-                + _RECOPY
-            )
-        if expect_digest is not None and digest != expect_digest:
-            raise PackError(
-                f"{name} has changed since it was opened (its header digest differs). Recreate the dataset from the new file."
-            )
-        if verify and _digest(mv, data_offset) != digest:
-            raise PackError(
-                f"{name} is corrupt: the checksum of its header and index does not match. " + _RECOPY
-            )
-        if size != data_offset + data_len:
-            what = (
-                "is truncated"
-                if size < data_offset + data_len
-                else "has unexpected bytes after its data section"
-            )
-            raise PackError(
-                f"{name} {what}: the header says {data_offset + data_len} bytes but it has {size}. "
-                f"The copy or the write was interrupted. {_RECOPY}"
-            )
-        try:
-            meta = json.loads(
-                bytes(mv[_HEADER_SIZE : _HEADER_SIZE + meta_len]).decode("utf-8", "surrogateescape")
-            )
-            if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-                raise ValueError(f"format is {meta.get('format') if isinstance(meta, dict) else None!r}")
-            classes = ClassIndex(meta["classes"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise PackError(f"{name} has an unreadable meta section ({e}). {_REBUILD}") from None
-
-        def arr(key: str, dtype: str, count: int) -> np.ndarray:
-            return np.frombuffer(buf, dtype=dtype, count=count, offset=pos[key])
-
-        offsets = arr("offsets", "<i8", n + 1)
-        path_offsets = arr("path_offsets", "<i8", n + 1)
-        for what, o, end in (
-            ("sample offsets", offsets, data_len),
-            ("path offsets", path_offsets, path_bytes),
-        ):
-            if o[0] != 0 or o[-1] != end or not bool((o[1:] >= o[:-1]).all()):
-                raise PackError(f"{name} has corrupt {what} in its index. {_RECOPY}")
-        labels = arr("labels", "<i8", n)
-        try:
-            self.index = FolderIndex(
-                str(meta.get("root", "")),
-                None,
-                labels,
-                classes,
-                _packed=(arr("paths", "u1", path_bytes), path_offsets),
-            )
-        except ValueError as e:
-            raise PackError(f"{name} has a corrupt index ({e}). {_REBUILD}") from None
-        self.name = name
-        self.meta = meta
-        self.digest = bytes(digest)
-        self.nbytes = size
-        self.data_offset = data_offset
-        self.offsets = offsets
-        self.labels = self.index.targets
-        self.crc32 = arr("crc32", "<u4", n)
-        self.data = np.frombuffer(buf, dtype=np.uint8, count=data_len, offset=data_offset)
-        self._data_mv: memoryview | None = mv[data_offset : data_offset + data_len]
-        mv.release()
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def get_bytes(self, i: int) -> memoryview:
-        mv = self._data_mv
-        if mv is None:
-            raise ValueError(f"I/O operation on closed pack {self.name}")
-        try:
-            j = operator.index(i)
-        except TypeError:
-            raise TypeError(f"sample index should be an integer, but got {type(i).__name__}") from None
-        n = len(self.offsets) - 1
-        if j < 0:
-            j += n
-        if not 0 <= j < n:
-            raise IndexError(f"sample index {i} is out of range for a dataset of {n} samples")
-        return mv[self.offsets[j] : self.offsets[j + 1]]
-
-    def verify(self, progress: bool | None = None) -> None:
-        n = len(self)
-        bar = _progress_bar(n, "verify", "img", progress)
-        try:
-            for i in range(n):
-                crc = zlib.crc32(self.get_bytes(i))
-                if crc != int(self.crc32[i]):
-                    raise PackError(
-                        f"sample {i} ({self.index.relpath(i)!r}) of {self.name} is corrupt: its CRC-32 is {crc:08x}, "
-                        f"the index says {int(self.crc32[i]):08x}. {_RECOPY}"
-                    )
-                bar.update(1)
-        finally:
-            bar.close()
-
-    def release(self) -> None:
-        """Drops every view of the buffer held here (so that its owner can unmap it)."""
-        if self._data_mv is not None:
-            self._data_mv.release()
-        self._data_mv = None
-        for attr in ("index", "offsets", "labels", "crc32", "data"):
-            self.__dict__.pop(attr, None)
+    if executor is None:
+        yield from map(fn, items)
+        return
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(executor.submit(fn, item))
+            if len(pending) >= max_in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 class PackFile:
@@ -362,10 +150,10 @@ class PackFile:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise PackError(
-                    f"{name} is not a regular file, so it is not a fastload pack file. {_REBUILD}"
+                    f"{name} is not a regular file, so it is not a fastload pack file. {REBUILD_HINT}"
                 )
             if st.st_size == 0:
-                raise PackError(f"{name} is empty: it is not a fastload pack file. {_REBUILD}")
+                raise PackError(f"{name} is empty: it is not a fastload pack file. {REBUILD_HINT}")
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
@@ -377,7 +165,7 @@ class PackFile:
             digest = _expect[1]
             verify = tuple(_expect[0]) != self._stat
         try:
-            self._view: _PackView | None = _PackView(mm, name, verify=verify, expect_digest=digest)
+            self._view: PackView | None = PackView(mm, name, verify=verify, expect_digest=digest)
         except BaseException:
             try:
                 mm.close()
@@ -386,7 +174,17 @@ class PackFile:
             raise
         self._mm: mmap.mmap | None = mm
 
-    def _require(self) -> _PackView:
+    @classmethod
+    def reopen(cls, identity: PackIdentity) -> PackFile:
+        """Opens the file that :attr:`identity` (from this or another process) describes.
+
+        Cheap when the file is unchanged (same inode, size and mtime: the index is not hashed
+        again); ``PackError`` ("has changed since it was opened") when its header digest differs.
+        """
+        path, stat_key, digest = identity
+        return cls(path, _expect=(tuple(stat_key), digest))
+
+    def _require(self) -> PackView:
         if self._view is None:
             raise ValueError(f"I/O operation on closed pack {self.path!r}")
         return self._view
@@ -394,6 +192,22 @@ class PackFile:
     @property
     def closed(self) -> bool:
         return self._view is None
+
+    @property
+    def view(self) -> PackView:
+        """The validated :class:`~fastload._packformat.PackView` of the map (``ValueError`` once closed)."""
+        return self._require()
+
+    @property
+    def abspath(self) -> str:
+        """The absolute path (as opened: other processes may have another working directory)."""
+        return self._abspath
+
+    @property
+    def identity(self) -> PackIdentity:
+        """``(absolute path, (st_dev, st_ino, st_size, st_mtime_ns), header digest)``: enough for
+        another process to re-open the same file with :meth:`reopen` and to notice if it changed."""
+        return (self._abspath, self._stat, self._require().digest)
 
     @property
     def index(self) -> FolderIndex:
@@ -450,7 +264,12 @@ class PackFile:
         Raises:
             PackError: Naming the first corrupt sample and its original path.
         """
-        self._require().verify(progress)
+        view = self._require()
+        bar = progress_bar(len(view), "verify", "img", progress)
+        try:
+            view.verify(bar.update)
+        finally:
+            bar.close()
 
     def close(self) -> None:
         """Unmaps the file. Views handed out earlier (``get_bytes``, ``data``) stay valid: the map is
@@ -472,17 +291,20 @@ class PackFile:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        view = self._require()
-        return (_reopen, (self._abspath, self._stat, view.digest))
+        return (_reopen, self.identity)
 
     def __repr__(self) -> str:
         if self._view is None:
             return f"PackFile({self.path!r}, closed)"
-        return f"PackFile({self.path!r}, samples={len(self._view)}, classes={len(self._view.index.classes)}, data={self._view.data.nbytes / 1e6:.1f} MB)"
+        view = self._view
+        return (
+            f"PackFile({self.path!r}, samples={len(view)}, classes={len(view.index.classes)}, "
+            f"data={view.data.nbytes / 1e6:.1f} MB)"
+        )
 
 
 def _reopen(path: str, stat: tuple[int, ...], digest: bytes) -> PackFile:
-    return PackFile(path, _expect=(stat, digest))
+    return PackFile.reopen((path, stat, digest))
 
 
 def open_pack(path: str | os.PathLike[str]) -> PackFile:
@@ -519,52 +341,18 @@ class PackSummary:
     reencoded: int
 
 
-def _progress_bar(total: int, desc: str, unit: str, progress: bool | None) -> Any:
-    if progress is None:
-        progress = total > 500 and sys.stderr.isatty()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, unit_scale=unit == "B")
-
-
-def _bounded_map(
-    executor: Executor | None, fn: Callable[[T], R], items: Iterable[T], max_in_flight: int
-) -> Iterator[R]:
-    """``map(fn, items)`` in order, with at most ``max_in_flight`` tasks submitted at a time.
-
-    ``Executor.map`` submits everything at once (a million futures for ImageNet, and results
-    pile up in memory when the consumer is slower); this keeps a bounded window instead. With
-    ``executor=None`` it runs in the calling thread.
-    """
-    if executor is None:
-        yield from map(fn, items)
-        return
-    pending: deque[Future[R]] = deque()
-    try:
-        for item in items:
-            pending.append(executor.submit(fn, item))
-            if len(pending) >= max_in_flight:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:
-            f.cancel()
-
-
 def _shrink(data: bytes, max_side: int, quality: int) -> bytes | None:
-    """``data`` re-encoded as an RGB JPEG whose longer side is ``max_side``; ``None`` if already small enough."""
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(data))
-    w, h = img.size
+    """``data`` re-encoded as an RGB JPEG whose longer side is ``max_side``; ``None`` if it is already
+    small enough."""
+    src = Image.open(io.BytesIO(data))
+    w, h = src.size
     if max(w, h) <= max_side:
         return None
     scale = max_side / max(w, h)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    if img.format in ("JPEG", "MPO"):
-        img.draft("RGB", size)  # DCT-domain downscale to >= size: much faster than a full decode
-    img = img.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+    if src.format in ("JPEG", "MPO"):
+        src.draft("RGB", size)  # DCT-domain downscale to >= size: much faster than a full decode
+    img = src.convert("RGB").resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()
     img.save(out, format="JPEG", quality=quality)
     return out.getvalue()
@@ -597,26 +385,6 @@ def _load_chunk(task: tuple[list[str], int | None, int]) -> list[_Result]:
             data = shrunk
         out.append((data, zlib.crc32(data), size, shrunk is not None, None, None))
     return out
-
-
-def _check_int(value: Any, name: str, low: int, high: int | None = None, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = (
-        isinstance(value, (int, np.integer))
-        and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
-    )
-    if not ok:
-        what = (
-            f"an integer in [{low}, {high}]"
-            if high is not None
-            else ("a positive integer" if low == 1 else "a non-negative integer")
-        )
-        raise ValueError(
-            f"{name} should be {what}{' or None' if allow_none else ''}, but got {name}={value!r}"
-        )
 
 
 def write_pack(
@@ -663,13 +431,13 @@ def write_pack(
         raise TypeError(
             f"index should be a FolderIndex (e.g. scan_folder(root)), but got {type(index).__name__}"
         )
-    _check_int(max_side, "max_side", 1, allow_none=True)
-    _check_int(quality, "quality", 1, 100)
-    _check_int(num_workers, "num_workers", 0, allow_none=True)
+    check_optional_int(max_side, "max_side", low=1)
+    check_int(quality, "quality", low=1, high=100)
+    check_optional_int(num_workers, "num_workers", low=0)
     out = os.path.abspath(os.fspath(out_path))
     if os.path.isdir(out):
         raise ValueError(f"out_path should be a file name, but {out!r} is a directory")
-    plan = _HeadPlan(
+    plan = HeadPlan(
         index,
         {
             "classes": list(index.classes),
@@ -698,22 +466,21 @@ def write_pack(
         if executor is not None:
             executor.shutdown(wait=False)
         raise OSError(e.errno, f"cannot create the pack file {out!r}: {e.strerror}") from None
-    bar = _progress_bar(n, f"pack {os.path.basename(out)}", "img", progress)
+    bar = progress_bar(n, f"pack {os.path.basename(out)}", "img", progress)
     try:
         with os.fdopen(fd, "wb") as f:
             f.seek(plan.data_offset)  # room for the header and index, written last
             pos = 0
             i = 0
-            for results in _bounded_map(executor, _load_chunk, tasks, max_in_flight=4 * max(1, workers)):
+            for results in bounded_map(executor, _load_chunk, tasks, max_in_flight=4 * max(1, workers)):
                 for data, crc, src, was_reencoded, err, msg in results:
                     if err == "read":
                         raise OSError(f"cannot read sample {i} ({paths[i]!r}): {msg}")
                     if err == "decode":
-                        from .decode import DecodeError
-
                         raise DecodeError(
-                            f"cannot decode sample {i} ({paths[i]!r}) to re-encode it for max_side={max_side}: {msg}. "
-                            "Remove or replace the file, or pack without max_side to store its bytes unchanged."
+                            f"cannot decode sample {i} ({paths[i]!r}) to re-encode it "
+                            f"for max_side={max_side}: {msg}. Remove or replace the file, "
+                            "or pack without max_side to store its bytes unchanged."
                         )
                     assert data is not None
                     f.write(data)
@@ -762,7 +529,9 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "pack",
         help="pack an image folder into one memory-mappable file",
-        description="Packs the images of ROOT/<class>/... into one file for fastload.InMemoryImageFolder.from_pack.",
+        description=(
+            "Packs the images of ROOT/<class>/... into one file for fastload.InMemoryImageFolder.from_pack."
+        ),
     )
     p.add_argument("root", help="the split's folder, e.g. imagenet/train")
     p.add_argument("out", help="the pack file to write, e.g. train.fastpack")
@@ -770,14 +539,19 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--classes",
         default=None,
         metavar="JSON",
-        help="class list (JSON from ClassIndex.save, or a JSON list of names); default: the subfolders of ROOT",
+        help=(
+            "class list (JSON from ClassIndex.save, or a JSON list of names); default: the subfolders of ROOT"
+        ),
     )
     p.add_argument(
         "--max-side",
         type=int,
         default=None,
         metavar="N",
-        help="re-encode images whose longer side exceeds N pixels (RGB JPEG at --quality); default: store the files unchanged",
+        help=(
+            "re-encode images whose longer side exceeds N pixels (RGB JPEG at --quality); "
+            "default: store the files unchanged"
+        ),
     )
     p.add_argument(
         "--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default: 90)"

@@ -81,7 +81,7 @@ def test_missing_class_in_val_keeps_labels_unlike_torchvision(tmp_path: Path) ->
     classes = ClassIndex.from_folder(train)
     with pytest.warns(UserWarning, match=r"1 of 3 classes have no samples.*'b'"):
         index = scan_folder(val, classes)
-    c_label = {Path(p).parent.name: int(t) for p, t in zip(index.paths, index.targets)}["c"]
+    c_label = {Path(p).parent.name: int(t) for p, t in zip(index.paths, index.targets, strict=True)}["c"]
     assert c_label == 2 == classes.index("c")
     ds = ImageFolder(val, classes=classes)
     assert ds.class_to_idx == {"a": 0, "b": 1, "c": 2}
@@ -125,6 +125,46 @@ def test_hidden_non_image_nested_and_empty(tmp_path: Path) -> None:
     tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
     assert [p for p, _ in tv.samples if "/." not in p] == list(index.paths)
     assert scan_folder(root, extensions=(".png",)).relpath(0) == "b/sub/deep.PNG"
+
+
+def test_no_image_file_is_an_error_like_torchvision(tmp_path: Path) -> None:
+    empty_root = tmp_path / "empty_root"
+    empty_root.mkdir()
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes of .*empty_root"):
+        ImageFolder(empty_root)
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
+        torchvision.datasets.ImageFolder(str(empty_root))
+    root = tmp_path / "split"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "notes.txt").write_text("x")
+    (root / "a" / ".hidden.jpg").write_bytes(b"junk")
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"Found no valid file for the classes a, b in .*split'\. Supported extensions are: \.jpg, ",
+    ):
+        scan_folder(root)
+    # torchvision's wording (it counts the hidden a/.hidden.jpg as a valid file, fastload skips it).
+    with pytest.raises(
+        FileNotFoundError, match=r"Found no valid file for the classes b\. Supported extensions"
+    ):
+        torchvision.datasets.ImageFolder(str(root))
+    with pytest.raises(FileNotFoundError, match=r"classes a, b in .*Supported extensions are: \.png$"):
+        ImageFolder(root, extensions=".png")
+    # A class list shared with train: the classes looked for are named.
+    with pytest.raises(FileNotFoundError, match="classes a, b in"):
+        ImageFolder(root, classes=ClassIndex(["a", "b", "c"]))
+    # Opting in (torchvision's allow_empty) gives an empty dataset.
+    assert len(ImageFolder(root, allow_empty=True)) == 0
+    assert len(scan_folder(root, allow_empty=True)) == 0
+    assert len(scan_folder(empty_root, allow_empty=True)) == 0
+    # A ready empty index is not a scan: accepted as given.
+    assert len(ImageFolder(None, index=FolderIndex(str(root), [], [], ClassIndex(["a"])))) == 0
+    # One file is enough: the empty classes of a split only warn (their labels stay reserved).
+    Image.new("RGB", (8, 8)).save(root / "b" / "one.png")
+    with pytest.warns(UserWarning, match="1 of 2 classes have no samples"):
+        ds = ImageFolder(root)
+    assert len(ds) == 1 and list(ds.targets) == [1]
 
 
 def test_loose_files_at_root_warn(tmp_path: Path) -> None:
@@ -303,7 +343,7 @@ def test_scan_broadcast_from_rank_zero(imagenet_root: Path, tmp_path: Path) -> N
         for r in range(2)
     ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     index = scan_folder(imagenet_root / "train")
     expected = f"{len(index)} {index.paths[0]} {int(index.targets[-1])}"

@@ -371,7 +371,7 @@ def test_auto_workers_divided_among_local_ranks(monkeypatch: pytest.MonkeyPatch)
 
 def test_empty_dataset_yields_nothing(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
-    ds = ImageFolder(tmp_path, transform=_val_tf())
+    ds = ImageFolder(tmp_path, transform=_val_tf(), allow_empty=True)
     assert len(ds) == 0
     assert list(DataLoader(ds, batch_size=4, num_workers=2)) == []
 

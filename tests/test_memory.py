@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import fastload.memory as memory
 from fastload.decode import DecodeError
-from fastload.folder import ClassIndex, ImageFolder, scan_folder
+from fastload.folder import ClassIndex, FolderIndex, ImageFolder, scan_folder
 from fastload.memory import InMemoryImageFolder
 from fastload.pack import PackError, write_pack
 from fastload.synthetic import make_imagenet_like
@@ -519,7 +519,10 @@ def test_from_pack_argument_errors(rand_pack, tmp_path):
 
 def test_empty_dataset(tmp_path):
     (tmp_path / "a").mkdir()
-    with InMemoryImageFolder(tmp_path) as ds:
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes a in"):
+        InMemoryImageFolder(tmp_path)  # a scan that finds nothing is an error, as in torchvision
+    empty = FolderIndex(str(tmp_path), [], [], ClassIndex(["a"]))
+    with InMemoryImageFolder(empty) as ds:
         assert len(ds) == 0 and ds.classes == ["a"] and ds.nbytes == 0
         assert len(pickle.loads(pickle.dumps(ds))) == 0
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastload._packformat import HeadPlan
 from fastload.decode import DecodeError
 from fastload.folder import ClassIndex, FolderIndex, scan_folder
 from fastload.pack import (
@@ -20,7 +21,6 @@ from fastload.pack import (
     MAGIC,
     PackError,
     PackFile,
-    _HeadPlan,
     add_pack_parser,
     open_pack,
     write_pack,
@@ -260,7 +260,7 @@ def test_open_is_proportional_to_the_index_not_the_data(tmp_path):
     # A pack whose data section is a 64 GB hole: opening it must not touch the data (it would take
     # minutes and read 64 GB of zeros); the two samples are views of the hole.
     index = FolderIndex("/nowhere", ["a/x.JPEG", "a/y.JPEG"], [0, 0], ClassIndex(["a"]))
-    plan = _HeadPlan(index, {"classes": ["a"], "root": "/nowhere", "max_side": None, "quality": None})
+    plan = HeadPlan(index, {"classes": ["a"], "root": "/nowhere", "max_side": None, "quality": None})
     gb = 1 << 30
     offsets = np.array([0, 32 * gb, 64 * gb], dtype=np.int64)
     head = plan.render(offsets, np.zeros(2, dtype=np.uint32))
