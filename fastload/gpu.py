@@ -95,6 +95,7 @@ import torch
 import torch.nn.functional as nnf
 
 from . import rng
+from ._checks import check_probability, check_size
 from .batch import IndexedBatch
 from .device import device_is_cuda
 
@@ -110,6 +111,7 @@ __all__ = [
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
+    "apply_transform",
     "host_pool",
 ]
 
@@ -120,23 +122,6 @@ Indices = Union[Sequence[int], np.ndarray, torch.Tensor, None]
 # --------------------------------------------------------------------------------------------
 # Argument helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_size(size: Any, name: str = "size") -> tuple[int, int]:
-    """``int`` or ``(h, w)`` / ``(s,)`` sequence -> ``(h, w)`` positive ints."""
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        h = w = int(size)
-    elif (
-        isinstance(size, Sequence)
-        and len(size) in (1, 2)
-        and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size)
-    ):
-        h, w = (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
-    else:
-        raise TypeError(f"{name} should be an int or a sequence of one or two ints, but got {name}={size!r}")
-    if h <= 0 or w <= 0:
-        raise ValueError(f"{name} should be positive, but got {name}={size!r}")
-    return h, w
 
 
 def _check_range(
@@ -152,12 +137,6 @@ def _check_range(
             f"{name} should be (min, max) with {low} <= min <= max <= {high}, but got {name}={value!r}"
         )
     return a, b
-
-
-def _check_probability(p: Any) -> float:
-    if not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
-    return float(p)
 
 
 def _check_interpolation(interpolation: Any) -> None:
@@ -611,8 +590,16 @@ class BatchTransform:
         return f"{type(self).__name__}({self._extra_repr()})"
 
 
-def _call(transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int) -> Any:
-    """Calls a fastload transform with the per-sample keys, any other callable with the images only."""
+def apply_transform(
+    transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int
+) -> Any:
+    """Calls a fastload transform with the per-sample keys, any other callable with the images only.
+
+    This is how :class:`Compose` and :class:`fastload.prefetch.CUDAPrefetcher` apply a transform:
+    ``apply_transform(gpu.RandomHorizontalFlip(), x, [4, 9], epoch=1, seed=0)`` flips image ``k``
+    as drawn for sample ``indices[k]``; ``apply_transform(torchvision_transform, x, ...)`` is
+    ``torchvision_transform(x)``.
+    """
     if isinstance(transform, BatchTransform):
         return transform(images, indices=indices, epoch=epoch, seed=seed)
     return transform(images)
@@ -668,7 +655,7 @@ class Compose(BatchTransform):
                 continue
             if plan is not None:
                 images, plan = plan.execute(), None
-            images = _call(t, images, indices, epoch, seed)
+            images = apply_transform(t, images, indices, epoch, seed)
         return plan.execute() if plan is not None else images
 
     def __repr__(self) -> str:
@@ -710,7 +697,7 @@ class RandomResizedCrop(_Geometric):
         interpolation: Any = "bilinear",
         antialias: bool = True,
     ) -> None:
-        self.size = _check_size(size)
+        self.size = check_size(size)
         self.scale = _check_range(scale, "scale", 0.0)
         self.ratio = _check_range(ratio, "ratio", 0.0)
         if self.ratio[0] <= 0:
@@ -798,7 +785,7 @@ class Resize(_Geometric):
         antialias: bool = True,
     ) -> None:
         self.short = isinstance(size, numbers.Integral) or (isinstance(size, Sequence) and len(size) == 1)
-        self.size = _check_size(size)
+        self.size = check_size(size)
         if max_size is not None:
             if not self.short:
                 raise ValueError(f"max_size should only be given when size is an int, but got size={size!r}")
@@ -852,7 +839,7 @@ class CenterCrop(_Geometric):
     """
 
     def __init__(self, size: int | Sequence[int]) -> None:
-        self.size = _check_size(size)
+        self.size = check_size(size)
 
     def _extra_repr(self) -> str:
         return f"size={self.size}"
@@ -887,7 +874,7 @@ class RandomHorizontalFlip(_Geometric):
     stream = 0x47500002
 
     def __init__(self, p: float = 0.5) -> None:
-        self.p = _check_probability(p)
+        self.p = check_probability(p)
 
     def _extra_repr(self) -> str:
         return f"p={self.p}"
@@ -1044,7 +1031,7 @@ class RandomErasing(BatchTransform):
         ratio: Sequence[float] = (0.3, 3.3),
         value: float | Sequence[float] = 0,
     ) -> None:
-        self.p = _check_probability(p)
+        self.p = check_probability(p)
         self.scale = _check_range(scale, "scale", 0.0, 1.0)
         self.ratio = _check_range(ratio, "ratio", 0.0)
         if self.ratio[0] <= 0:

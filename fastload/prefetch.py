@@ -62,7 +62,7 @@ import torch
 
 from .batch import IndexedBatch
 from .device import StreamBackend, default_device, device_is_cuda, stream_backend
-from .gpu import _call
+from .gpu import apply_transform
 from .stats import LoaderStats
 
 __all__ = [
@@ -358,7 +358,7 @@ class CUDAPrefetcher:
 
     def _finish_images(self, images: Any, indices: Any, seed: int, epoch: int) -> Any:
         if self.transforms is not None:
-            images = _call(self.transforms, images, indices, epoch, seed)
+            images = apply_transform(self.transforms, images, indices, epoch, seed)
         if not isinstance(images, torch.Tensor):
             return images
         if self.dtype is not None and images.dtype != self.dtype:
