@@ -60,6 +60,7 @@ import torch
 from PIL import Image
 
 from . import rng as _rng
+from ._checks import check_int, check_probability
 from .decode import (
     JPEG_FORMATS,
     DecodeError,
@@ -74,6 +75,8 @@ from .decode import (
 )
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "CenterCrop",
     "Compose",
     "Plan",
@@ -82,6 +85,12 @@ __all__ = [
     "Resize",
     "Transform",
 ]
+
+#: The per-channel mean and standard deviation of ImageNet on the 0..1 scale, the values every
+#: ImageNet recipe normalizes with (``torchvision.transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)``,
+#: ``fastload.gpu.Normalize``, ``fastload.dali.DALILoader``'s defaults).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -95,19 +104,13 @@ _TORCH_JPEG_MODES: tuple[str, ...] = ("RGB", "L")
 # argument checks
 
 
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
-    return int(value)
-
-
 def _parse_hw(size: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or a sequence of one or two positive ints -> ``(h, w)``."""
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        s = _check_positive_int(size, name)
+        s = check_int(size, name, low=1)
         return s, s
     if isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
-        values = [_check_positive_int(v, name) for v in size]
+        values = [check_int(v, name, low=1) for v in size]
         return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
     raise TypeError(f"{name} should be an int or a sequence of 1 or 2 ints (h, w), but got {name}={size!r}")
 
@@ -144,7 +147,7 @@ def _check_antialias(value: Any) -> bool:
 
 
 def _tv_interpolation(mode: str) -> Any:
-    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import InterpolationMode  # torchvision on first use: a cheap import
 
     return InterpolationMode(mode)
 
@@ -270,7 +273,7 @@ def _run_ops(
     result stays HWC in memory (about twice as fast as resizing the strided view, and the final
     copy into an HWC buffer is then a plain copy).
     """
-    from torchvision.transforms.v2 import functional as F
+    from torchvision.transforms.v2 import functional as F  # on first use: keeps the import cheap
 
     ops = list(ops)
     if skip_trailing_flip:
@@ -692,7 +695,7 @@ class Resize(Transform):
         else:
             self.size = _parse_hw(size)[0]
         if max_size is not None:
-            max_size = _check_positive_int(max_size, "max_size")
+            max_size = check_int(max_size, "max_size", low=1)
             if isinstance(self.size, tuple):
                 raise ValueError(
                     f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}"
@@ -755,9 +758,7 @@ class RandomHorizontalFlip(Transform):
     """
 
     def __init__(self, p: float = 0.5) -> None:
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
-        self.p: float = float(p)
+        self.p: float = check_probability(p)
 
     def get_params(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> bool:
         """Whether to flip (one uniform draw ``< p``); ``rng`` defaults to :func:`fastload.rng.current`."""
