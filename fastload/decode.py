@@ -55,10 +55,10 @@ __all__ = [
     "torchvision_jpeg_available",
 ]
 
-try:  # the optional C extension (see setup.py)
+try:  # the optional C extension (see setup.py): guarded, since a build may lack it
     from . import _jpeg
 except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
-    _jpeg = None  # type: ignore[assignment]
+    _jpeg = None
 
 #: Whether :func:`jpeg_header` / :func:`decode_jpeg_region` use the C extension. ``FASTLOAD_ROI_DECODE=0``
 #: in the environment turns it off (e.g. to compare with the torchvision.io path in one benchmark).
