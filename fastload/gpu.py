@@ -95,7 +95,7 @@ import torch
 import torch.nn.functional as nnf
 
 from . import rng
-from ._checks import check_probability, check_size
+from ._checks import check_int, check_probability, check_size
 from .batch import IndexedBatch
 from .device import device_is_cuda
 
@@ -1224,8 +1224,7 @@ class Normalize(BatchTransform):
             raise ValueError(f"std should be non-zero, but got std={std!r}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype should be a floating torch.dtype, but got dtype={dtype!r}")
-        if not isinstance(buffers, numbers.Integral) or buffers < 0:
-            raise ValueError(f"buffers should be a non-negative integer, but got buffers={buffers!r}")
+        buffers = check_int(buffers, "buffers", low=0)
         self.dtype = dtype
         self.channels_last = bool(channels_last)
         self.buffers = int(buffers)

@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from ._checks import check_int
 from .batch import IndexedBatch
 from .device import StreamBackend, default_device, device_is_cuda, stream_backend
 from .gpu import apply_transform
@@ -303,8 +304,7 @@ class CUDAPrefetcher:
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch on the loader (or its sampler) and for the transforms' random streams."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch should be a non-negative integer, but got epoch={epoch!r}")
+        epoch = check_int(epoch, "epoch", low=0)
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(epoch)
         elif hasattr(getattr(self.loader, "sampler", None), "set_epoch"):
