@@ -17,7 +17,7 @@ __all__ = ["IndexedBatch"]
 _MISSING = object()
 
 
-class IndexedBatch(tuple):  # type: ignore[type-arg]
+class IndexedBatch(tuple):
     """An ``(images, labels)`` batch that also carries the dataset index of each sample.
 
     It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,

@@ -159,7 +159,6 @@ def stream_backend(device: torch.device | str | None) -> StreamBackend:
     return _CudaStreams() if device_is_cuda(device) else _NoStreams()
 
 
-
 def register_pinned(t: torch.Tensor) -> bool:  # pragma: no cover - needs CUDA
     """Page-locks ``t``'s memory in place (``cudaHostRegister``) so H2D copies from it are async.
 

@@ -526,6 +526,7 @@ def gather_by_index(
         buffer[: idx.size] = values_t.to(device=device, dtype=wire_dtype)
     received = [torch.empty_like(buffer) for _ in range(world)] if receives else None
     if dst is None:
+        assert received is not None  # receives is True when dst is None (every rank receives)
         dist.all_gather(received, buffer, group=group)
     else:
         dist.gather(buffer, gather_list=received, dst=dst, group=group)

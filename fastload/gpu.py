@@ -708,7 +708,9 @@ class RandomResizedCrop(_Geometric):
     def _extra_repr(self) -> str:
         return f"size={self.size}, scale={self.scale}, ratio={self.ratio}, antialias={self.antialias}"
 
-    def _params(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _params(
+        self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = len(heights)
         height = heights.astype(np.float64)[:, None]
         width = widths.astype(np.float64)[:, None]

@@ -104,8 +104,9 @@ def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return type(batch)(_map_tensors(x, fn) for x in batch)
     if isinstance(batch, Mapping):
         moved = {k: _map_tensors(v, fn) for k, v in batch.items()}
+        mapping_type: Any = type(batch)  # a dict subclass, OrderedDict, ...: rebuilt from a dict
         try:
-            return type(batch)(moved)
+            return mapping_type(moved)
         except TypeError:
             return moved
     return batch
@@ -155,7 +156,8 @@ def _replace_images(batch: Any, images: Any) -> Any:
     if isinstance(batch, IndexedBatch):
         return IndexedBatch(images, batch[1], batch.indices)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return batch._replace(**{batch._fields[0]: images})
+        named: Any = batch  # a namedtuple (the hasattr check above)
+        return named._replace(**{named._fields[0]: images})
     if isinstance(batch, tuple):
         return type(batch)((images, *batch[1:]))
     if isinstance(batch, list):
@@ -400,7 +402,7 @@ class _PrefetchIterator:
         self._error: BaseException | None = None
         self._snapshots = hasattr(owner.loader, "state_dict")
         owner.stats.start()
-        self._it = iter(owner.loader)
+        self._it: Iterator[Any] | None = iter(owner.loader)
         self._fetch(owner._backend.current_stream(owner.device))
 
     def __iter__(self) -> _PrefetchIterator:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,14 +221,14 @@ def make_imagenet_like(
     if progress is None:
         progress = len(specs) > 500 and _is_terminal()
     tasks = [(str(out), s) for s in specs]
-    bar: Callable[[Iterator[int]], Iterator[int]]
+    bar: Callable[[Iterator[int]], Iterable[int]]
     if progress:
 
-        def bar(it: Iterator[int]) -> Iterator[int]:
+        def bar(it: Iterator[int]) -> Iterable[int]:
             return tqdm(it, total=len(tasks), desc=f"synth {out}", unit="img")
     else:
 
-        def bar(it: Iterator[int]) -> Iterator[int]:
+        def bar(it: Iterator[int]) -> Iterable[int]:
             return it
 
     if num_workers <= 1 or len(tasks) < 16:
