@@ -104,7 +104,7 @@ def _gil_blocked(fn: Callable[[int], object], n: int) -> tuple[int, int]:
             continue
         long += 1
         inside = [t0] + stamps[bisect.bisect_left(stamps, t0) : bisect.bisect_right(stamps, t1)] + [t1]
-        blocked += max(b - a for a, b in zip(inside, inside[1:])) >= 0.8 * (t1 - t0)
+        blocked += max(b - a for a, b in zip(inside, inside[1:], strict=False)) >= 0.8 * (t1 - t0)
     return blocked, long
 
 
@@ -117,12 +117,12 @@ def _patched(module: Any, **attrs: Any) -> Iterator[None]:
         (fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs
     ]
     saved = [getattr(m, k) for m, k in targets]
-    for (m, k), v in zip(targets, attrs.values()):
+    for (m, k), v in zip(targets, attrs.values(), strict=False):
         setattr(m, k, v)
     try:
         yield
     finally:
-        for (m, k), v in zip(targets, saved):
+        for (m, k), v in zip(targets, saved, strict=False):
             setattr(m, k, v)
 
 
@@ -257,18 +257,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Interleaved: every pass of every case once per round, so a machine whose load changes
     # during the run affects all cases alike; the median over rounds is reported.
     times: list[list[tuple[float, float]]] = [[] for _ in cases]
-    for label, fn, threads, patch in cases:
+    for _label, fn, _threads, patch in cases:
         with _patched(fT, **patch):
             for i in range(min(n, 20)):  # warm up (lazy imports, allocator)
                 fn(i)
     for r in range(args.repeats):
-        for k, (label, fn, threads, patch) in enumerate(cases):
+        for k, (_label, fn, threads, patch) in enumerate(cases):
             with _patched(fT, **patch):
                 times[k].append(_one_pass(fn, n, threads))
         print(f"round {r + 1}/{args.repeats} done", file=sys.stderr)
     rows: list[tuple[str, float, float]] = []
     thread_rows: list[tuple[str, int, float, float]] = []
-    for (label, fn, threads, patch), ts in zip(cases, times):
+    for (label, _fn, threads, _patch), ts in zip(cases, times, strict=False):
         wall = n / statistics.median(w for w, c in ts)
         if threads == 0:
             rows.append((label, wall, n / statistics.median(c for w, c in ts)))

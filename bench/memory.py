@@ -87,7 +87,7 @@ def _tree(cache: Path, megabytes: float) -> Path:
     sizes = [p.stat().st_size for p in files]
     total, copy = 0, 0
     while total < megabytes * 1e6:
-        for p, size in zip(files, sizes):
+        for p, size in zip(files, sizes, strict=False):
             dst = out / p.parent.name / f"{p.stem}_r{copy}{p.suffix}"
             dst.parent.mkdir(parents=True, exist_ok=True)
             if not dst.exists():

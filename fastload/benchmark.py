@@ -503,7 +503,7 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
         raise ImportError("--plot needs matplotlib: pip install 'fastload[bench]'") from None
     pipelines = sorted({r["pipeline"] for r in records})
     fig, axes = plt.subplots(1, len(pipelines), figsize=(5 * len(pipelines), 4), squeeze=False)
-    for ax, pipeline in zip(axes[0], pipelines):
+    for ax, pipeline in zip(axes[0], pipelines, strict=False):
         for name in dict.fromkeys(r["backend"] for r in records):
             pts = sorted(
                 (r["num_workers"], r["images_per_s"])
@@ -512,7 +512,10 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
             )
             if pts:
                 ax.plot(
-                    *zip(*pts), marker="o", label=name, linestyle="--" if name == "decode-ceiling" else "-"
+                    *zip(*pts, strict=False),
+                    marker="o",
+                    label=name,
+                    linestyle="--" if name == "decode-ceiling" else "-",
                 )
         ax.set_title(f"{pipeline} pipeline")
         ax.set_xlabel("num_workers")

@@ -403,6 +403,6 @@ def decode_batch(
         except _DECODE_ERRORS:
             # Find the culprit one by one, so the error names it.
             decoded = [decode_jpeg_tensor(raws[k], label(k)).to(device) for k in jpeg_slots]
-        for k, image in zip(jpeg_slots, decoded):
+        for k, image in zip(jpeg_slots, decoded, strict=False):
             out[k] = image
     return [t for t in out if t is not None]

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ __all__ = [
     "reduce_sum",
 ]
 
-Number = Union[int, float]
+Number = int | float
 
 # Sums travel as float64, which holds every integer up to 2**53 exactly.
 _EXACT_INT_LIMIT = 2**53
@@ -353,7 +353,7 @@ class Accumulator:
         if len(self.names) == 1:
             totals = (totals,)
         out: dict[str, Number] = {}
-        for name, value in zip(self.names, totals):
+        for name, value in zip(self.names, totals, strict=False):
             out[name] = value.item() if isinstance(value, torch.Tensor) else value
         return out
 
@@ -391,7 +391,7 @@ def _assemble(
     device,
 ) -> torch.Tensor:
     out = torch.empty((size, *trailing), dtype=dtype, device=device)
-    for values, idx in zip(parts, part_indices):
+    for values, idx in zip(parts, part_indices, strict=False):
         if idx.size:
             out[torch.from_numpy(idx).to(device)] = values[: idx.size].to(device)
     return out

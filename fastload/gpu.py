@@ -88,7 +88,7 @@ import numbers
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,8 +115,8 @@ __all__ = [
     "host_pool",
 ]
 
-Images = Union[torch.Tensor, Sequence[torch.Tensor]]
-Indices = Union[Sequence[int], np.ndarray, torch.Tensor, None]
+Images = torch.Tensor | Sequence[torch.Tensor]
+Indices = Sequence[int] | np.ndarray | torch.Tensor | None
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +383,7 @@ class _Plan:
         images = self.images
         heights, widths = self.sizes()
         if not ((heights == heights[0]).all() and (widths == widths[0]).all()):
-            pairs = sorted({(int(h), int(w)) for h, w in zip(heights, widths)})
+            pairs = sorted({(int(h), int(w)) for h, w in zip(heights, widths, strict=False)})
             raise ValueError(
                 f"a batch needs one output size, but these transforms give per-image sizes {pairs[:4]}"
                 f"{' ...' if len(pairs) > 4 else ''}; resize to a fixed (h, w), or follow Resize(int) "
@@ -948,7 +948,9 @@ class ColorJitter(BatchTransform):
         n = _batch_size(images)
         u = _uniforms(n, indices, epoch, seed, self.stream, 6)
         params: dict[str, Any] = {"order": np.argsort(u[:, 0:3], axis=1, kind="stable")}
-        for k, (name, rng_) in enumerate(zip(self._NAMES, (self.brightness, self.contrast, self.saturation))):
+        for k, (name, rng_) in enumerate(
+            zip(self._NAMES, (self.brightness, self.contrast, self.saturation), strict=False)
+        ):
             params[name] = None if rng_ is None else rng_[0] + (rng_[1] - rng_[0]) * u[:, 3 + k]
         return params
 
@@ -1290,7 +1292,7 @@ class Normalize(BatchTransform):
         # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here).
         # Same elementwise arithmetic, so the same bits.
         chunks = (
-            zip(work, images)
+            zip(work, images, strict=False)
             if work.device.type == "cpu" and work.ndim == 4 and work.shape[0] > 1
             else [(work, images)]
         )

@@ -420,7 +420,7 @@ class _PrefetchIterator:
             self._pending = owner._prepare(raw, consumer, self._side, self._seed, self._epoch)
         except StopIteration:
             self._it = None
-        except Exception as error:  # re-raised where the batch would have been handed out
+        except Exception as error:  # noqa: BLE001 - re-raised where the batch would have been handed out
             self._error = error
             self._it = None
 

@@ -311,7 +311,7 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
     size = (plan.width, plan.height)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
     if plan.resample is None or (
-        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1)))
+        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
         and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
     ):
         if int_box != (0, 0, img.width, img.height):

@@ -310,13 +310,12 @@ def test_mid_epoch_resume_gives_the_rest_of_the_epoch(dali: Any, train_index: Fo
 
 @pytest.mark.dali
 def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: FolderIndex) -> None:
-    from fastload.device import auto_num_workers
-    from fastload.device import default_device
+    from fastload.device import auto_num_workers, default_device
 
     loader = DALILoader(val_index, 2, train=False, size=32)  # device and num_threads picked for this machine
     assert loader.device == default_device() and loader.num_threads == auto_num_workers()
     expected = collect(loader)
-    for images, _ in loader:
+    for _images, _ in loader:
         break  # leaves batches in flight in DALI's queue
     again = collect(loader)  # a full, fresh pass: nothing stale from the abandoned one
     assert all(torch.equal(a, b) for a, b in zip(again[0], expected[0], strict=True))

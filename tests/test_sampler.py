@@ -60,7 +60,7 @@ def test_default_is_a_prefix_of_torch_per_rank(shuffle: bool) -> None:
         for world in WORLDS:
             ours = shards(n, world, shuffle=shuffle)
             theirs = torch_shards(n, world, shuffle=shuffle)
-            for mine, torchs in zip(ours, theirs):
+            for mine, torchs in zip(ours, theirs, strict=False):
                 assert torchs[: len(mine)] == mine
                 assert len(torchs) - len(mine) in (0, 1)
 
