@@ -3,9 +3,9 @@
 Usage: ``python bench/decode.py [--data ROOT] [--images 300] [--repeats 5] [--json PATH]``
 
 Every rate is images/s in one process on one core (``torch.set_num_threads(1)``), files already in
-memory (no I/O), the median of ``--repeats`` passes over the same images (passes of all rows interleaved, so load
-changes hit every row alike), as wall-clock and as CPU time of the process (the latter is steadier
-on a shared machine). Rows:
+memory (no I/O), the median of ``--repeats`` passes over the same images (passes of all rows
+interleaved, so load changes hit every row alike), as wall-clock and as CPU time of the process
+(the latter is steadier on a shared machine). Rows:
 
 * full decode: PIL (``decode_pil``) and ``torchvision.io.decode_image`` — the decoder floor;
 * train: torchvision's per-sample pipeline (PIL decode, ``RandomResizedCrop(224)``,
@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = len(datas)
     s = args.size
     print(
-        f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {__import__('PIL').__version__}, 1 thread",
+        f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow "
+        f"{__import__('PIL').__version__}, 1 thread",
         file=sys.stderr,
     )
 
@@ -329,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mean_abs_diff_dct_scaled": statistics.fmean(reduced) if reduced else None,
         }
         print(
-            f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst image {max(diffs):.3f}); "
+            f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst "
+            f"image {max(diffs):.3f}); "
             f"{len(reduced)}/{n} DCT-scaled, their mean {accuracy[label]['mean_abs_diff_dct_scaled']}",
             file=sys.stderr,
         )
@@ -345,12 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, blocked, long in gil_rows:
         print(f"| {label} | {blocked}/{long} |")
     print(
-        "\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs diff |\n|---|---:|---:|---:|---:|"
+        "\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs "
+        "diff |\n|---|---:|---:|---:|---:|"
     )
     for label, a in accuracy.items():
         dd = a["mean_abs_diff_dct_scaled"]
         print(
-            f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | {a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |"
+            f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | "
+            f"{a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |"
         )
     if args.json is not None:
         rates = {label: {"wall": wall, "cpu": cpu} for label, wall, cpu in rows}

@@ -304,7 +304,8 @@ def _child(
     mode: str, variant: str, tree: Path, pack: Path, args: argparse.Namespace, start_method: str = "spawn"
 ) -> dict[str, Any]:
     cmd = [
-        sys.executable, os.path.abspath(__file__), f"--_{mode}", variant, "--tree", str(tree), "--pack", str(pack),
+        sys.executable, os.path.abspath(__file__), f"--_{mode}", variant,
+        "--tree", str(tree), "--pack", str(pack),
         "--workers", str(args.workers), "--start-method", start_method,
     ] + (["--decode"] if args.decode else [])  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -405,17 +406,20 @@ def main() -> None:
                 ("", "") if v == "empty" else (f"{r['ratio']:.2f}", f"{r['ratio_without_libs']:.2f}")
             )
             print(
-                f"{method:<12} {_NAMES[v]:<27} {_mb(r['data_bytes']):>9} {_mb(r['total_pss']):>10} {_mb(r['peak_pss']):>10} {ratio:>6}"
+                f"{method:<12} {_NAMES[v]:<27} {_mb(r['data_bytes']):>9} {_mb(r['total_pss']):>10} "
+                f"{_mb(r['peak_pss']):>10} {ratio:>6}"
                 f"  {_mb(r['total_pss_without_libs']):>10} {ratio2:>6}  {target}"
             )
             results["memory"].append(r)
         procs = rows["empty"]["processes"]
         main_pss = next(v for k, v in procs.items() if k.endswith(" main"))
         print(
-            f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes {_mb(sum(procs.values()) - main_pss)})"
+            f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes "
+            f"{_mb(sum(procs.values()) - main_pss)})"
         )
     print(
-        "ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose PSS share"
+        "ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose "
+        "PSS share"
     )
     print("depends on the other processes of the machine that map the same libraries (torch's are ~1 GB).")
 
@@ -434,7 +438,8 @@ def main() -> None:
             print(f"{_NAMES[v]:<22} {data:>9} {pickled:>10} {transfer:>16} {r['first_batch_s']:>10.2f} s")
             results["startup"].append(r)
         print(
-            f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per worker)"
+            f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per "
+            "worker)"
         )
     print(f"\n(total {time.perf_counter() - t_start:.0f} s)")
     if args.json:

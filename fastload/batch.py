@@ -33,7 +33,8 @@ class IndexedBatch(tuple):
 
     Example:
         >>> import torch
-        >>> b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), torch.tensor([7, 3]))
+        >>> images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+        >>> b = IndexedBatch(images, torch.tensor([0, 1]), torch.tensor([7, 3]))
         >>> images, labels = b
         >>> b.indices.tolist(), len(b)
         ([7, 3], 2)

@@ -471,7 +471,10 @@ def _record(
     }
 
 
-HEADER = f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} {'vs tv':>6} {'stall':>6} {'CPU %':>6} {'RSS MB':>7}"
+HEADER = (
+    f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} "
+    f"{'vs tv':>6} {'stall':>6} {'CPU %':>6} {'RSS MB':>7}"
+)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -615,7 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "decode-ceiling",
     ]
     print(
-        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x {config.repeat} repeats (median), workers {workers}"
+        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x "
+        f"{config.repeat} repeats (median), workers {workers}"
     )
     print(HEADER)
     print("-" * len(HEADER))

@@ -460,7 +460,8 @@ class DALILoader:
     ) -> None:
         if not isinstance(index, FolderIndex):
             raise TypeError(
-                f"index should be a fastload.FolderIndex (from scan_folder or scan_list), but got {type(index).__name__}"
+                "index should be a fastload.FolderIndex (from scan_folder or scan_list), but got "
+                f"{type(index).__name__}"
             )
         self.index = index
         self.batch_size = check_int(batch_size, "batch_size", low=1, type_error=True)
@@ -525,9 +526,11 @@ class DALILoader:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(samples={len(self.index)}, batch_size={self.batch_size}, train={self.train}, "
+            f"{type(self).__name__}(samples={len(self.index)}, batch_size={self.batch_size}, "
+            f"train={self.train}, "
             f"size={self.size}, device={str(self.device)!r}, num_threads={self.num_threads}, "
-            f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, epoch={self._epoch})"
+            f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
+            f"epoch={self._epoch})"
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -581,13 +584,15 @@ class DALILoader:
             raise ValueError("state should come from fastload.dali.DALILoader.state_dict()")
         if state.get("version") != 1:
             raise ValueError(
-                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version 1)"
+                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version "
+                "1)"
             )
         saved = (state.get("num_samples"), state.get("batch_size"), state.get("num_replicas"))
         if saved != (len(self.index), self.batch_size, self.num_replicas):
             raise ValueError(
                 f"the state was saved for {saved[0]} samples in batches of {saved[1]} on {saved[2]} ranks, "
-                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on {self.num_replicas} ranks"
+                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on "
+                f"{self.num_replicas} ranks"
             )
         self._seed = check_int(state["seed"], "seed", type_error=True)
         self.sampler.seed = self._seed

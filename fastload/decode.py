@@ -91,7 +91,8 @@ class DecodeError(RuntimeError):
 def decode_error(name: str, error: BaseException | str) -> DecodeError:
     """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do)."""
     return DecodeError(
-        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in fastload.DataLoader)."
+        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in "
+        "fastload.DataLoader)."
     )
 
 
@@ -262,7 +263,8 @@ def decode_jpeg_region(
     """
     if min(left, top, width, height) < 0:
         raise ValueError(
-            f"the region should have non-negative coordinates, but got left={left}, top={top}, width={width}, height={height}"
+            f"the region should have non-negative coordinates, but got left={left}, top={top}, "
+            f"width={width}, height={height}"
         )
     if _jpeg is None or not USE_ROI_DECODE:
         return None

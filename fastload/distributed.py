@@ -222,7 +222,8 @@ def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
             kinds.append(("number", torch.Size(), torch.device("cpu")))
         else:
             raise TypeError(
-                f"reduce_sum values should be numbers or tensors, but got values[{i}] of type {type(v).__name__}"
+                f"reduce_sum values should be numbers or tensors, but got values[{i}] of type "
+                f"{type(v).__name__}"
             )
         floats.append(is_float)
 
@@ -316,7 +317,8 @@ class Accumulator:
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
                     raise ValueError(
-                        f"Accumulator values should be scalars, but got {name} with shape {tuple(value.shape)}"
+                        f"Accumulator values should be scalars, but got {name} with shape "
+                        f"{tuple(value.shape)}"
                     )
                 if value.is_complex():
                     raise TypeError(
@@ -325,7 +327,8 @@ class Accumulator:
                 value = value.detach().reshape(())
             elif not isinstance(value, (int, float)):
                 raise TypeError(
-                    f"Accumulator values should be numbers or tensors, but got {name} of type {type(value).__name__}"
+                    f"Accumulator values should be numbers or tensors, but got {name} of type "
+                    f"{type(value).__name__}"
                 )
             current = self._sums[name]
             if isinstance(value, torch.Tensor) or isinstance(current, torch.Tensor):
@@ -454,7 +457,8 @@ def gather_by_index(
             idx_arr = idx_arr.astype(np.int64)
         if idx_arr.ndim != 1 or idx_arr.dtype.kind not in "iu":
             raise ValueError(
-                f"indices should be a 1-D sequence of integers, but got shape {idx_arr.shape} and dtype {idx_arr.dtype}"
+                f"indices should be a 1-D sequence of integers, but got shape {idx_arr.shape} and dtype "
+                f"{idx_arr.dtype}"
             )
         idx = idx_arr.astype(np.int64)
         if values_t.dim() == 0 or values_t.shape[0] != idx.size:

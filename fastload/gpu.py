@@ -158,7 +158,8 @@ def _batch_size(images: Images) -> int:
     if isinstance(images, (list, tuple)):
         return len(images)
     raise TypeError(
-        f"images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got {type(images).__name__}"
+        "images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got "
+        f"{type(images).__name__}"
     )
 
 
@@ -188,7 +189,10 @@ def _require_tensor(images: Images, who: str) -> torch.Tensor:
 
 
 def _uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draws: int) -> np.ndarray:
-    """``(n, draws)`` uniforms in [0, 1): per-sample streams if ``indices`` is given, else torch's global RNG."""
+    """``(n, draws)`` uniforms in [0, 1).
+
+    Per-sample streams if ``indices`` is given, else torch's global RNG.
+    """
     if indices is None:
         return torch.rand((n, draws), dtype=torch.float64).numpy()
     if isinstance(indices, torch.Tensor):
@@ -631,7 +635,8 @@ class Compose(BatchTransform):
 
     Example:
         >>> import torch
-        >>> images = [torch.zeros(3, 300, 400, dtype=torch.uint8), torch.zeros(3, 500, 260, dtype=torch.uint8)]
+        >>> images = [torch.zeros(3, 300, 400, dtype=torch.uint8),
+        ...           torch.zeros(3, 500, 260, dtype=torch.uint8)]
         >>> Compose([Resize(256), CenterCrop(224)])(images).shape   # different aspect ratios: fused
         torch.Size([2, 3, 224, 224])
     """
@@ -1051,7 +1056,8 @@ class RandomErasing(BatchTransform):
             self.value = [float(v) for v in value]
         else:
             raise TypeError(
-                f"value should be a number or a sequence of numbers (one per channel), but got value={value!r}"
+                "value should be a number or a sequence of numbers (one per channel), but got "
+                f"value={value!r}"
             )
 
     def _extra_repr(self) -> str:
@@ -1142,7 +1148,7 @@ class HostBufferPool:
         self._lock = threading.RLock()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
-        """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), from the pool when possible."""
+        """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), pooled when possible."""
         shape = tuple(int(v) for v in shape)
         if dtype not in self._NUMPY:
             fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -136,7 +136,8 @@ def _parse_interpolation(value: Any) -> str:
     if isinstance(mode, str) and mode.lower() in _INTERPOLATIONS:
         return mode.lower()
     raise ValueError(
-        f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got interpolation={value!r}"
+        f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got "
+        f"interpolation={value!r}"
     )
 
 
@@ -326,7 +327,8 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
 
 
 def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, Image.Image | None]:
-    """``(height, width, image)``: the header read by the region decoder (``image`` ``None``), or PIL's lazy open."""
+    """``(height, width, image)``: the header read by the region decoder (``image`` ``None``), or
+    PIL's lazy open."""
     header = jpeg_header(data)
     if header is not None:
         return header[1], header[0], None
@@ -486,8 +488,10 @@ class Transform:
         plan = self.plan(height, width)
         if out.shape != (plan.height, plan.width, 3):
             raise ValueError(
-                f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), but got "
-                f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is {self.output_size})"
+                f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), "
+                "but got "
+                f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is "
+                f"{self.output_size})"
             )
         self._decode_planned(data, img, plan, out, name)
 
@@ -563,7 +567,8 @@ class Compose(Transform):
             if not isinstance(t, Transform):
                 raise TypeError(
                     f"transforms[{i}] should be a fastload transform, but got {type(t).__name__}; wrap other "
-                    "callables in a torchvision Compose around this one, or apply them to the batch (fastload.gpu)"
+                    "callables in a torchvision Compose around this one, or apply them to the batch "
+                    "(fastload.gpu)"
                 )
         self.transforms = list(transforms)
 
@@ -588,9 +593,10 @@ class RandomResizedCrop(Transform):
     to 10 attempts of ``area * U(scale)`` with aspect ratio ``exp(U(log ratio))``, the first that
     fits is placed uniformly; after 10 misses, the whole image with its aspect ratio clamped to
     ``ratio``, centred (at least 1 pixel: where torchvision's fallback rounds a side to 0 and
-    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image (w x h) whose 10 attempts all miss (likely for
-    such an elongated image), the fallback keeps the full height and clamps the width to
-    ``int(round(20 * 4/3)) = 27``: ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
+    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image
+    (w x h) whose 10 attempts all miss (likely for such an elongated image), the fallback keeps the
+    full height and clamps the width to ``int(round(20 * 4/3)) = 27``:
+    ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
 
     Args:
         size: Output ``(h, w)``, or an int for a square.
@@ -660,7 +666,8 @@ class RandomResizedCrop(Transform):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
-            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, antialias={self.antialias})"
+            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
+            f"antialias={self.antialias})"
         )
 
 
@@ -698,7 +705,8 @@ class Resize(Transform):
             max_size = check_int(max_size, "max_size", low=1)
             if isinstance(self.size, tuple):
                 raise ValueError(
-                    f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}"
+                    "max_size should only be passed if size is an int (the shorter side) or None, but got "
+                    f"size={size!r}"
                 )
             if isinstance(self.size, int) and max_size <= self.size:
                 raise ValueError(
@@ -716,7 +724,10 @@ class Resize(Transform):
         return self.size if isinstance(self.size, tuple) else None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, max_size={self.max_size}, antialias={self.antialias})"
+        return (
+            f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
+            f"max_size={self.max_size}, antialias={self.antialias})"
+        )
 
 
 class CenterCrop(Transform):
