@@ -45,6 +45,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torchvision
+import torchvision.transforms as T1
+import torchvision.transforms.v2 as T2
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as F
+
+import fastload.decode
+import fastload.transforms as fT
+from fastload import rng
+from fastload.decode import dct_scale, decode_pil, open_image
+from fastload.synthetic import make_imagenet_like
 
 
 def _files(root: Path, n: int) -> list[Path]:
@@ -111,8 +122,6 @@ def _gil_blocked(fn: Callable[[int], object], n: int) -> tuple[int, int]:
 @contextmanager
 def _patched(module: Any, **attrs: Any) -> Iterator[None]:
     """Sets ``module.name = value`` for the pass; a name ``"decode.X"`` patches ``fastload.decode.X``."""
-    import fastload.decode
-
     targets = [
         (fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs
     ]
@@ -139,22 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
-    import torchvision
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-    from torchvision.io import ImageReadMode, decode_image
-    from torchvision.transforms.v2 import functional as F
-
-    import fastload.transforms as fT
-    from fastload import rng
-    from fastload.decode import dct_scale, decode_pil, open_image
-
     torch.set_num_threads(1)
     tmp = None
     root = args.data
     if root is None:
-        from fastload.synthetic import make_imagenet_like
-
         tmp = tempfile.TemporaryDirectory(prefix="fastload-bench-decode-")
         root = make_imagenet_like(
             tmp.name, classes=10, per_class=max(1, args.images // 10), val_per_class=0, seed=0

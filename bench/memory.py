@@ -39,7 +39,10 @@ cache folder, replicated by hard links under new names up to the requested size 
 no disk space and takes a second to make; the dataset still holds one copy per file name). The pack
 of the memory runs is a real file (``--data-mb`` of disk in the cache folder).
 
-Every measurement runs in a fresh interpreter, so no run inherits another's memory. The default run
+Every measurement runs in a fresh interpreter, so no run inherits another's memory. For the same
+reason the imports of fastload, torch and psutil stay inside the functions that need them: a
+measured interpreter loads only what its variant uses (the list-of-bytes run never imports
+``fastload.memory``), so the PSS it reports is that variant's own. The default run
 takes about 3 minutes on 2 idle cores (most of it spawned workers importing torch); ``--start-methods
 fork --startup-gb 0`` takes under a minute.
 """
