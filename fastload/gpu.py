@@ -404,7 +404,7 @@ class _Plan:
 
     def _execute_uniform(self, images: torch.Tensor) -> torch.Tensor | None:
         """Same geometry for every image and no padding: slices plus torchvision's batched resize."""
-        from torchvision.transforms.v2 import functional as tvf
+        from torchvision.transforms.v2 import functional as tvf  # on first use: keeps the import cheap
 
         for axis in (self.y, self.x):
             if axis.resampled:

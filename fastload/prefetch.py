@@ -373,7 +373,7 @@ class CUDAPrefetcher:
                     )
                 images = images.to(self.dtype)
             else:
-                from torchvision.transforms.v2 import functional as tvf
+                from torchvision.transforms.v2 import functional as tvf  # on first use
 
                 images = tvf.to_dtype(images, self.dtype, scale=True)
         if self.channels_last and images.ndim == 4:
