@@ -3,9 +3,9 @@
 Usage: ``python bench/decode.py [--data ROOT] [--images 300] [--repeats 5] [--json PATH]``
 
 Every rate is images/s in one process on one core (``torch.set_num_threads(1)``), files already in
-memory (no I/O), the median of ``--repeats`` passes over the same images (passes of all rows interleaved, so load
-changes hit every row alike), as wall-clock and as CPU time of the process (the latter is steadier
-on a shared machine). Rows:
+memory (no I/O), the median of ``--repeats`` passes over the same images (passes of all rows
+interleaved, so load changes hit every row alike), as wall-clock and as CPU time of the process
+(the latter is steadier on a shared machine). Rows:
 
 * full decode: PIL (``decode_pil``) and ``torchvision.io.decode_image`` — the decoder floor;
 * train: torchvision's per-sample pipeline (PIL decode, ``RandomResizedCrop(224)``,
@@ -45,6 +45,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torchvision
+import torchvision.transforms as T1
+import torchvision.transforms.v2 as T2
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as F
+
+import fastload.decode
+import fastload.transforms as fT
+from fastload import rng
+from fastload.decode import dct_scale, decode_pil, open_image
+from fastload.synthetic import make_imagenet_like
 
 
 def _files(root: Path, n: int) -> list[Path]:
@@ -104,25 +115,23 @@ def _gil_blocked(fn: Callable[[int], object], n: int) -> tuple[int, int]:
             continue
         long += 1
         inside = [t0] + stamps[bisect.bisect_left(stamps, t0) : bisect.bisect_right(stamps, t1)] + [t1]
-        blocked += max(b - a for a, b in zip(inside, inside[1:])) >= 0.8 * (t1 - t0)
+        blocked += max(b - a for a, b in zip(inside, inside[1:], strict=False)) >= 0.8 * (t1 - t0)
     return blocked, long
 
 
 @contextmanager
 def _patched(module: Any, **attrs: Any) -> Iterator[None]:
     """Sets ``module.name = value`` for the pass; a name ``"decode.X"`` patches ``fastload.decode.X``."""
-    import fastload.decode
-
     targets = [
         (fastload.decode, k[len("decode.") :]) if k.startswith("decode.") else (module, k) for k in attrs
     ]
     saved = [getattr(m, k) for m, k in targets]
-    for (m, k), v in zip(targets, attrs.values()):
+    for (m, k), v in zip(targets, attrs.values(), strict=False):
         setattr(m, k, v)
     try:
         yield
     finally:
-        for (m, k), v in zip(targets, saved):
+        for (m, k), v in zip(targets, saved, strict=False):
             setattr(m, k, v)
 
 
@@ -139,22 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
-    import torchvision
-    import torchvision.transforms as T1
-    import torchvision.transforms.v2 as T2
-    from torchvision.io import ImageReadMode, decode_image
-    from torchvision.transforms.v2 import functional as F
-
-    import fastload.transforms as fT
-    from fastload import rng
-    from fastload.decode import dct_scale, decode_pil, open_image
-
     torch.set_num_threads(1)
     tmp = None
     root = args.data
     if root is None:
-        from fastload.synthetic import make_imagenet_like
-
         tmp = tempfile.TemporaryDirectory(prefix="fastload-bench-decode-")
         root = make_imagenet_like(
             tmp.name, classes=10, per_class=max(1, args.images // 10), val_per_class=0, seed=0
@@ -165,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = len(datas)
     s = args.size
     print(
-        f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow {__import__('PIL').__version__}, 1 thread",
+        f"{n} images from {root}; torch {torch.__version__}, torchvision {torchvision.__version__}, Pillow "
+        f"{__import__('PIL').__version__}, 1 thread",
         file=sys.stderr,
     )
 
@@ -257,18 +255,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Interleaved: every pass of every case once per round, so a machine whose load changes
     # during the run affects all cases alike; the median over rounds is reported.
     times: list[list[tuple[float, float]]] = [[] for _ in cases]
-    for label, fn, threads, patch in cases:
+    for _label, fn, _threads, patch in cases:
         with _patched(fT, **patch):
             for i in range(min(n, 20)):  # warm up (lazy imports, allocator)
                 fn(i)
     for r in range(args.repeats):
-        for k, (label, fn, threads, patch) in enumerate(cases):
+        for k, (_label, fn, threads, patch) in enumerate(cases):
             with _patched(fT, **patch):
                 times[k].append(_one_pass(fn, n, threads))
         print(f"round {r + 1}/{args.repeats} done", file=sys.stderr)
     rows: list[tuple[str, float, float]] = []
     thread_rows: list[tuple[str, int, float, float]] = []
-    for (label, fn, threads, patch), ts in zip(cases, times):
+    for (label, _fn, threads, _patch), ts in zip(cases, times, strict=False):
         wall = n / statistics.median(w for w, c in ts)
         if threads == 0:
             rows.append((label, wall, n / statistics.median(c for w, c in ts)))
@@ -329,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mean_abs_diff_dct_scaled": statistics.fmean(reduced) if reduced else None,
         }
         print(
-            f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst image {max(diffs):.3f}); "
+            f"{label}: mean abs diff vs torchvision {accuracy[label]['mean_abs_diff']:.3f} levels (worst "
+            f"image {max(diffs):.3f}); "
             f"{len(reduced)}/{n} DCT-scaled, their mean {accuracy[label]['mean_abs_diff_dct_scaled']}",
             file=sys.stderr,
         )
@@ -345,12 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, blocked, long in gil_rows:
         print(f"| {label} | {blocked}/{long} |")
     print(
-        "\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs diff |\n|---|---:|---:|---:|---:|"
+        "\n| pipeline | mean abs diff (uint8 levels) | worst image | DCT-scaled images | their mean abs "
+        "diff |\n|---|---:|---:|---:|---:|"
     )
     for label, a in accuracy.items():
         dd = a["mean_abs_diff_dct_scaled"]
         print(
-            f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | {a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |"
+            f"| {label} | {a['mean_abs_diff']:.3f} | {a['max_image_mean_abs_diff']:.3f} | "
+            f"{a['dct_scaled_images']}/{n} | {'-' if dd is None else f'{dd:.3f}'} |"
         )
     if args.json is not None:
         rates = {label: {"wall": wall, "cpu": cpu} for label, wall, cpu in rows}

@@ -76,7 +76,8 @@ def _table(records: list[dict[str, Any]]) -> str:
         low, high = r["min_per_rank"], r["max_per_rank"]
         per_rank = f"{low}" if low == high else f"{low}-{high}"
         lines.append(
-            f"{r['world_size']:>5}  {r['sampler']:<8}  {per_rank:>11}  {r['yielded']:>7}  {r['duplicates']:>5}  "
+            f"{r['world_size']:>5}  {r['sampler']:<8}  {per_rank:>11}  {r['yielded']:>7}  "
+            f"{r['duplicates']:>5}  "
             f"{r['missing']:>7}  {100 * r['max_error_bound']:>13.4f}%"
         )
     return "\n".join(lines)
@@ -106,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Evaluating N={args.n} samples on W ranks; every rank's sampler run and its indices counted.")
     print(_table(records))
     print(
-        "\ncounted = samples evaluated over all ranks; dupl. = extra evaluations of samples already counted;\n"
+        "\ncounted = samples evaluated over all ranks; dupl. = extra evaluations of samples already "
+        "counted;\n"
         "max acc. error = dupl. / (N + dupl.): how far the accuracy summed over ranks can be from the\n"
         "single-process accuracy at worst (0 means it is exactly the single-process accuracy)."
     )

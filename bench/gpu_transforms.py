@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     kind = results["device_kind"]
     print(
-        f"{kind} numbers ({device}, {torch.get_num_threads()} torch threads): batch {n}x3x{h}x{w} -> {args.size}, "
+        f"{kind} numbers ({device}, {torch.get_num_threads()} torch threads): batch {n}x3x{h}x{w} -> "
+        f"{args.size}, "
         f"median of {args.repeat}"
     )
     print(f"{'pipeline':36s} {'median s':>10s} {'images/s':>10s}")

@@ -52,7 +52,8 @@ def main() -> None:
         "pickle_roundtrip_s": pick,
     }
     print(
-        f"{args.samples} entries: save {save:.3f} s, load {load:.3f} s ({size / 2**20:.0f} MiB), pickle round trip {pick:.3f} s ({len(blob) / 2**20:.0f} MiB)"
+        f"{args.samples} entries: save {save:.3f} s, load {load:.3f} s ({size / 2**20:.0f} MiB), pickle "
+        f"round trip {pick:.3f} s ({len(blob) / 2**20:.0f} MiB)"
     )
     if args.json:
         with open(args.json, "w") as f:

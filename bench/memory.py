@@ -39,7 +39,10 @@ cache folder, replicated by hard links under new names up to the requested size 
 no disk space and takes a second to make; the dataset still holds one copy per file name). The pack
 of the memory runs is a real file (``--data-mb`` of disk in the cache folder).
 
-Every measurement runs in a fresh interpreter, so no run inherits another's memory. The default run
+Every measurement runs in a fresh interpreter, so no run inherits another's memory. For the same
+reason the imports of fastload, torch and psutil stay inside the functions that need them: a
+measured interpreter loads only what its variant uses (the list-of-bytes run never imports
+``fastload.memory``), so the PSS it reports is that variant's own. The default run
 takes about 3 minutes on 2 idle cores (most of it spawned workers importing torch); ``--start-methods
 fork --startup-gb 0`` takes under a minute.
 """
@@ -87,7 +90,7 @@ def _tree(cache: Path, megabytes: float) -> Path:
     sizes = [p.stat().st_size for p in files]
     total, copy = 0, 0
     while total < megabytes * 1e6:
-        for p, size in zip(files, sizes):
+        for p, size in zip(files, sizes, strict=False):
             dst = out / p.parent.name / f"{p.stem}_r{copy}{p.suffix}"
             dst.parent.mkdir(parents=True, exist_ok=True)
             if not dst.exists():
@@ -304,7 +307,8 @@ def _child(
     mode: str, variant: str, tree: Path, pack: Path, args: argparse.Namespace, start_method: str = "spawn"
 ) -> dict[str, Any]:
     cmd = [
-        sys.executable, os.path.abspath(__file__), f"--_{mode}", variant, "--tree", str(tree), "--pack", str(pack),
+        sys.executable, os.path.abspath(__file__), f"--_{mode}", variant,
+        "--tree", str(tree), "--pack", str(pack),
         "--workers", str(args.workers), "--start-method", start_method,
     ] + (["--decode"] if args.decode else [])  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -405,17 +409,20 @@ def main() -> None:
                 ("", "") if v == "empty" else (f"{r['ratio']:.2f}", f"{r['ratio_without_libs']:.2f}")
             )
             print(
-                f"{method:<12} {_NAMES[v]:<27} {_mb(r['data_bytes']):>9} {_mb(r['total_pss']):>10} {_mb(r['peak_pss']):>10} {ratio:>6}"
+                f"{method:<12} {_NAMES[v]:<27} {_mb(r['data_bytes']):>9} {_mb(r['total_pss']):>10} "
+                f"{_mb(r['peak_pss']):>10} {ratio:>6}"
                 f"  {_mb(r['total_pss_without_libs']):>10} {ratio2:>6}  {target}"
             )
             results["memory"].append(r)
         procs = rows["empty"]["processes"]
         main_pss = next(v for k, v in procs.items() if k.endswith(" main"))
         print(
-            f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes {_mb(sum(procs.values()) - main_pss)})"
+            f"{'':<12} (empty run: main {_mb(main_pss)}, {len(procs) - 1} other processes "
+            f"{_mb(sum(procs.values()) - main_pss)})"
         )
     print(
-        "ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose PSS share"
+        "ratio = total / (data + the empty run's total); 'w/o libs' leaves out shared-library code, whose "
+        "PSS share"
     )
     print("depends on the other processes of the machine that map the same libraries (torch's are ~1 GB).")
 
@@ -434,7 +441,8 @@ def main() -> None:
             print(f"{_NAMES[v]:<22} {data:>9} {pickled:>10} {transfer:>16} {r['first_batch_s']:>10.2f} s")
             results["startup"].append(r)
         print(
-            f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per worker)"
+            f"{'':<22} (pickle+unpickle: the cost of sending the dataset to one worker; it is paid once per "
+            "worker)"
         )
     print(f"\n(total {time.perf_counter() - t_start:.0f} s)")
     if args.json:

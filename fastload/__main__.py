@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
+from .folder import ClassIndex, scan_folder
+from .pack import add_pack_parser
+from .synthetic import make_imagenet_like
+
 
 def _synth(args: argparse.Namespace) -> int:
-    from .synthetic import make_imagenet_like
-
     root = make_imagenet_like(
         args.root,
         classes=args.classes,
@@ -26,19 +31,16 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
-    import os
-
-    from .folder import ClassIndex, scan_folder
-
     for flag, path in (("--out", args.out), ("--save-classes", args.save_classes)):
         if path and os.path.isdir(path):
             raise ValueError(f"{flag} should be a file path, but {path!r} is a directory")
 
     classes = ClassIndex.load(args.classes) if args.classes else None
     index = scan_folder(args.root, classes=classes, strict=not args.no_strict)
-    counts = [int(c) for c in __import__("numpy").bincount(index.targets, minlength=len(index.classes))]
+    counts = [int(c) for c in np.bincount(index.targets, minlength=len(index.classes))]
+    low, high = min(counts, default=0), max(counts, default=0)
     print(
-        f"{args.root}: {len(index)} images in {len(index.classes)} classes (per class: min {min(counts, default=0)}, max {max(counts, default=0)})"
+        f"{args.root}: {len(index)} images in {len(index.classes)} classes (per class: min {low}, max {high})"
     )
     if args.save_classes:
         index.classes.save(args.save_classes)
@@ -77,12 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_scan)
 
-    try:
-        from .pack import add_pack_parser
-    except ImportError:  # pragma: no cover - pack module not present
-        pass
-    else:
-        add_pack_parser(sub)
+    add_pack_parser(sub)
 
     p = sub.add_parser(
         "bench", help="throughput benchmark (same options as bench/throughput.py)", add_help=False
@@ -94,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
+        # Imported only for `bench`: it loads torchvision and every backend it measures, which
+        # `python -m fastload --help` and the other commands do not need.
         from .benchmark import main as bench_main
 
         return bench_main(argv[1:])

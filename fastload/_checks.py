@@ -83,9 +83,12 @@ def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
 
 
 def check_probability(value: Any, name: str = "p") -> float:
-    """A number in ``[0, 1]`` as a float."""
+    """A number in ``[0, 1]`` as a float.
+
+    Example: ``p should be a probability between 0 and 1, but got p=2``.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{name} should be a probability in [0, 1], but got {name}={value!r}")
+        raise ValueError(f"{name} should be a probability between 0 and 1, but got {name}={value!r}")
     return float(value)
 
 

@@ -14,12 +14,21 @@ Backends (those whose dependencies are missing are skipped with a note):
   and ``torch.utils.data.DataLoader``, batches moved to the device;
 * ``decode-ceiling``: not a pipeline, the physical limit: the single-process full-size decode rate
   of the same files (PIL) times the number of worker processes;
+* ``fastload``, ``fastload-threads``, ``memory``, ``device-decode``: ``fastload.DataLoader`` over
+  files (process or thread workers), over ``InMemoryImageFolder``, and with decoding on the device;
+* ``dali``: :class:`fastload.dali.DALILoader` (:func:`dali_backend`); it reports itself
+  unavailable, with the install command, where NVIDIA DALI cannot be imported;
 * further backends register themselves with :func:`register_backend`.
+
+Dependencies: this module imports the modules it measures; DALI itself is imported only when the
+``dali`` backend builds its loader (``fastload.dali`` never imports it at import time), matplotlib
+only for ``--plot``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -32,12 +41,21 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
+import torchvision
+from PIL import Image
 
-__all__ = ["BenchConfig", "Backend", "register_backend", "run", "main"]
+from . import gpu
+from . import transforms as T
+from .dali import DALILoader, dali_unavailable_reason
+from .device import cuda_available, device_is_cuda
+from .folder import ClassIndex, ImageFolder, scan_folder
+from .loader import DataLoader
+from .memory import InMemoryImageFolder
+from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+__all__ = ["BenchConfig", "Backend", "dali_backend", "pipeline_split", "register_backend", "run", "main"]
 
 
 @dataclass
@@ -81,14 +99,17 @@ def register_backend(backend: Backend) -> None:
 # --------------------------------------------------------------------------- torchvision baseline
 
 
-def _torchvision_transform(pipeline: str) -> Any:
-    from torchvision import transforms as T
+def pipeline_split(pipeline: str) -> str:
+    """The folder a pipeline reads: ``train`` -> ``train``, ``val`` -> ``val``."""
+    return "train" if pipeline == "train" else "val"
 
+
+def _torchvision_transform(pipeline: str) -> Any:
+    tv = torchvision.transforms
+    normalize = tv.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     if pipeline == "train":
-        return T.Compose(
-            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
-        )
-    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+        return tv.Compose([tv.RandomResizedCrop(224), tv.RandomHorizontalFlip(), tv.ToTensor(), normalize])
+    return tv.Compose([tv.Resize(256), tv.CenterCrop(224), tv.ToTensor(), normalize])
 
 
 class _ToDevice:
@@ -99,7 +120,7 @@ class _ToDevice:
         self.device = torch.device(device)
 
     def __iter__(self) -> Iterator[Any]:
-        non_blocking = self.device.type == "cuda"
+        non_blocking = device_is_cuda(self.device)
         for images, labels in self.loader:
             yield (
                 images.to(self.device, non_blocking=non_blocking),
@@ -108,9 +129,7 @@ class _ToDevice:
 
 
 def _build_torchvision(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
-    from torchvision.datasets import ImageFolder
-
-    dataset = ImageFolder(
+    dataset = torchvision.datasets.ImageFolder(
         str(config.data / pipeline_split(pipeline)), transform=_torchvision_transform(pipeline)
     )
     loader = torch.utils.data.DataLoader(
@@ -118,7 +137,7 @@ def _build_torchvision(config: BenchConfig, pipeline: str, num_workers: int) -> 
         batch_size=config.batch_size,
         shuffle=pipeline == "train",
         num_workers=num_workers,
-        pin_memory=config.device.startswith("cuda"),
+        pin_memory=device_is_cuda(config.device),
         persistent_workers=num_workers > 0,
         drop_last=pipeline == "train",
     )
@@ -132,8 +151,6 @@ register_backend(Backend("torchvision", _build_torchvision))
 
 
 def _fastload_transform(pipeline: str, config: BenchConfig) -> Any:
-    from . import transforms as T
-
     if pipeline == "train":
         if config.gpu_transforms:  # the flip runs on the device, with the normalization
             return T.RandomResizedCrop(224)
@@ -142,9 +159,7 @@ def _fastload_transform(pipeline: str, config: BenchConfig) -> Any:
 
 
 def _device_transforms(pipeline: str, config: BenchConfig, decode_on_device: bool = False) -> Any:
-    from . import gpu
-
-    normalize = gpu.Normalize(MEAN, STD)
+    normalize = gpu.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     if decode_on_device:
         if pipeline == "train":
             return gpu.Compose([gpu.RandomResizedCrop(224), gpu.RandomHorizontalFlip(), normalize])
@@ -157,8 +172,6 @@ def _device_transforms(pipeline: str, config: BenchConfig, decode_on_device: boo
 def _fastload_loader(
     dataset: Any, config: BenchConfig, pipeline: str, num_workers: int, **kwargs: Any
 ) -> Any:
-    from .loader import DataLoader
-
     kwargs.setdefault("gpu_transforms", _device_transforms(pipeline, config))
     return DataLoader(
         dataset,
@@ -173,8 +186,6 @@ def _fastload_loader(
 
 
 def _build_fastload(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
-    from .folder import ImageFolder
-
     dataset = ImageFolder(
         config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config)
     )
@@ -182,8 +193,6 @@ def _build_fastload(config: BenchConfig, pipeline: str, num_workers: int) -> Ite
 
 
 def _build_fastload_threads(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
-    from .folder import ImageFolder
-
     dataset = ImageFolder(
         config.data / pipeline_split(pipeline), transform=_fastload_transform(pipeline, config)
     )
@@ -194,8 +203,6 @@ _MEMORY_CACHE: dict[tuple[str, str], Any] = {}
 
 
 def _memory_dataset(config: BenchConfig, pipeline: str) -> Any:
-    from .memory import InMemoryImageFolder
-
     key = (str(config.data), pipeline)
     if key not in _MEMORY_CACHE:  # load the bytes once per run, outside the timed part
         _MEMORY_CACHE[key] = InMemoryImageFolder(config.data / pipeline_split(pipeline))
@@ -221,35 +228,42 @@ def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -
     )
 
 
-def _missing_module(name: str) -> Callable[[], str | None]:
-    def check() -> str | None:
-        import importlib.util
-
-        return (
-            None if importlib.util.find_spec(name) is not None else f"{name} is not available in this install"
-        )
-
-    return check
+register_backend(Backend("fastload", _build_fastload))
+register_backend(Backend("fastload-threads", _build_fastload_threads))
+register_backend(Backend("memory", _build_memory))
+register_backend(Backend("device-decode", _build_device_decode))
 
 
-register_backend(Backend("fastload", _build_fastload, _missing_module("fastload.loader")))
-register_backend(Backend("fastload-threads", _build_fastload_threads, _missing_module("fastload.loader")))
-register_backend(Backend("memory", _build_memory, _missing_module("fastload.memory")))
-register_backend(Backend("device-decode", _build_device_decode, _missing_module("fastload.memory")))
+# --------------------------------------------------------------------------- DALI backend
 
 
-def _register_dali() -> None:
-    from .dali import bench_backend  # imports DALI only when the backend is built
+def _build_dali(config: BenchConfig, pipeline: str, num_workers: int) -> DALILoader:
+    classes = ClassIndex.from_folder(config.data / "train")
+    index = scan_folder(config.data / pipeline_split(pipeline), classes)
+    return DALILoader(  # imports DALI (ImportError naming the install command without it)
+        index,
+        config.batch_size,
+        train=pipeline == "train",
+        seed=config.seed,
+        device=config.device,
+        num_threads=max(1, num_workers),
+        num_replicas=1,
+        rank=0,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    )
 
-    register_backend(bench_backend())
+
+def dali_backend() -> Backend:
+    """The ``dali`` backend (``num_workers`` maps to DALI's ``num_threads``, 0 -> 1).
+
+    Registered by default; where DALI cannot be imported, ``unavailable()`` says why and names
+    ``pip install 'fastload[dali]'``, and :func:`run` skips the backend.
+    """
+    return Backend("dali", _build_dali, dali_unavailable_reason)
 
 
-_register_dali()
-
-
-def pipeline_split(pipeline: str) -> str:
-    """The folder a pipeline reads: ``train`` -> ``train``, ``val`` -> ``val``."""
-    return "train" if pipeline == "train" else "val"
+register_backend(dali_backend())
 
 
 # --------------------------------------------------------------------------- measuring
@@ -259,9 +273,6 @@ class _ResourceSampler:
     """Samples the RSS of this process and its children (workers) in a background thread."""
 
     def __init__(self, interval: float = 0.05) -> None:
-        import psutil
-
-        self._psutil = psutil
         self._proc = psutil.Process()
         self.interval = interval
         self.peak_rss = 0
@@ -271,7 +282,7 @@ class _ResourceSampler:
     def _procs(self) -> list[Any]:
         try:
             return [self._proc, *self._proc.children(recursive=True)]
-        except self._psutil.Error:
+        except psutil.Error:
             return [self._proc]
 
     def cpu_seconds(self) -> float:
@@ -280,7 +291,7 @@ class _ResourceSampler:
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
-            except self._psutil.Error:
+            except psutil.Error:
                 pass
         return total
 
@@ -289,7 +300,7 @@ class _ResourceSampler:
         for p in self._procs():
             try:
                 rss += p.memory_info().rss
-            except self._psutil.Error:
+            except psutil.Error:
                 pass
         self.peak_rss = max(self.peak_rss, rss)
 
@@ -325,7 +336,7 @@ def _batch_size_of(batch: Any) -> int:
 
 
 def _sync(device: str) -> None:
-    if device.startswith("cuda") and torch.cuda.is_available():
+    if device_is_cuda(device) and cuda_available():
         torch.cuda.synchronize()
 
 
@@ -365,10 +376,6 @@ def measure(loader: Iterable[Any], config: BenchConfig) -> dict[str, Any]:
 
 def decode_ceiling(config: BenchConfig, pipeline: str, limit: int = 200) -> float:
     """Single-process full-size decode rate (images/s, PIL to RGB) over the split's first files."""
-    import io
-
-    from PIL import Image
-
     root = config.data / pipeline_split(pipeline)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))[:limit]
     if not files:
@@ -464,7 +471,10 @@ def _record(
     }
 
 
-HEADER = f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} {'vs tv':>6} {'stall':>6} {'CPU %':>6} {'RSS MB':>7}"
+HEADER = (
+    f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} "
+    f"{'vs tv':>6} {'stall':>6} {'CPU %':>6} {'RSS MB':>7}"
+)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -487,7 +497,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
 
 def plot(records: Sequence[dict[str, Any]], path: str) -> None:
     """images/s vs num_workers, one line per backend, one panel per pipeline."""
-    try:
+    try:  # optional dependency (the bench extra), only for --plot
         import matplotlib
 
         matplotlib.use("Agg")
@@ -496,7 +506,7 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
         raise ImportError("--plot needs matplotlib: pip install 'fastload[bench]'") from None
     pipelines = sorted({r["pipeline"] for r in records})
     fig, axes = plt.subplots(1, len(pipelines), figsize=(5 * len(pipelines), 4), squeeze=False)
-    for ax, pipeline in zip(axes[0], pipelines):
+    for ax, pipeline in zip(axes[0], pipelines, strict=False):
         for name in dict.fromkeys(r["backend"] for r in records):
             pts = sorted(
                 (r["num_workers"], r["images_per_s"])
@@ -505,7 +515,10 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
             )
             if pts:
                 ax.plot(
-                    *zip(*pts), marker="o", label=name, linestyle="--" if name == "decode-ceiling" else "-"
+                    *zip(*pts, strict=False),
+                    marker="o",
+                    label=name,
+                    linestyle="--" if name == "decode-ceiling" else "-",
                 )
         ax.set_title(f"{pipeline} pipeline")
         ax.set_xlabel("num_workers")
@@ -580,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or ("cuda" if cuda_available() else "cpu")
     config = BenchConfig(
         data=data,
         batch_size=args.batch_size or (32 if q else 64),
@@ -605,7 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "decode-ceiling",
     ]
     print(
-        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x {config.repeat} repeats (median), workers {workers}"
+        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x "
+        f"{config.repeat} repeats (median), workers {workers}"
     )
     print(HEADER)
     print("-" * len(HEADER))

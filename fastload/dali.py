@@ -106,30 +106,36 @@ DALI is optional. ``import fastload`` and ``import fastload.dali`` never import 
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from . import transforms as T
+from ._checks import check_int
+from .decode import DecodeError, open_image
+from .device import auto_num_workers, cuda_available, default_device
+from .distributed import get_rank, get_world_size
 from .folder import FolderIndex
 from .rng import SampleRNG, batch_uniform
+from .sampler import DistributedSampler
 from .stats import LoaderStats
+from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .benchmark import Backend, BenchConfig
-
-__all__ = ["DALILoader", "INSTALL_HINT", "bench_backend", "dali_unavailable_reason", "image_size"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DALILoader",
+    "INSTALL_HINT",
+    "dali_unavailable_reason",
+    "image_size",
+]
 
 #: How to install the optional dependency (named in every error about it).
 INSTALL_HINT = "pip install 'fastload[dali]'"
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _STATE_FORMAT = "fastload.DALILoader"
 _TRAIN_SCALE = (0.08, 1.0)
@@ -143,7 +149,7 @@ _TRAIN_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 def dali_unavailable_reason() -> str | None:
     """Why DALI cannot be used here (a sentence naming the install command), or ``None``."""
     try:
-        import nvidia.dali  # noqa: F401
+        import nvidia.dali  # noqa: F401  # optional dependency: imported only when asked about
     except ImportError as e:
         return f"NVIDIA DALI cannot be imported ({e}); install it with {INSTALL_HINT}"
     return None
@@ -151,7 +157,7 @@ def dali_unavailable_reason() -> str | None:
 
 def _import_dali() -> tuple[Any, Any, Any, Any]:
     """``(fn, types, Pipeline, feed_ndarray)`` from DALI, or ``ImportError`` with the install hint."""
-    try:
+    try:  # optional dependency: imported when a DALILoader is built, never by `import fastload.dali`
         from nvidia.dali import fn, types
         from nvidia.dali.pipeline import Pipeline
         from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -166,23 +172,6 @@ def _import_dali() -> tuple[Any, Any, Any, Any]:
 
 # --------------------------------------------------------------------------------------------
 # argument checks
-
-
-def _int_arg(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
-        raise TypeError(f"{name} should be {kind}, but got {name}={value!r}")
-    value = operator.index(value)
-    if value < minimum:
-        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
-        raise ValueError(f"{name} should be {kind}, but got {name}={value}")
-    return value
-
-
-def _seed_arg(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"seed should be an integer, but got seed={value!r}")
-    return int(value)
 
 
 def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float, float]:
@@ -204,8 +193,6 @@ def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float
 def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
     """The output device and DALI's ``device_id`` (``None``: CPU-only pipeline)."""
     if device is None:
-        from .device import default_device
-
         device = default_device()
     try:
         dev = torch.device(device)
@@ -215,7 +202,7 @@ def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
         return dev, None
     if dev.type != "cuda":
         raise ValueError(f"device should be 'cpu', 'cuda' or 'cuda:N', but got device={device!r}")
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise ValueError(
             f"device={device!r} needs CUDA, but torch.cuda.is_available() is False; pass device='cpu'"
         )
@@ -323,8 +310,6 @@ class _Feed:
     """
 
     def __init__(self, index: FolderIndex, train: bool, size: int, resize: int, seed: int) -> None:
-        from . import transforms as T
-
         self.index = index
         self.train = train
         self.size = size
@@ -360,8 +345,7 @@ class _Feed:
         size = image_size(raw)
         if size is not None:
             return size
-        from .decode import open_image  # other formats, or a header the fast path does not follow
-
+        # other formats, or a header the fast path does not follow: PIL reads it
         width, height = open_image(raw, f"sample {i} ({self.index.paths[i]!r})").size
         return height, width
 
@@ -476,26 +460,24 @@ class DALILoader:
     ) -> None:
         if not isinstance(index, FolderIndex):
             raise TypeError(
-                f"index should be a fastload.FolderIndex (from scan_folder or scan_list), but got {type(index).__name__}"
+                "index should be a fastload.FolderIndex (from scan_folder or scan_list), but got "
+                f"{type(index).__name__}"
             )
         self.index = index
-        self.batch_size = _int_arg(batch_size, "batch_size", 1)
+        self.batch_size = check_int(batch_size, "batch_size", low=1, type_error=True)
         self.train = bool(train)
-        self.size = _int_arg(size, "size", 1)
-        self._seed = _seed_arg(seed)
+        self.size = check_int(size, "size", low=1, type_error=True)
+        self._seed = check_int(seed, "seed", type_error=True)
         self.shuffle = self.train if shuffle is None else bool(shuffle)
         self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.prefetch_queue_depth = _int_arg(prefetch_queue_depth, "prefetch_queue_depth", 1)
+        self.prefetch_queue_depth = check_int(
+            prefetch_queue_depth, "prefetch_queue_depth", low=1, type_error=True
+        )
         self.mean = _channel_values(mean, "mean", positive=False)
         self.std = _channel_values(std, "std", positive=True)
         if num_threads is None:
-            from .device import auto_num_workers
-
             num_threads = auto_num_workers()
-        self.num_threads = _int_arg(num_threads, "num_threads", 1)
-        from .distributed import get_rank, get_world_size
-        from .sampler import DistributedSampler
-
+        self.num_threads = check_int(num_threads, "num_threads", low=1, type_error=True)
         num_replicas = get_world_size() if num_replicas is None else num_replicas
         rank = get_rank() if rank is None else rank
         #: The order and shard of every epoch (``sampler.indices(epoch)``), e.g. for
@@ -544,9 +526,11 @@ class DALILoader:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(samples={len(self.index)}, batch_size={self.batch_size}, train={self.train}, "
+            f"{type(self).__name__}(samples={len(self.index)}, batch_size={self.batch_size}, "
+            f"train={self.train}, "
             f"size={self.size}, device={str(self.device)!r}, num_threads={self.num_threads}, "
-            f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, epoch={self._epoch})"
+            f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
+            f"epoch={self._epoch})"
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -555,7 +539,7 @@ class DALILoader:
         A pass without a ``set_epoch`` call uses the previous pass's epoch + 1 (starting at 0),
         as ``fastload.DataLoader`` does.
         """
-        self._epoch = _int_arg(epoch, "epoch", 0)
+        self._epoch = check_int(epoch, "epoch", low=0, type_error=True)
         self._resume_at = 0
         self._pass_epoch = None
 
@@ -565,7 +549,7 @@ class DALILoader:
         Args:
             epoch: Default: the epoch of the next (or current) pass.
         """
-        epoch = self._epoch if epoch is None else _int_arg(epoch, "epoch", 0)
+        epoch = self._epoch if epoch is None else check_int(epoch, "epoch", low=0, type_error=True)
         order = self.sampler.indices(epoch)
         return order[: len(self) * self.batch_size] if self.drop_last else order
 
@@ -600,18 +584,23 @@ class DALILoader:
             raise ValueError("state should come from fastload.dali.DALILoader.state_dict()")
         if state.get("version") != 1:
             raise ValueError(
-                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version 1)"
+                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version "
+                "1)"
             )
         saved = (state.get("num_samples"), state.get("batch_size"), state.get("num_replicas"))
         if saved != (len(self.index), self.batch_size, self.num_replicas):
             raise ValueError(
                 f"the state was saved for {saved[0]} samples in batches of {saved[1]} on {saved[2]} ranks, "
-                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on {self.num_replicas} ranks"
+                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on "
+                f"{self.num_replicas} ranks"
             )
-        self._seed = _seed_arg(state["seed"])
+        self._seed = check_int(state["seed"], "seed", type_error=True)
         self.sampler.seed = self._seed
         self._feed.seed = self._seed
-        epoch, done = _int_arg(state["epoch"], "epoch", 0), _int_arg(state["batches"], "batches", 0)
+        epoch, done = (
+            check_int(state["epoch"], "epoch", low=0, type_error=True),
+            check_int(state["batches"], "batches", low=0, type_error=True),
+        )
         if done >= len(self):
             epoch, done = epoch + 1, 0
         self.set_epoch(epoch)
@@ -758,8 +747,6 @@ class DALILoader:
         )
 
     def _run_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from .decode import DecodeError
-
         if self._active:  # an earlier pass is unfinished: end it as if it had been closed
             self._generation += 1
             self._end_pass(complete=False)
@@ -812,38 +799,3 @@ class DALILoader:
                 if self._active:
                     self._end_pass(complete)
                 self._finish_epoch(epoch)
-
-
-# --------------------------------------------------------------------------------------------
-# the throughput benchmark's backend
-
-
-def _build_bench(config: BenchConfig, pipeline: str, num_workers: int) -> DALILoader:
-    from .benchmark import MEAN, STD, pipeline_split
-    from .folder import ClassIndex, scan_folder
-
-    classes = ClassIndex.from_folder(config.data / "train")
-    index = scan_folder(config.data / pipeline_split(pipeline), classes)
-    return DALILoader(
-        index,
-        config.batch_size,
-        train=pipeline == "train",
-        seed=config.seed,
-        device=config.device,
-        num_threads=max(1, num_workers),
-        num_replicas=1,
-        rank=0,
-        mean=MEAN,
-        std=STD,
-    )
-
-
-def bench_backend() -> Backend:
-    """The ``dali`` backend of ``bench/throughput.py`` (``num_workers`` maps to ``num_threads``, 0 -> 1).
-
-    Register it with ``fastload.benchmark.register_backend(fastload.dali.bench_backend())``; it
-    reports itself unavailable, with the install command, where DALI cannot be imported.
-    """
-    from .benchmark import Backend
-
-    return Backend("dali", _build_bench, dali_unavailable_reason)

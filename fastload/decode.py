@@ -55,10 +55,10 @@ __all__ = [
     "torchvision_jpeg_available",
 ]
 
-try:  # the optional C extension (see setup.py)
+try:  # the optional C extension (see setup.py): guarded, since a build may lack it
     from . import _jpeg
 except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
-    _jpeg = None  # type: ignore[assignment]
+    _jpeg = None
 
 #: Whether :func:`jpeg_header` / :func:`decode_jpeg_region` use the C extension. ``FASTLOAD_ROI_DECODE=0``
 #: in the environment turns it off (e.g. to compare with the torchvision.io path in one benchmark).
@@ -91,7 +91,8 @@ class DecodeError(RuntimeError):
 def decode_error(name: str, error: BaseException | str) -> DecodeError:
     """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do)."""
     return DecodeError(
-        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in fastload.DataLoader)."
+        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in "
+        "fastload.DataLoader)."
     )
 
 
@@ -262,7 +263,8 @@ def decode_jpeg_region(
     """
     if min(left, top, width, height) < 0:
         raise ValueError(
-            f"the region should have non-negative coordinates, but got left={left}, top={top}, width={width}, height={height}"
+            f"the region should have non-negative coordinates, but got left={left}, top={top}, "
+            f"width={width}, height={height}"
         )
     if _jpeg is None or not USE_ROI_DECODE:
         return None
@@ -277,7 +279,7 @@ def decode_jpeg_region(
 def _torchvision_jpeg() -> Callable[[torch.Tensor], torch.Tensor] | None:
     """``torchvision.io.decode_jpeg`` (RGB mode) if it is there and works, else ``None`` (checked once)."""
     try:
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg  # checked on first use, see below
     except (ImportError, AttributeError):  # removed in a future torchvision (deprecated in 0.29)
         return None
 
@@ -383,8 +385,8 @@ def decode_batch(
     label = (lambda k: names[k]) if names is not None else (lambda k: f"sample {k} of the batch")
     out: list[torch.Tensor | None] = [None] * len(encoded)
     jpeg_slots: list[int] = []
-    for k, data in enumerate(encoded):
-        raw = data.numpy() if isinstance(data, torch.Tensor) else data
+    raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
+    for k, raw in enumerate(raws):
         img = open_image(raw, label(k))
         if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") and torchvision_jpeg_available():
             jpeg_slots.append(k)
@@ -392,7 +394,7 @@ def decode_batch(
             blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
             out[k] = torch.from_numpy(np.array(decode_pil(blob, label(k)))).permute(2, 0, 1).to(device)
     if jpeg_slots:
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg  # on first use: keeps the import cheap
 
         tensors = [_encoded_tensor(encoded[k]) for k in jpeg_slots]
         try:
@@ -402,12 +404,7 @@ def decode_batch(
                 decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB)
         except _DECODE_ERRORS:
             # Find the culprit one by one, so the error names it.
-            decoded = [
-                decode_jpeg_tensor(
-                    encoded[k] if not isinstance(encoded[k], torch.Tensor) else encoded[k].numpy(), label(k)
-                ).to(device)
-                for k in jpeg_slots
-            ]
-        for k, image in zip(jpeg_slots, decoded):
+            decoded = [decode_jpeg_tensor(raws[k], label(k)).to(device) for k in jpeg_slots]
+        for k, image in zip(jpeg_slots, decoded, strict=False):
             out[k] = image
     return [t for t in out if t is not None]

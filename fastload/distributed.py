@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ __all__ = [
     "reduce_sum",
 ]
 
-Number = Union[int, float]
+Number = int | float
 
 # Sums travel as float64, which holds every integer up to 2**53 exactly.
 _EXACT_INT_LIMIT = 2**53
@@ -222,7 +222,8 @@ def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
             kinds.append(("number", torch.Size(), torch.device("cpu")))
         else:
             raise TypeError(
-                f"reduce_sum values should be numbers or tensors, but got values[{i}] of type {type(v).__name__}"
+                f"reduce_sum values should be numbers or tensors, but got values[{i}] of type "
+                f"{type(v).__name__}"
             )
         floats.append(is_float)
 
@@ -316,7 +317,8 @@ class Accumulator:
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
                     raise ValueError(
-                        f"Accumulator values should be scalars, but got {name} with shape {tuple(value.shape)}"
+                        f"Accumulator values should be scalars, but got {name} with shape "
+                        f"{tuple(value.shape)}"
                     )
                 if value.is_complex():
                     raise TypeError(
@@ -325,7 +327,8 @@ class Accumulator:
                 value = value.detach().reshape(())
             elif not isinstance(value, (int, float)):
                 raise TypeError(
-                    f"Accumulator values should be numbers or tensors, but got {name} of type {type(value).__name__}"
+                    f"Accumulator values should be numbers or tensors, but got {name} of type "
+                    f"{type(value).__name__}"
                 )
             current = self._sums[name]
             if isinstance(value, torch.Tensor) or isinstance(current, torch.Tensor):
@@ -353,7 +356,7 @@ class Accumulator:
         if len(self.names) == 1:
             totals = (totals,)
         out: dict[str, Number] = {}
-        for name, value in zip(self.names, totals):
+        for name, value in zip(self.names, totals, strict=False):
             out[name] = value.item() if isinstance(value, torch.Tensor) else value
         return out
 
@@ -391,7 +394,7 @@ def _assemble(
     device,
 ) -> torch.Tensor:
     out = torch.empty((size, *trailing), dtype=dtype, device=device)
-    for values, idx in zip(parts, part_indices):
+    for values, idx in zip(parts, part_indices, strict=False):
         if idx.size:
             out[torch.from_numpy(idx).to(device)] = values[: idx.size].to(device)
     return out
@@ -454,7 +457,8 @@ def gather_by_index(
             idx_arr = idx_arr.astype(np.int64)
         if idx_arr.ndim != 1 or idx_arr.dtype.kind not in "iu":
             raise ValueError(
-                f"indices should be a 1-D sequence of integers, but got shape {idx_arr.shape} and dtype {idx_arr.dtype}"
+                f"indices should be a 1-D sequence of integers, but got shape {idx_arr.shape} and dtype "
+                f"{idx_arr.dtype}"
             )
         idx = idx_arr.astype(np.int64)
         if values_t.dim() == 0 or values_t.shape[0] != idx.size:
@@ -526,6 +530,7 @@ def gather_by_index(
         buffer[: idx.size] = values_t.to(device=device, dtype=wire_dtype)
     received = [torch.empty_like(buffer) for _ in range(world)] if receives else None
     if dst is None:
+        assert received is not None  # receives is True when dst is None (every rank receives)
         dist.all_gather(received, buffer, group=group)
     else:
         dist.gather(buffer, gather_list=received, dst=dst, group=group)

@@ -88,13 +88,14 @@ import numbers
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 
 from . import rng
+from ._checks import check_int, check_probability, check_size
 from .batch import IndexedBatch
 from .device import device_is_cuda
 
@@ -110,33 +111,17 @@ __all__ = [
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
+    "apply_transform",
     "host_pool",
 ]
 
-Images = Union[torch.Tensor, Sequence[torch.Tensor]]
-Indices = Union[Sequence[int], np.ndarray, torch.Tensor, None]
+Images = torch.Tensor | Sequence[torch.Tensor]
+Indices = Sequence[int] | np.ndarray | torch.Tensor | None
 
 
 # --------------------------------------------------------------------------------------------
 # Argument helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_size(size: Any, name: str = "size") -> tuple[int, int]:
-    """``int`` or ``(h, w)`` / ``(s,)`` sequence -> ``(h, w)`` positive ints."""
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        h = w = int(size)
-    elif (
-        isinstance(size, Sequence)
-        and len(size) in (1, 2)
-        and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in size)
-    ):
-        h, w = (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
-    else:
-        raise TypeError(f"{name} should be an int or a sequence of one or two ints, but got {name}={size!r}")
-    if h <= 0 or w <= 0:
-        raise ValueError(f"{name} should be positive, but got {name}={size!r}")
-    return h, w
 
 
 def _check_range(
@@ -152,12 +137,6 @@ def _check_range(
             f"{name} should be (min, max) with {low} <= min <= max <= {high}, but got {name}={value!r}"
         )
     return a, b
-
-
-def _check_probability(p: Any) -> float:
-    if not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
-    return float(p)
 
 
 def _check_interpolation(interpolation: Any) -> None:
@@ -179,7 +158,8 @@ def _batch_size(images: Images) -> int:
     if isinstance(images, (list, tuple)):
         return len(images)
     raise TypeError(
-        f"images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got {type(images).__name__}"
+        "images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got "
+        f"{type(images).__name__}"
     )
 
 
@@ -209,7 +189,10 @@ def _require_tensor(images: Images, who: str) -> torch.Tensor:
 
 
 def _uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draws: int) -> np.ndarray:
-    """``(n, draws)`` uniforms in [0, 1): per-sample streams if ``indices`` is given, else torch's global RNG."""
+    """``(n, draws)`` uniforms in [0, 1).
+
+    Per-sample streams if ``indices`` is given, else torch's global RNG.
+    """
     if indices is None:
         return torch.rand((n, draws), dtype=torch.float64).numpy()
     if isinstance(indices, torch.Tensor):
@@ -404,7 +387,7 @@ class _Plan:
         images = self.images
         heights, widths = self.sizes()
         if not ((heights == heights[0]).all() and (widths == widths[0]).all()):
-            pairs = sorted({(int(h), int(w)) for h, w in zip(heights, widths)})
+            pairs = sorted({(int(h), int(w)) for h, w in zip(heights, widths, strict=False)})
             raise ValueError(
                 f"a batch needs one output size, but these transforms give per-image sizes {pairs[:4]}"
                 f"{' ...' if len(pairs) > 4 else ''}; resize to a fixed (h, w), or follow Resize(int) "
@@ -421,7 +404,7 @@ class _Plan:
 
     def _execute_uniform(self, images: torch.Tensor) -> torch.Tensor | None:
         """Same geometry for every image and no padding: slices plus torchvision's batched resize."""
-        from torchvision.transforms.v2 import functional as tvf
+        from torchvision.transforms.v2 import functional as tvf  # on first use: keeps the import cheap
 
         for axis in (self.y, self.x):
             if axis.resampled:
@@ -611,8 +594,16 @@ class BatchTransform:
         return f"{type(self).__name__}({self._extra_repr()})"
 
 
-def _call(transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int) -> Any:
-    """Calls a fastload transform with the per-sample keys, any other callable with the images only."""
+def apply_transform(
+    transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int
+) -> Any:
+    """Calls a fastload transform with the per-sample keys, any other callable with the images only.
+
+    This is how :class:`Compose` and :class:`fastload.prefetch.CUDAPrefetcher` apply a transform:
+    ``apply_transform(gpu.RandomHorizontalFlip(), x, [4, 9], epoch=1, seed=0)`` flips image ``k``
+    as drawn for sample ``indices[k]``; ``apply_transform(torchvision_transform, x, ...)`` is
+    ``torchvision_transform(x)``.
+    """
     if isinstance(transform, BatchTransform):
         return transform(images, indices=indices, epoch=epoch, seed=seed)
     return transform(images)
@@ -644,7 +635,8 @@ class Compose(BatchTransform):
 
     Example:
         >>> import torch
-        >>> images = [torch.zeros(3, 300, 400, dtype=torch.uint8), torch.zeros(3, 500, 260, dtype=torch.uint8)]
+        >>> images = [torch.zeros(3, 300, 400, dtype=torch.uint8),
+        ...           torch.zeros(3, 500, 260, dtype=torch.uint8)]
         >>> Compose([Resize(256), CenterCrop(224)])(images).shape   # different aspect ratios: fused
         torch.Size([2, 3, 224, 224])
     """
@@ -668,7 +660,7 @@ class Compose(BatchTransform):
                 continue
             if plan is not None:
                 images, plan = plan.execute(), None
-            images = _call(t, images, indices, epoch, seed)
+            images = apply_transform(t, images, indices, epoch, seed)
         return plan.execute() if plan is not None else images
 
     def __repr__(self) -> str:
@@ -710,7 +702,7 @@ class RandomResizedCrop(_Geometric):
         interpolation: Any = "bilinear",
         antialias: bool = True,
     ) -> None:
-        self.size = _check_size(size)
+        self.size = check_size(size)
         self.scale = _check_range(scale, "scale", 0.0)
         self.ratio = _check_range(ratio, "ratio", 0.0)
         if self.ratio[0] <= 0:
@@ -721,7 +713,9 @@ class RandomResizedCrop(_Geometric):
     def _extra_repr(self) -> str:
         return f"size={self.size}, scale={self.scale}, ratio={self.ratio}, antialias={self.antialias}"
 
-    def _params(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _params(
+        self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = len(heights)
         height = heights.astype(np.float64)[:, None]
         width = widths.astype(np.float64)[:, None]
@@ -798,7 +792,7 @@ class Resize(_Geometric):
         antialias: bool = True,
     ) -> None:
         self.short = isinstance(size, numbers.Integral) or (isinstance(size, Sequence) and len(size) == 1)
-        self.size = _check_size(size)
+        self.size = check_size(size)
         if max_size is not None:
             if not self.short:
                 raise ValueError(f"max_size should only be given when size is an int, but got size={size!r}")
@@ -852,7 +846,7 @@ class CenterCrop(_Geometric):
     """
 
     def __init__(self, size: int | Sequence[int]) -> None:
-        self.size = _check_size(size)
+        self.size = check_size(size)
 
     def _extra_repr(self) -> str:
         return f"size={self.size}"
@@ -887,7 +881,7 @@ class RandomHorizontalFlip(_Geometric):
     stream = 0x47500002
 
     def __init__(self, p: float = 0.5) -> None:
-        self.p = _check_probability(p)
+        self.p = check_probability(p)
 
     def _extra_repr(self) -> str:
         return f"p={self.p}"
@@ -959,7 +953,9 @@ class ColorJitter(BatchTransform):
         n = _batch_size(images)
         u = _uniforms(n, indices, epoch, seed, self.stream, 6)
         params: dict[str, Any] = {"order": np.argsort(u[:, 0:3], axis=1, kind="stable")}
-        for k, (name, rng_) in enumerate(zip(self._NAMES, (self.brightness, self.contrast, self.saturation))):
+        for k, (name, rng_) in enumerate(
+            zip(self._NAMES, (self.brightness, self.contrast, self.saturation), strict=False)
+        ):
             params[name] = None if rng_ is None else rng_[0] + (rng_[1] - rng_[0]) * u[:, 3 + k]
         return params
 
@@ -1044,7 +1040,7 @@ class RandomErasing(BatchTransform):
         ratio: Sequence[float] = (0.3, 3.3),
         value: float | Sequence[float] = 0,
     ) -> None:
-        self.p = _check_probability(p)
+        self.p = check_probability(p)
         self.scale = _check_range(scale, "scale", 0.0, 1.0)
         self.ratio = _check_range(ratio, "ratio", 0.0)
         if self.ratio[0] <= 0:
@@ -1060,7 +1056,8 @@ class RandomErasing(BatchTransform):
             self.value = [float(v) for v in value]
         else:
             raise TypeError(
-                f"value should be a number or a sequence of numbers (one per channel), but got value={value!r}"
+                "value should be a number or a sequence of numbers (one per channel), but got "
+                f"value={value!r}"
             )
 
     def _extra_repr(self) -> str:
@@ -1151,7 +1148,7 @@ class HostBufferPool:
         self._lock = threading.RLock()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
-        """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), from the pool when possible."""
+        """An uninitialised CPU tensor of ``shape`` (4-D when ``channels_last``), pooled when possible."""
         shape = tuple(int(v) for v in shape)
         if dtype not in self._NUMPY:
             fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -1237,8 +1234,7 @@ class Normalize(BatchTransform):
             raise ValueError(f"std should be non-zero, but got std={std!r}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype should be a floating torch.dtype, but got dtype={dtype!r}")
-        if not isinstance(buffers, numbers.Integral) or buffers < 0:
-            raise ValueError(f"buffers should be a non-negative integer, but got buffers={buffers!r}")
+        buffers = check_int(buffers, "buffers", low=0)
         self.dtype = dtype
         self.channels_last = bool(channels_last)
         self.buffers = int(buffers)
@@ -1302,7 +1298,7 @@ class Normalize(BatchTransform):
         # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here).
         # Same elementwise arithmetic, so the same bits.
         chunks = (
-            zip(work, images)
+            zip(work, images, strict=False)
             if work.device.type == "cpu" and work.ndim == 4 and work.shape[0] > 1
             else [(work, images)]
         )

@@ -60,9 +60,10 @@ from typing import Any
 
 import torch
 
+from ._checks import check_int
 from .batch import IndexedBatch
 from .device import StreamBackend, default_device, device_is_cuda, stream_backend
-from .gpu import _call
+from .gpu import apply_transform
 from .stats import LoaderStats
 
 __all__ = [
@@ -103,8 +104,9 @@ def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return type(batch)(_map_tensors(x, fn) for x in batch)
     if isinstance(batch, Mapping):
         moved = {k: _map_tensors(v, fn) for k, v in batch.items()}
+        mapping_type: Any = type(batch)  # a dict subclass, OrderedDict, ...: rebuilt from a dict
         try:
-            return type(batch)(moved)
+            return mapping_type(moved)
         except TypeError:
             return moved
     return batch
@@ -154,7 +156,8 @@ def _replace_images(batch: Any, images: Any) -> Any:
     if isinstance(batch, IndexedBatch):
         return IndexedBatch(images, batch[1], batch.indices)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return batch._replace(**{batch._fields[0]: images})
+        named: Any = batch  # a namedtuple (the hasattr check above)
+        return named._replace(**{named._fields[0]: images})
     if isinstance(batch, tuple):
         return type(batch)((images, *batch[1:]))
     if isinstance(batch, list):
@@ -303,8 +306,7 @@ class CUDAPrefetcher:
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch on the loader (or its sampler) and for the transforms' random streams."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch should be a non-negative integer, but got epoch={epoch!r}")
+        epoch = check_int(epoch, "epoch", low=0)
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(epoch)
         elif hasattr(getattr(self.loader, "sampler", None), "set_epoch"):
@@ -358,7 +360,7 @@ class CUDAPrefetcher:
 
     def _finish_images(self, images: Any, indices: Any, seed: int, epoch: int) -> Any:
         if self.transforms is not None:
-            images = _call(self.transforms, images, indices, epoch, seed)
+            images = apply_transform(self.transforms, images, indices, epoch, seed)
         if not isinstance(images, torch.Tensor):
             return images
         if self.dtype is not None and images.dtype != self.dtype:
@@ -371,7 +373,7 @@ class CUDAPrefetcher:
                     )
                 images = images.to(self.dtype)
             else:
-                from torchvision.transforms.v2 import functional as tvf
+                from torchvision.transforms.v2 import functional as tvf  # on first use
 
                 images = tvf.to_dtype(images, self.dtype, scale=True)
         if self.channels_last and images.ndim == 4:
@@ -400,7 +402,7 @@ class _PrefetchIterator:
         self._error: BaseException | None = None
         self._snapshots = hasattr(owner.loader, "state_dict")
         owner.stats.start()
-        self._it = iter(owner.loader)
+        self._it: Iterator[Any] | None = iter(owner.loader)
         self._fetch(owner._backend.current_stream(owner.device))
 
     def __iter__(self) -> _PrefetchIterator:
@@ -418,7 +420,7 @@ class _PrefetchIterator:
             self._pending = owner._prepare(raw, consumer, self._side, self._seed, self._epoch)
         except StopIteration:
             self._it = None
-        except Exception as error:  # re-raised where the batch would have been handed out
+        except Exception as error:  # noqa: BLE001 - re-raised where the batch would have been handed out
             self._error = error
             self._it = None
 

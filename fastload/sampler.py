@@ -17,28 +17,19 @@ Example:
 from __future__ import annotations
 
 import math
-import operator
 import warnings
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
+from ._checks import check_int
 from .rng import epoch_permutation
 
-__all__ = ["DistributedSampler", "shard_indices"]
-
-
-def _as_int(value: Any, name: str) -> int:
-    """``value`` as a Python int (ints and numpy integers, not bools or floats), else TypeError."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} should be an integer, but got {name}={value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} should be an integer, but got {name}={value!r}") from None
+__all__ = ["DistributedSampler", "EpochRandomSampler", "shard_indices"]
 
 
 def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -55,10 +46,10 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
             num_replicas = dist.get_world_size()
         if rank is None:
             rank = dist.get_rank()
-    num_replicas = _as_int(num_replicas, "num_replicas")
-    rank = _as_int(rank, "rank")
-    if num_replicas <= 0:
-        raise ValueError(f"num_replicas should be a positive integer, but got num_replicas={num_replicas}")
+    # Not an integer: TypeError ("should be an integer"); an integer out of range: ValueError.
+    num_replicas = check_int(num_replicas, "num_replicas", type_error=True)
+    num_replicas = check_int(num_replicas, "num_replicas", low=1)
+    rank = check_int(rank, "rank", type_error=True)
     if rank >= num_replicas or rank < 0:
         raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
     return num_replicas, rank
@@ -91,11 +82,36 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
         >>> [list(shard_indices(2, 3, r)) for r in range(3)]
         [[0], [1], []]
     """
-    n = _as_int(n, "n")
-    if n < 0:
-        raise ValueError(f"n should be a non-negative integer, but got n={n}")
+    n = check_int(check_int(n, "n", type_error=True), "n", low=0)  # TypeError, then the range
     num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
     return range(rank, n, num_replicas)
+
+
+class EpochRandomSampler(Sampler[int]):
+    """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
+
+    The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
+    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica.
+
+    Args:
+        data_source: The dataset (only its length is used).
+        seed: The shuffling seed.
+    """
+
+    def __init__(self, data_source: Any, seed: int = 0) -> None:
+        self.data_source = data_source
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch whose order the next iteration yields."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(epoch_permutation(len(self.data_source), self.seed, self.epoch).tolist())
+
+    def __len__(self) -> int:
+        return len(self.data_source)
 
 
 class DistributedSampler(_TorchDistributedSampler[int]):
@@ -188,7 +204,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         pad: bool = False,
     ) -> None:
         num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
-        seed = _as_int(seed, "seed")
+        seed = check_int(seed, "seed", type_error=True)
         try:
             n = len(dataset)
         except TypeError:
@@ -199,7 +215,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         # torch's constructor sets dataset, num_replicas, rank, epoch, drop_last, shuffle, seed and
         # its padded num_samples/total_size; the last two are replaced below unless pad=True.
         super().__init__(
-            dataset,
+            cast("Dataset[Any]", dataset),  # torch annotates Dataset but only takes len(dataset)
             num_replicas=num_replicas,
             rank=rank,
             shuffle=bool(shuffle),
@@ -241,7 +257,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 f"the dataset size changed from {self._len} to {n} since the sampler was created; "
                 "create a new DistributedSampler for the new dataset"
             )
-        epoch = self.epoch if epoch is None else _as_int(epoch, "epoch")
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
         order = epoch_permutation(n, self.seed, epoch) if self.shuffle else torch.arange(n)
         if self.drop_last:
             order = order[: self.total_size]
@@ -277,7 +293,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         Args:
             epoch: Epoch number.
         """
-        self.epoch = _as_int(epoch, "epoch")
+        self.epoch = check_int(epoch, "epoch", type_error=True)
         self._set_epoch_called = True
 
     def state_dict(self) -> dict[str, int]:
@@ -299,6 +315,6 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             raise ValueError(
                 f"state_dict should have the keys 'epoch' and 'seed', but got keys {sorted(state_dict)}"
             )
-        seed = _as_int(state_dict["seed"], "seed")
+        seed = check_int(state_dict["seed"], "seed", type_error=True)
         self.set_epoch(state_dict["epoch"])
         self.seed = seed

@@ -108,10 +108,12 @@ class LoaderStats:
         """One readable line."""
         line = (
             f"{self.batches} batches, {self.samples} samples, {self.images_per_s:.1f} img/s, "
-            f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s (stall {100 * self.stall_fraction:.1f}%)"
+            f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s (stall "
+            f"{100 * self.stall_fraction:.1f}%)"
         )
         if self.decode_seconds:
-            line += f", decode {sum(self.decode_seconds.values()):.3f} s over {len(self.decode_seconds)} worker(s)"
+            decode, workers = sum(self.decode_seconds.values()), len(self.decode_seconds)
+            line += f", decode {decode:.3f} s over {workers} worker(s)"
         if self.skipped:
             line += f", {self.skipped} skipped"
         return line

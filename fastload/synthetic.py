@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+from tqdm import tqdm
 
+from ._checks import check_int
 from .device import available_cpus
 
 __all__ = ["make_imagenet_like", "synthetic_classes", "render_image", "SyntheticSpec"]
@@ -44,8 +47,7 @@ _SPLITS = ("train", "val")
 
 def synthetic_classes(n: int) -> list[str]:
     """``n`` WordNet-style class ids (``n01440764``, ...), sorted, the same for every seed."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"classes should be a positive integer, but got classes={n!r}")
+    n = check_int(n, "classes", low=1)
     return [f"n{1440764 + 7919 * c:08d}" for c in range(n)]
 
 
@@ -79,7 +81,7 @@ def _smooth_field(rng: np.random.Generator, h: int, w: int, cells: int, channels
     cw = max(2, int(round(cells * w / max(h, 1))) + 1)
     small = (rng.random((ch, cw, channels)) * 255).astype(np.uint8)
     img = Image.fromarray(small[..., 0] if channels == 1 else small)
-    out = np.asarray(img.resize((w, h), Image.BICUBIC), dtype=np.float32)
+    out = np.asarray(img.resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
     return out[..., None] if channels == 1 else out
 
 
@@ -207,8 +209,7 @@ def make_imagenet_like(
         ValueError: If a count is negative or not an integer.
     """
     for name, value in (("per_class", per_class), ("val_per_class", val_per_class), ("seed", seed)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} should be a non-negative integer, but got {name}={value!r}")
+        check_int(value, name, low=0)
     wnids = synthetic_classes(classes)
     out = Path(root)
     for split in _SPLITS:
@@ -220,15 +221,14 @@ def make_imagenet_like(
     if progress is None:
         progress = len(specs) > 500 and _is_terminal()
     tasks = [(str(out), s) for s in specs]
-    bar: Callable[[Iterator[int]], Iterator[int]]
+    bar: Callable[[Iterator[int]], Iterable[int]]
     if progress:
-        from tqdm import tqdm
 
-        def bar(it: Iterator[int]) -> Iterator[int]:
+        def bar(it: Iterator[int]) -> Iterable[int]:
             return tqdm(it, total=len(tasks), desc=f"synth {out}", unit="img")
     else:
 
-        def bar(it: Iterator[int]) -> Iterator[int]:
+        def bar(it: Iterator[int]) -> Iterable[int]:
             return it
 
     if num_workers <= 1 or len(tasks) < 16:
@@ -242,6 +242,4 @@ def make_imagenet_like(
 
 
 def _is_terminal() -> bool:
-    import sys
-
     return sys.stderr.isatty()

@@ -60,6 +60,7 @@ import torch
 from PIL import Image
 
 from . import rng as _rng
+from ._checks import check_int, check_probability
 from .decode import (
     JPEG_FORMATS,
     DecodeError,
@@ -74,6 +75,8 @@ from .decode import (
 )
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "CenterCrop",
     "Compose",
     "Plan",
@@ -82,6 +85,12 @@ __all__ = [
     "Resize",
     "Transform",
 ]
+
+#: The per-channel mean and standard deviation of ImageNet on the 0..1 scale, the values every
+#: ImageNet recipe normalizes with (``torchvision.transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)``,
+#: ``fastload.gpu.Normalize``, ``fastload.dali.DALILoader``'s defaults).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -95,19 +104,13 @@ _TORCH_JPEG_MODES: tuple[str, ...] = ("RGB", "L")
 # argument checks
 
 
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} should be a positive integer, but got {name}={value!r}")
-    return int(value)
-
-
 def _parse_hw(size: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or a sequence of one or two positive ints -> ``(h, w)``."""
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        s = _check_positive_int(size, name)
+        s = check_int(size, name, low=1)
         return s, s
     if isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
-        values = [_check_positive_int(v, name) for v in size]
+        values = [check_int(v, name, low=1) for v in size]
         return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
     raise TypeError(f"{name} should be an int or a sequence of 1 or 2 ints (h, w), but got {name}={size!r}")
 
@@ -133,7 +136,8 @@ def _parse_interpolation(value: Any) -> str:
     if isinstance(mode, str) and mode.lower() in _INTERPOLATIONS:
         return mode.lower()
     raise ValueError(
-        f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got interpolation={value!r}"
+        f"interpolation should be one of {', '.join(map(repr, _INTERPOLATIONS))}, but got "
+        f"interpolation={value!r}"
     )
 
 
@@ -144,7 +148,7 @@ def _check_antialias(value: Any) -> bool:
 
 
 def _tv_interpolation(mode: str) -> Any:
-    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import InterpolationMode  # torchvision on first use: a cheap import
 
     return InterpolationMode(mode)
 
@@ -270,7 +274,7 @@ def _run_ops(
     result stays HWC in memory (about twice as fast as resizing the strided view, and the final
     copy into an HWC buffer is then a plain copy).
     """
-    from torchvision.transforms.v2 import functional as F
+    from torchvision.transforms.v2 import functional as F  # on first use: keeps the import cheap
 
     ops = list(ops)
     if skip_trailing_flip:
@@ -308,7 +312,7 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
     size = (plan.width, plan.height)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
     if plan.resample is None or (
-        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1)))
+        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
         and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
     ):
         if int_box != (0, 0, img.width, img.height):
@@ -323,7 +327,8 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
 
 
 def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, Image.Image | None]:
-    """``(height, width, image)``: the header read by the region decoder (``image`` ``None``), or PIL's lazy open."""
+    """``(height, width, image)``: the header read by the region decoder (``image`` ``None``), or
+    PIL's lazy open."""
     header = jpeg_header(data)
     if header is not None:
         return header[1], header[0], None
@@ -483,8 +488,10 @@ class Transform:
         plan = self.plan(height, width)
         if out.shape != (plan.height, plan.width, 3):
             raise ValueError(
-                f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), but got "
-                f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is {self.output_size})"
+                f"out should have shape {(plan.height, plan.width, 3)} (the transform's output for {name}), "
+                "but got "
+                f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is "
+                f"{self.output_size})"
             )
         self._decode_planned(data, img, plan, out, name)
 
@@ -560,7 +567,8 @@ class Compose(Transform):
             if not isinstance(t, Transform):
                 raise TypeError(
                     f"transforms[{i}] should be a fastload transform, but got {type(t).__name__}; wrap other "
-                    "callables in a torchvision Compose around this one, or apply them to the batch (fastload.gpu)"
+                    "callables in a torchvision Compose around this one, or apply them to the batch "
+                    "(fastload.gpu)"
                 )
         self.transforms = list(transforms)
 
@@ -585,9 +593,10 @@ class RandomResizedCrop(Transform):
     to 10 attempts of ``area * U(scale)`` with aspect ratio ``exp(U(log ratio))``, the first that
     fits is placed uniformly; after 10 misses, the whole image with its aspect ratio clamped to
     ``ratio``, centred (at least 1 pixel: where torchvision's fallback rounds a side to 0 and
-    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image (w x h) whose 10 attempts all miss (likely for
-    such an elongated image), the fallback keeps the full height and clamps the width to
-    ``int(round(20 * 4/3)) = 27``: ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
+    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image
+    (w x h) whose 10 attempts all miss (likely for such an elongated image), the fallback keeps the
+    full height and clamps the width to ``int(round(20 * 4/3)) = 27``:
+    ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
 
     Args:
         size: Output ``(h, w)``, or an int for a square.
@@ -657,7 +666,8 @@ class RandomResizedCrop(Transform):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
-            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, antialias={self.antialias})"
+            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
+            f"antialias={self.antialias})"
         )
 
 
@@ -692,10 +702,11 @@ class Resize(Transform):
         else:
             self.size = _parse_hw(size)[0]
         if max_size is not None:
-            max_size = _check_positive_int(max_size, "max_size")
+            max_size = check_int(max_size, "max_size", low=1)
             if isinstance(self.size, tuple):
                 raise ValueError(
-                    f"max_size should only be passed if size is an int (the shorter side) or None, but got size={size!r}"
+                    "max_size should only be passed if size is an int (the shorter side) or None, but got "
+                    f"size={size!r}"
                 )
             if isinstance(self.size, int) and max_size <= self.size:
                 raise ValueError(
@@ -713,7 +724,10 @@ class Resize(Transform):
         return self.size if isinstance(self.size, tuple) else None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, max_size={self.max_size}, antialias={self.antialias})"
+        return (
+            f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
+            f"max_size={self.max_size}, antialias={self.antialias})"
+        )
 
 
 class CenterCrop(Transform):
@@ -755,9 +769,7 @@ class RandomHorizontalFlip(Transform):
     """
 
     def __init__(self, p: float = 0.5) -> None:
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"p should be a probability between 0 and 1, but got p={p!r}")
-        self.p: float = float(p)
+        self.p: float = check_probability(p)
 
     def get_params(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> bool:
         """Whether to flip (one uniform draw ``< p``); ``rng`` defaults to :func:`fastload.rng.current`."""

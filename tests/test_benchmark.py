@@ -144,3 +144,15 @@ def test_cli_scan(imagenet_root: Path, tmp_path: Path) -> None:
         timeout=120,
     )
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_importing_the_benchmark_imports_no_optional_dependency() -> None:
+    code = (
+        "import sys, fastload.dali; assert 'fastload.benchmark' not in sys.modules; "
+        "import fastload.benchmark; "
+        "print(sorted(m for m in sys.modules if m.startswith(('nvidia', 'matplotlib'))))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+    assert "dali" in benchmark.BACKENDS and benchmark.BACKENDS["dali"].name == "dali"

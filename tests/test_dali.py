@@ -17,9 +17,10 @@ import torch
 import torchvision.transforms.functional as F
 from PIL import Image
 
-from fastload import rng
+from fastload import benchmark, rng
 from fastload import transforms as T
-from fastload.dali import IMAGENET_MEAN, IMAGENET_STD, DALILoader, bench_backend, image_size
+from fastload.benchmark import dali_backend
+from fastload.dali import IMAGENET_MEAN, IMAGENET_STD, DALILoader, image_size
 from fastload.folder import ClassIndex, FolderIndex, ImageFolder, scan_folder
 from fastload.sampler import DistributedSampler
 
@@ -88,7 +89,7 @@ def test_without_dali_the_loader_names_the_install_command(
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an environment without DALI looks like
     with pytest.raises(ImportError, match=r"pip install 'fastload\[dali\]'"):
         DALILoader(train_index, 4, device="cpu")
-    reason = bench_backend().unavailable()
+    reason = dali_backend().unavailable()
     assert reason is not None and "pip install 'fastload[dali]'" in reason
 
 
@@ -309,13 +310,12 @@ def test_mid_epoch_resume_gives_the_rest_of_the_epoch(dali: Any, train_index: Fo
 
 @pytest.mark.dali
 def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: FolderIndex) -> None:
-    from fastload.device import auto_num_workers
-    from fastload.device import default_device
+    from fastload.device import auto_num_workers, default_device
 
     loader = DALILoader(val_index, 2, train=False, size=32)  # device and num_threads picked for this machine
     assert loader.device == default_device() and loader.num_threads == auto_num_workers()
     expected = collect(loader)
-    for images, _ in loader:
+    for _images, _ in loader:
         break  # leaves batches in flight in DALI's queue
     again = collect(loader)  # a full, fresh pass: nothing stale from the abandoned one
     assert all(torch.equal(a, b) for a, b in zip(again[0], expected[0], strict=True))
@@ -333,9 +333,7 @@ def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: Folder
 def test_bench_backend_yields_normalized_batches(
     dali: Any, imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastload import benchmark
-
-    backend = bench_backend()
+    backend = dali_backend()
     assert backend.name == "dali" and backend.unavailable() is None
     config = benchmark.BenchConfig(data=imagenet_root, batch_size=4, batches=2, warmup=1, repeat=1)
     loader = backend.build(config, "train", 0)

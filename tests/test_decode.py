@@ -201,7 +201,7 @@ def test_same_scope_is_bitwise_identical_and_thread_independent(samples: dict[st
     run(first, range(len(items)))
     again: list[torch.Tensor] = []
     run(again, range(len(items)))
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=False))
     halves: list[list[torch.Tensor]] = [[], []]
     threads = [threading.Thread(target=run, args=(halves[k], range(k, len(items), 2))) for k in range(2)]
     for t in threads:
@@ -212,7 +212,7 @@ def test_same_scope_is_bitwise_identical_and_thread_independent(samples: dict[st
     for k in range(2):
         for j, i in enumerate(range(k, len(items), 2)):
             threaded[i] = halves[k][j]  # type: ignore[call-overload]
-    assert all(torch.equal(a, b) for a, b in zip(first, threaded))  # type: ignore[arg-type]
+    assert all(torch.equal(a, b) for a, b in zip(first, threaded, strict=False))  # type: ignore[arg-type]
     data = samples["big.JPEG"]
     with rng.sample_scope(9, 3, 0):
         a = TRAIN.decode_and_apply(data)

@@ -230,7 +230,7 @@ def test_epoch_and_seed_change_the_draws():
     base = t.get_params(images, indices=range(16), epoch=0, seed=0)
     for kwargs in ({"epoch": 1, "seed": 0}, {"epoch": 0, "seed": 1}):
         other = t.get_params(images, indices=range(16), **kwargs)
-        assert not all(np.array_equal(a, b) for a, b in zip(base, other))
+        assert not all(np.array_equal(a, b) for a, b in zip(base, other, strict=False))
 
 
 def test_without_indices_draws_from_torch_global_rng():
@@ -334,7 +334,7 @@ def test_horizontal_flip_per_sample_is_exact():
     t = gpu.RandomHorizontalFlip(p=0.5)
     flips = t.get_params(images, indices=range(32), epoch=3)
     assert 0 < flips.sum() < 32
-    ref = torch.stack([tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips)])
+    ref = torch.stack([tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips, strict=False)])
     assert torch.equal(t(images, indices=range(32), epoch=3), ref)
     assert torch.equal(gpu.RandomHorizontalFlip(p=0.0)(images), images)
     assert torch.equal(gpu.RandomHorizontalFlip(p=1.0)(images), images.flip(-1))
@@ -351,7 +351,7 @@ def test_fused_compose_equals_transforms_applied_one_by_one():
     ]
     fused = gpu.Compose(steps)(images, **kw)
     flips = steps[0].get_params(images, **kw)  # a lone flip cannot batch a list of different sizes
-    one_by_one = [tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips)]
+    one_by_one = [tvf.horizontal_flip(img) if f else img for img, f in zip(images, flips, strict=False)]
     for s in steps[1:]:
         one_by_one = s(one_by_one, **kw)
     # the first flip acts before the resample, on different pixels: allow the same 1-level slack
@@ -604,7 +604,7 @@ def test_normalize_outputs_are_recycled_but_kept_batches_stay_intact() -> None:
     reference = [tvf.normalize(tvf.to_dtype(x, torch.float32, scale=True), mean, std) for x in images]
     kept = [norm(x) for x in images]  # a user keeping every batch
     assert len({t.data_ptr() for t in kept}) == 4
-    for got, ref in zip(kept, reference):
+    for got, ref in zip(kept, reference, strict=False):
         assert torch.equal(got, ref)  # nothing overwritten by later batches, bit-exact
     ptrs = {t.data_ptr() for t in kept}
     del kept, got

@@ -306,7 +306,7 @@ def test_pass_through_attributes_and_set_epoch():
     with pytest.raises(AttributeError, match="state_dict"):
         p.state_dict()
     with pytest.raises(AttributeError):
-        CUDAPrefetcher([1], device="cpu").dataset
+        _ = CUDAPrefetcher([1], device="cpu").dataset
 
 
 class IndexedDataset(Dataset):
@@ -321,7 +321,7 @@ class IndexedDataset(Dataset):
 
 
 def collate_indexed(samples):
-    images, labels, indices = zip(*samples)
+    images, labels, indices = zip(*samples, strict=False)
     return gpu.IndexedBatch(torch.stack(images), torch.tensor(labels), torch.tensor(indices))
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 import fastload.sampler
 from fastload.rng import epoch_permutation
-from fastload.sampler import DistributedSampler, shard_indices
+from fastload.sampler import DistributedSampler, EpochRandomSampler, shard_indices
 
 SIZES = range(0, 51)
 WORLDS = range(1, 9)
@@ -60,7 +60,7 @@ def test_default_is_a_prefix_of_torch_per_rank(shuffle: bool) -> None:
         for world in WORLDS:
             ours = shards(n, world, shuffle=shuffle)
             theirs = torch_shards(n, world, shuffle=shuffle)
-            for mine, torchs in zip(ours, theirs):
+            for mine, torchs in zip(ours, theirs, strict=False):
                 assert torchs[: len(mine)] == mine
                 assert len(torchs) - len(mine) in (0, 1)
 
@@ -321,3 +321,16 @@ def test_shard_indices_is_the_unshuffled_sampler() -> None:
         shard_indices(-1, 2, 0)
     with pytest.raises(ValueError, match="Invalid rank 2"):
         shard_indices(5, 2, 2)
+
+
+def test_epoch_random_sampler_is_the_one_replica_order_of_each_epoch() -> None:
+    sampler = EpochRandomSampler(range(7), seed=3)
+    assert len(sampler) == 7
+    assert (
+        list(sampler)
+        == epoch_permutation(7, 3, 0).tolist()
+        == list(DistributedSampler(range(7), 1, 0, seed=3))
+    )
+    sampler.set_epoch(1)
+    assert list(sampler) == epoch_permutation(7, 3, 1).tolist() != epoch_permutation(7, 3, 0).tolist()
+    assert sorted(sampler) == list(range(7))
