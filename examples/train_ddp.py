@@ -119,7 +119,8 @@ def main() -> None:
             seen += len(labels)
         if is_main_process():
             print(
-                f"epoch {epoch}: train loss {loss.item():.3f}, {seen} samples/rank, {seen / (time.perf_counter() - t0):.1f} img/s/rank, {train_loader.stats.summary()}",
+                f"epoch {epoch}: train loss {loss.item():.3f}, {seen} samples/rank, "
+                f"{seen / (time.perf_counter() - t0):.1f} img/s/rank, {train_loader.stats.summary()}",
                 flush=True,
             )
 
@@ -133,7 +134,8 @@ def main() -> None:
         if is_main_process():
             top1 = totals["correct"] / max(1, totals["total"])
             print(
-                f"epoch {epoch}: val top-1 {top1:.4f} over {totals['total']} samples (val set: {len(val_set)} samples, world size {dist.get_world_size()})",
+                f"epoch {epoch}: val top-1 {top1:.4f} over {totals['total']} samples "
+                f"(val set: {len(val_set)} samples, world size {dist.get_world_size()})",
                 flush=True,
             )
     dist.destroy_process_group()

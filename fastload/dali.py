@@ -116,6 +116,7 @@ import torch
 
 from . import transforms as T
 from ._checks import check_int
+from ._epoch import EpochState
 from .decode import DecodeError, open_image
 from .device import auto_num_workers, cuda_available, default_device
 from .distributed import get_rank, get_world_size
@@ -467,7 +468,7 @@ class DALILoader:
         self.batch_size = check_int(batch_size, "batch_size", low=1, type_error=True)
         self.train = bool(train)
         self.size = check_int(size, "size", low=1, type_error=True)
-        self._seed = check_int(seed, "seed", type_error=True)
+        self._epochs = EpochState(_STATE_FORMAT, check_int(seed, "seed", type_error=True))
         self.shuffle = self.train if shuffle is None else bool(shuffle)
         self.drop_last = self.train if drop_last is None else bool(drop_last)
         self.prefetch_queue_depth = check_int(
@@ -487,7 +488,7 @@ class DALILoader:
             num_replicas=num_replicas,
             rank=rank,
             shuffle=self.shuffle,
-            seed=self._seed,
+            seed=self._epochs.seed,
             drop_last=self.drop_last,
         )
         self.num_replicas = self.sampler.num_replicas
@@ -497,14 +498,10 @@ class DALILoader:
         self.resize_size = self.size * 256 // 224
         #: Batches, samples and time blocked on data of the current (or last) pass.
         self.stats = LoaderStats()
-        self._feed = _Feed(index, self.train, self.size, self.resize_size, self._seed)
+        self._feed = _Feed(index, self.train, self.size, self.resize_size, self._epochs.seed)
         self._pipe: Any = None
         self._active = False  # a pass holds the pipeline (its batches may be in flight)
         self._generation = 0  # bumped when a pass is ended from outside (new pass, close)
-        self._epoch = 0  # the epoch of the next (or current) pass
-        self._resume_at = 0  # batches of self._epoch to skip on the next pass (load_state_dict)
-        self._batches_done = 0
-        self._pass_epoch: int | None = None
         self._active_epoch = 0
 
     # ---------------------------------------------------------------- torch-like surface
@@ -512,12 +509,13 @@ class DALILoader:
     @property
     def seed(self) -> int:
         """The seed of the order and of every crop and flip."""
-        return self._seed
+        return self._epochs.seed
 
     @property
     def epoch(self) -> int:
         """The epoch of the current (or next) pass."""
-        return self._epoch
+        epochs = self._epochs
+        return epochs.pass_epoch if epochs.pass_epoch is not None else epochs.epoch
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -530,7 +528,7 @@ class DALILoader:
             f"train={self.train}, "
             f"size={self.size}, device={str(self.device)!r}, num_threads={self.num_threads}, "
             f"rank={self.rank}/{self.num_replicas}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
-            f"epoch={self._epoch})"
+            f"epoch={self.epoch})"
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -539,9 +537,7 @@ class DALILoader:
         A pass without a ``set_epoch`` call uses the previous pass's epoch + 1 (starting at 0),
         as ``fastload.DataLoader`` does.
         """
-        self._epoch = check_int(epoch, "epoch", low=0, type_error=True)
-        self._resume_at = 0
-        self._pass_epoch = None
+        self._epochs.set_epoch(check_int(epoch, "epoch", low=0, type_error=True))
 
     def indices(self, epoch: int | None = None) -> list[int]:
         """This rank's dataset indices for an epoch, in the order the batches hold them.
@@ -549,24 +545,18 @@ class DALILoader:
         Args:
             epoch: Default: the epoch of the next (or current) pass.
         """
-        epoch = self._epoch if epoch is None else check_int(epoch, "epoch", low=0, type_error=True)
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", low=0, type_error=True)
         order = self.sampler.indices(epoch)
         return order[: len(self) * self.batch_size] if self.drop_last else order
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: seed, epoch and batches already handed out in that epoch."""
-        if self._pass_epoch is not None:
-            epoch, done = self._pass_epoch, self._batches_done
-        else:
-            epoch, done = self._epoch, self._resume_at
+        return self._epochs.state_dict(**self._state_shape())
+
+    def _state_shape(self) -> dict[str, Any]:
         return {
-            "format": _STATE_FORMAT,
-            "version": 1,
-            "seed": self._seed,
-            "epoch": epoch,
-            "batches": done,
-            "batch_size": self.batch_size,
             "num_samples": len(self.index),
+            "batch_size": self.batch_size,
             "num_replicas": self.num_replicas,
         }
 
@@ -580,31 +570,9 @@ class DALILoader:
             ValueError: The state is not a ``DALILoader`` state, or it was saved for another
                 dataset size, batch size or number of ranks (the remaining batches would differ).
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("state should come from fastload.dali.DALILoader.state_dict()")
-        if state.get("version") != 1:
-            raise ValueError(
-                f"unsupported DALILoader state version {state.get('version')!r} (this fastload reads version "
-                "1)"
-            )
-        saved = (state.get("num_samples"), state.get("batch_size"), state.get("num_replicas"))
-        if saved != (len(self.index), self.batch_size, self.num_replicas):
-            raise ValueError(
-                f"the state was saved for {saved[0]} samples in batches of {saved[1]} on {saved[2]} ranks, "
-                f"but this loader has {len(self.index)} samples in batches of {self.batch_size} on "
-                f"{self.num_replicas} ranks"
-            )
-        self._seed = check_int(state["seed"], "seed", type_error=True)
-        self.sampler.seed = self._seed
-        self._feed.seed = self._seed
-        epoch, done = (
-            check_int(state["epoch"], "epoch", low=0, type_error=True),
-            check_int(state["batches"], "batches", low=0, type_error=True),
-        )
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
-        self.set_epoch(epoch)
-        self._resume_at = done
+        self._epochs.load_state_dict(state, len(self), **self._state_shape())
+        self.sampler.seed = self._epochs.seed
+        self._feed.seed = self._epochs.seed
 
     def close(self) -> None:
         """Releases the DALI pipeline and its threads (a later pass builds a new one)."""
@@ -627,8 +595,7 @@ class DALILoader:
 
     def _finish_epoch(self, epoch: int) -> None:
         # The next pass without set_epoch() is the next epoch (also after a partial pass).
-        if self._epoch == epoch:
-            self._epoch = epoch + 1
+        self._epochs.end_pass(epoch)
 
     def _build(self) -> Any:
         fn, types, Pipeline, _ = self._dali
@@ -637,7 +604,7 @@ class DALILoader:
             batch_size=self.batch_size,
             num_threads=self.num_threads,
             device_id=self._device_id,
-            seed=self._seed & 0x7FFFFFFF,  # no random operator reads it; set for reproducible builds
+            seed=self._epochs.seed & 0x7FFFFFFF,  # no random operator reads it; set for reproducible builds
             prefetch_queue_depth=self.prefetch_queue_depth,
         )
         decoder_device = "mixed" if gpu else "cpu"
@@ -751,10 +718,8 @@ class DALILoader:
             self._generation += 1
             self._end_pass(complete=False)
             self._finish_epoch(self._active_epoch)
-        epoch, start = self._epoch, self._resume_at
-        self._resume_at = 0
-        self._pass_epoch = epoch
-        self._batches_done = start
+        epoch, start = self._epochs.begin_pass()
+        done = start
         if self._pipe is None:
             self._pipe = self._build()
         pipe = self._pipe
@@ -786,7 +751,8 @@ class DALILoader:
                 if self.device.type != "cpu":
                     labels = labels.to(self.device, non_blocking=True)
                 self.stats.record_batch(len(batch), time.perf_counter() - t0)
-                self._batches_done += 1
+                done += 1
+                self._epochs.handed_out(epoch, done)
                 yield images, labels
                 if generation != self._generation:
                     raise RuntimeError(

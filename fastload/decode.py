@@ -284,7 +284,10 @@ def _torchvision_jpeg() -> Callable[[torch.Tensor], torch.Tensor] | None:
         return None
 
     def decode(encoded: torch.Tensor) -> torch.Tensor:
-        return decode_jpeg(encoded, mode=ImageReadMode.RGB)
+        image = decode_jpeg(encoded, mode=ImageReadMode.RGB)
+        if not isinstance(image, torch.Tensor):  # only a list input gives a list
+            raise TypeError(f"decode_jpeg returned {type(image).__name__} for one image")
+        return image
 
     probe = io.BytesIO()
     Image.new("RGB", (16, 8), (200, 30, 90)).save(probe, format="JPEG")

@@ -64,7 +64,6 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, Sampler, SequentialSampler
 
-from . import rng
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample, run_task
@@ -72,7 +71,7 @@ from .batch import IndexedBatch
 from .decode import decode_batch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .prefetch import CUDAPrefetcher
-from .sampler import DistributedSampler
+from .sampler import DistributedSampler, EpochRandomSampler
 from .stats import LoaderStats
 
 __all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_workers"]
@@ -80,49 +79,6 @@ __all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_w
 T_co = TypeVar("T_co", covariant=True)
 
 _STATE_KIND = "fastload.DataLoader"
-
-
-class EpochRandomSampler(Sampler[int]):
-    """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
-
-    The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
-    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica.
-
-    Args:
-        data_source: The dataset (only its length is used).
-        seed: The shuffling seed, or a :class:`fastload._epoch.DefaultSeed` resolved at the first
-            iteration (0 in a distributed job, so that every rank shuffles alike).
-    """
-
-    def __init__(self, data_source: Any, seed: int | DefaultSeed = 0) -> None:
-        self.data_source = data_source
-        self._seed = seed
-        self.epoch = 0
-
-    @property
-    def seed(self) -> int:
-        """The shuffling seed."""
-        if isinstance(self._seed, DefaultSeed):
-            self._seed = self._seed.value
-        return self._seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self._seed = int(value)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch whose order the next iteration yields."""
-        self.epoch = int(epoch)
-
-    def indices(self, epoch: int) -> np.ndarray:
-        """The order of ``epoch`` (without changing the sampler's epoch)."""
-        return np.asarray(rng.epoch_permutation(len(self.data_source), self.seed, epoch), dtype=np.int64)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices(self.epoch).tolist())
-
-    def __len__(self) -> int:
-        return len(self.data_source)
 
 
 def _is_fast_dataset(dataset: Any) -> bool:

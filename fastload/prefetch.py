@@ -221,7 +221,8 @@ class CUDAPrefetcher:
 
     An empty loader yields nothing. An exception raised by the loader (or by the transforms) for
     batch ``k`` is re-raised by the ``next()`` call that would have returned batch ``k``, after
-    the earlier batches were handed out.
+    the earlier batches were handed out; the following ``next()`` goes on with batch ``k + 1``
+    if the loader does (torch's and fastload's iterators do).
 
     Example (CPU, ``indices`` from :class:`~fastload.gpu.IndexedBatch`):
         >>> import torch
@@ -421,20 +422,21 @@ class _PrefetchIterator:
         except StopIteration:
             self._it = None
         except Exception as error:  # noqa: BLE001 - re-raised where the batch would have been handed out
-            self._error = error
-            self._it = None
+            self._error = error  # the loader goes on after it (torch's iterator contract): so do we
 
     def __next__(self) -> Any:
         owner = self._owner
         backend = owner._backend
         start = time.perf_counter()
+        if self._pending is None and self._error is None and self._it is not None:
+            self._fetch(backend.current_stream(owner.device))  # the batch after a failed one
         if self._pending is None:
-            owner.stats.stop()
-            if self._snapshots and self._it is None and self._error is None:
-                owner._state = None  # epoch finished: the live loader state is the right one
             if self._error is not None:
                 error, self._error = self._error, None
                 raise error
+            owner.stats.stop()
+            if self._snapshots and self._it is None:
+                owner._state = None  # epoch finished: the live loader state is the right one
             raise StopIteration
         batch, copied = self._pending
         self._pending = None

@@ -21,12 +21,14 @@ import warnings
 from collections.abc import Iterator, Sized
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from ._checks import check_int
+from ._epoch import DefaultSeed
 from .rng import epoch_permutation
 
 __all__ = ["DistributedSampler", "EpochRandomSampler", "shard_indices"]
@@ -95,20 +97,36 @@ class EpochRandomSampler(Sampler[int]):
 
     Args:
         data_source: The dataset (only its length is used).
-        seed: The shuffling seed.
+        seed: The shuffling seed, or a :class:`fastload._epoch.DefaultSeed` resolved at the first
+            iteration (0 in a distributed job, so that every rank shuffles alike).
     """
 
-    def __init__(self, data_source: Any, seed: int = 0) -> None:
+    def __init__(self, data_source: Any, seed: int | DefaultSeed = 0) -> None:
         self.data_source = data_source
-        self.seed = int(seed)
+        self._seed = seed
         self.epoch = 0
+
+    @property
+    def seed(self) -> int:
+        """The shuffling seed."""
+        if isinstance(self._seed, DefaultSeed):
+            self._seed = self._seed.value
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch whose order the next iteration yields."""
         self.epoch = int(epoch)
 
+    def indices(self, epoch: int) -> np.ndarray:
+        """The order of ``epoch`` (without changing the sampler's epoch)."""
+        return np.asarray(epoch_permutation(len(self.data_source), self.seed, epoch), dtype=np.int64)
+
     def __iter__(self) -> Iterator[int]:
-        return iter(epoch_permutation(len(self.data_source), self.seed, self.epoch).tolist())
+        return iter(self.indices(self.epoch).tolist())
 
     def __len__(self) -> int:
         return len(self.data_source)

@@ -22,5 +22,5 @@ def collect(
 def same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Whether two collections hold the same batches, bit for bit, in the same order."""
     return len(a) == len(b) and all(
-        torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b)
+        torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b, strict=True)
     )

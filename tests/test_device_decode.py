@@ -27,7 +27,7 @@ def test_mixed_batch_matches_pil(imagenet_root: Path) -> None:
     assert {"RGBJPEG", "LJPEG", "CMYKJPEG", "RGBPNG"} <= kinds
     out = decode_batch(encoded, "cpu")
     assert len(out) == len(encoded)
-    for data, image in zip(encoded, out):
+    for data, image in zip(encoded, out, strict=True):
         assert image.dtype == torch.uint8 and image.shape[0] == 3
         assert np.array_equal(image.permute(1, 2, 0).numpy(), _reference(data))
 
@@ -49,7 +49,7 @@ def test_gpu_decode_matches_cpu(imagenet_root: Path) -> None:  # pragma: no cove
     encoded = [ds.get_bytes(i) for i in range(len(ds))]
     cpu = decode_batch(encoded, "cpu")
     gpu = decode_batch(encoded, "cuda")
-    for a, b in zip(cpu, gpu):
+    for a, b in zip(cpu, gpu, strict=True):
         assert b.device.type == "cuda" and a.shape == b.shape
         # nvJPEG's IDCT/upsampling differs slightly from libjpeg-turbo's.
         assert (a.float() - b.cpu().float()).abs().mean() < 2.0

@@ -130,6 +130,16 @@ def test_fast_path_continues_after_a_failing_batch(broken_root: Path, workers: i
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_device_path_continues_after_a_failing_batch(broken_root: Path, workers: int) -> None:
+    ds = ImageFolder(broken_root, transform=_train_tf())
+    loader = DataLoader(ds, batch_size=4, num_workers=workers, seed=0, device="cpu", timeout=60)
+    delivered, errors = _drain(loader)
+    assert errors == ["DecodeError", "DecodeError"] and len(delivered) == 6
+    assert loader.state_dict()["batches"] == 0 and loader.epoch == 1  # the pass ended normally
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_torch_path_errors_match_torch(workers: int) -> None:
     ds = _Flaky(20, bad={3, 9, 10})
     kwargs = dict(batch_size=4, num_workers=workers)

@@ -321,7 +321,7 @@ def test_dead_worker_is_a_clear_error_not_a_hang(imagenet_root: Path) -> None:
 
 def test_stats_and_reuse_buffers(train_set: ImageFolder) -> None:
     loader = DataLoader(train_set, batch_size=8, num_workers=2, shuffle=True, seed=0)
-    batches = [x for x, _ in loader]
+    assert sum(len(x) for x, _ in loader) == 32
     assert loader.stats.batches == 4 and loader.stats.samples == 32
     assert 0 <= loader.stats.stall_fraction <= 1 and loader.stats.images_per_s > 0
     assert sum(loader.stats.decode_seconds.values()) > 0
@@ -334,7 +334,7 @@ def test_stats_and_reuse_buffers(train_set: ImageFolder) -> None:
     copies = DataLoader(train_set, batch_size=8, num_workers=2, shuffle=True, seed=0, reuse_buffers=False)
     kept = [x for x, _ in copies]
     fresh = [x.clone() for x, _ in DataLoader(train_set, batch_size=8, num_workers=0, shuffle=True, seed=0)]
-    assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh, strict=True))
     loader.close()
     copies.close()
 
@@ -392,7 +392,7 @@ def test_device_and_gpu_transforms_on_cpu(train_set: ImageFolder) -> None:
     out = _collect(loader)
     ref = [b for b in host]  # IndexedBatch: carries the sample indices
     assert len(out) == len(ref) == 7
-    for (x, y), batch in zip(out, ref):
+    for (x, y), batch in zip(out, ref, strict=True):
         expected = tf(batch[0], indices=batch.indices, epoch=0, seed=9)
         assert x.dtype == torch.float32 and x.shape == batch[0].shape
         assert torch.equal(x, expected) and torch.equal(y, batch[1])

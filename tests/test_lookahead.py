@@ -60,7 +60,7 @@ def test_same_batches_as_without_lookahead_and_next_epoch_started_early(
         # When a pass ends, the next epoch's first batches are already with the workers.
         assert any(e == epoch + 1 for _, e, _ in puts), f"nothing of epoch {epoch + 1} was started ahead"
     ahead.close()
-    assert all(_equal(g, e) for g, e in zip(got, expected))
+    assert all(_equal(g, e) for g, e in zip(got, expected, strict=True))
     # Each (epoch, batch) was handed out once: the adopting pass did not decode it again.
     handed = [(e, b) for _, e, b in puts if e < 3]
     assert sorted(handed) == sorted(set(handed)) and len(handed) == 3 * 8

@@ -35,7 +35,8 @@ SCRIPT = textwrap.dedent(
     from fastload.sampler import DistributedSampler
 
     out_dir, n = sys.argv[1], int(sys.argv[2])
-    env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+    env = {k: os.environ.get(k) for k in names}
     before_init = [fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()]
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -100,7 +101,7 @@ def run_two_nodes(script: Path, args: list[str], cwd: Path, timeout: float = TIM
                 os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
         pytest.fail(f"torchrun with 2 nodes did not finish within {timeout} s")
-    for node, (p, out) in enumerate(zip(procs, outputs)):
+    for node, (p, out) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, f"node {node} exited with {p.returncode}:\n{out}"
     return outputs
 
