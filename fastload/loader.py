@@ -596,6 +596,13 @@ class DataLoaderIterator:
         close = getattr(getattr(self, "_source", None), "close", None)
         if callable(close):
             close()
+        prefetcher = self._loader._prefetcher
+        if (
+            prefetcher is not None
+            and isinstance(prefetcher.loader, _OnePass)
+            and prefetcher.loader.epoch == self.epoch
+        ):
+            prefetcher.loader = []  # no cycle through the finished pass: the loader is freed at once
         self._epochs.end_pass(self.epoch)
         loader = self._loader
         if (

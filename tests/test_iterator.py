@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -173,6 +174,37 @@ def test_resume_state_out_of_range_is_an_error(train_set: ImageFolder, batches: 
 
 
 # ------------------------------------------------------------------------------ worker lifecycle
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fastload-worker")]
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_thread_workers_stop_when_loader_and_iterator_are_dropped(
+    train_set: ImageFolder, persistent: bool, device: str | None
+) -> None:
+    loader = DataLoader(
+        train_set,
+        batch_size=4,
+        num_workers=2,
+        worker_type="thread",
+        persistent_workers=persistent,
+        device=device,
+    )
+    it = iter(loader)
+    next(it)
+    assert len(_worker_threads()) == 2
+    del it
+    if persistent:
+        assert len(_worker_threads()) == 2  # they serve the next epoch
+        del loader
+    deadline = time.monotonic() + 10
+    while _worker_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _worker_threads()
+
 
 KILL_SELF = textwrap.dedent(
     """
