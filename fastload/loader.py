@@ -70,6 +70,7 @@ from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_
 from .batch import IndexedBatch
 from .decode import decode_batch
 from .device import auto_num_workers, available_cpus, cuda_available
+from .distributed import get_rank, get_world_size
 from .prefetch import CUDAPrefetcher
 from .sampler import DistributedSampler, EpochRandomSampler
 from .stats import LoaderStats
@@ -649,7 +650,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
         worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
             give identical batches.
-        distributed: Build a :class:`fastload.DistributedSampler` from the process group: with
+        distributed: Build a :class:`fastload.DistributedSampler` for this rank (from the process
+            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process: the whole dataset); with
             ``shuffle=True`` a training sampler (``drop_last=True``: equal step counts on every
             rank), else an evaluation sampler (every sample exactly once over all ranks).
         on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
@@ -740,7 +742,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     "pass either distributed=True or sampler/batch_sampler, not both"
                 )
             sampler = DistributedSampler(
-                dataset, shuffle=bool(shuffle), seed=self._epochs.seed, drop_last=bool(shuffle)
+                dataset,
+                num_replicas=get_world_size(),  # the process group's, else torchrun's variables, else 1
+                rank=get_rank(),
+                shuffle=bool(shuffle),
+                seed=self._epochs.seed,
+                drop_last=bool(shuffle),
             )
             shuffle = False
             own_sampler = True
