@@ -86,6 +86,7 @@ import collections
 import math
 import numbers
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -1202,8 +1203,10 @@ class Normalize(BatchTransform):
     float32 and cast once (more accurate than doing the arithmetic in half precision).
 
     Args:
-        mean: Per-channel means (in [0, 1] units), or one number.
-        std: Per-channel standard deviations, non-zero.
+        mean: Per-channel means (in [0, 1] units), or one number. Values above 1 are taken as
+            0-255 units (``mean=(123.675, 116.28, 103.53)``, DALI's habit): mean and std are
+            then divided by 255, with a warning.
+        std: Per-channel standard deviations, non-zero (same units as ``mean``).
         dtype: Output floating dtype.
         channels_last: Return a ``torch.channels_last`` tensor.
         buffers: 0 (default): every call returns a tensor of its own (on the CPU taken from
@@ -1232,6 +1235,16 @@ class Normalize(BatchTransform):
         self.std = self._floats(std, "std")
         if any(s == 0 for s in self.std):
             raise ValueError(f"std should be non-zero, but got std={std!r}")
+        if any(abs(v) > 1 for v in self.mean + self.std):
+            # 0-255 units (DALI's and OpenCV's habit): the inputs are scaled to [0, 1] first.
+            warnings.warn(
+                f"Normalize got mean={mean!r}, std={std!r}: values above 1 are taken as 0-255 units and "
+                "divided by 255 (images are scaled to [0, 1] before normalizing); pass them in [0, 1] "
+                "units, e.g. mean=(0.485, 0.456, 0.406), to silence this warning",
+                stacklevel=2,
+            )
+            self.mean = [v / 255 for v in self.mean]
+            self.std = [v / 255 for v in self.std]
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype should be a floating torch.dtype, but got dtype={dtype!r}")
         buffers = check_int(buffers, "buffers", low=0)

@@ -711,16 +711,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         epoch_lookahead: bool = True,
     ) -> None:
         if num_workers == "auto":
-            num_workers = auto_num_workers()
-        elif (
-            isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0
-        ):
-            raise ValueError(
+            # torch's default (0) for an IterableDataset: workers would each replay the whole
+            # stream unless the dataset shards itself, which only the user can know.
+            num_workers = 0 if isinstance(dataset, IterableDataset) else auto_num_workers()
+        elif isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)):
+            # torch raises TypeError here too, from comparing a str with 0: same type, named argument
+            raise TypeError(
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
             )
-        num_workers = int(num_workers)
-        if batch_size is not None:
-            check_int(batch_size, "batch_size", low=1)
+        # Other values, batch_size and every torch argument: torch's own checks and messages
+        # (in super().__init__ below).
         check_choice(worker_type, "worker_type", ("process", "thread"))
         check_choice(decode, "decode", ("cpu", "device"))
         check_choice(on_error, "on_error", ("raise", "skip"))
@@ -731,7 +731,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if pin_memory is None:
             pin_memory = cuda_available()
         if persistent_workers is None:
-            persistent_workers = num_workers > 0
+            persistent_workers = isinstance(num_workers, int) and num_workers > 0
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
         is_iterable = isinstance(dataset, IterableDataset)
         own_sampler = False

@@ -263,9 +263,13 @@ def test_state_dict_errors(train_set: ImageFolder, imagenet_root: Path) -> None:
 @pytest.mark.parametrize(
     "kwargs, exc, match",
     [
-        ({"batch_size": 0}, ValueError, "batch_size should be a positive integer, but got batch_size=0"),
-        ({"num_workers": -1}, ValueError, "num_workers"),
-        ({"num_workers": "many"}, ValueError, "num_workers"),
+        (
+            {"batch_size": 0},
+            ValueError,
+            "batch_size should be a positive integer value, but got batch_size=0",
+        ),
+        ({"num_workers": -1}, ValueError, "num_workers option should be non-negative"),
+        ({"num_workers": "many"}, TypeError, "num_workers should be a non-negative integer or 'auto'"),
         ({"worker_type": "fiber"}, ValueError, "worker_type"),
         ({"on_error": "ignore"}, ValueError, "on_error"),
         ({"seed": "x"}, TypeError, "seed"),

@@ -1,0 +1,240 @@
+"""torch's DataLoader contract, with fastload.DataLoader in its place.
+
+Every check runs the same case through ``torch.utils.data.DataLoader`` (the reference) and
+``fastload.DataLoader`` and compares what a training loop sees: batches, errors (type and
+message), iterator semantics.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import IterableDataset
+
+import fastload
+from fastload.loader import DataLoaderIterator
+
+LOADERS = [torch.utils.data.DataLoader, fastload.DataLoader]
+Pair = collections.namedtuple("Pair", ["x", "y"])
+
+
+class _Range(torch.utils.data.Dataset[Any]):
+    def __init__(self, n: int = 10, kind: str = "tuple", bad: frozenset[int] = frozenset()) -> None:
+        self.n, self.kind, self.bad = n, kind, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i in self.bad:
+            raise KeyError(f"sample {i} is broken")
+        x = torch.full((3,), float(i))
+        if self.kind == "dict":
+            return {"x": x, "y": i, "name": f"s{i}"}
+        if self.kind == "namedtuple":
+            return Pair(x, i)
+        if self.kind == "numpy":
+            return np.full((2,), i, dtype=np.int32), i
+        if self.kind == "str":
+            return f"sample-{i}"
+        if self.kind == "nested":
+            return torch.nested.nested_tensor([torch.ones(i % 3 + 1)]).unbind()[0]
+        return x, i
+
+
+class _Stream(IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(20))
+
+
+def _outcome(make: Any) -> tuple[str, str]:
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - the test compares what was raised
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+def _drain(loader: Any) -> tuple[list[Any], list[str]]:
+    it = iter(loader)
+    out: list[Any] = []
+    errors: list[str] = []
+    for _ in range(200):
+        try:
+            batch = next(it)
+        except StopIteration:
+            return out, errors
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e.args[0] if e.args else ''}")
+            continue
+        out.append(batch)
+    raise AssertionError("the iterator never ended")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        if a.is_nested:
+            return all(torch.equal(x, y) for x, y in zip(a.unbind(), b.unbind(), strict=True))
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _nested_collate(batch: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.nested_tensor(batch)
+
+
+# ------------------------------------------------------------------------------ constructor errors
+
+BAD_ARGS: list[dict[str, Any]] = [
+    {"num_workers": -1},
+    {"batch_size": 0},
+    {"batch_size": -3},
+    {"timeout": -1},
+    {"num_workers": 2, "prefetch_factor": -1},
+    {"num_workers": 0, "prefetch_factor": 2},
+    {"num_workers": 0, "persistent_workers": True},
+    {"shuffle": True, "sampler": [0, 1]},
+    {"batch_sampler": [[0, 1]], "batch_size": 4},
+    {"batch_sampler": [[0, 1]], "batch_size": None, "drop_last": True},
+    {"batch_sampler": [[0, 1]], "batch_size": None, "shuffle": True},
+    {"batch_sampler": [[0, 1]], "batch_size": None, "sampler": [0, 1]},
+    {"batch_size": None, "drop_last": True},
+    {"num_workers": 2, "multiprocessing_context": "no-such-context"},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_ARGS, ids=lambda kw: ",".join(kw))
+def test_constructor_errors_are_torchs(kwargs: dict[str, Any]) -> None:
+    kwargs = {"num_workers": 0, **kwargs}
+    theirs = _outcome(lambda: torch.utils.data.DataLoader(_Range(), **kwargs))
+    ours = _outcome(lambda: fastload.DataLoader(_Range(), **kwargs))
+    assert theirs[0] != "ok"
+    assert ours == theirs
+
+
+def test_a_non_integer_num_workers_is_a_type_error_like_torchs() -> None:
+    theirs = _outcome(lambda: torch.utils.data.DataLoader(_Range(), num_workers="many"))
+    ours = _outcome(lambda: fastload.DataLoader(_Range(), num_workers="many"))
+    assert theirs[0] == ours[0] == "TypeError"
+    assert "num_workers" in ours[1]  # torch's message is about comparing a str with an int
+
+
+@pytest.mark.parametrize("kwargs", [{"shuffle": True}, {"sampler": [0, 1]}, {"batch_sampler": [[0]]}])
+def test_iterable_dataset_option_errors_are_torchs(kwargs: dict[str, Any]) -> None:
+    theirs = _outcome(lambda: torch.utils.data.DataLoader(_Stream(), num_workers=0, **kwargs))
+    ours = _outcome(lambda: fastload.DataLoader(_Stream(), num_workers=0, **kwargs))
+    assert theirs[0] == "ValueError" and ours == theirs
+
+
+@pytest.mark.parametrize("name", ["batch_size", "sampler", "batch_sampler", "drop_last", "dataset"])
+def test_assigning_after_construction_is_torchs_error(name: str) -> None:
+    outcomes = []
+    for cls in LOADERS:
+        loader = cls(_Range(), batch_size=2, num_workers=0)
+        outcomes.append(_outcome(lambda loader=loader: setattr(loader, name, None)))
+    assert outcomes[0][0] == "ValueError" and outcomes[0] == outcomes[1]
+
+
+# ------------------------------------------------------------------------------ iteration
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_errors_inside_a_pass_like_torch(workers: int) -> None:
+    ds = _Range(20, bad=frozenset({3, 9, 10}))
+    ours = _drain(fastload.DataLoader(ds, batch_size=4, num_workers=workers, seed=0))
+    theirs = _drain(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers))
+    assert ours[1] == theirs[1] and len(ours[1]) == 2
+    assert len(ours[0]) == len(theirs[0]) == 3
+    assert all(_same(a, b) for a, b in zip(ours[0], theirs[0], strict=True))
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "namedtuple", "numpy", "str", "nested"])
+@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+def test_batches_of_every_structure(kind: str, ctx: str) -> None:
+    collate = _nested_collate if kind == "nested" else None
+    ours, theirs = (
+        _drain(
+            cls(
+                _Range(7, kind),
+                batch_size=3,
+                num_workers=2,
+                multiprocessing_context=multiprocessing.get_context(ctx),
+                collate_fn=collate,
+            )
+        )
+        for cls in (fastload.DataLoader, torch.utils.data.DataLoader)
+    )
+    assert ours[1] == theirs[1] == []
+    assert len(ours[0]) == 3 and all(_same(a, b) for a, b in zip(ours[0], theirs[0], strict=True))
+
+
+def test_iterable_dataset_defaults_yield_each_item_once() -> None:
+    ours = [int(v) for b in fastload.DataLoader(_Stream(), batch_size=4) for v in b]
+    theirs = [int(v) for b in torch.utils.data.DataLoader(_Stream(), batch_size=4) for v in b]
+    assert ours == theirs == list(range(20))
+
+
+def test_len_subscript_iter_twice_and_iterator_object() -> None:
+    alias = fastload.DataLoader[tuple[torch.Tensor, int]]  # generic like torch's
+    assert alias is not None
+    for cls in LOADERS:
+        loader = cls(_Range(10), batch_size=4, num_workers=0)
+        assert len(loader) == 3
+        first, second = list(loader), list(loader)
+        assert len(first) == len(second) == 3
+    it = iter(fastload.DataLoader(_Range(10), batch_size=4, num_workers=0))
+    assert isinstance(it, DataLoaderIterator) and len(it) == 3
+
+
+def test_timeout_message_is_torchs() -> None:
+    class Slow(_Range):
+        def __getitem__(self, i: int) -> Any:
+            import time
+
+            time.sleep(5)
+            return super().__getitem__(i)
+
+    messages = []
+    for cls in LOADERS:
+        loader = cls(Slow(4), batch_size=2, num_workers=1, timeout=1)
+        with pytest.raises(RuntimeError) as info:
+            next(iter(loader))
+        messages.append(str(info.value))
+    assert messages[0].startswith("DataLoader timed out after 1 seconds")
+    assert messages[1] == messages[0]
+
+
+def test_worker_init_fn_and_worker_info_on_torchs_path() -> None:
+    class Info(_Range):
+        def __getitem__(self, i: int) -> Any:
+            info = torch.utils.data.get_worker_info()
+            return torch.tensor([i, -1 if info is None else info.id])
+
+    seen = []
+    for cls in LOADERS:
+        batches = list(cls(Info(6), batch_size=2, num_workers=2, worker_init_fn=lambda wid: None))
+        seen.append([b.tolist() for b in batches])
+    assert seen[0] == seen[1]
+    assert {w for batch in seen[0] for _, w in batch} == {0, 1}  # batch k from worker k % 2
+
+
+def test_generator_makes_the_shuffle_repeatable() -> None:
+    def order(cls: Any) -> list[int]:
+        g = torch.Generator().manual_seed(7)
+        return [
+            int(v)
+            for b in cls(_Range(10), batch_size=5, shuffle=True, generator=g, num_workers=0)
+            for v in b[1]
+        ]
+
+    assert order(fastload.DataLoader) == order(fastload.DataLoader)
+    assert sorted(order(fastload.DataLoader)) == list(range(10))
