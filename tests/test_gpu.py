@@ -611,3 +611,11 @@ def test_normalize_outputs_are_recycled_but_kept_batches_stay_intact() -> None:
     again = norm(images[0])  # the memory of dropped batches comes back
     assert again.data_ptr() in ptrs
     assert torch.equal(again, reference[0])
+
+
+def test_normalize_takes_0_255_units_with_a_warning() -> None:
+    images = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8)
+    reference = gpu.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])(images)
+    with pytest.warns(UserWarning, match="0-255 units"):
+        scaled = gpu.Normalize([123.675, 116.28, 103.53], [58.395, 57.12, 57.375])
+    assert torch.allclose(scaled(images), reference, atol=1e-5)
