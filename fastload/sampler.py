@@ -133,46 +133,47 @@ class EpochRandomSampler(Sampler[int]):
 
 
 class DistributedSampler(_TorchDistributedSampler[int]):
-    """Sampler that gives each rank a disjoint shard of the dataset, without padding by default.
+    """Sampler that gives each rank a shard of the dataset: torch's for training, exact for evaluation.
 
     A drop-in replacement for :class:`torch.utils.data.DistributedSampler` (and a subclass of it,
     so libraries that check ``isinstance(sampler, DistributedSampler)`` keep working). The
     arguments, the per-epoch order (``torch.randperm`` seeded by ``seed + epoch``, from
     :func:`fastload.rng.epoch_permutation`) and the strided assignment (rank ``r`` takes
-    positions ``r, r + W, r + 2W, ...`` of the epoch's order) are torch's. What differs is the
-    default for a dataset whose size ``N`` is not a multiple of the number of ranks ``W``:
+    positions ``r, r + W, r + 2W, ...`` of the epoch's order) are torch's. The rule for a
+    dataset whose size ``N`` is not a multiple of the number of ranks ``W``, in two lines:
 
-    * default (``pad=False, drop_last=False``): nothing is added or removed. Every index is on
-      exactly one rank; the first ``N mod W`` ranks get one sample more than the others.
-      Evaluation metrics summed over ranks are exact. For training with DDP, see
-      :mod:`fastload.distributed` for the two ways to handle the unequal step counts.
-    * ``pad=True``: torch's behaviour, index for index: the order is extended by repeating its
-      first ``W - N mod W`` entries so every rank gets ``ceil(N / W)`` samples. Those samples are
-      seen twice per epoch (and counted twice by a metric).
-    * ``drop_last=True``: the last ``N mod W`` positions of the epoch's order are dropped, so
-      every rank gets ``floor(N / W)`` samples (the same as torch's ``drop_last=True``;
-      ``pad`` then has nothing to do). With ``shuffle=True`` the dropped samples change from
-      epoch to epoch.
+    * **shuffling (training) pads like torch**: every rank gets ``ceil(N / W)`` samples, so an
+      unchanged DDP training loop takes the same number of steps on every rank (no hang);
+    * **not shuffling (evaluation) is exact**: every sample on exactly one rank, nothing
+      repeated, so metrics summed over ranks (:class:`fastload.distributed.Accumulator`) are exact.
 
-    In every mode a rank's indices are a prefix of what torch gives it for the same seed and
-    epoch, and the order depends only on ``(seed, epoch)``, never on global RNG state.
+    ``pad`` overrides the rule (``pad=False`` with ``shuffle=True``: exact training shards of
+    unequal length, for loops that handle them, see :mod:`fastload.distributed`; ``pad=True``
+    without shuffling: torch's padded evaluation shards); ``drop_last=True`` drops the last
+    ``N mod W`` positions of the epoch's order so every rank gets ``floor(N / W)`` samples
+    (torch's ``drop_last=True``; the dropped samples change with the epoch when shuffling).
 
-    Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks,
-    ``shuffle=False``::
+    Padding is torch's, index for index: the order is extended by repeating its first
+    ``W - N mod W`` entries. In every mode a rank's indices are a prefix of what torch gives it
+    for the same seed and epoch, and the order depends only on ``(seed, epoch)``, never on global
+    RNG state.
 
-        mode                 rank 0      rank 1      rank 2      samples seen
-        default              [0, 3, 6]   [1, 4]      [2, 5]      7: each once
-        pad=True             [0, 3, 6]   [1, 4, 0]   [2, 5, 1]   9: 0 and 1 twice (= torch)
-        drop_last=True       [0, 3]      [1, 4]      [2, 5]      6: 6 never seen
+    Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks::
 
-    With ``shuffle=True, seed=0`` the epoch-0 order is ``[4, 0, 5, 3, 2, 6, 1]`` and the same
-    rules give ``[4, 3, 1] / [0, 2] / [5, 6]`` by default, ``[4, 3, 1] / [0, 2, 4] / [5, 6, 0]``
-    with ``pad=True`` and ``[4, 3] / [0, 2] / [5, 6]`` with ``drop_last=True`` (sample 1 is
-    dropped in epoch 0; in epoch 1, order ``[0, 6, 1, 3, 5, 2, 4]``, sample 4 is).
+        shuffle=False (evaluation)   rank 0      rank 1      rank 2      samples seen
+        default (exact)              [0, 3, 6]   [1, 4]      [2, 5]      7: each once
+        pad=True                     [0, 3, 6]   [1, 4, 0]   [2, 5, 1]   9: 0 and 1 twice (= torch)
+        drop_last=True               [0, 3]      [1, 4]      [2, 5]      6: 6 never seen
 
-    With fewer samples than ranks (``N = 2``, ``W = 3``) the default gives ``[0] / [1] / []``:
-    rank 2 has an empty shard (its loop body simply never runs); ``pad=True`` gives
-    ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``.
+    With ``shuffle=True, seed=0`` (training) the epoch-0 order is ``[4, 0, 5, 3, 2, 6, 1]``: the
+    default (padded, = torch) gives ``[4, 3, 1] / [0, 2, 4] / [5, 6, 0]`` (3 steps on every rank),
+    ``pad=False`` gives ``[4, 3, 1] / [0, 2] / [5, 6]`` and ``drop_last=True`` gives
+    ``[4, 3] / [0, 2] / [5, 6]`` (sample 1 is dropped in epoch 0; in epoch 1, order
+    ``[0, 6, 1, 3, 5, 2, 4]``, sample 4 is).
+
+    With fewer samples than ranks (``N = 2``, ``W = 3``, ``shuffle=False``) the default gives
+    ``[0] / [1] / []``: rank 2 has an empty shard (its loop body simply never runs); ``pad=True``
+    gives ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``.
 
     Args:
         dataset: Dataset used for sampling (only ``len(dataset)`` is used). Its size must not
@@ -186,7 +187,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         drop_last: If ``True``, drop the tail of the epoch's order so that every rank gets
             ``floor(N / W)`` samples. Default: ``False``.
         pad: If ``True`` (and ``drop_last=False``), repeat samples as torch does so that every
-            rank gets ``ceil(N / W)`` samples. Default: ``False``.
+            rank gets ``ceil(N / W)`` samples; if ``False``, never. Default ``None``: pad when
+            shuffling (training), not otherwise (evaluation).
 
     Raises:
         RuntimeError: ``num_replicas`` or ``rank`` is not given and no process group is
@@ -219,7 +221,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        pad: bool = False,
+        pad: bool | None = None,
     ) -> None:
         num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
         seed = check_int(seed, "seed", type_error=True)
@@ -240,7 +242,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             seed=seed,
             drop_last=bool(drop_last),
         )
-        self.pad = bool(pad)
+        self.pad = bool(shuffle) if pad is None else bool(pad)
         self._len = n
         if not self.drop_last and not self.pad:
             self.num_samples = len(range(rank, n, num_replicas))

@@ -81,12 +81,14 @@ def _run_checks(rank: int, world: int) -> dict[str, Any]:
     out["torch_accuracy"] = {}
     for n in VAL_SIZES:
         for shuffle in (False, True):
-            out["accuracy"][n, shuffle] = _evaluate(DistributedSampler(range(n), shuffle=shuffle, seed=3))
+            out["accuracy"][n, shuffle] = _evaluate(
+                DistributedSampler(range(n), shuffle=shuffle, seed=3, pad=False)
+            )
         torch_sampler = torch.utils.data.DistributedSampler(range(n), shuffle=False)
         out["torch_accuracy"][n] = _evaluate(torch_sampler)
 
     # reduce_sum: numbers, float sums and a per-class count tensor in one call.
-    shard = torch.tensor(DistributedSampler(range(50), shuffle=True).indices(), dtype=torch.int64)
+    shard = torch.tensor(DistributedSampler(range(50), shuffle=True, pad=False).indices(), dtype=torch.int64)
     out["reduce_sum"] = fd.reduce_sum(
         len(shard),
         float((1.0 / (shard + 1).double()).sum()) if len(shard) else 0.0,
@@ -96,7 +98,7 @@ def _run_checks(rank: int, world: int) -> dict[str, Any]:
     # gather_by_index: outputs back in dataset order, to all ranks and to one rank.
     out["gathered"] = {}
     for n in VAL_SIZES:
-        sampler = DistributedSampler(range(n), shuffle=True, seed=n)
+        sampler = DistributedSampler(range(n), shuffle=True, seed=n, pad=False)
         idx = torch.tensor(sampler.indices(), dtype=torch.int64)
         out["gathered"][n] = (
             fd.gather_by_index(outputs_of(idx), idx),
@@ -122,7 +124,33 @@ def _run_checks(rank: int, world: int) -> dict[str, Any]:
     )
 
     out["join"] = _train_with_join(world)
+    out["default_ddp"] = _train_with_defaults(world)
     return out
+
+
+def _train_with_defaults(world: int) -> dict[str, Any]:
+    """An unchanged DDP training loop, torch's sampler swapped for fastload's, defaults only."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = range(JOIN_SIZE)  # not a multiple of 3 (nor of 2 or 4)
+    sampler = DistributedSampler(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)
+    steps = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            loss = (model(outputs_of(batch)) - labels_of(batch).float()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    all_weights = [torch.empty_like(weights) for _ in range(world)]
+    dist.all_gather(all_weights, weights)
+    return {"steps": steps, "weights": all_weights}
 
 
 def _train_with_join(world: int) -> dict[str, Any]:
@@ -133,7 +161,7 @@ def _train_with_join(world: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(3, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = DistributedSampler(range(JOIN_SIZE), seed=1)
+    sampler = DistributedSampler(range(JOIN_SIZE), seed=1, pad=False)
     loader = torch.utils.data.DataLoader(range(JOIN_SIZE), batch_size=1, sampler=sampler)
     steps = 0
     with Join([model]):
@@ -283,6 +311,16 @@ def test_ddp_with_join_on_uneven_shards(group) -> None:
         weights = r["join"]["weights"]
         for w in weights[1:]:
             assert torch.equal(w, weights[0])  # DDP kept the replicas identical
+
+
+def test_ddp_training_with_default_sampler_arguments_takes_equal_steps(group) -> None:
+    """torch's DistributedSampler swapped for fastload's in a DDP loop: no hang, equal steps."""
+    world, results = group
+    per_epoch = math.ceil(math.ceil(JOIN_SIZE / world) / 2)  # padded shards, batches of 2
+    assert [r["default_ddp"]["steps"] for r in results] == [2 * per_epoch] * world
+    for r in results:
+        weights = r["default_ddp"]["weights"]
+        assert all(torch.equal(w, weights[0]) for w in weights[1:])
 
 
 # ---------------------------------------------------------------- without a process group

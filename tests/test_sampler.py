@@ -40,11 +40,26 @@ def torch_shards(n: int, world: int, epoch: int = 0, **kwargs) -> list[list[int]
     return out
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_default_is_disjoint_complete_and_balanced(shuffle: bool) -> None:
+def test_shuffling_default_is_torchs_padding_index_for_index() -> None:
+    """Training (shuffle=True): equal shard lengths on every rank, as torch (no DDP hang)."""
     for n in SIZES:
         for world in WORLDS:
-            parts = shards(n, world, shuffle=shuffle)
+            for epoch in (0, 3):
+                ours = []
+                for rank in range(world):
+                    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=2)
+                    sampler.set_epoch(epoch)
+                    ours.append(list(sampler))
+                assert ours == torch_shards(n, world, epoch=epoch, seed=2), (n, world)
+                assert len({len(p) for p in ours}) <= 1
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_exact_mode_is_disjoint_complete_and_balanced(shuffle: bool) -> None:
+    """The default without shuffling (evaluation), and pad=False with it."""
+    for n in SIZES:
+        for world in WORLDS:
+            parts = shards(n, world, shuffle=shuffle, pad=False)
             flat = [i for part in parts for i in part]
             assert len(flat) == len(set(flat)), (n, world)  # disjoint
             assert sorted(flat) == list(range(n)), (n, world)  # complete
@@ -58,7 +73,7 @@ def test_default_is_disjoint_complete_and_balanced(shuffle: bool) -> None:
 def test_default_is_a_prefix_of_torch_per_rank(shuffle: bool) -> None:
     for n in SIZES:
         for world in WORLDS:
-            ours = shards(n, world, shuffle=shuffle)
+            ours = shards(n, world, shuffle=shuffle, pad=False)
             theirs = torch_shards(n, world, shuffle=shuffle)
             for mine, torchs in zip(ours, theirs, strict=False):
                 assert torchs[: len(mine)] == mine
@@ -141,11 +156,12 @@ def test_docstring_worked_example() -> None:
     assert shards(7, 3, shuffle=False, pad=True) == [[0, 3, 6], [1, 4, 0], [2, 5, 1]]
     assert shards(7, 3, shuffle=False, drop_last=True) == [[0, 3], [1, 4], [2, 5]]
     assert epoch_permutation(len(data), 0, 0).tolist() == [4, 0, 5, 3, 2, 6, 1]
-    assert shards(7, 3) == [[4, 3, 1], [0, 2], [5, 6]]
+    assert shards(7, 3) == [[4, 3, 1], [0, 2, 4], [5, 6, 0]]  # shuffling: padded like torch
+    assert shards(7, 3, pad=False) == [[4, 3, 1], [0, 2], [5, 6]]
     assert shards(7, 3, pad=True) == [[4, 3, 1], [0, 2, 4], [5, 6, 0]]
     assert shards(7, 3, drop_last=True) == [[4, 3], [0, 2], [5, 6]]
     assert epoch_permutation(7, 0, 1).tolist() == [0, 6, 1, 3, 5, 2, 4]
-    assert shards(2, 3) == [[0], [1], []]
+    assert shards(2, 3, shuffle=False) == [[0], [1], []]
     assert shards(2, 3, pad=True) == [[0], [1], [0]]
     assert shards(2, 3, drop_last=True) == [[], [], []]
     results = doctest.testmod(fastload.sampler)
@@ -154,7 +170,8 @@ def test_docstring_worked_example() -> None:
 
 def test_tiny_datasets_and_empty_ranks() -> None:
     assert shards(0, 4) == [[], [], [], []]
-    assert shards(1, 4) == [[0], [], [], []]
+    assert shards(1, 4, shuffle=False) == [[0], [], [], []]
+    assert shards(1, 4) == [[0], [0], [0], [0]]  # shuffling pads, like torch
     assert shards(1, 1) == [[0]]
     assert shards(0, 3, pad=True) == [[], [], []]
     assert shards(1, 3, pad=True) == [[0], [0], [0]]  # torch repeats the single sample
@@ -164,7 +181,7 @@ def test_works_in_a_torch_dataloader_with_uneven_shards() -> None:
     data = torch.arange(23) * 10
     seen = []
     for rank in range(4):
-        sampler = DistributedSampler(data, num_replicas=4, rank=rank, seed=3)
+        sampler = DistributedSampler(data, num_replicas=4, rank=rank, seed=3, pad=False)
         sampler.set_epoch(1)
         loader = DataLoader(data, batch_size=4, sampler=sampler)
         assert len(loader) == -(-len(sampler) // 4)
@@ -187,7 +204,8 @@ def test_indices_matches_iteration_without_consuming_the_epoch() -> None:
 def test_is_a_torch_distributed_sampler() -> None:
     sampler = DistributedSampler(range(5), num_replicas=2, rank=0)
     assert isinstance(sampler, TorchDistributedSampler)
-    assert "pad=False" in repr(sampler)
+    assert "pad=True" in repr(sampler)  # shuffling: padded like torch
+    assert "pad=False" in repr(DistributedSampler(range(5), num_replicas=2, rank=0, shuffle=False))
 
 
 def test_warns_when_reused_without_set_epoch() -> None:

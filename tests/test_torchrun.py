@@ -40,7 +40,8 @@ SCRIPT = textwrap.dedent(
     before_init = [fd.get_rank(), fd.get_world_size(), fd.get_local_rank(), fd.get_local_world_size()]
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    sampler = DistributedSampler(range(n), seed=5)  # num_replicas and rank from the process group
+    # num_replicas and rank from the process group; exact shards (no padding)
+    sampler = DistributedSampler(range(n), seed=5, pad=False)
     sampler.set_epoch(1)
     shard = list(sampler)
     shards = [None] * dist.get_world_size()
