@@ -25,6 +25,7 @@ Lifecycle guarantees (each tested):
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import os
@@ -80,6 +81,8 @@ class Task:
     epoch: int
     seed: int
     indices: np.ndarray
+    images: torch.Tensor | None = None  # the buffers of an extra slot (not one of the ring's)
+    labels: torch.Tensor | None = None
 
 
 @dataclass
@@ -135,9 +138,9 @@ def describe_sample(dataset: Any, i: int) -> str:
 
 
 def run_task(
-    dataset: Any, task: Task, images: np.ndarray, labels: np.ndarray, skip: bool
+    dataset: Any, task: Task, out: np.ndarray, lab: np.ndarray, skip: bool
 ) -> tuple[int, list[tuple[int, str]]]:
-    """Decodes the samples of ``task`` into ``images[slot]`` / ``labels[slot]``.
+    """Decodes the samples of ``task`` into its slot's arrays ``out`` (N, H, W, 3) and ``lab`` (N,).
 
     Returns:
         ``(filled, skipped)``: how many samples were written, and ``(index, reason)`` of those
@@ -146,8 +149,6 @@ def run_task(
     transform = dataset.transform
     targets = dataset.targets
     target_transform = getattr(dataset, "target_transform", None)
-    out = images[task.slot]
-    lab = labels[task.slot]
     filled = 0
     skipped: list[tuple[int, str]] = []
     for i in task.indices.tolist():
@@ -287,8 +288,12 @@ def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
         if task is None:
             return
         t0 = time.perf_counter()
+        if task.images is not None and task.labels is not None:  # an extra slot
+            out, lab = task.images.numpy(), task.labels.numpy()
+        else:
+            out, lab = np_images[task.slot], np_labels[task.slot]
         try:
-            filled, skipped = run_task(args.dataset, task, np_images, np_labels, args.skip)
+            filled, skipped = run_task(args.dataset, task, out, lab, args.skip)
         except Exception as e:  # reported to the main process, which re-raises it  # noqa: BLE001
             report: Report = BatchFailed(
                 task.generation,
@@ -329,10 +334,15 @@ def _close_live_pools() -> None:
 class WorkerPool:
     """Workers and the shared batch slots they write into.
 
-    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass), or held
-    by a pass (ready, or handed to the consumer). A pass only takes free slots, and a slot of an
-    abandoned pass becomes free when its task reports back, so no two tasks ever write into one
-    slot and no batch is overwritten while it is in use.
+    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass),
+    *pending* (issued and not yet handed out), or *out*: handed to the consumer, as tensors over
+    the slot's memory. An out slot becomes free only when no tensor, view, ``.numpy()`` array or
+    autograd reference to it is left (a finalizer on the storage of the handed-out tensors says
+    so), so a batch the consumer keeps is never overwritten. A consumer that keeps more than the
+    usual two batches (the loop variable and the batch before it) gets *extra* slots instead,
+    allocated one batch at a time and freed when released, so the decoding pipeline keeps its
+    depth. A pass only takes free slots, and a slot of an abandoned pass becomes free when its
+    task reports back, so no two tasks ever write into one slot.
 
     Args:
         dataset: Serves ``get_bytes(i)``, ``targets`` and a ``transform`` with ``decode_into``.
@@ -378,8 +388,18 @@ class WorkerPool:
             self.labels = self.labels.pin_memory()
             self.pinned = True
         self.num_slots = num_slots
+        self.np_images = self.images.numpy()
+        self.np_labels = self.labels.numpy()
         self.free_slots = list(range(num_slots))
         self.busy: dict[int, int] = {}  # slot -> generation of the task writing into it
+        self.pending: set[int] = set()  # issued, not handed out yet
+        self.out: dict[int, int] = {}  # handed out: slot -> finalizers still to run
+        self.returned: collections.deque[int] = collections.deque()  # appended by finalizers (any thread)
+        self.extra: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.next_extra = num_slots
+        self.depth = max(1, num_slots - 2)  # pending slots the pipeline keeps (the ring less 2 in use)
+        self.slot_shape = (batch_size, h, w, 3)
+        self.share = is_process
         self.workers: list[Any] = []
         self.tasks: Any = None
         self.results: Any = None
@@ -416,14 +436,73 @@ class WorkerPool:
             self.workers.append(worker)
         _LIVE_POOLS.add(self)
 
+    def collect_returned(self) -> None:
+        """Frees the slots whose handed-out tensors are all gone."""
+        while self.returned:
+            slot = self.returned.popleft()
+            left = self.out.get(slot, 0) - 1
+            if left > 0:
+                self.out[slot] = left
+                continue
+            self.out.pop(slot, None)
+            if slot in self.extra:
+                del self.extra[slot]  # extras are used once: their memory goes back to the OS
+            elif slot not in self.busy and slot not in self.free_slots:
+                self.free_slots.append(slot)
+
     def take_slot(self) -> int | None:
-        """A free slot, or ``None``."""
-        return self.free_slots.pop(0) if self.free_slots else None
+        """A free slot, an extra one if the consumer keeps batches, or ``None`` (the pipeline is full)."""
+        self.collect_returned()
+        if self.free_slots:
+            return self.free_slots.pop(0)
+        if len(self.pending) >= self.depth:
+            return None
+        slot, self.next_extra = self.next_extra, self.next_extra + 1
+        images = torch.empty(self.slot_shape, dtype=torch.uint8)
+        labels = torch.empty(self.slot_shape[:1], dtype=torch.int64)
+        if self.share:
+            images.share_memory_()
+            labels.share_memory_()
+        self.extra[slot] = (images, labels)
+        return slot
+
+    def arrays(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """The images (N, H, W, 3) and labels (N,) arrays of ``slot``."""
+        if slot in self.extra:
+            images, labels = self.extra[slot]
+            return images.numpy(), labels.numpy()
+        return self.np_images[slot], self.np_labels[slot]
+
+    def hand_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``filled`` images (N, 3, H, W, channels-last memory) and labels of ``slot``, as
+        tensors whose storage tells the pool when they, and everything made from them, are gone."""
+        self.pending.discard(slot)
+        images, labels = self.arrays(slot)
+        images, labels = images[:], labels[:]  # new array objects: only these storages hold them
+        self.out[slot] = 2
+        weakref.finalize(images, self.returned.append, slot)
+        weakref.finalize(labels, self.returned.append, slot)
+        return torch.from_numpy(images)[:filled].permute(0, 3, 1, 2), torch.from_numpy(labels)[:filled]
 
     def release(self, slot: int) -> None:
-        """Makes ``slot`` free again (unless a task is still writing into it)."""
-        if slot not in self.busy and slot not in self.free_slots:
+        """Makes ``slot`` free again (unless a task is still writing into it or it is out)."""
+        self.pending.discard(slot)
+        if slot in self.busy or slot in self.out or slot in self.free_slots:
+            return
+        if slot in self.extra:
+            del self.extra[slot]
+        else:
             self.free_slots.append(slot)
+
+    def reclaim(self, keep: set[int]) -> None:
+        """At the start of a pass: every slot that is not busy, out, or in ``keep`` is free."""
+        self.collect_returned()
+        self.pending = set(self.busy) | keep
+        for slot in [s for s in self.extra if s not in self.pending and s not in self.out]:
+            del self.extra[slot]
+        self.free_slots = [
+            s for s in range(self.num_slots) if s not in self.busy and s not in keep and s not in self.out
+        ]
 
     def issue(
         self,
@@ -439,7 +518,8 @@ class WorkerPool:
             slot = self.take_slot()
             if slot is None:
                 break
-            self.put(Task(generation, issued, slot, epoch, seed, batches[issued]))
+            images, labels = self.extra.get(slot, (None, None))
+            self.put(Task(generation, issued, slot, epoch, seed, batches[issued], images, labels))
             in_flight[issued] = slot
             issued += 1
         return issued
@@ -447,6 +527,7 @@ class WorkerPool:
     def put(self, task: Task) -> None:
         """Hands one task to the workers; its slot is busy until the task reports."""
         self.busy[task.slot] = task.generation
+        self.pending.add(task.slot)
         self.tasks.put(task)
 
     def drain(self, keep: int | None = None) -> None:

@@ -162,7 +162,6 @@ class _Engine:
         self.pool: WorkerPool | None = None
         self.generation = 0
         self.lookahead: _Lookahead | None = None
-        self.held: list[int] = []  # slots handed to the consumer, released two batches later
         self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
 
     def new_generation(self) -> int:
@@ -172,7 +171,6 @@ class _Engine:
     def get_pool(self, loader: DataLoader[Any], seed: int) -> WorkerPool:
         if self.pool is None or self.pool.closed:
             self.lookahead = None
-            self.held.clear()  # slots of the old pool's buffers, which the consumer may keep
             slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
                 3 if loader.reuse_buffers else 1
             )
@@ -252,7 +250,6 @@ class _Engine:
     def close(self) -> None:
         """Stops the workers and gives torch its thread count back."""
         self.lookahead = None
-        self.held.clear()
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -294,11 +291,9 @@ class _FastPass:
         pool = self.pool
         if pool.num_workers:
             pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
-        # Slots not written by a task of an earlier pass (those come back when their task reports)
-        # and not holding an adopted lookahead batch; the previous pass's last batches stay valid
-        # while the next two are consumed, too.
-        kept = {report.slot for report in self.reports.values()} | set(engine.held)
-        pool.free_slots = [s for s in range(pool.num_slots) if s not in pool.busy and s not in kept]
+        # Free: slots not written by a task of an earlier pass (those come back when their task
+        # reports), not holding an adopted lookahead batch, not held by the consumer.
+        pool.reclaim({report.slot for report in self.reports.values()})
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -308,27 +303,22 @@ class _FastPass:
         self.issued = pool.issue(
             self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
         )
+        pool.collect_returned()
         if self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
             self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
 
     def _run_inline(self) -> Report:
         """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
         slot = self.pool.take_slot()
-        if slot is None:  # pragma: no cover - the consumer holds at most 2 of >= 3 slots
+        if slot is None:  # pragma: no cover - nothing is pending without workers: take_slot allocates
             raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
         task = Task(
             self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
         )
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
-        pool = self.pool
-        filled, skipped = run_task(
-            self.loader.dataset,
-            task,
-            pool.images.numpy(),
-            pool.labels.numpy(),
-            self.loader.on_error == "skip",
-        )
+        out, lab = self.pool.arrays(slot)
+        filled, skipped = run_task(self.loader.dataset, task, out, lab, self.loader.on_error == "skip")
         return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
 
     def _wait(self) -> Report:
@@ -354,9 +344,6 @@ class _FastPass:
 
     def __next__(self) -> IndexedBatch:
         pool = self.pool
-        held = self.engine.held
-        while len(held) > (2 if self.loader.reuse_buffers else 0):
-            pool.release(held.pop(0))
         if self.next_batch >= len(self.batches):
             raise StopIteration
         k = self.next_batch
@@ -384,12 +371,13 @@ class _FastPass:
                 warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=3)
             self.loader.stats.skipped += len(report.skipped)
         slot, filled = report.slot, report.filled
-        images = pool.images[slot, :filled].permute(0, 3, 1, 2)
-        labels = pool.labels[slot, :filled]
-        if self.loader.reuse_buffers:
-            held.append(slot)
+        if self.loader.reuse_buffers:  # reused once nothing refers to this batch any more
+            images, labels = pool.hand_out(slot, filled)
         else:
-            images, labels = images.clone(memory_format=torch.channels_last), labels.clone()
+            out, lab = pool.arrays(slot)
+            images = torch.from_numpy(out[:filled]).permute(0, 3, 1, 2)
+            images = images.clone(memory_format=torch.channels_last)
+            labels = torch.from_numpy(lab[:filled]).clone()
             pool.release(slot)
         return IndexedBatch(images, labels, torch.from_numpy(indices))
 
