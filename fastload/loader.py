@@ -16,10 +16,11 @@ shape ``(N, 3, H, W)`` whose memory is channels-last (``images.is_contiguous(mem
 torch.channels_last)``), which is what convolution kernels prefer; labels as int64 ``(N,)``.
 Float conversion and normalization happen once per batch on the device (``fastload.gpu``).
 
-**Buffer reuse.** A yielded batch stays valid while the next two batches are consumed: its
-buffer is handed back to the workers when batch k+3 is requested (also across an epoch
-boundary). Training loops never notice; code that keeps batches (a list of them, say) must
-``.clone()`` them, or pass ``reuse_buffers=False``.
+**Buffer reuse.** A yielded batch is a view of a slot of the ring. The slot goes back to the
+workers only when nothing refers to the batch any more: no tensor, view, ``.numpy()`` array or
+autograd reference (a finalizer on the storage of the handed-out tensors says so). The usual
+loop (consume, drop) keeps reusing the same few slots; a batch you keep (a list of them, say)
+stays intact, and the workers decode into extra buffers meanwhile, as torch's loader would.
 
 **Epoch lookahead.** With persistent workers, once every batch of an epoch has been handed to
 the workers, free slots go to the *next* epoch's first batches (when the order is a function of
@@ -645,7 +646,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
             the sample is left out of its batch (which is then shorter), counted in
             ``stats.skipped``, and a warning names it.
-        reuse_buffers: Hand out views of the reusable batch buffers (see the module docs).
+        reuse_buffers: Hand out views of the reusable batch buffers, recycled once nothing refers to
+            a batch (see the module docs); ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
         limit_threads: Cap ``torch.get_num_threads()`` at ``CPUs - num_workers`` (at least 1)
             when iteration starts.
