@@ -28,6 +28,9 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.queues
 import os
 import pickle
 import queue
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
+from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
 from .decode import DecodeError
@@ -56,7 +60,9 @@ __all__ = [
     "BatchFailed",
     "Task",
     "WorkerPool",
+    "ReportingQueue",
     "describe_sample",
+    "reporting_context",
     "run_task",
     "worker_loop",
 ]
@@ -314,6 +320,64 @@ def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
                 time.perf_counter() - t0,
             )
         args.results.put(report)
+
+
+# --------------------------------------------------------------------------------------------
+# torch's workers: a batch that cannot be sent is an error, not a hang
+# --------------------------------------------------------------------------------------------
+
+
+class ReportingQueue(multiprocessing.queues.Queue):
+    """A multiprocessing queue whose worker-side pickling failures reach the main process.
+
+    torch's workers put ``(batch number, batch)`` on their result queue; when the batch cannot be
+    pickled (a lambda, a file handle, a lock in a sample), the queue's feeder thread prints the
+    error and drops the batch, and torch's iterator waits for it forever. This queue sends the
+    error instead, wrapped like any other worker error, so ``next()`` raises it for that batch.
+    """
+
+    def _on_queue_feeder_error(self, e: Exception, obj: object) -> None:  # the documented hook
+        if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], int)):
+            traceback.print_exc()  # what multiprocessing does for anything else
+            return
+        try:
+            raise RuntimeError(
+                f"a DataLoader worker could not send batch {obj[0]} to the main process: {type(e).__name__}: "
+                f"{e}. With num_workers > 0 every sample must be picklable: return tensors, numbers, "
+                "strings and containers of them from the dataset (or use num_workers=0)."
+            ) from e
+        except RuntimeError:
+            wrapper = ExceptionWrapper(sys.exc_info(), where="in a DataLoader worker process")
+        self.put((obj[0], wrapper))
+
+
+def _reporting(base: type[multiprocessing.context.BaseContext]) -> type[Any]:
+    class Context(base):  # type: ignore[valid-type,misc]
+        def Queue(self, maxsize: int = 0) -> ReportingQueue:  # noqa: N802 - multiprocessing's name
+            return ReportingQueue(maxsize, ctx=self.get_context())
+
+    return Context
+
+
+_REPORTING = {
+    name: _reporting(type(multiprocessing.get_context(name)))
+    for name in multiprocessing.get_all_start_methods()
+}
+
+
+def reporting_context(context: Any) -> Any:
+    """A multiprocessing context like ``context`` (``None``: the default start method, a name, or a
+    standard context) whose queues report a batch that cannot be pickled; any other object as is."""
+    if context is None:
+        name = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    elif isinstance(context, str):
+        name = context
+    elif type(context) in {type(multiprocessing.get_context(m)) for m in _REPORTING}:
+        name = context.get_start_method()
+    else:
+        return context  # the user's own context class: leave it alone
+    cls = _REPORTING.get(name)
+    return context if cls is None else cls()
 
 
 # --------------------------------------------------------------------------------------------

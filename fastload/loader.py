@@ -67,7 +67,16 @@ from torch.utils.data import IterableDataset, Sampler, SequentialSampler
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
-from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample, run_task
+from ._worker import (
+    BatchDone,
+    BatchFailed,
+    Report,
+    Task,
+    WorkerPool,
+    describe_sample,
+    reporting_context,
+    run_task,
+)
 from .batch import IndexedBatch
 from .decode import decode_batch
 from .device import auto_num_workers, available_cpus, cuda_available
@@ -723,6 +732,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
+        if isinstance(num_workers, int) and num_workers > 0:
+            # torch's workers then report a batch that cannot be pickled instead of hanging
+            multiprocessing_context = reporting_context(multiprocessing_context)
         is_iterable = isinstance(dataset, IterableDataset)
         own_sampler = False
         if distributed:

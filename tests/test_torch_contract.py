@@ -238,3 +238,25 @@ def test_generator_makes_the_shuffle_repeatable() -> None:
 
     assert order(fastload.DataLoader) == order(fastload.DataLoader)
     assert sorted(order(fastload.DataLoader)) == list(range(10))
+
+
+class _Unpicklable(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 3:
+            return torch.zeros(2), lambda: i  # a sample a worker cannot send
+        return torch.zeros(2), None
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+def test_a_batch_a_worker_cannot_send_is_a_named_error_not_a_hang(ctx: str) -> None:
+    """torch hangs here (the worker's queue drops the batch); fastload raises for that batch."""
+    loader = fastload.DataLoader(
+        _Unpicklable(), batch_size=2, num_workers=2, multiprocessing_context=ctx, timeout=60, collate_fn=list
+    )
+    delivered, errors = _drain(loader)
+    assert len(delivered) == 2  # batches 0 and 2
+    assert len(errors) == 1 and "could not send batch 1 to the main process" in errors[0]
+    assert "picklable" in errors[0]
