@@ -260,3 +260,71 @@ def test_a_batch_a_worker_cannot_send_is_a_named_error_not_a_hang(ctx: str) -> N
     assert len(delivered) == 2  # batches 0 and 2
     assert len(errors) == 1 and "could not send batch 1 to the main process" in errors[0]
     assert "picklable" in errors[0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": 2, "persistent_workers": True},
+        {"num_workers": 2, "prefetch_factor": 3},
+        {"num_workers": 2, "in_order": False},
+        {"num_workers": 2, "multiprocessing_context": "spawn"},
+        {"num_workers": 0, "pin_memory_device": ""},
+        {"num_workers": 2, "drop_last": True},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_torch_arguments_give_torchs_batches(kwargs: dict[str, Any]) -> None:
+    ours_loader = fastload.DataLoader(_Range(11), batch_size=3, **kwargs)
+    theirs_loader = torch.utils.data.DataLoader(_Range(11), batch_size=3, **kwargs)
+    for _ in range(2):  # two epochs: persistent workers are reused
+        ours, theirs = _drain(ours_loader), _drain(theirs_loader)
+        assert ours[1] == theirs[1] == []
+        if kwargs.get("in_order") is False:  # torch allows any order then: compare the samples
+            flat = sorted(int(v) for batch in ours[0] for v in batch[1])
+            assert flat == sorted(int(v) for batch in theirs[0] for v in batch[1])
+        else:
+            assert len(ours[0]) == len(theirs[0])
+            assert all(_same(a, b) for a, b in zip(ours[0], theirs[0], strict=True))
+    for name in kwargs:  # what the user passed, the loader holds (defaults may differ: see README)
+        assert getattr(ours_loader, name) == getattr(theirs_loader, name) or name == "multiprocessing_context"
+
+
+class _LongStream(IterableDataset[int]):
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self) -> Any:
+        return iter(range(20))
+
+
+def test_iterable_dataset_length_warning_is_torchs() -> None:
+    messages = []
+    stream = _LongStream()  # one object: torch's message quotes its repr
+    for cls in LOADERS:
+        loader = cls(stream, batch_size=None, num_workers=0)
+        len(loader)
+        with pytest.warns(UserWarning) as record:
+            list(loader)
+        messages.append([str(w.message) for w in record if "IterableDataset" in str(w.message)])
+    assert messages[0] and messages[0] == messages[1]
+
+
+def test_a_namedtuple_class_that_cannot_be_pickled() -> None:
+    Local = collections.namedtuple("Local", ["x", "y"])  # defined in a function: not picklable
+
+    class Samples(_Range):
+        def __getitem__(self, i: int) -> Any:
+            return Local(torch.full((2,), float(i)), i)
+
+    # In the main process both loaders collate it alike.
+    ours = _drain(fastload.DataLoader(Samples(4), batch_size=2, num_workers=0))
+    theirs = _drain(torch.utils.data.DataLoader(Samples(4), batch_size=2, num_workers=0))
+    assert ours[1] == theirs[1] == [] and all(_same(a, b) for a, b in zip(ours[0], theirs[0], strict=True))
+    # From a worker, the batch cannot travel: torch waits forever, fastload names the problem.
+    loader = fastload.DataLoader(
+        Samples(4), batch_size=2, num_workers=1, multiprocessing_context="fork", timeout=60
+    )
+    delivered, errors = _drain(loader)
+    assert delivered == [] and len(errors) == 2
+    assert all("could not send batch" in e and "picklable" in e for e in errors)
