@@ -24,7 +24,7 @@ import torch
 from ._checks import check_int
 from .distributed import get_world_size
 
-__all__ = ["DefaultSeed", "EpochState"]
+__all__ = ["DefaultSeed", "EpochState", "resolve_seed"]
 
 STATE_VERSION = 1
 
@@ -52,6 +52,11 @@ class DefaultSeed:
         return self._value
 
 
+def resolve_seed(seed: int | DefaultSeed) -> int:
+    """``seed`` itself, or the value of a :class:`DefaultSeed`."""
+    return seed.value if isinstance(seed, DefaultSeed) else seed
+
+
 class EpochState:
     """Where a loader is in its epochs.
 
@@ -73,8 +78,7 @@ class EpochState:
     @property
     def seed(self) -> int:
         """The seed of the order and of every random augmentation."""
-        if isinstance(self._seed, DefaultSeed):
-            self._seed = self._seed.value
+        self._seed = resolve_seed(self._seed)
         return self._seed
 
     @seed.setter

@@ -318,16 +318,7 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
         return torch.from_numpy(
             np.array(decode_pil(data if not isinstance(data, np.ndarray) else data.tobytes(), name))
         ).permute(2, 0, 1)
-    if (
-        isinstance(data, np.ndarray)
-        and data.dtype == np.uint8
-        and data.ndim == 1
-        and data.flags.writeable
-        and data.flags.c_contiguous
-    ):
-        encoded = torch.from_numpy(data)
-    else:  # torch.frombuffer warns on read-only buffers: hand it a private writable copy
-        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    encoded = _encoded_tensor(data)
     try:
         return decode(encoded)
     except _DECODE_ERRORS as e:
@@ -353,6 +344,7 @@ def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> tor
         and data.flags.c_contiguous
     ):
         return torch.from_numpy(data)
+    # torch.frombuffer warns on read-only buffers: hand it a private writable copy
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from ._checks import check_int
-from ._epoch import DefaultSeed
+from ._epoch import DefaultSeed, resolve_seed
 from .rng import epoch_permutation
 
 __all__ = ["DistributedSampler", "EpochRandomSampler", "shard_indices"]
@@ -109,8 +109,7 @@ class EpochRandomSampler(Sampler[int]):
     @property
     def seed(self) -> int:
         """The shuffling seed."""
-        if isinstance(self._seed, DefaultSeed):
-            self._seed = self._seed.value
+        self._seed = resolve_seed(self._seed)
         return self._seed
 
     @seed.setter
