@@ -1,6 +1,6 @@
 """fastload: fast, deterministic, distributed-exact data loading for PyTorch image training.
 
-Importing fastload is cheap and never touches CUDA or optional dependencies (DALI, matplotlib).
+Importing fastload never touches CUDA or optional dependencies (DALI, matplotlib).
 """
 
 from __future__ import annotations
