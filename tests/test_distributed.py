@@ -128,43 +128,19 @@ def _run_checks(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def _train_with_defaults(world: int) -> dict[str, Any]:
-    """An unchanged DDP training loop, torch's sampler swapped for fastload's, defaults only."""
-    from torch.nn.parallel import DistributedDataParallel
+def _train_ddp(world: int, sampler: DistributedSampler, batch_size: int, join: bool) -> dict[str, Any]:
+    """Two epochs of a plain DDP loop over ``sampler``; steps taken and every rank's weights."""
+    import contextlib
 
-    torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(3, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = range(JOIN_SIZE)  # not a multiple of 3 (nor of 2 or 4)
-    sampler = DistributedSampler(data)
-    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)
-    steps = 0
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            loss = (model(outputs_of(batch)) - labels_of(batch).float()).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
-    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    all_weights = [torch.empty_like(weights) for _ in range(world)]
-    dist.all_gather(all_weights, weights)
-    return {"steps": steps, "weights": all_weights}
-
-
-def _train_with_join(world: int) -> dict[str, Any]:
-    """DDP on uneven shards (no drop_last) inside Join: must finish, with identical weights."""
     from torch.distributed.algorithms import Join
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(3, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = DistributedSampler(range(JOIN_SIZE), seed=1, pad=False)
-    loader = torch.utils.data.DataLoader(range(JOIN_SIZE), batch_size=1, sampler=sampler)
+    loader = torch.utils.data.DataLoader(range(JOIN_SIZE), batch_size=batch_size, sampler=sampler)
     steps = 0
-    with Join([model]):
+    with Join([model]) if join else contextlib.nullcontext():
         for epoch in range(2):
             sampler.set_epoch(epoch)
             for batch in loader:
@@ -177,6 +153,16 @@ def _train_with_join(world: int) -> dict[str, Any]:
     all_weights = [torch.empty_like(weights) for _ in range(world)]
     dist.all_gather(all_weights, weights)
     return {"steps": steps, "weights": all_weights}
+
+
+def _train_with_defaults(world: int) -> dict[str, Any]:
+    """An unchanged DDP loop, torch's sampler swapped for fastload's with default arguments."""
+    return _train_ddp(world, DistributedSampler(range(JOIN_SIZE)), batch_size=2, join=False)
+
+
+def _train_with_join(world: int) -> dict[str, Any]:
+    """DDP on uneven shards (no padding) inside Join: must finish, with identical weights."""
+    return _train_ddp(world, DistributedSampler(range(JOIN_SIZE), seed=1, pad=False), batch_size=1, join=True)
 
 
 def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
