@@ -73,6 +73,16 @@ class Classifier(pl.LightningModule):
         return self.net(x)
 
     def on_train_epoch_start(self) -> None:
+        # Every rank shuffles alike (fastload's default seed in a distributed job), so Lightning's
+        # sampler wrapper partitions one order: together the ranks cover the whole train set.
+        loader = self.trainer.train_dataloader
+        shard = torch.tensor(list(loader.sampler))
+        covered = len(set(self.all_gather(shard).flatten().tolist()))
+        if self.global_rank == 0:
+            print(
+                f"epoch {self.current_epoch}: train samples covered {covered} of {len(loader.dataset)}",
+                flush=True,
+            )
         self.t0 = time.perf_counter()
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
