@@ -410,7 +410,9 @@ class WorkerPool:
 
     Args:
         dataset: Serves ``get_bytes(i)``, ``targets`` and a ``transform`` with ``decode_into``.
-        shape: ``(H, W)`` of every image.
+        sample_shape: The shape of one sample's slot: ``(H, W, 3)`` (handed out as channels-last
+            NCHW) or, with ``channels_first``, ``(3, H, W)`` (handed out as contiguous NCHW).
+        dtype: The slot's dtype (uint8, or float32 for a recognised torchvision pipeline).
         batch_size: Samples per slot.
         num_slots: Batch slots in the ring.
         num_workers: 0: no workers (the caller decodes with :func:`run_task`).
@@ -423,7 +425,8 @@ class WorkerPool:
     def __init__(
         self,
         dataset: Any,
-        shape: tuple[int, int],
+        sample_shape: tuple[int, ...],
+        dtype: torch.dtype,
         batch_size: int,
         num_slots: int,
         num_workers: int,
@@ -433,12 +436,13 @@ class WorkerPool:
         base_seed: int,
         skip: bool,
         worker_init_fn: Callable[[int], None] | None,
+        channels_first: bool = False,
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
-        h, w = shape
         pin = pin and cuda_available()
-        self.images = torch.empty((num_slots, batch_size, h, w, 3), dtype=torch.uint8)
+        self.hwc = not channels_first
+        self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
         self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
         self.pinned = False
         is_process = num_workers > 0 and kind == "process"
@@ -462,7 +466,8 @@ class WorkerPool:
         self.extra: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.next_extra = num_slots
         self.depth = max(1, num_slots - 2)  # pending slots the pipeline keeps (the ring less 2 in use)
-        self.slot_shape = (batch_size, h, w, 3)
+        self.slot_shape = (batch_size, *sample_shape)
+        self.dtype = dtype
         self.share = is_process
         self.workers: list[Any] = []
         self.tasks: Any = None
@@ -522,7 +527,7 @@ class WorkerPool:
         if len(self.pending) >= self.depth:
             return None
         slot, self.next_extra = self.next_extra, self.next_extra + 1
-        images = torch.empty(self.slot_shape, dtype=torch.uint8)
+        images = torch.empty(self.slot_shape, dtype=self.dtype)
         labels = torch.empty(self.slot_shape[:1], dtype=torch.int64)
         if self.share:
             images.share_memory_()
@@ -531,22 +536,27 @@ class WorkerPool:
         return slot
 
     def arrays(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
-        """The images (N, H, W, 3) and labels (N,) arrays of ``slot``."""
+        """The images (N, *sample_shape) and labels (N,) arrays of ``slot``."""
         if slot in self.extra:
             images, labels = self.extra[slot]
             return images.numpy(), labels.numpy()
         return self.np_images[slot], self.np_labels[slot]
 
+    def batch_view(self, images: torch.Tensor) -> torch.Tensor:
+        """A slot's images as ``(N, 3, H, W)``: channels-last memory for HWC slots, else as stored."""
+        return images.permute(0, 3, 1, 2) if self.hwc else images
+
     def hand_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``filled`` images (N, 3, H, W, channels-last memory) and labels of ``slot``, as
-        tensors whose storage tells the pool when they, and everything made from them, are gone."""
+        """The first ``filled`` images (N, 3, H, W; channels-last memory for HWC slots) and labels of
+        ``slot``, as tensors whose storage tells the pool when they, and everything made from them,
+        are gone."""
         self.pending.discard(slot)
         images, labels = self.arrays(slot)
         images, labels = images[:], labels[:]  # new array objects: only these storages hold them
         self.out[slot] = 2
         weakref.finalize(images, self.returned.append, slot)
         weakref.finalize(labels, self.returned.append, slot)
-        return torch.from_numpy(images)[:filled].permute(0, 3, 1, 2), torch.from_numpy(labels)[:filled]
+        return self.batch_view(torch.from_numpy(images)[:filled]), torch.from_numpy(labels)[:filled]
 
     def release(self, slot: int) -> None:
         """Makes ``slot`` free again (unless a task is still writing into it or it is out)."""

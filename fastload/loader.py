@@ -54,6 +54,7 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -81,6 +82,7 @@ from .batch import IndexedBatch
 from .decode import decode_batch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
+from .gpu import BatchTransform, apply_transform
 from .prefetch import CUDAPrefetcher
 from .sampler import DistributedSampler, EpochRandomSampler
 from .stats import LoaderStats
@@ -88,6 +90,8 @@ from .stats import LoaderStats
 __all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_workers"]
 
 T_co = TypeVar("T_co", covariant=True)
+
+_log = logging.getLogger("fastload")
 
 _STATE_KIND = "fastload.DataLoader"
 
@@ -100,6 +104,32 @@ def _is_fast_dataset(dataset: Any) -> bool:
         and callable(getattr(transform, "decode_into", None))
         and getattr(transform, "output_size", None) is not None
     )
+
+
+_SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index")
+
+
+def _source_key(dataset: Any) -> tuple[Any, ...]:
+    """What the path decision depends on: the dataset's own transform, sample list and loader objects."""
+    attributes = getattr(dataset, "__dict__", {})
+    return tuple(attributes.get(name) for name in _SOURCE_ATTRIBUTES)
+
+
+def _same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
+    return a is not None and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _structural_reason(loader: DataLoader[Any]) -> str | None:
+    """Why the loader's arguments (not its dataset) rule out the fast path, or ``None``."""
+    if isinstance(loader.dataset, IterableDataset):
+        return "the dataset is an IterableDataset"
+    if loader.batch_size is None:
+        return "batch_size=None (no batching)"
+    if loader._given_collate:
+        return "a collate_fn is given (the fast path builds its batches itself)"
+    if loader._given_batch_sampler:
+        return "a batch_sampler is given"
+    return None
 
 
 def _split(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
@@ -184,9 +214,13 @@ class _Engine:
             slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
                 3 if loader.reuse_buffers else 1
             )
+            dataset = loader._fast_dataset
+            transform = dataset.transform
+            h, w = transform.output_size
             self.pool = WorkerPool(
-                loader.dataset,
-                tuple(loader.dataset.transform.output_size),  # type: ignore[attr-defined]
+                dataset,
+                tuple(getattr(transform, "sample_shape", (h, w, 3))),
+                getattr(transform, "sample_dtype", torch.uint8),
                 loader.batch_size or 1,
                 slots,
                 loader.num_workers,
@@ -196,6 +230,7 @@ class _Engine:
                 seed,
                 loader.on_error == "skip",
                 loader.worker_init_fn,
+                bool(getattr(transform, "channels_first", False)),
             )
         return self.pool
 
@@ -328,7 +363,7 @@ class _FastPass:
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
         out, lab = self.pool.arrays(slot)
-        filled, skipped = run_task(self.loader.dataset, task, out, lab, self.loader.on_error == "skip")
+        filled, skipped = run_task(self.loader._fast_dataset, task, out, lab, self.loader.on_error == "skip")
         return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
 
     def _wait(self) -> Report:
@@ -385,8 +420,9 @@ class _FastPass:
             images, labels = pool.hand_out(slot, filled)
         else:
             out, lab = pool.arrays(slot)
-            images = torch.from_numpy(out[:filled]).permute(0, 3, 1, 2)
-            images = images.clone(memory_format=torch.channels_last)
+            images = pool.batch_view(torch.from_numpy(out[:filled])).clone(
+                memory_format=torch.preserve_format
+            )
             labels = torch.from_numpy(lab[:filled]).clone()
             pool.release(slot)
         return IndexedBatch(images, labels, torch.from_numpy(indices))
@@ -518,6 +554,7 @@ class DataLoaderIterator:
             sampler_set_epoch(self.epoch)
         self.stats = loader.stats
         self.stats.start()
+        loader._refresh_path()
         try:
             source: Any
             if loader.decode == "device":
@@ -533,7 +570,7 @@ class DataLoaderIterator:
                 source = _TorchPass(loader._torch_iter(), start)
             self._source = source
             it: Iterator[Any] = _HostIterator(source)
-            if loader.device is not None or loader.gpu_transforms is not None:
+            if loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = loader._get_prefetcher()
                 prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
                 it = iter(prefetcher)
@@ -708,6 +745,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         limit_threads: bool = True,
         decode: str = "cpu",
         epoch_lookahead: bool = True,
+        fast_path: bool = True,
     ) -> None:
         if num_workers == "auto":
             # torch's default (0) for an IterableDataset: workers would each replay the whole
@@ -758,6 +796,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             shuffle = False
             own_sampler = True
         self._own_sampler = own_sampler
+        self._given_collate = collate_fn is not None
+        self._given_batch_sampler = batch_sampler is not None
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -786,14 +826,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
         self.decode = decode
-        self._fast = (
-            decode == "cpu"
-            and collate_fn is None
-            and batch_sampler is None
-            and batch_size is not None
-            and not is_iterable
-            and _is_fast_dataset(dataset)
-        )
+        self._allow_fast = bool(fast_path)
+        self._fast_dataset: Any = None
+        self._fast_reason: str | None = None
+        self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._source_key: tuple[Any, ...] | None = None
+        self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
         self._engine = _Engine()
         self._prefetcher: CUDAPrefetcher | None = None
@@ -813,7 +851,62 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     @property
     def fast_path(self) -> bool:
         """Whether batches are decoded straight into shared buffers (else torch's iterator runs)."""
-        return self._fast
+        return self._fast_dataset is not None
+
+    @property
+    def fast_path_reason(self) -> str | None:
+        """Why torch's iterator runs instead of the fast path, in one sentence (``None`` on the fast path)."""
+        return self._fast_reason
+
+    # ---------------------------------------------------------------- which path
+
+    def _choose_path(self, log: bool = False) -> None:
+        """Decides between the fast path and torch's iterator for the dataset as it is now."""
+        dataset = self.dataset
+        self._source_key = _source_key(dataset)
+        self._device_conversion = None
+        self._fast_dataset, self._fast_reason = None, None
+        if self.decode != "cpu":
+            self._fast_reason = "decode='device' decodes on the device"
+            return
+        structural = _structural_reason(self)
+        if structural is not None:
+            self._fast_reason = structural
+        elif _is_fast_dataset(dataset):
+            self._fast_dataset = dataset
+            return
+        elif not self._allow_fast:
+            self._fast_reason = "fast_path=False"
+        else:
+            from .recognize import recognize
+
+            found = recognize(dataset)
+            if found.dataset is not None:
+                view: Any = found.dataset
+                if self.device is not None and self.device.type == "cuda":
+                    # uint8 batches cross to the GPU (4x less traffic) and are converted there
+                    view.transform = view.transform.geometry_only()
+                    self._device_conversion = view.transform.convert_batch
+                self._fast_dataset = view
+                return
+            self._fast_reason = found.reason
+            if log and found.image_pipeline:
+                _log.info(
+                    "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s",
+                    type(dataset).__name__,
+                    found.reason,
+                )
+
+    def _refresh_path(self) -> None:
+        """At the start of a pass: follow a dataset whose transform or samples were replaced, as
+        torch's loader does, unless live persistent workers hold the old one (as torch's do)."""
+        if self.decode != "cpu" or _same_source(self._source_key, _source_key(self.dataset)):
+            return
+        pool = self._engine.pool
+        if pool is not None and not pool.closed and pool.num_workers > 0:
+            return
+        self._engine.close()
+        self._choose_path()
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""
@@ -876,8 +969,29 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """One prefetcher (one side stream) for the loader's lifetime."""
         if self._prefetcher is None:
             device = self.device if self.device is not None else torch.device("cpu")
-            self._prefetcher = CUDAPrefetcher([], device=device, transforms=self.gpu_transforms, dtype=None)
+            self._prefetcher = CUDAPrefetcher([], device=device, transforms=None, dtype=None)
+        transforms: Any = self.gpu_transforms
+        if self._device_conversion is not None:
+            transforms = _ConvertThen(self._device_conversion, self.gpu_transforms)
+        self._prefetcher.transforms = transforms
         return self._prefetcher
+
+
+class _ConvertThen(BatchTransform):
+    """A recognised pipeline's conversion (uint8 -> the user's dtype and normalization) on the
+    device, then the loader's ``gpu_transforms``."""
+
+    def __init__(
+        self, convert: Callable[[torch.Tensor], torch.Tensor], then: Callable[..., Any] | None
+    ) -> None:
+        self.convert = convert
+        self.then = then
+
+    def __call__(self, images: Any, *, indices: Any = None, epoch: int = 0, seed: int = 0) -> torch.Tensor:
+        images = self.convert(images)
+        if self.then is None:
+            return images
+        return apply_transform(self.then, images, indices, epoch, seed)
 
 
 def _check_device_decode(dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any) -> None:

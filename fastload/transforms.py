@@ -60,7 +60,7 @@ import torch
 from PIL import Image
 
 from . import rng as _rng
-from ._checks import check_int, check_probability
+from ._checks import check_choice, check_int, check_probability
 from .decode import (
     JPEG_FORMATS,
     DecodeError,
@@ -94,6 +94,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+# Half-width of PIL's filters at scale 1 (Pillow's ``bilinear_filter``/``bicubic_filter`` support).
+_PIL_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+_RESAMPLERS = ("auto", "pil")
+_PIL_ALL_FILTERS = {**_PIL_FILTERS, "nearest": Image.Resampling.NEAREST}
 # PIL's integer constants, which torchvision also accepts.
 _PIL_INT_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 # Image modes torchvision.io.decode_jpeg reads exactly like PIL (YCbCr JPEGs report "RGB").
@@ -304,11 +308,16 @@ def _trailing_flip(ops: Sequence[tuple[Any, ...]]) -> bool:
     return flips % 2 == 1
 
 
-def _pil_fused(img: Image.Image, plan: Plan, scale: int) -> Image.Image:
-    """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image."""
+def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int] = (0, 0)) -> Image.Image:
+    """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image.
+
+    ``origin``: where ``img`` starts in the image decoded at ``1/scale`` (a decoded region).
+    """
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")  # CMYK, palette, RGBA, 16-bit, ...: as decode_pil does, first
-    x0, y0, x1, y1 = _clamped_box(plan.pixel_box(), img.width, img.height, scale)
+    x0, y0, x1, y1 = plan.pixel_box()
+    box = (x0 - origin[0] * scale, y0 - origin[1] * scale, x1 - origin[0] * scale, y1 - origin[1] * scale)
+    x0, y0, x1, y1 = _clamped_box(box, img.width, img.height, scale)
     size = (plan.width, plan.height)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
     if plan.resample is None or (
@@ -367,6 +376,68 @@ def _decode_region_planned(
         return False
     _copy_pil_out(_pil_fused(Image.fromarray(reduced), plan, scale), out)
     return True
+
+
+def _decode_region_pil(
+    data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray
+) -> bool:
+    """A fusable plan the way PIL runs it on a full decode (``resampler="pil"``), decoding only the
+    box plus the resampling filter's reach; ``False`` when libjpeg reported corrupt data.
+
+    PIL's resample reads, for output pixel ``i``, the source pixels within ``support * max(1,
+    box / out)`` of its centre, clamped to the image. A region that holds every such pixel (and
+    stops only where the image does) gives the same filter taps, so the same pixels as resizing the
+    whole decoded image and then cropping (``Resize(256)`` + ``CenterCrop(224)`` on a PIL image).
+    """
+    height, width = plan.source
+    full_w, full_h = -(-width // scale), -(-height // scale)
+    x0, y0, x1, y1 = (v / scale for v in plan.pixel_box())
+    support = 0.0 if plan.resample is None else _PIL_SUPPORT[plan.resample[0]]
+    reach_x = support * max(1.0, (x1 - x0) / plan.width) + 2
+    reach_y = support * max(1.0, (y1 - y0) / plan.height) + 2
+    left, top = max(0, math.floor(x0 - reach_x)), max(0, math.floor(y0 - reach_y))
+    right, bottom = min(full_w, math.ceil(x1 + reach_x)), min(full_h, math.ceil(y1 + reach_y))
+    region = decode_jpeg_region(data, left, top, right - left, bottom - top, scale)
+    if region is None:
+        return False
+    _copy_pil_out(_pil_fused(Image.fromarray(region), plan, scale, (left, top)), out)
+    return True
+
+
+def _pil_box_exact(plan: Plan) -> bool:
+    """Whether one PIL resample of the plan's box gives the chain's pixels (within 1 level).
+
+    True for crops and flips, and for one bilinear or bicubic resize when it only shrinks. PIL's
+    bicubic resample of a box that it *enlarges* is not the crop of the enlarged image (measured:
+    up to 20 levels apart), so that case, nearest-neighbour and mixed resizes run op by op.
+    """
+    if plan.resample is None:
+        return plan.fusable
+    if not plan.fusable:
+        return False
+    if plan.resample[0] == "bilinear":
+        return True
+    x0, y0, x1, y1 = plan.pixel_box()
+    return x1 - x0 >= plan.width and y1 - y0 >= plan.height
+
+
+def _run_ops_pil(img: Image.Image, ops: Iterable[tuple[Any, ...]]) -> Image.Image:
+    """Plan ops on a PIL image with torchvision's PIL semantics (PIL resamples always antialias)."""
+    from torchvision.transforms import functional as F  # on first use: keeps the import cheap
+
+    if img.mode != "RGB":
+        img = img.convert("RGB")  # as torchvision's pil_loader does before the transforms
+    for op in ops:
+        kind = op[0]
+        if kind == "crop":
+            img = F.crop(img, op[1], op[2], op[3], op[4])  # type: ignore[arg-type,assignment]
+        elif kind == "resize":
+            img = img.resize((op[2], op[1]), _PIL_ALL_FILTERS[op[3]])
+        elif kind == "center_crop":
+            img = F.center_crop(img, [op[1], op[2]])  # type: ignore[arg-type,assignment]
+        else:  # "hflip"
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return img
 
 
 def _copy_pil_out(img: Image.Image, out: np.ndarray) -> None:
@@ -440,12 +511,25 @@ class Transform:
             return torch.from_numpy(out).permute(2, 0, 1)
         raise TypeError(f"img should be a torch.Tensor or a PIL Image, but got {type(img).__name__}")
 
-    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
+    def decode_and_apply(
+        self,
+        data: bytes | memoryview | np.ndarray,
+        name: str = "image",
+        *,
+        resampler: str = "auto",
+        reduce: bool = True,
+    ) -> torch.Tensor:
         """Decodes an encoded image and applies the transform, fused (see the module docstring).
 
         Args:
             data: The encoded file (JPEG, PNG or anything PIL reads).
             name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
+            resampler: ``"auto"`` (fastest: torch's uint8 kernels at full size, which differ from
+                PIL's resample by up to 2 levels on a few pixels) or ``"pil"``: bilinear/bicubic
+                resizes the way PIL runs them, the same pixels (within 1 level) as the torchvision
+                pipeline run on the PIL image (``torchvision.datasets.ImageFolder``'s images).
+            reduce: Allow reduced-size (DCT-scaled) JPEG decoding when the crop is at least twice
+                the output; ``False``: always decode at full size (the reference pixels).
 
         Returns:
             A uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
@@ -453,14 +537,21 @@ class Transform:
         Raises:
             DecodeError: Naming ``name`` when the file is not a decodable image.
         """
+        check_choice(resampler, "resampler", _RESAMPLERS)
         height, width, img = _open(data, name)
         plan = self.plan(height, width)
         out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
-        self._decode_planned(data, img, plan, out, name)
+        self._decode_planned(data, img, plan, out, name, resampler == "pil", bool(reduce))
         return torch.from_numpy(out).permute(2, 0, 1)
 
     def decode_into(
-        self, data: bytes | memoryview | np.ndarray, out: np.ndarray | torch.Tensor, name: str = "image"
+        self,
+        data: bytes | memoryview | np.ndarray,
+        out: np.ndarray | torch.Tensor,
+        name: str = "image",
+        *,
+        resampler: str = "auto",
+        reduce: bool = True,
     ) -> None:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
@@ -469,6 +560,7 @@ class Transform:
             out: A writable uint8 array of shape ``output_size + (3,)``, e.g. one slot of an NHWC
                 batch buffer in shared memory (a CPU uint8 tensor works too: written in place).
             name: How to name the sample in an error.
+            resampler, reduce: As in :meth:`decode_and_apply`.
 
         Raises:
             DecodeError: Naming ``name`` when the file is not a decodable image.
@@ -493,7 +585,8 @@ class Transform:
                 f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is "
                 f"{self.output_size})"
             )
-        self._decode_planned(data, img, plan, out, name)
+        check_choice(resampler, "resampler", _RESAMPLERS)
+        self._decode_planned(data, img, plan, out, name, resampler == "pil", bool(reduce))
 
     # -- the fused decode ---------------------------------------------------------------------------
 
@@ -504,9 +597,19 @@ class Transform:
         plan: Plan,
         out: np.ndarray,
         name: str,
+        pil: bool = False,
+        reduce: bool = True,
     ) -> None:
+        if pil:
+            self._decode_pil(data, img, plan, out, name, reduce)
+            return
         scale = 1
-        if plan.fusable and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
+        if (
+            reduce
+            and plan.fusable
+            and plan.resample is not None
+            and (img is None or img.format in JPEG_FORMATS)
+        ):
             x0, y0, x1, y1 = plan.pixel_box()
             scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
         if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
@@ -525,6 +628,50 @@ class Transform:
                 return
             loaded, applied = load_reduced(img, scale, name)
             self._apply_loaded(loaded, plan, applied, out)
+        except DecodeError:
+            raise
+        except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+            raise decode_error(name, e) from None
+
+    @staticmethod
+    def _decode_pil(
+        data: bytes | memoryview | np.ndarray,
+        img: Image.Image | None,
+        plan: Plan,
+        out: np.ndarray,
+        name: str,
+        reduce: bool,
+    ) -> None:
+        """``resampler="pil"``: the plan as torchvision runs it on a PIL RGB image.
+
+        One PIL resample of the box where that gives the same pixels as the chain (see
+        :func:`_pil_box_exact`), decoding only the region it reads (at ``1/scale`` if ``reduce``);
+        otherwise the ops one by one on the full decode, exactly as torchvision's PIL path.
+        """
+        box_exact = _pil_box_exact(plan)
+        scale = 1
+        if reduce and box_exact and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
+            x0, y0, x1, y1 = plan.pixel_box()
+            scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+        try:
+            loaded: Image.Image | None = None
+            if img is None:
+                if box_exact:
+                    if _decode_region_pil(data, plan, scale, out):
+                        return
+                else:
+                    height, width = plan.source
+                    full = decode_jpeg_region(data, 0, 0, width, height)
+                    loaded = None if full is None else Image.fromarray(full)
+                if loaded is None:
+                    img = open_image(data, name)  # libjpeg reported corrupt data: the reference way
+            if loaded is None:
+                assert img is not None
+                loaded, scale = load_reduced(img, scale, name)
+            if box_exact:
+                _copy_pil_out(_pil_fused(loaded, plan, scale), out)
+            else:
+                _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
         except DecodeError:
             raise
         except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load

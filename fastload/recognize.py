@@ -1,0 +1,461 @@
+"""One-line acceleration: a torchvision image pipeline that fastload reproduces runs on its fast path.
+
+A user who only swaps ``torch.utils.data.DataLoader`` for ``fastload.DataLoader`` hands it a
+``torchvision.datasets.ImageFolder`` (or ``DatasetFolder`` with torchvision's default loader),
+``fastload.ImageFolder`` or ``fastload.InMemoryImageFolder`` whose ``transform`` is a torchvision
+``Compose`` (``transforms`` v1 or ``transforms.v2``). :func:`recognize` reads that pipeline and,
+when every op is one fastload reproduces, returns the dataset the fast path serves from: the same
+samples (paths, labels, order) and a :class:`TorchvisionPipeline`, which decodes each image
+straight into the batch buffer with the user's geometry and then applies the user's conversion and
+normalization, in the same arithmetic, per sample. Otherwise it says in one sentence why not.
+
+Recognised ops (the classes themselves, not subclasses, which may change what they do):
+
+=========================================  =====================================================
+torchvision op                             reproduced as
+=========================================  =====================================================
+``RandomResizedCrop(size, scale, ratio,     :class:`fastload.transforms.RandomResizedCrop`
+interpolation, antialias)``                 (same crop-parameter distribution)
+``Resize(size, interpolation, max_size,    :class:`fastload.transforms.Resize`
+antialias)``
+``CenterCrop(size)``                       :class:`fastload.transforms.CenterCrop`
+``RandomHorizontalFlip(p)``                :class:`fastload.transforms.RandomHorizontalFlip`
+``ToTensor()``                             ``x.to(float32).div(255)`` (torchvision's arithmetic)
+``PILToTensor()``, ``ToImage()``           uint8 ``(3, H, W)``
+``ConvertImageDtype(float32)`` (v1)        ``x.to(float32) / 255``
+``ConvertImageDtype``/``ToDtype(float32,   ``x.to(float32).mul_(1 / 255)`` (v2), or only the
+scale=True/False)`` (v2)                   cast without ``scale``
+``Normalize(mean, std)``                   ``x.sub_(mean).div_(std)``
+=========================================  =====================================================
+
+Pixels. The user's resizes run on PIL images (that is what the dataset yields), so fastload runs
+them the way PIL does (``resampler="pil"``). A pipeline without random ops (evaluation:
+``Resize`` + ``CenterCrop``) decodes at full size: its pixels are torchvision's within 1 uint8
+level. A training pipeline (random ops) also uses reduced-size JPEG decoding for crops at least
+twice the output, which filters slightly differently (``bench/decode.py`` measures it); its crops
+follow torchvision's parameter distribution, drawn from fastload's ``(seed, epoch, index)`` streams.
+
+Not recognised (torch's path runs, and ``loader.fast_path_reason`` names the first op or property
+that stopped it): any other op (``ColorJitter``, ``RandAugment``, ``Lambda``, ...), a geometric op
+after the float conversion, ``target_transform``, a custom ``loader``, a subclass that overrides
+``__getitem__``, a pipeline without a fixed output size, or an output that is not uint8 or float32.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import transforms as T
+from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
+
+__all__ = ["Recognition", "TorchvisionPipeline", "convert_pipeline", "recognize"]
+
+_V1 = "torchvision.transforms.transforms."
+_V2_GEOMETRY = "torchvision.transforms.v2._geometry."
+_V2_CONVERSION = "torchvision.transforms.v2._type_conversion."
+_V2_MISC = "torchvision.transforms.v2._misc."
+
+_COMPOSE = {_V1 + "Compose", "torchvision.transforms.v2._container.Compose"}
+_GEOMETRIC = {
+    **{_V1 + name: name for name in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")},
+    **{
+        _V2_GEOMETRY + name: name
+        for name in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
+    },
+}
+_TO_TENSOR = {_V1 + "ToTensor", "torchvision.transforms.v2._deprecated.ToTensor"}
+_PIL_TO_TENSOR = {_V1 + "PILToTensor", _V2_CONVERSION + "PILToTensor"}
+_TO_IMAGE = {_V2_CONVERSION + "ToImage"}
+_CONVERT_V1 = {_V1 + "ConvertImageDtype"}
+_CONVERT_V2 = {_V2_MISC + "ConvertImageDtype"}
+_TO_DTYPE = {_V2_MISC + "ToDtype"}
+_NORMALIZE = {_V1 + "Normalize", _V2_MISC + "Normalize"}
+
+
+def _qualname(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# --------------------------------------------------------------------------------------------
+# The per-sample pipeline the fast path runs
+# --------------------------------------------------------------------------------------------
+
+
+class TorchvisionPipeline:
+    """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
+
+    The fast path's workers call :meth:`decode_into` with one sample's slot of the batch buffer:
+    ``(H, W, 3)`` uint8 (``channels_first=False``: only the geometry, the batch converted later on
+    the device) or ``(3, H, W)`` of :attr:`dtype` (the user's output, converted per sample).
+
+    Args:
+        geometry: The fastload transforms of the pipeline's crops, resizes and flips.
+        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor, in order:
+            ``("to", dtype)``, ``("div", 255.0)``, ``("mul", 1 / 255)``, ``("normalize", mean, std)``.
+        resampler: ``"pil"`` (resizes as PIL runs them) or ``"auto"`` (resizes on uint8 tensors).
+        reduce: Allow reduced-size JPEG decoding (training pipelines only).
+        description: How ``repr`` names the user's pipeline.
+    """
+
+    def __init__(
+        self,
+        geometry: T.Compose,
+        steps: tuple[tuple[Any, ...], ...],
+        resampler: str,
+        reduce: bool,
+        description: str = "",
+    ) -> None:
+        self.geometry = geometry
+        self.steps = steps
+        self.resampler = resampler
+        self.reduce = reduce
+        self.description = description
+        self.dtype: torch.dtype = torch.uint8
+        for step in steps:
+            if step[0] == "to":
+                self.dtype = step[1]
+        self.channels_first = True  # the loader sets False to convert whole batches on the device
+        self._local = threading.local()
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` of every image."""
+        return self.geometry.output_size
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's slot: ``(3, H, W)``, or ``(H, W, 3)`` without ``channels_first``."""
+        size = self.output_size
+        assert size is not None  # recognised pipelines have a fixed size
+        return (3, *size) if self.channels_first else (*size, 3)
+
+    @property
+    def sample_dtype(self) -> torch.dtype:
+        """The dtype of the slot: :attr:`dtype`, or uint8 without ``channels_first``."""
+        return self.dtype if self.channels_first else torch.uint8
+
+    def geometry_only(self) -> TorchvisionPipeline:
+        """A copy that writes uint8 ``(H, W, 3)`` (the conversion then runs on whole batches)."""
+        other = copy.copy(self)
+        other.channels_first = False
+        other._local = threading.local()
+        return other
+
+    def decode_into(
+        self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image"
+    ) -> None:
+        """Decodes one sample into its slot ``out`` (see the class docs)."""
+        if not self.channels_first:
+            self.geometry.decode_into(data, out, name, resampler=self.resampler, reduce=self.reduce)
+            return
+        scratch = getattr(self._local, "scratch", None)
+        size = self.output_size
+        assert size is not None
+        if scratch is None:
+            scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
+        self.geometry.decode_into(data, scratch, name, resampler=self.resampler, reduce=self.reduce)
+        convert(torch.from_numpy(scratch).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+
+    def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """The conversion steps on a uint8 ``(N, 3, H, W)`` batch (on any device): contiguous NCHW."""
+        out = torch.empty(images.shape, dtype=self.dtype, device=images.device)
+        return convert(images, out, self.steps)
+
+    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
+        """One sample as a ``(3, H, W)`` tensor of :attr:`dtype` (what the user's pipeline returns)."""
+        size = self.output_size
+        assert size is not None
+        out = np.empty((3, *size), dtype=torch.empty(0, dtype=self.dtype).numpy().dtype)
+        pipeline = self if self.channels_first else copy.copy(self)
+        pipeline.channels_first = True
+        pipeline.decode_into(data, out, name)
+        return torch.from_numpy(out)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]  # per-thread scratch buffers
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"TorchvisionPipeline({self.description or self.geometry!r})"
+
+
+def convert(src: torch.Tensor, out: torch.Tensor, steps: tuple[tuple[Any, ...], ...]) -> torch.Tensor:
+    """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
+
+    The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
+    ``Normalize``: ``sub_(mean).div_(std)``), so equal uint8 pixels give equal floats.
+    """
+    out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
+    for step in steps:
+        kind = step[0]
+        if kind == "div":
+            out.div_(step[1])
+        elif kind == "mul":
+            out.mul_(step[1])
+        elif kind == "normalize":
+            mean = torch.as_tensor(step[1], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+            std = torch.as_tensor(step[2], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+            out.sub_(mean).div_(std)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a torchvision pipeline
+# --------------------------------------------------------------------------------------------
+
+
+class _NotReproducible(Exception):
+    """Why a pipeline cannot run on the fast path (the message is the reason)."""
+
+
+def _flatten(transform: Any) -> list[Any]:
+    if _qualname(transform) in _COMPOSE:
+        ops: list[Any] = []
+        for t in transform.transforms:
+            ops += _flatten(t)
+        return ops
+    return [transform]
+
+
+def _interpolation(op: Any, on_pil: bool) -> str:
+    mode = getattr(op.interpolation, "value", op.interpolation)
+    if isinstance(mode, int):
+        mode = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(mode, str(mode))
+    if mode not in ("bilinear", "bicubic", "nearest"):
+        raise _NotReproducible(
+            f"{type(op).__name__}(interpolation={mode!r}): fastload resizes with "
+            "bilinear, bicubic or nearest only"
+        )
+    return str(mode)
+
+
+def _antialias(op: Any, on_pil: bool) -> bool:
+    if on_pil:
+        return True  # PIL's resample always antialiases; torchvision ignores the flag for PIL images
+    value = getattr(op, "antialias", True)
+    return True if value is None or value == "warn" else bool(value)
+
+
+def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
+    if name == "RandomResizedCrop":
+        return T.RandomResizedCrop(
+            list(op.size),
+            scale=tuple(op.scale),
+            ratio=tuple(op.ratio),
+            interpolation=_interpolation(op, on_pil),
+            antialias=_antialias(op, on_pil),
+        )
+    if name == "Resize":
+        size = op.size
+        if isinstance(size, (list, tuple)) and len(size) == 1:
+            size = size[0]
+        return T.Resize(
+            size,
+            interpolation=_interpolation(op, on_pil),
+            max_size=op.max_size,
+            antialias=_antialias(op, on_pil),
+        )
+    if name == "CenterCrop":
+        return T.CenterCrop(list(op.size))
+    return T.RandomHorizontalFlip(float(op.p))
+
+
+def _float_dtype(dtype: Any, op: Any) -> None:
+    if dtype != torch.float32:
+        raise _NotReproducible(
+            f"{type(op).__name__} to {dtype}: fastload reproduces uint8 and float32 outputs only"
+        )
+
+
+def convert_pipeline(transform: Any) -> TorchvisionPipeline:
+    """The fast equivalent of a torchvision pipeline applied to PIL RGB images.
+
+    Raises:
+        ValueError: Saying which op (or property of the pipeline) fastload cannot reproduce.
+    """
+    try:
+        return _convert(transform)
+    except _NotReproducible as e:
+        raise ValueError(str(e)) from None
+
+
+def _convert(transform: Any) -> TorchvisionPipeline:
+    if _qualname(transform) not in _COMPOSE and _qualname(transform) not in _GEOMETRIC:
+        raise _NotReproducible(
+            f"the dataset's transform ({type(transform).__name__}) is not a torchvision Compose"
+        )
+    state = "pil"  # what the image is at this point: "pil", "uint8" (tensor) or "float"
+    geometry: list[T.Transform] = []
+    on_pil: set[bool] = set()
+    random = False
+    steps: list[tuple[Any, ...]] = []
+    for op in _flatten(transform):
+        name = _qualname(op)
+        label = type(op).__name__
+        if name in _GEOMETRIC:
+            kind = _GEOMETRIC[name]
+            if state == "float":
+                raise _NotReproducible(
+                    f"{label} runs on a float tensor (after the conversion to float): fastload reproduces "
+                    "crops, resizes and flips before it"
+                )
+            on_pil.add(state == "pil")
+            geometry.append(_geometric(op, kind, state == "pil"))
+            random = random or kind in ("RandomResizedCrop", "RandomHorizontalFlip")
+        elif name in _TO_TENSOR:
+            if state != "pil":
+                raise _NotReproducible(f"{label} on a tensor: torchvision's ToTensor expects a PIL image")
+            _float_dtype(torch.get_default_dtype(), op)
+            steps += [("to", torch.float32), ("div", 255.0)]
+            state = "float"
+        elif name in _PIL_TO_TENSOR:
+            if state != "pil":
+                raise _NotReproducible(f"{label} on a tensor: it expects a PIL image")
+            state = "uint8"
+        elif name in _TO_IMAGE:
+            if state == "pil":
+                state = "uint8"
+        elif name in _CONVERT_V1 or name in _CONVERT_V2 or name in _TO_DTYPE:
+            dtype = op.dtype
+            scale = True if name not in _TO_DTYPE else bool(op.scale)
+            if not isinstance(dtype, torch.dtype):
+                raise _NotReproducible(f"{label} with a per-type dtype mapping")
+            if state == "pil":
+                if name in _TO_DTYPE:
+                    continue  # v2 passes PIL images through ToDtype unchanged
+                raise _NotReproducible(f"{label} on a PIL image")
+            if dtype == torch.uint8:
+                if state == "float":
+                    raise _NotReproducible(f"{label} from float back to uint8")
+                continue
+            _float_dtype(dtype, op)
+            if state == "uint8":
+                steps.append(("to", torch.float32))
+                if scale:
+                    steps.append(("div", 255.0) if name in _CONVERT_V1 else ("mul", 1.0 / 255))
+            state = "float"
+        elif name in _NORMALIZE:
+            if state != "float":
+                raise _NotReproducible(f"{label} on a {'PIL image' if state == 'pil' else 'uint8 tensor'}")
+            steps.append(("normalize", tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)))
+        else:
+            raise _NotReproducible(f"{label} is not an op fastload reproduces on its fast path")
+    if state == "pil":
+        raise _NotReproducible("the pipeline returns PIL images (no ToTensor, PILToTensor or ToImage)")
+    if len(on_pil) > 1:
+        raise _NotReproducible("the pipeline resizes both PIL images and tensors")
+    pipeline = T.Compose(geometry)
+    if pipeline.output_size is None:
+        raise _NotReproducible(
+            "its images have no single size (end the pipeline with CenterCrop or RandomResizedCrop): "
+            "batches need one size"
+        )
+    pil = on_pil != {False}
+    return TorchvisionPipeline(
+        pipeline,
+        tuple(steps),
+        resampler="pil" if pil and not random else "auto",
+        reduce=random,
+        description=" -> ".join(type(op).__name__ for op in _flatten(transform)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the dataset
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """What :func:`recognize` found: the dataset the fast path serves from, or why there is none."""
+
+    dataset: EncodedImageDataset | None
+    reason: str | None
+    image_pipeline: bool  # the dataset is an image folder (a torchvision pipeline was not reproduced)
+
+
+def _torchvision_folder(dataset: Any) -> bool:
+    module = sys.modules.get("torchvision.datasets.folder")
+    return module is not None and isinstance(dataset, module.DatasetFolder)
+
+
+def _folder_view(dataset: Any) -> EncodedImageDataset:
+    """A fastload ``ImageFolder`` over a torchvision ``DatasetFolder``'s samples (same order, labels)."""
+    module = sys.modules["torchvision.datasets.folder"]
+    cls = type(dataset)
+    if (
+        cls.__getitem__ is not module.DatasetFolder.__getitem__
+        or cls.__len__ is not module.DatasetFolder.__len__
+    ):
+        raise _NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
+    loader = getattr(dataset, "loader", None)
+    if loader is not module.default_loader and loader is not module.pil_loader:
+        raise _NotReproducible(
+            "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
+        )
+    if loader is module.default_loader:
+        from torchvision import get_image_backend
+
+        if get_image_backend() != "PIL":
+            raise _NotReproducible("torchvision's image backend is not PIL")
+    samples = dataset.samples
+    paths = [os.fspath(p) for p, _ in samples]
+    targets = np.fromiter((int(t) for _, t in samples), dtype=np.int64, count=len(samples))
+    classes = list(getattr(dataset, "classes", []))
+    if len(targets) and (targets.min() < 0 or targets.max() >= len(classes)):
+        raise _NotReproducible("its targets are not indices into dataset.classes")
+    try:
+        class_index = ClassIndex(classes)
+    except ValueError as e:
+        raise _NotReproducible(f"its classes are not a list of distinct names ({e})") from None
+    index = FolderIndex("", paths, targets, class_index)
+    view = ImageFolder(None, index=index)
+    view.root = getattr(dataset, "root", None)
+    return view
+
+
+def recognize(dataset: Any) -> Recognition:
+    """The fast path's dataset for ``dataset`` (see the module docs), or the reason there is none."""
+    fastload_dataset = isinstance(dataset, EncodedImageDataset)
+    if not (fastload_dataset or _torchvision_folder(dataset)):
+        return Recognition(
+            None,
+            f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "
+            "InMemoryImageFolder or torchvision's ImageFolder/DatasetFolder)",
+            False,
+        )
+    try:
+        transform = getattr(dataset, "transform", None)
+        if transform is None:
+            raise _NotReproducible("the dataset has no transform: its samples are PIL images")
+        if getattr(dataset, "target_transform", None) is not None:
+            raise _NotReproducible("the dataset has a target_transform")
+        if fastload_dataset and getattr(dataset, "loader", None) is not None:
+            raise _NotReproducible("the dataset has a custom loader")
+        if not fastload_dataset and getattr(dataset, "transforms", None) is not None:
+            standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
+            if standard is None or not isinstance(dataset.transforms, standard):
+                raise _NotReproducible("the dataset has a joint transforms callable")
+        pipeline = _convert(transform)
+        if fastload_dataset:
+            view = copy.copy(dataset)
+        else:
+            view = _folder_view(dataset)
+        view.transform = pipeline
+        return Recognition(view, None, True)
+    except _NotReproducible as e:
+        return Recognition(None, str(e), True)
