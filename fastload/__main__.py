@@ -16,7 +16,6 @@ from .folder import ClassIndex, scan_folder
 from .pack import add_pack_parser
 from .synthetic import make_imagenet_like
 
-
 # Written by `synth` into its output folder first: a folder holding only an earlier run of the same
 # command (e.g. one interrupted by Ctrl-C) is completed, anything else non-empty needs --force.
 _SYNTH_MARKER = ".fastload-synth.json"
