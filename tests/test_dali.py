@@ -1,8 +1,9 @@
 """The DALI backend: labels, shards, orders and pixels against fastload's and torchvision's own.
 
 Tests that need DALI take the ``dali`` fixture, which skips them (with the install command) where
-``nvidia.dali`` cannot be imported, except with ``FASTLOAD_REQUIRE_DALI=1`` (CI), where they fail. The rest (the import contract, the error without DALI, argument
-checks, the header parser) run everywhere.
+``nvidia.dali`` cannot be imported, except with ``FASTLOAD_REQUIRE_DALI=1`` (CI), where they fail.
+The rest (the import contract, the error without DALI, argument checks, the header parser) run
+everywhere.
 """
 
 from __future__ import annotations
