@@ -512,9 +512,10 @@ def run(
 ) -> list[dict[str, Any]]:
     """Measures every combination and returns one record per measurement (see the module docs).
 
-    Every record carries the run's ``settings`` and ``environment`` (versions, C extension, DALI,
-    CPUs, load average at the start: :func:`fastload.info.environment`). ``progress`` shows a bar
-    per measurement on stderr (default: when stderr is a terminal).
+    ``log`` receives the table: a note per backend that cannot run here, the header, then each row
+    as it is measured. Every record carries the run's ``settings`` and ``environment`` (versions,
+    C extension, DALI, CPUs, load average at the start: :func:`fastload.info.environment`).
+    ``progress`` shows a bar per measurement on stderr (default: when stderr is a terminal).
     """
     _check_names(backends, pipelines)
     env = environment()
@@ -534,7 +535,16 @@ def run(
         "workers": list(workers),
     }
     records: list[dict[str, Any]] = []
-    skipped: set[str] = set()
+    # Backends that cannot run here are named once, before the table, not between its rows.
+    skipped = set()
+    for name in backends:
+        reason = None if name == REFERENCE else BACKENDS[name].unavailable()
+        if reason:
+            log(f"skipping {name}: {reason}")
+            skipped.add(name)
+    header = _header(bool(config.step_ms))
+    log(header)
+    log("-" * len(header))
 
     def add(record: dict[str, Any]) -> None:
         record["settings"] = settings
@@ -555,15 +565,9 @@ def run(
                 reference = {"images_per_s": statistics.median(runs), "images_per_s_runs": runs}
             base = None
             for name in backends:
-                if name == REFERENCE:
+                if name == REFERENCE or name in skipped:
                     continue
                 backend = BACKENDS[name]
-                reason = backend.unavailable()
-                if reason:
-                    if name not in skipped:
-                        log(f"skipping {name}: {reason}")
-                        skipped.add(name)
-                    continue
                 total = config.warmup + config.repeat * config.batches
                 with _bar(progress, total, f"{pipeline} workers={w} {name}") as bar:
                     loader = backend.build(config, pipeline, w)
@@ -916,9 +920,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
         f"{config.repeat} runs (median, min-max), {config.warmup} warm-up batches, workers {workers}"
         + (f", model step {config.step_ms:g} ms" if config.step_ms else "")
     )
-    header = _header(bool(config.step_ms))
-    print(header)
-    print("-" * len(header))
     try:
         records = run(config, backends, args.pipelines, workers, progress=False if args.no_progress else None)
     except ValueError as e:

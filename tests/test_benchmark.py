@@ -157,6 +157,33 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
     assert "model step 200 ms" in printed
 
 
+def test_an_unavailable_backend_is_named_once_before_the_table(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def build(config: benchmark.BenchConfig, pipeline: str, num_workers: int) -> list[object]:
+        raise AssertionError("an unavailable backend is never built")
+
+    missing = benchmark.Backend("missing", build, lambda: "needs a library this machine lacks")
+    monkeypatch.setitem(benchmark.BACKENDS, "missing", missing)
+    args = [
+        "--workers",
+        "0,1",
+        "--backends",
+        "missing,torchvision",
+        "--pipelines",
+        "train,val",
+        "--repeat",
+        "1",
+    ]
+    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    notes = [i for i, line in enumerate(lines) if line.startswith("skipping missing:")]
+    header = next(i for i, line in enumerate(lines) if line.startswith("backend"))
+    assert len(notes) == 1 and notes[0] < header and "lacks" in lines[notes[0]]
+    rows = [line for line in lines[header + 2 :] if line.startswith(("missing", "torchvision"))]
+    assert [r.split()[0] for r in rows] == ["torchvision"] * 4
+
+
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing measured, no table
