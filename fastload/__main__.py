@@ -1,20 +1,55 @@
-"""Command line: ``python -m fastload {synth,scan,pack,bench} ...`` (also installed as ``fastload``)."""
+"""Command line: ``python -m fastload {synth,scan,pack,bench,info} ...`` (also installed as ``fastload``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from .folder import ClassIndex, scan_folder
 from .pack import add_pack_parser
 from .synthetic import make_imagenet_like
 
+# Written by `synth` into its output folder first: a folder holding only an earlier run of the same
+# command (e.g. one interrupted by Ctrl-C) is completed, anything else non-empty needs --force.
+_SYNTH_MARKER = ".fastload-synth.json"
+
+
+def _synth_settings(args: argparse.Namespace) -> dict[str, object]:
+    keys = ("classes", "per_class", "val_per_class", "seed", "no_quirks")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _files_under(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file() and p.name != _SYNTH_MARKER)
+
 
 def _synth(args: argparse.Namespace) -> int:
+    out = Path(args.root)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"synth writes a folder, but {str(out)!r} is a file: choose another ROOT")
+    settings = _synth_settings(args)
+    marker = out / _SYNTH_MARKER
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        try:
+            earlier = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if earlier != settings:
+            what = "an earlier synth with other settings" if earlier else f"{_files_under(out)} file(s)"
+            raise ValueError(
+                f"{str(out)!r} is not empty (it holds {what}): new images would be mixed with what is "
+                "there. Choose an empty or new folder, or pass --force to write into it anyway "
+                "(files of the same name are overwritten, the others kept)"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings))
     root = make_imagenet_like(
         args.root,
         classes=args.classes,
@@ -27,6 +62,17 @@ def _synth(args: argparse.Namespace) -> int:
     )
     n = args.classes * (args.per_class + args.val_per_class)
     print(f"wrote {n} images in {args.classes} classes to {root}/train and {root}/val")
+    others = _files_under(root) - n
+    if others > 0:
+        print(f"note: {root} also holds {others} other file(s), which were left as they were")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .info import environment, summary_line  # imports torchvision, which the other commands skip
+
+    env = environment()
+    print(json.dumps(env, indent=1) if args.json else summary_line(env))
     return 0
 
 
@@ -53,6 +99,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fastload", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("synth", help="write an ImageNet-like synthetic JPEG tree (train/ and val/)")
@@ -63,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="every byte written depends only on it (default 0)")
     p.add_argument("--no-quirks", action="store_true", help="no grayscale/CMYK/PNG-named-.JPEG files")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: all CPUs)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty ROOT (refused by default, unless it holds an earlier run of the "
+        "same command, which is completed)",
+    )
     p.set_defaults(func=_synth)
 
     p = sub.add_parser("scan", help="scan a split folder into an index and/or a class list")
@@ -85,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="throughput benchmark (same options as bench/throughput.py)", add_help=False
     )
     p.set_defaults(func=None)
+
+    p = sub.add_parser(
+        "info", help="one line: versions, whether the C extension is built, whether DALI is installed"
+    )
+    p.add_argument("--json", action="store_true", help="every field as JSON (what benchmark records carry)")
+    p.set_defaults(func=_info)
     return parser
 
 
@@ -95,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `python -m fastload --help` and the other commands do not need.
         from .benchmark import main as bench_main
 
-        return bench_main(argv[1:])
+        return bench_main(argv[1:], prog="python -m fastload bench")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -3,22 +3,31 @@
 Run as ``python bench/throughput.py`` or ``python -m fastload bench`` (same options). A
 measurement ends when the batch is what a model consumes: a normalized float tensor on the target
 device. For every (backend, pipeline, num_workers) the loader is built once, warmed up, then
-timed ``--repeat`` times over ``--batches`` batches; the median is reported. Each backend's rate
-is divided by the ``torchvision`` baseline's at the same ``num_workers`` *in the same run*, since
-the absolute numbers of a shared machine drift.
+timed ``--repeat`` times over ``--batches`` batches; the median is reported with the slowest and
+fastest run next to it. Each backend's rate is divided by the ``torchvision`` baseline's at the
+same ``num_workers`` *in the same run*, since the absolute numbers of a shared machine drift, and
+a ratio whose runs spread more than the difference it shows is flagged (``?``).
 
 Backends (those whose dependencies are missing are skipped with a note):
 
 * ``torchvision``: the baseline, ``torchvision.datasets.ImageFolder`` + ``RandomResizedCrop(224)``,
   ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize`` (val: ``Resize(256)``, ``CenterCrop(224)``)
   and ``torch.utils.data.DataLoader``, batches moved to the device;
-* ``decode-ceiling``: not a pipeline, the physical limit: the single-process full-size decode rate
-  of the same files (PIL) times the number of worker processes;
 * ``fastload``, ``fastload-threads``, ``memory``, ``device-decode``: ``fastload.DataLoader`` over
   files (process or thread workers), over ``InMemoryImageFolder``, and with decoding on the device;
 * ``dali``: :class:`fastload.dali.DALILoader` (:func:`dali_backend`); it reports itself
   unavailable, with the install command, where NVIDIA DALI cannot be imported;
 * further backends register themselves with :func:`register_backend`.
+
+And one reference row, ``full-decode``: not a pipeline but a yardstick, the rate of a full-size
+PIL decode to RGB of the same files (no crop, resize, normalization or batching), measured in one
+process and multiplied by the cores the workers can use: ``min(max(1, num_workers), CPUs)``. A
+pipeline above it (``vs decode`` > 1) decodes less than every full image, as fastload does when it
+decodes only the crop or at a reduced DCT scale; it is not a ceiling.
+
+The columns are explained by :data:`LEGEND` (printed under the table and in ``--help``). Memory is
+the PSS (proportional set size) of the benchmark process and all its children: a page shared by k
+processes counts 1/k in each, so the worker processes' shared memory is counted once.
 
 Dependencies: this module imports the modules it measures; DALI itself is imported only when the
 ``dali`` backend builds its loader (``fastload.dali`` never imports it at import time), matplotlib
@@ -33,7 +42,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,17 +53,38 @@ import psutil
 import torch
 import torchvision
 from PIL import Image
+from tqdm import tqdm
 
 from . import gpu
 from . import transforms as T
 from .dali import DALILoader, dali_unavailable_reason
-from .device import cuda_available, device_is_cuda
+from .decode import roi_decoder_available
+from .device import available_cpus, cuda_available, device_is_cuda
 from .folder import ClassIndex, ImageFolder, scan_folder
+from .info import environment
 from .loader import DataLoader
 from .memory import InMemoryImageFolder
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["BenchConfig", "Backend", "dali_backend", "pipeline_split", "register_backend", "run", "main"]
+__all__ = [
+    "BenchConfig",
+    "Backend",
+    "LEGEND",
+    "PIPELINES",
+    "REFERENCE",
+    "dali_backend",
+    "format_table",
+    "full_decode_rates",
+    "pipeline_split",
+    "register_backend",
+    "run",
+    "main",
+]
+
+#: The pipelines every backend implements (``pipeline_split`` gives the folder each reads).
+PIPELINES = ("train", "val")
+#: The name of the reference row (see the module docstring); accepted in ``--backends``.
+REFERENCE = "full-decode"
 
 
 @dataclass
@@ -70,6 +99,7 @@ class BenchConfig:
     device: str = "cpu"
     seed: int = 0
     gpu_transforms: bool = False
+    step_ms: float = 0.0  # a simulated model step after each batch (sleep: the CPU stays free)
 
 
 @dataclass
@@ -81,11 +111,13 @@ class Backend:
         build: ``build(config, pipeline, num_workers)`` returns an iterable of ``(images, labels)``
             batches (images normalized float on ``config.device``); iterated again for each epoch.
         unavailable: ``unavailable()`` returns why the backend cannot run here, or ``None``.
+        description: One line for ``--help``.
     """
 
     name: str
     build: Callable[[BenchConfig, str, int], Iterable[Any]]
     unavailable: Callable[[], str | None] = lambda: None
+    description: str = ""
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -144,7 +176,13 @@ def _build_torchvision(config: BenchConfig, pipeline: str, num_workers: int) -> 
     return _ToDevice(loader, config.device)
 
 
-register_backend(Backend("torchvision", _build_torchvision))
+register_backend(
+    Backend(
+        "torchvision",
+        _build_torchvision,
+        description="the baseline: torchvision ImageFolder + transforms + torch DataLoader",
+    )
+)
 
 
 # --------------------------------------------------------------------------- fastload backends
@@ -228,10 +266,18 @@ def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -
     )
 
 
-register_backend(Backend("fastload", _build_fastload))
-register_backend(Backend("fastload-threads", _build_fastload_threads))
-register_backend(Backend("memory", _build_memory))
-register_backend(Backend("device-decode", _build_device_decode))
+register_backend(Backend("fastload", _build_fastload, description="fastload.DataLoader over the files"))
+register_backend(
+    Backend("fastload-threads", _build_fastload_threads, description="the same with thread workers")
+)
+register_backend(Backend("memory", _build_memory, description="fastload.DataLoader over InMemoryImageFolder"))
+register_backend(
+    Backend(
+        "device-decode",
+        _build_device_decode,
+        description="decode='device' (nvJPEG on CUDA; on a CPU device: in the main process)",
+    )
+)
 
 
 # --------------------------------------------------------------------------- DALI backend
@@ -260,7 +306,12 @@ def dali_backend() -> Backend:
     Registered by default; where DALI cannot be imported, ``unavailable()`` says why and names
     ``pip install 'fastload[dali]'``, and :func:`run` skips the backend.
     """
-    return Backend("dali", _build_dali, dali_unavailable_reason)
+    return Backend(
+        "dali",
+        _build_dali,
+        dali_unavailable_reason,
+        description="fastload.dali.DALILoader (NVIDIA DALI; its CPU pipeline without CUDA)",
+    )
 
 
 register_backend(dali_backend())
@@ -269,15 +320,11 @@ register_backend(dali_backend())
 # --------------------------------------------------------------------------- measuring
 
 
-class _ResourceSampler:
-    """Samples the RSS of this process and its children (workers) in a background thread."""
+class _ProcessTree:
+    """CPU time and memory (PSS) of this process and its descendants (the loaders' workers)."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self) -> None:
         self._proc = psutil.Process()
-        self.interval = interval
-        self.peak_rss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _procs(self) -> list[Any]:
         try:
@@ -291,32 +338,28 @@ class _ResourceSampler:
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
-            except psutil.Error:
+            except psutil.Error:  # a process that exited in between: its time is gone with it
                 pass
         return total
 
-    def _sample(self) -> None:
-        rss = 0
+    def pss_bytes(self) -> int | None:
+        """Summed PSS of the tree, or ``None`` where the OS reports no PSS (only Linux does).
+
+        Reading it costs the kernel about 10 ms per process (``/proc/<pid>/smaps_rollup``), so it
+        is read between timed runs, never during one.
+        """
+        total = 0
         for p in self._procs():
             try:
-                rss += p.memory_info().rss
-            except psutil.Error:
-                pass
-        self.peak_rss = max(self.peak_rss, rss)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> _ResourceSampler:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
+                pss = getattr(p.memory_full_info(), "pss", None)
+            except psutil.NoSuchProcess:
+                continue
+            except psutil.Error:  # e.g. AccessDenied: a PSS without this process would be wrong
+                return None
+            if pss is None:
+                return None
+            total += pss
+        return total
 
 
 def _endless(loader: Iterable[Any]) -> Iterator[Any]:
@@ -340,42 +383,70 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(loader: Iterable[Any], config: BenchConfig) -> dict[str, Any]:
-    """Times ``config.repeat`` runs of ``config.batches`` batches; medians of the rates."""
+def measure(
+    loader: Iterable[Any], config: BenchConfig, on_batch: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """Times ``config.repeat`` runs of ``config.batches`` batches after ``config.warmup`` batches.
+
+    With ``config.step_ms`` the loop sleeps that long after each batch, like a training step on an
+    accelerator (the CPU stays free for the workers), so ``stall_fraction`` (the share of the wall
+    time spent waiting in ``next()``) says whether the loader keeps up with such a model.
+
+    Returns:
+        ``images_per_s`` (median) and ``images_per_s_runs`` (every run), the medians of
+        ``stall_fraction`` and ``cpu_percent`` (CPU time of the process tree per wall second,
+        100 = one core), and ``pss_bytes``: the largest PSS of the process tree read after a run.
+    """
     it = _endless(loader)
+    step = config.step_ms / 1000
+    tree = _ProcessTree()
     for batch in islice(it, config.warmup):
         del batch
+        if step:
+            time.sleep(step)
+        if on_batch is not None:
+            on_batch()
     _sync(config.device)
-    rates, stalls, cpus, rss = [], [], [], 0
+    rates, stalls, cpus, pss = [], [], [], []
     for _ in range(config.repeat):
-        with _ResourceSampler() as res:
-            cpu0 = res.cpu_seconds()
-            samples, wait = 0, 0.0
-            t0 = time.perf_counter()
-            for _ in range(config.batches):
-                w0 = time.perf_counter()
-                batch = next(it)
-                _sync(config.device)
-                wait += time.perf_counter() - w0
-                samples += _batch_size_of(batch)
-                del batch
-            wall = time.perf_counter() - t0
-            cpu = res.cpu_seconds() - cpu0
+        cpu0 = tree.cpu_seconds()
+        samples, wait = 0, 0.0
+        t0 = time.perf_counter()
+        for _ in range(config.batches):
+            w0 = time.perf_counter()
+            batch = next(it)
+            _sync(config.device)
+            wait += time.perf_counter() - w0
+            samples += _batch_size_of(batch)
+            del batch
+            if step:
+                time.sleep(step)
+            if on_batch is not None:
+                on_batch()
+        wall = time.perf_counter() - t0
+        cpu = tree.cpu_seconds() - cpu0
         rates.append(samples / wall)
         stalls.append(wait / wall)
         cpus.append(100.0 * cpu / wall)
-        rss = max(rss, res.peak_rss)
+        pss.append(tree.pss_bytes())
+    known = [p for p in pss if p is not None]
     return {
         "images_per_s": statistics.median(rates),
         "images_per_s_runs": rates,
         "stall_fraction": statistics.median(stalls),
         "cpu_percent": statistics.median(cpus),
-        "rss_bytes": rss,
+        "pss_bytes": max(known) if len(known) == len(pss) else None,
     }
 
 
-def decode_ceiling(config: BenchConfig, pipeline: str, limit: int = 200) -> float:
-    """Single-process full-size decode rate (images/s, PIL to RGB) over the split's first files."""
+def full_decode_rates(
+    config: BenchConfig, pipeline: str, limit: int = 200, on_run: Callable[[], Any] | None = None
+) -> list[float]:
+    """Single-process full-size decode rates (images/s, PIL to RGB) of the split's first files.
+
+    One rate per ``config.repeat`` pass over up to ``limit`` files read into memory first. The
+    ``full-decode`` reference row is this rate times the cores the workers can use.
+    """
     root = config.data / pipeline_split(pipeline)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))[:limit]
     if not files:
@@ -389,7 +460,18 @@ def decode_ceiling(config: BenchConfig, pipeline: str, limit: int = 200) -> floa
         for b in blobs:
             Image.open(io.BytesIO(b)).convert("RGB")
         rates.append(len(blobs) / (time.perf_counter() - t0))
-    return statistics.median(rates)
+        if on_run is not None:
+            on_run()
+    return rates
+
+
+def reference_cores(num_workers: int) -> int:
+    """The cores the ``full-decode`` reference is scaled to: ``min(max(1, num_workers), CPUs)``.
+
+    Example: 0 workers (decoding in the main process) -> 1; 2 workers -> 2; 8 workers on a
+    machine (or affinity mask) with 2 CPUs -> 2, since 8 processes share those 2 cores.
+    """
+    return min(max(1, num_workers), available_cpus())
 
 
 def _shutdown(loader: Any) -> None:
@@ -399,104 +481,228 @@ def _shutdown(loader: Any) -> None:
         close()
 
 
+def _bar(progress: bool | None, total: int, desc: str) -> tqdm[Any]:
+    """A progress bar on stderr that disappears when done (``progress=None``: only on a terminal)."""
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="batch",
+        file=sys.stderr,
+        leave=False,
+        disable=None if progress is None else not progress,
+    )
+
+
+def _check_names(backends: Sequence[str], pipelines: Sequence[str]) -> None:
+    unknown = [b for b in backends if b not in BACKENDS and b != REFERENCE]
+    if unknown:
+        raise ValueError(f"unknown backend(s) {unknown}; available: {[*BACKENDS, REFERENCE]}")
+    bad = [p for p in pipelines if p not in PIPELINES]
+    if bad:
+        raise ValueError(f"unknown pipeline(s) {bad}; available: {list(PIPELINES)}")
+
+
 def run(
     config: BenchConfig,
     backends: Sequence[str],
     pipelines: Sequence[str],
     workers: Sequence[int],
     log: Callable[[str], None] = print,
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Measures every combination and returns one record per measurement (see the module docs)."""
-    unknown = [b for b in backends if b not in BACKENDS and b != "decode-ceiling"]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {unknown}; available: {['decode-ceiling', *BACKENDS]}")
+    """Measures every combination and returns one record per measurement (see the module docs).
+
+    ``log`` receives the table: a note per backend that cannot run here, the header, then each row
+    as it is measured. Every record carries the run's ``settings`` and ``environment`` (versions,
+    C extension, DALI, CPUs, load average at the start: :func:`fastload.info.environment`).
+    ``progress`` shows a bar per measurement on stderr (default: when stderr is a terminal).
+    """
+    _check_names(backends, pipelines)
+    env = environment()
+    env["c_extension_used"] = roi_decoder_available()
+    settings = {
+        "data": str(config.data),
+        "batch_size": config.batch_size,
+        "batches": config.batches,
+        "warmup": config.warmup,
+        "repeat": config.repeat,
+        "device": config.device,
+        "seed": config.seed,
+        "gpu_transforms": config.gpu_transforms,
+        "step_ms": config.step_ms,
+        "backends": list(backends),
+        "pipelines": list(pipelines),
+        "workers": list(workers),
+    }
     records: list[dict[str, Any]] = []
+    # Backends that cannot run here are named once, before the table, not between its rows.
+    skipped = set()
+    for name in backends:
+        reason = None if name == REFERENCE else BACKENDS[name].unavailable()
+        if reason:
+            log(f"skipping {name}: {reason}")
+            skipped.add(name)
+    header = _header(bool(config.step_ms))
+    log(header)
+    log("-" * len(header))
+
+    def add(record: dict[str, Any]) -> None:
+        record["settings"] = settings
+        record["environment"] = env
+        records.append(record)
+        log(_row(record))
+
     for pipeline in pipelines:
-        ceiling = decode_ceiling(config, pipeline) if "decode-ceiling" in backends else None
+        decode_runs = None
+        if REFERENCE in backends:
+            with _bar(progress, max(1, config.repeat), f"{pipeline} {REFERENCE} (1 process)") as bar:
+                decode_runs = full_decode_rates(config, pipeline, on_run=bar.update)
         for w in workers:
-            base_rate = None
+            reference = None
+            if decode_runs is not None:
+                cores = reference_cores(w)
+                runs = [r * cores for r in decode_runs]
+                reference = {"images_per_s": statistics.median(runs), "images_per_s_runs": runs}
+            base = None
             for name in backends:
-                if name == "decode-ceiling":
+                if name == REFERENCE or name in skipped:
                     continue
                 backend = BACKENDS[name]
-                reason = backend.unavailable()
-                if reason:
-                    log(f"skipping {name}: {reason}")
-                    continue
-                loader = backend.build(config, pipeline, w)
-                try:
-                    result = measure(loader, config)
-                finally:
-                    _shutdown(loader)
-                    del loader
+                total = config.warmup + config.repeat * config.batches
+                with _bar(progress, total, f"{pipeline} workers={w} {name}") as bar:
+                    loader = backend.build(config, pipeline, w)
+                    try:
+                        result = measure(loader, config, on_batch=bar.update)
+                    finally:
+                        _shutdown(loader)
+                        del loader
                 if name == "torchvision":
-                    base_rate = result["images_per_s"]
-                records.append(_record(name, pipeline, w, config, result, base_rate))
-                log(_row(records[-1]))
-            if ceiling is not None:
-                rec = _record(
-                    "decode-ceiling",
-                    pipeline,
-                    w,
-                    config,
-                    {
-                        "images_per_s": ceiling * max(1, w),
-                        "stall_fraction": None,
-                        "cpu_percent": None,
-                        "rss_bytes": None,
-                    },
-                    base_rate,
-                )
-                records.append(rec)
-                log(_row(rec))
+                    base = result
+                add(_record(name, pipeline, w, config, result, base, reference))
+            if reference is not None:
+                rec = _record(REFERENCE, pipeline, w, config, reference, base, reference)
+                rec["reference_cores"] = reference_cores(w)
+                add(rec)
     return records
 
 
+def _within_noise(runs: Sequence[float], other: Sequence[float]) -> bool | None:
+    """Whether the larger min-max spread of two sets of runs exceeds the difference of their medians.
+
+    ``None`` when neither has two runs (no spread known). Example: runs 100, 140, 120 against
+    110, 112, 111: spread 40 > difference 9 -> ``True`` (the ratio 1.08 is within noise).
+    """
+    if len(runs) < 2 and len(other) < 2:
+        return None
+    spread = max(max(runs) - min(runs), max(other) - min(other))
+    return spread > abs(statistics.median(runs) - statistics.median(other))
+
+
+def _compare(
+    result: dict[str, Any], against: dict[str, Any] | None, itself: bool
+) -> tuple[float | None, bool | None]:
+    """(ratio of the medians, within noise) of ``result`` against another row's result."""
+    if against is None or not against["images_per_s"]:
+        return None, None
+    ratio = result["images_per_s"] / against["images_per_s"]
+    if itself:
+        return ratio, None
+    return ratio, _within_noise(result["images_per_s_runs"], against["images_per_s_runs"])
+
+
 def _record(
-    name: str, pipeline: str, w: int, config: BenchConfig, result: dict[str, Any], base_rate: float | None
+    name: str,
+    pipeline: str,
+    w: int,
+    config: BenchConfig,
+    result: dict[str, Any],
+    base: dict[str, Any] | None,
+    reference: dict[str, Any] | None,
 ) -> dict[str, Any]:
     rate = result["images_per_s"]
+    runs = list(result.get("images_per_s_runs") or [rate])
+    vs_tv, tv_noise = _compare(result, base, itself=name == "torchvision")
+    vs_decode, decode_noise = _compare(result, reference, itself=name == REFERENCE)
     return {
         "backend": name,
         "pipeline": pipeline,
         "num_workers": w,
         "batch_size": config.batch_size,
         "images_per_s": rate,
-        "ratio_vs_torchvision": (rate / base_rate) if base_rate else None,
+        "images_per_s_min": min(runs),
+        "images_per_s_max": max(runs),
+        "images_per_s_runs": runs,
+        "ratio_vs_torchvision": vs_tv,
+        "within_noise_vs_torchvision": tv_noise,
+        "ratio_vs_full_decode": vs_decode,
+        "within_noise_vs_full_decode": decode_noise,
         "stall_fraction": result.get("stall_fraction"),
         "cpu_percent": result.get("cpu_percent"),
-        "rss_bytes": result.get("rss_bytes"),
+        "pss_bytes": result.get("pss_bytes"),
         "device": config.device,
-        "images_per_s_runs": result.get("images_per_s_runs"),
+        "step_ms": config.step_ms,
     }
 
 
-HEADER = (
-    f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} "
-    f"{'vs tv':>6} {'stall':>6} {'CPU %':>6} {'RSS MB':>7}"
-)
+# --------------------------------------------------------------------------- the table
+
+LEGEND = f"""\
+images/s     median of --repeat timed runs of --batches batches each; the time ends when a batch
+             is a normalized float tensor on the device
+min-max      the slowest and the fastest of those runs (one run: -)
+vs tv        images/s divided by the torchvision row's (same pipeline and workers, same run)
+vs decode    images/s divided by the {REFERENCE} row's: above 1.00 the pipeline is faster than
+             fully decoding every image, as fastload is when it decodes only the crop or at a
+             reduced scale
+?            after a ratio: one of the two rows' min-max spread is larger than the difference of
+             their medians, so the ratio is within the noise (more --repeat/--batches, a quieter
+             machine)
+stall        (with --step-ms) share of the time the loop waited for data between model steps
+CPU %        CPU time of the benchmark process and its workers per second (100 = one core busy)
+PSS MB       memory of the benchmark process and its workers: proportional set size, a page
+             shared by k processes counts 1/k in each, so shared memory counts once
+{REFERENCE:<12} reference, not a pipeline: a full-size PIL decode to RGB of the same files (no
+             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)"""
+
+
+def _header(stall: bool) -> str:
+    return (
+        f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} {'min-max':>11} "
+        f"{'vs tv':>6} {'vs decode':>10}"
+        + (f" {'stall':>6}" if stall else "")
+        + f" {'CPU %':>6} {'PSS MB':>7}"
+    )
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ratio(value: float | None, noisy: bool | None) -> str:
+    return "-" if value is None else f"{value:.2f}" + ("?" if noisy else " ")
+
+
 def _row(r: dict[str, Any]) -> str:
-    rss = None if r["rss_bytes"] is None else r["rss_bytes"] / 2**20
+    pss = None if r["pss_bytes"] is None else r["pss_bytes"] / 2**20
+    runs = r["images_per_s_runs"]
+    spread = f"{r['images_per_s_min']:.0f}-{r['images_per_s_max']:.0f}" if len(runs) > 1 else "-"
+    stall = f" {_fmt(r['stall_fraction'], '.2f'):>6}" if r["step_ms"] else ""
     return (
         f"{r['backend']:<16} {r['pipeline']:<8} {r['num_workers']:>7} {r['images_per_s']:>9.1f} "
-        f"{_fmt(r['ratio_vs_torchvision'], '.2f'):>6} {_fmt(r['stall_fraction'], '.2f'):>6} "
-        f"{_fmt(r['cpu_percent'], '.0f'):>6} {_fmt(rss, '.0f'):>7}"
+        f"{spread:>11} {_ratio(r['ratio_vs_torchvision'], r['within_noise_vs_torchvision']):>7}"
+        f"{_ratio(r['ratio_vs_full_decode'], r['within_noise_vs_full_decode']):>10}{stall} "
+        f"{_fmt(r['cpu_percent'], '.0f'):>6} {_fmt(pss, '.0f'):>7}"
     )
 
 
 def format_table(records: Sequence[dict[str, Any]]) -> str:
-    """The records as the printed table."""
-    return "\n".join([HEADER, "-" * len(HEADER), *(_row(r) for r in records)])
+    """The records as the printed table (with a stall column when they were run with ``step_ms``)."""
+    header = _header(any(r["step_ms"] for r in records))
+    return "\n".join([header, "-" * len(header), *(_row(r) for r in records)])
 
 
 def plot(records: Sequence[dict[str, Any]], path: str) -> None:
-    """images/s vs num_workers, one line per backend, one panel per pipeline."""
+    """images/s (median, min-max bars) vs num_workers, one line per backend, one panel per pipeline."""
     try:  # optional dependency (the bench extra), only for --plot
         import matplotlib
 
@@ -507,26 +713,37 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> None:
     pipelines = sorted({r["pipeline"] for r in records})
     fig, axes = plt.subplots(1, len(pipelines), figsize=(5 * len(pipelines), 4), squeeze=False)
     for ax, pipeline in zip(axes[0], pipelines, strict=False):
-        for name in dict.fromkeys(r["backend"] for r in records):
+        rows = [r for r in records if r["pipeline"] == pipeline]
+        for name in dict.fromkeys(r["backend"] for r in rows):
             pts = sorted(
-                (r["num_workers"], r["images_per_s"])
-                for r in records
-                if r["backend"] == name and r["pipeline"] == pipeline
+                (r["num_workers"], r["images_per_s"], r["images_per_s_min"], r["images_per_s_max"])
+                for r in rows
+                if r["backend"] == name
             )
-            if pts:
-                ax.plot(
-                    *zip(*pts, strict=False),
-                    marker="o",
-                    label=name,
-                    linestyle="--" if name == "decode-ceiling" else "-",
-                )
+            x, y, low, high = zip(*pts, strict=True)
+            ax.errorbar(
+                x,
+                y,
+                yerr=[
+                    [m - lo for m, lo in zip(y, low, strict=True)],
+                    [hi - m for m, hi in zip(y, high, strict=True)],
+                ],
+                marker="o",
+                capsize=3,
+                label=name,
+                linestyle="--" if name == REFERENCE else "-",
+            )
+        ax.set_xticks(sorted({r["num_workers"] for r in rows}))  # worker counts are integers
         ax.set_title(f"{pipeline} pipeline")
-        ax.set_xlabel("num_workers")
-        ax.set_ylabel("images/s")
+        ax.set_xlabel("num_workers (0 = main process)")
+        ax.set_ylabel("throughput (images/s), bars: min-max of runs")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+# --------------------------------------------------------------------------- command line
 
 
 def _ints(text: str) -> list[int]:
@@ -549,8 +766,28 @@ def default_data() -> Path:
     return Path(cache) / "fastload" / "synthetic-imagenet"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench/throughput.py", description="fastload throughput benchmark")
+def _help_text() -> str:
+    lines = ["fastload throughput benchmark: images/s of each backend x pipeline x num_workers.", ""]
+    lines.append("backends (--backends; default: all of them, the unavailable ones skipped with a note):")
+    for b in BACKENDS.values():
+        lines.append(f"  {b.name:<17} {b.description}".rstrip())
+    lines.append(f"  {REFERENCE:<17} reference row: full-size PIL decode rate x cores (see below)")
+    lines.append("")
+    lines.append("pipelines (--pipelines; default: train,val):")
+    lines.append(
+        "  train             RandomResizedCrop(224) + RandomHorizontalFlip + normalize (train/ folder)"
+    )
+    lines.append("  val               Resize(256) + CenterCrop(224) + normalize (val/ folder)")
+    return "\n".join(lines)
+
+
+def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=_help_text(),
+        epilog="columns of the table:\n" + LEGEND,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--data",
         type=Path,
@@ -563,71 +800,132 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="num_workers values, e.g. 0,1,2 (default 0,1,2; --quick: 0,2)",
     )
-    p.add_argument("--backends", type=_names, default=None, help="comma-separated backends (default: all)")
-    p.add_argument("--pipelines", type=_names, default=["train", "val"], help="train,val")
-    p.add_argument("--batch-size", type=int, default=None, help="default 64 (--quick: 32)")
     p.add_argument(
-        "--batches", type=int, default=None, help="batches per measurement (default 20; --quick: 8)"
+        "--backends", type=_names, default=None, help="comma-separated backends (default: all, see above)"
     )
+    p.add_argument(
+        "--pipelines", type=_names, default=list(PIPELINES), help="train, val or train,val (default)"
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="default 64 (--quick: 32)")
+    p.add_argument("--batches", type=int, default=None, help="batches per timed run (default 20; --quick: 8)")
     p.add_argument("--warmup", type=int, default=None, help="batches before timing (default 3; --quick: 2)")
-    p.add_argument("--repeat", type=int, default=3, help="measurements per setting; the median is reported")
-    p.add_argument("--device", default=None, help="cuda if available, else cpu")
-    p.add_argument("--quick", action="store_true", help="a short configuration for make bench")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="timed runs per setting; the median is reported (default 3)"
+    )
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulate a model step of this many ms after each batch (a sleep: the CPU stays free, as "
+        "with a GPU model) and show the stall column (default 0: no model, no stall column)",
+    )
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short configuration (make bench): --workers 0,2 --batch-size 32 --batches 8 --warmup 2",
+    )
     p.add_argument(
         "--gpu-transforms",
         action="store_true",
         help="fastload backends: flip + normalize on the device (gpu transforms) instead of in the workers",
     )
-    p.add_argument("--json", metavar="PATH", help="write one record per measurement here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
+    p.add_argument(
+        "--json", metavar="PATH", help="write one record per measurement, with settings and versions, here"
+    )
     p.add_argument("--plot", metavar="PATH.png", help="plot images/s vs num_workers (needs matplotlib)")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _device(text: str | None) -> str:
+    """The ``--device`` value checked: a ``ValueError`` with one clear sentence if unusable here."""
+    if text is None:
+        return "cuda" if cuda_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device should be cpu, cuda or cuda:N, but got --device={text!r}") from None
+    if device_is_cuda(device) and not cuda_available():
+        raise ValueError(
+            f"--device={text}: CUDA is not available on this machine (torch.cuda.is_available() is False: "
+            "no NVIDIA GPU or driver, or a CPU-only torch build); leave --device out to measure on the CPU"
+        )
+    return text
+
+
+def _environment_line(env: dict[str, Any]) -> str:
+    load = env["load_average"]
+    dali = f"DALI {env['dali']}" if env["dali"] else "DALI not installed"
+    return (
+        f"fastload {env['fastload']}, torch {env['torch']}, torchvision {env['torchvision']}, "
+        f"Pillow {env['pillow']}; C extension {env['c_extension']}; {dali}; "
+        f"{env['available_cpus']} CPUs available ({env['cpu_count']} on the machine)"
+        + (f", load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else "")
+    )
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -> int:
+    """The command line; returns the exit status (2 with one ``error:`` line on bad input)."""
+    args = build_parser(prog).parse_args(argv)
     q = args.quick
     data = args.data or default_data()
-    if not (data / "train").is_dir():
-        print(
-            f"error: {data}/train not found. Make a dataset first: python -m fastload synth {data}",
-            file=sys.stderr,
-        )
-        return 2
-    device = args.device or ("cuda" if cuda_available() else "cpu")
     config = BenchConfig(
         data=data,
-        batch_size=args.batch_size or (32 if q else 64),
-        batches=args.batches or (8 if q else 20),
+        batch_size=args.batch_size if args.batch_size is not None else (32 if q else 64),
+        batches=args.batches if args.batches is not None else (8 if q else 20),
         warmup=args.warmup if args.warmup is not None else (2 if q else 3),
         repeat=args.repeat,
-        device=device,
         gpu_transforms=args.gpu_transforms,
+        step_ms=args.step_ms,
     )
-    for name, value in (
-        ("batch-size", config.batch_size),
-        ("batches", config.batches),
-        ("repeat", config.repeat),
+    for name, value, low in (
+        ("batch-size", config.batch_size, 1),
+        ("batches", config.batches, 1),
+        ("warmup", config.warmup, 0),
+        ("repeat", config.repeat, 1),
     ):
-        if value < 1:
-            print(f"error: --{name} should be a positive integer, but got {value}", file=sys.stderr)
-            return 2
-    workers = args.workers or ([0, 2] if q else [0, 1, 2])
-    backends = args.backends or [
-        "torchvision",
-        *[b for b in BACKENDS if b != "torchvision"],
-        "decode-ceiling",
-    ]
-    print(
-        f"data {data}, device {device}, batch size {config.batch_size}, {config.batches} batches x "
-        f"{config.repeat} repeats (median), workers {workers}"
-    )
-    print(HEADER)
-    print("-" * len(HEADER))
+        if value < low:
+            kind = "a positive" if low else "a non-negative"
+            return _error(f"--{name} should be {kind} integer, but got --{name}={value}")
+    if not config.step_ms >= 0:
+        return _error(f"--step-ms should be a non-negative number, but got --step-ms={config.step_ms}")
+    backends = args.backends or ["torchvision", *[b for b in BACKENDS if b != "torchvision"], REFERENCE]
+    if "decode-ceiling" in backends:  # its earlier name: it is a reference, not a ceiling
+        print(f"note: the decode-ceiling row is now called {REFERENCE}", file=sys.stderr)
+        backends = [REFERENCE if b == "decode-ceiling" else b for b in backends]
     try:
-        records = run(config, backends, args.pipelines, workers)
+        config.device = _device(args.device)
+        _check_names(backends, args.pipelines)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
+    for pipeline in args.pipelines:
+        if not (data / pipeline_split(pipeline)).is_dir():
+            return _error(
+                f"{data / pipeline_split(pipeline)} not found. Make a dataset first: "
+                f"python -m fastload synth {data}"
+            )
+    workers = args.workers or ([0, 2] if q else [0, 1, 2])
+    env = environment()
+    print(_environment_line(env))
+    print(
+        f"data {data}, device {config.device}, batch size {config.batch_size}, {config.batches} batches x "
+        f"{config.repeat} runs (median, min-max), {config.warmup} warm-up batches, workers {workers}"
+        + (f", model step {config.step_ms:g} ms" if config.step_ms else "")
+    )
+    try:
+        records = run(config, backends, args.pipelines, workers, progress=False if args.no_progress else None)
+    except ValueError as e:
+        return _error(str(e))
+    print()
+    print(LEGEND)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:

@@ -1,13 +1,28 @@
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import PIL
 import pytest
+import torch
+import torchvision
 
-from fastload import benchmark
+import fastload
+from fastload import benchmark, info
+from fastload.__main__ import main as cli_main
+from fastload.decode import roi_decoder_available
+from fastload.device import available_cpus
+
+
+def _bench_args(root: Path, *extra: str) -> list[str]:
+    return ["--data", str(root), "--batch-size", "4", "--batches", "2", "--warmup", "1", *extra]
 
 
 def test_throughput_bench_writes_records_and_table(
@@ -15,72 +30,247 @@ def test_throughput_bench_writes_records_and_table(
 ) -> None:
     out = tmp_path / "r.json"
     code = benchmark.main(
-        [
-            "--data",
-            str(imagenet_root),
+        _bench_args(
+            imagenet_root,
             "--workers",
-            "0",
+            "0,1",
             "--backends",
-            "torchvision,decode-ceiling",
+            "torchvision,fastload,full-decode",
             "--pipelines",
             "train,val",
-            "--batch-size",
-            "4",
-            "--batches",
-            "2",
-            "--warmup",
-            "1",
             "--repeat",
-            "1",
+            "3",
             "--json",
             str(out),
             "--plot",
             str(tmp_path / "p.png"),
-        ]
+        )
     )
     assert code == 0
     records = json.loads(out.read_text())
-    keys = {
-        "backend",
-        "pipeline",
-        "num_workers",
-        "batch_size",
-        "images_per_s",
-        "ratio_vs_torchvision",
-        "stall_fraction",
-        "cpu_percent",
-        "rss_bytes",
-        "device",
-    }
-    assert all(keys <= set(r) for r in records)
-    assert [(r["backend"], r["pipeline"]) for r in records] == [
-        ("torchvision", "train"),
-        ("decode-ceiling", "train"),
-        ("torchvision", "val"),
-        ("decode-ceiling", "val"),
+    assert [(r["backend"], r["pipeline"], r["num_workers"]) for r in records] == [
+        (b, p, w)
+        for p in ("train", "val")
+        for w in (0, 1)
+        for b in ("torchvision", "fastload", "full-decode")
     ]
-    tv = records[0]
-    assert (
-        tv["ratio_vs_torchvision"] == 1.0
-        and tv["images_per_s"] > 0
-        and tv["rss_bytes"] > 0
-        and tv["device"] == "cpu"
-    )
-    assert 0 <= tv["stall_fraction"] <= 1
-    assert records[1]["ratio_vs_torchvision"] == pytest.approx(
-        records[1]["images_per_s"] / tv["images_per_s"]
+    for r in records:
+        runs = r["images_per_s_runs"]
+        assert len(runs) == 3 and r["images_per_s"] == statistics.median(runs)
+        assert (r["images_per_s_min"], r["images_per_s_max"]) == (min(runs), max(runs))
+        # The run settings and the machine travel with every record.
+        assert r["settings"] == {
+            "data": str(imagenet_root),
+            "batch_size": 4,
+            "batches": 2,
+            "warmup": 1,
+            "repeat": 3,
+            "device": "cpu",
+            "seed": 0,
+            "gpu_transforms": False,
+            "step_ms": 0.0,
+            "backends": ["torchvision", "fastload", "full-decode"],
+            "pipelines": ["train", "val"],
+            "workers": [0, 1],
+        }
+        env = r["environment"]
+        assert env["python"] == platform.python_version() and env["fastload"] == fastload.__version__
+        assert (env["torch"], env["torchvision"], env["pillow"]) == (
+            torch.__version__,
+            torchvision.__version__,
+            PIL.__version__,
+        )
+        assert env["dali"] == info.dali_version() and env["cpu_count"] == os.cpu_count()
+        assert env["c_extension_used"] == roi_decoder_available()
+        assert env["c_extension"] in ("built", "not built", "built, turned off by FASTLOAD_ROI_DECODE=0")
+        assert len(env["load_average"]) == 3 and all(v >= 0 for v in env["load_average"])
+    by_key = {(r["backend"], r["pipeline"], r["num_workers"]): r for r in records}
+    for (name, pipeline, w), r in by_key.items():
+        tv, ref = by_key["torchvision", pipeline, w], by_key["full-decode", pipeline, w]
+        assert r["ratio_vs_torchvision"] == pytest.approx(r["images_per_s"] / tv["images_per_s"])
+        assert r["ratio_vs_full_decode"] == pytest.approx(r["images_per_s"] / ref["images_per_s"])
+        for other, key in ((tv, "within_noise_vs_torchvision"), (ref, "within_noise_vs_full_decode")):
+            if other is r:
+                assert r[key] is None
+                continue
+            spread = max(
+                r["images_per_s_max"] - r["images_per_s_min"],
+                other["images_per_s_max"] - other["images_per_s_min"],
+            )
+            assert r[key] == (spread > abs(r["images_per_s"] - other["images_per_s"]))
+        if name == "full-decode":  # a reference: no loader, so no CPU or memory numbers
+            assert r["reference_cores"] == min(max(1, w), available_cpus())
+            assert r["cpu_percent"] is None and r["pss_bytes"] is None
+        else:
+            assert r["pss_bytes"] > 50 * 2**20 and r["cpu_percent"] > 0 and r["device"] == "cpu"
+    # full-decode at 1 worker is the single-process rate: the same runs as at 0 workers.
+    assert by_key["full-decode", "train", 1]["images_per_s_runs"] == pytest.approx(
+        [v * min(1, available_cpus()) for v in by_key["full-decode", "train", 0]["images_per_s_runs"]]
     )
     printed = capsys.readouterr().out
-    assert "torchvision" in printed and "decode-ceiling" in printed and "images/s" in printed
+    lines = printed.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("backend"))
+    assert lines[header].split() == [
+        "backend",
+        "pipeline",
+        "workers",
+        "images/s",
+        "min-max",
+        "vs",
+        "tv",
+        "vs",
+        "decode",
+        "CPU",
+        "%",
+        "PSS",
+        "MB",
+    ]
+    assert "stall" not in lines[header]  # no model step, no stall column
+    rows = lines[header + 2 : header + 2 + len(records)]
+    for r, row in zip(records, rows, strict=True):
+        cells = row.split()
+        assert cells[:3] == [r["backend"], r["pipeline"], str(r["num_workers"])]
+        assert cells[4] == f"{r['images_per_s_min']:.0f}-{r['images_per_s_max']:.0f}"
+        ratio = f"{r['ratio_vs_torchvision']:.2f}" + ("?" if r["within_noise_vs_torchvision"] else "")
+        assert cells[5] == ratio
+    # The legend under the table explains every column and the reference row.
+    legend = "\n".join(lines[header + 2 + len(records) :])
+    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode"):
+        assert f"\n{word} " in legend or legend.startswith(word), word
+    assert "fastload " + fastload.__version__ in printed and "load average" in printed
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_step_ms_simulates_a_model_and_shows_the_stall(
+    imagenet_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    args = ["--workers", "1", "--backends", "fastload", "--pipelines", "val", "--repeat", "1"]
+    assert benchmark.main(_bench_args(imagenet_root, *args, "--step-ms", "200", "--json", str(out))) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["step_ms"] == 200 and r["settings"]["step_ms"] == 200
+    # 2 batches of 4 images, each followed by a 0.2 s step: at most 10 images/s.
+    assert r["images_per_s"] <= 4 / 0.2 * 1.01
+    assert 0 <= r["stall_fraction"] < 0.9
+    printed = capsys.readouterr().out
+    assert "stall" in next(line for line in printed.splitlines() if line.startswith("backend"))
+    assert "model step 200 ms" in printed
+
+
+def test_an_unavailable_backend_is_named_once_before_the_table(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def build(config: benchmark.BenchConfig, pipeline: str, num_workers: int) -> list[object]:
+        raise AssertionError("an unavailable backend is never built")
+
+    missing = benchmark.Backend("missing", build, lambda: "needs a library this machine lacks")
+    monkeypatch.setitem(benchmark.BACKENDS, "missing", missing)
+    args = [
+        "--workers",
+        "0,1",
+        "--backends",
+        "missing,torchvision",
+        "--pipelines",
+        "train,val",
+        "--repeat",
+        "1",
+    ]
+    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    notes = [i for i, line in enumerate(lines) if line.startswith("skipping missing:")]
+    header = next(i for i, line in enumerate(lines) if line.startswith("backend"))
+    assert len(notes) == 1 and notes[0] < header and "lacks" in lines[notes[0]]
+    rows = [line for line in lines[header + 2 :] if line.startswith(("missing", "torchvision"))]
+    assert [r.split()[0] for r in rows] == ["torchvision"] * 4
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing measured, no table
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: "), captured.err
+    return captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batches", "0"], "--batches should be a positive integer, but got --batches=0"),
+        (["--batch-size", "0"], "--batch-size should be a positive integer, but got --batch-size=0"),
+        (["--repeat", "0"], "--repeat should be a positive integer, but got --repeat=0"),
+        (["--warmup", "-1"], "--warmup should be a non-negative integer, but got --warmup=-1"),
+        (["--step-ms", "-5"], "--step-ms should be a non-negative number"),
+        (["--backends", "nope"], "unknown backend(s) ['nope']; available: ['torchvision',"),
+        (["--pipelines", "train,test"], "unknown pipeline(s) ['test']; available: ['train', 'val']"),
+        (["--device", "gpu"], "--device should be cpu, cuda or cuda:N, but got --device='gpu'"),
+    ],
+)
+def test_bench_errors_are_one_clear_line(
+    imagenet_root: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert benchmark.main(["--data", str(imagenet_root), "--workers", "0", *args]) == 2
+    assert message in _one_error_line(capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_bench_device_cuda_without_cuda_is_one_line(
+    imagenet_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert benchmark.main(["--data", str(imagenet_root), "--device", "cuda"]) == 2
+    err = _one_error_line(capsys)
+    assert "CUDA is not available on this machine" in err and "leave --device out" in err
 
 
 def test_bench_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert benchmark.main(["--data", str(tmp_path)]) == 2
-    assert "python -m fastload synth" in capsys.readouterr().err
+    assert "python -m fastload synth" in _one_error_line(capsys)
     (tmp_path / "train").mkdir()
-    assert benchmark.main(["--data", str(tmp_path), "--backends", "nope", "--workers", "0"]) == 2
-    assert "unknown backend" in capsys.readouterr().err
+    assert benchmark.main(["--data", str(tmp_path), "--pipelines", "val"]) == 2
+    assert f"{tmp_path / 'val'} not found" in _one_error_line(capsys)
+
+
+def test_the_old_reference_name_still_works(imagenet_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--workers", "0", "--backends", "decode-ceiling", "--pipelines", "val", "--repeat", "1"]
+    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    captured = capsys.readouterr()
+    assert "now called full-decode" in captured.err and "\nfull-decode " in captured.out
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """stdout of ``python -m fastload ARGS`` run in this process (what ``python -m`` calls)."""
+    try:
+        code = cli_main(list(args))
+    except SystemExit as e:  # --help, --version
+        code = e.code
+    captured = capsys.readouterr()
+    assert code in (0, None), captured.err
+    return captured.out
+
+
+def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_columns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = _cli(capsys, "bench", "--help")
+    assert text.startswith("usage: python -m fastload bench ")
+    for name in [*benchmark.BACKENDS, "full-decode", *benchmark.PIPELINES]:
+        assert f"\n  {name} " in text, name
+    for default in ("default 0,1,2", "default 64", "default 20", "default 3", "default: cuda if available"):
+        assert default in " ".join(text.split()), default
+    assert benchmark.LEGEND in text
+
+
+def test_version_and_setup_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli(capsys, "--version") == f"fastload {fastload.__version__}\n"
+    line = _cli(capsys, "info")
+    assert line.count("\n") == 1
+    assert f"torch {torch.__version__}" in line and f"torchvision {torchvision.__version__}" in line
+    built = importlib.util.find_spec("fastload._jpeg") is not None
+    assert ("C extension (region JPEG decoding): built" in line) == built
+    if not built:  # what it costs and the system packages that build it
+        assert "20% slower" in line and "libjpeg-dev" in line and "libjpeg-turbo-devel" in line
+    dali = info.dali_version()
+    assert (f"DALI {dali}" in line) if dali else ("DALI: not installed" in line)
+    env = json.loads(_cli(capsys, "info", "--json"))
+    assert env["fastload"] == fastload.__version__ and env["available_cpus"] == available_cpus()
 
 
 def test_script_runs_from_any_directory(imagenet_root: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The DDP example, run for real with torchrun on CPU (gloo)."""
+"""The examples, run for real on CPU: DDP with torchrun (gloo), single-process training, evaluation."""
 
 from __future__ import annotations
 
@@ -54,3 +54,87 @@ def test_train_ddp_example_counts_every_val_sample_once(imagenet_root: Path, tmp
         assert 0.0 <= float(top1) <= 1.0
     # Equal steps on both ranks: 32 samples / 2 ranks = 16 each, 3 full batches of 5 (drop_last).
     assert re.search(r"epoch 0: train loss [0-9.]+, 15 samples/rank", res.stdout), res.stdout
+
+
+# --------------------------------------------------------------------------- single-process examples
+
+TRAIN_SINGLE = EXAMPLE.parent / "train_single.py"
+EVALUATE = EXAMPLE.parent / "evaluate.py"
+
+
+@pytest.fixture(scope="module")
+def odd_val_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes: 18 train images, 9 val images (2 ranks: shards of 5 and 4, torch would pad to 10)."""
+    from fastload.synthetic import make_imagenet_like
+
+    root = tmp_path_factory.mktemp("odd-val")
+    return make_imagenet_like(root, classes=3, per_class=6, val_per_class=3, seed=1, num_workers=1)
+
+
+def _run(cmd: list[str], cwd: Path) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+@pytest.mark.slow
+def test_train_single_then_evaluate_gives_the_same_metrics_on_one_and_two_ranks(
+    odd_val_root: Path, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "model.pt"
+    out = _run(
+        [
+            sys.executable,
+            str(TRAIN_SINGLE),
+            "--data",
+            str(odd_val_root),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--workers",
+            "1",
+            "--save",
+            str(ckpt),
+        ],
+        tmp_path,
+    )
+    # Per epoch: the train loss, the loader's own summary line, the val top-1 over every val image.
+    for epoch in (0, 1):
+        assert re.search(rf"epoch {epoch}: train loss [0-9.]+ over 16 samples", out), out  # 18 // 4 * 4
+        summary = re.search(
+            rf"epoch {epoch}: loader: (\d+) batches, (\d+) samples, [0-9.]+ img/s, waited", out
+        )
+        assert summary and summary.groups() == ("4", "16"), out
+        assert re.search(rf"epoch {epoch}: val top-1 [0-9.]+ \(\d+/9\)", out), out
+    assert ckpt.stat().st_size > 1_000_000  # a resnet18's weights
+
+    args = ["--data", str(odd_val_root), "--checkpoint", str(ckpt), "--batch-size", "2", "--workers", "1"]
+    one = _run([sys.executable, str(EVALUATE), *args, "--predictions", str(tmp_path / "p1.csv")], tmp_path)
+    two = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            str(EVALUATE),
+            *args,
+            "--predictions",
+            str(tmp_path / "p2.csv"),
+        ],
+        tmp_path,
+    )
+    metrics = r"top-1 (\d+)/(\d+) = [0-9.]+, top-5 (\d+)/(\d+) = [0-9.]+, mean loss ([0-9.]+)"
+    m1, m2 = re.search(metrics, one), re.search(metrics, two)
+    assert m1 and m2, one + two
+    assert m1.groups() == m2.groups() and m1.group(2) == "9"  # exact: every val image once, same counts
+    assert "counted 9 samples (val set: 9 samples), world size 1, samples per rank [9]" in one
+    assert "counted 9 samples (val set: 9 samples), world size 2, samples per rank [5, 4]" in two
+    rows = (tmp_path / "p1.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows] == [str(i) for i in range(9)]
+    assert (tmp_path / "p2.csv").read_text() == (tmp_path / "p1.csv").read_text()
+    # The last epoch's val top-1 of the training script is the evaluation's top-1.
+    last = re.findall(r"epoch 1: val top-1 [0-9.]+ \((\d+)/9\)", out)
+    assert last == [m1.group(1)], out

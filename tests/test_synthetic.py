@@ -112,3 +112,46 @@ def test_cli_synth(tmp_path: Path) -> None:
     assert len(list((tmp_path / "d").rglob("*.JPEG"))) == 6
     same = make_imagenet_like(tmp_path / "e", classes=2, per_class=2, val_per_class=1, seed=4)
     assert _digest(tmp_path / "d") == _digest(same)
+
+
+def test_cli_synth_refuses_a_non_empty_folder_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastload.__main__ import main
+
+    small = ["--classes", "2", "--per-class", "2", "--val-per-class", "1", "--workers", "1"]
+    root = tmp_path / "d"
+    (root / "train" / "mine").mkdir(parents=True)
+    (root / "train" / "mine" / "photo.JPEG").write_bytes(b"not ours")
+    assert main(["synth", str(root), *small]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not empty (it holds 1 file(s))" in err and "--force" in err
+    assert list(root.rglob("*.JPEG")) == [root / "train" / "mine" / "photo.JPEG"]  # nothing written
+
+    assert main(["synth", str(root), *small, "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 6 images" in out and "also holds 1 other file(s)" in out
+    assert (root / "train" / "mine" / "photo.JPEG").read_bytes() == b"not ours"
+    assert len(list(root.rglob("*.JPEG"))) == 7
+
+
+def test_cli_synth_completes_its_own_earlier_run_but_not_one_with_other_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastload.__main__ import main
+
+    small = ["--classes", "2", "--per-class", "2", "--val-per-class", "1", "--workers", "1"]
+    root = tmp_path / "d"
+    assert main(["synth", str(root), *small]) == 0
+    first = _digest(root)
+    victim = sorted(root.rglob("*.JPEG"))[0]
+    victim.unlink()  # as if the first run had been interrupted
+    assert main(["synth", str(root), *small]) == 0  # the same command again completes it
+    assert _digest(root) == first
+    capsys.readouterr()
+    assert main(["synth", str(root), *small, "--seed", "1"]) == 2
+    assert "earlier synth with other settings" in capsys.readouterr().err
+    assert _digest(root) == first
+    (tmp_path / "f").write_text("x")
+    assert main(["synth", str(tmp_path / "f"), *small]) == 2
+    assert "is a file" in capsys.readouterr().err

@@ -1,0 +1,121 @@
+"""What this installation is: versions, the optional C extension, DALI, CPUs and load.
+
+One place answers "what am I running on", for ``python -m fastload info`` (the one-line set-up
+summary that ``make bench`` and ``make test`` end with) and for the run records of the benchmark
+(``fastload.benchmark`` writes :func:`environment` into every JSON record).
+
+Example:
+    >>> from fastload.info import environment, summary_line
+    >>> env = environment()
+    >>> env["c_extension"]  # doctest: +SKIP
+    'built'
+    >>> print(summary_line(env))  # doctest: +SKIP
+    fastload 0.1.0.dev0, torch 2.5.1 (CPU only), torchvision 0.20.1, Pillow 11.0.0, Python 3.11.9 | ...
+
+Dependencies: imports torch (already imported by ``import fastload``), never DALI: whether DALI
+is installed is read from the installed packages' metadata, which costs milliseconds where
+importing DALI costs seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+from typing import Any
+
+import PIL
+import torch
+import torchvision
+
+from . import __version__
+from .device import available_cpus, cuda_available
+
+__all__ = ["C_EXTENSION_HINT", "dali_version", "environment", "summary_line"]
+
+#: What the region-decoding C extension needs to build, and what its absence costs (setup.py).
+C_EXTENSION_HINT = (
+    "the train pipeline is about 20% slower per core without it; to build it, install a C compiler "
+    "and the libjpeg-turbo headers (Debian/Ubuntu: apt install gcc libjpeg-dev; Fedora: dnf install "
+    "gcc libjpeg-turbo-devel; macOS: brew install jpeg-turbo), then reinstall fastload"
+)
+
+
+def dali_version() -> str | None:
+    """The installed NVIDIA DALI version (any ``nvidia-dali-*`` build), or ``None``, without importing it."""
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("nvidia-dali"):
+            return f"{dist.version} ({name})"
+    return None
+
+
+def _c_extension() -> str:
+    """``"built"``, ``"built, turned off by FASTLOAD_ROI_DECODE=0"`` or ``"not built"``."""
+    if importlib.util.find_spec("fastload._jpeg") is None:
+        return "not built"
+    if os.environ.get("FASTLOAD_ROI_DECODE", "1") == "0":
+        return "built, turned off by FASTLOAD_ROI_DECODE=0"
+    return "built"
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, C extension, DALI, CPUs, CUDA and the load average now, as a JSON-ready dict.
+
+    Keys: ``python``, ``platform``, ``fastload``, ``torch``, ``torchvision``, ``pillow``,
+    ``dali`` (version or ``None``), ``c_extension`` (see :func:`summary_line`), ``cpu_count``
+    (``os.cpu_count()``, the machine), ``available_cpus`` (this process's affinity), ``cuda``
+    (device name or ``None``), ``load_average`` (1, 5, 15 minutes; ``None`` where unknown).
+    """
+    cuda = None
+    if cuda_available():
+        cuda = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "fastload": __version__,
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "pillow": PIL.__version__,
+        "dali": dali_version(),
+        "c_extension": _c_extension(),
+        "cpu_count": os.cpu_count(),
+        "available_cpus": available_cpus(),
+        "cuda": cuda,
+        "load_average": _load_average(),
+    }
+
+
+def summary_line(env: dict[str, Any] | None = None) -> str:
+    """One line: versions | region-decoding C extension (and, if missing, its cost and packages) | DALI.
+
+    Example (a machine without libjpeg headers)::
+
+        fastload 0.1.0.dev0, torch 2.5.1 (CPU only), torchvision 0.20.1, Pillow 11.0.0, Python 3.11.9 |
+        C extension (region JPEG decoding): not built: the train pipeline is about 20% slower ... |
+        DALI: not installed (optional: GPU JPEG decoding, the benchmark's dali row)
+    """
+    env = environment() if env is None else env
+    device = f"CUDA: {env['cuda']}" if env["cuda"] else "CPU only"
+    c_ext = env["c_extension"]
+    if c_ext == "not built":
+        c_ext = f"not built: {C_EXTENSION_HINT}"
+    dali = (
+        f"DALI {env['dali']}"
+        if env["dali"]
+        else "DALI: not installed (optional: GPU JPEG decoding, the benchmark's dali row; "
+        "pip install 'fastload[dali]'; in a source checkout: make ... WITH_DALI=1)"
+    )
+    return (
+        f"fastload {env['fastload']}, torch {env['torch']} ({device}), torchvision {env['torchvision']}, "
+        f"Pillow {env['pillow']}, Python {env['python']} | C extension (region JPEG decoding): {c_ext} | "
+        f"{dali}"
+    )
