@@ -156,9 +156,8 @@ def bench_scan(files: int, repeat: int, drop_caches: bool, parent: str | None) -
     for key, recs in runs.items():
         med = {k: statistics.median(r[k] for r in recs) for k in ("wall_s", "cpu_s", "peak_mb", "kept_mb")}
         summary[key] = {**med, "runs": recs}
-        print(
-            f"{key:<18} {med['wall_s']:>7.2f} {med['cpu_s']:>7.2f} {med['peak_mb']:>8.0f} {med['kept_mb']:>8.0f}"
-        )
+        wall, cpu, peak, kept = med["wall_s"], med["cpu_s"], med["peak_mb"], med["kept_mb"]
+        print(f"{key:<18} {wall:>7.2f} {cpu:>7.2f} {peak:>8.0f} {kept:>8.0f}")
     for mode in modes:
         fl, tv = summary[f"fastload {mode}"], summary[f"torchvision {mode}"]
         print(

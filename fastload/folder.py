@@ -620,12 +620,12 @@ def scan_folder(
     scan = _Scan(exts)
     loose: list[str] = []
     with os.scandir(root) as it:
-        for e in it:
-            if e.name.startswith("."):
-                if e.is_dir():
+        for entry in it:
+            if entry.name.startswith("."):
+                if entry.is_dir():
                     scan.skipped["hidden_dirs"] += 1
-            elif _has_extension(e.name, exts) and e.is_file():
-                loose.append(e.name)
+            elif _has_extension(entry.name, exts) and entry.is_file():
+                loose.append(entry.name)
     if loose:
         loose.sort()
         warnings.warn(

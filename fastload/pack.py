@@ -258,6 +258,32 @@ class PackFile:
         """
         return self._require().get_bytes(i)
 
+    def will_need(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Asks the kernel to start reading data-section byte ranges into the page cache now.
+
+        ``madvise(MADV_WILLNEED)`` on the map: the reads are queued and this returns at once, so
+        a sample hinted a few batches before it is decoded is already in memory when a worker
+        touches it. Ranges are ``[starts[k], stops[k])`` relative to :attr:`data`; adjacent or
+        overlapping ones are merged into one request. A no-op where ``madvise`` is not available.
+        """
+        mm = self._mm
+        advice = getattr(mmap, "MADV_WILLNEED", None)
+        if mm is None or advice is None or len(starts) == 0:
+            return
+        base = self._require().data_offset
+        a = np.asarray(starts, dtype=np.int64) + base
+        b = np.asarray(stops, dtype=np.int64) + base
+        order = np.argsort(a, kind="stable")
+        a, b = (a[order] // mmap.PAGESIZE) * mmap.PAGESIZE, b[order]
+        reach = np.maximum.accumulate(b)
+        new_run = np.ones(len(a), dtype=bool)
+        new_run[1:] = a[1:] > reach[:-1]  # a range that starts past everything before it
+        firsts = np.flatnonzero(new_run)
+        ends = np.append(firsts[1:], len(a)) - 1
+        for lo, hi in zip(a[firsts].tolist(), reach[ends].tolist(), strict=True):
+            if hi > lo:
+                mm.madvise(advice, lo, hi - lo)
+
     def verify(self, progress: bool | None = None) -> None:
         """Checks every sample's CRC-32 (reads the whole file).
 
