@@ -468,8 +468,11 @@ class _Scan:
             folder, folder_rel = stack.pop()
             with os.scandir(folder) as it:
                 entries = list(it)
-            # The common case -- every entry a plain file -- in two comprehensions, no per-entry branch.
-            names = [e.name for e in entries if not _is_dir(e)]
+            # The common case -- every entry a plain file -- in comprehensions, no per-entry branch.
+            try:
+                names = [e.name for e in entries if not e.is_dir()]  # follows links
+            except OSError:  # a link that cannot be resolved: see _is_dir
+                names = [e.name for e in entries if not _is_dir(e)]
             if len(names) < len(entries):
                 # sorted, so which of two links to one directory counts as "first" is deterministic
                 for e in sorted((e for e in entries if _is_dir(e)), key=lambda e: os.fsdecode(e.name)):

@@ -680,6 +680,13 @@ class InMemoryImageFolder(EncodedImageDataset):
         return self._view is None
 
     @property
+    def pack(self) -> PackFile | None:
+        """The open :class:`~fastload.pack.PackFile` when served from its map (``in_memory=False``),
+        else ``None`` (e.g. for :meth:`~fastload.pack.PackFile.evict` in a cold-cache benchmark)."""
+        storage = self._storage
+        return None if storage is None or storage.in_memory else storage.pack
+
+    @property
     def shuffle_order(self) -> str:
         """``"uniform"`` or ``"blockwise"``: how fastload's samplers shuffle it (see :meth:`from_pack`)."""
         return self._shuffle[0]
