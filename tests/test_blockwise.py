@@ -79,7 +79,7 @@ def test_pack_blocks_follow_storage_and_the_samplers_use_them(pack_path: Path) -
     n = len(ds)
     blocks = ds.shuffle_blocks
     assert blocks is not None and ds.shuffle_order == "blockwise" and ds.shuffle_window == WINDOW
-    offsets = ds._require().offsets
+    offsets = ds.pack.offsets
     # A block ends at the first sample that starts past a multiple of the block size.
     assert blocks[0] == 0 and blocks[-1] == n and len(blocks) > 2 * WINDOW + 1
     for b in range(len(blocks) - 1):
@@ -197,7 +197,7 @@ def test_read_ahead_hints_cover_each_batch_before_it_is_decoded(
 
     monkeypatch.setattr(PackFile, "will_need", record)
     ds = _open(pack_path)
-    offsets = ds._require().offsets
+    offsets = ds.pack.offsets
     loader = DataLoader(
         ds, batch_size=4, shuffle=True, seed=2, num_workers=2, worker_type="thread", epoch_lookahead=False
     )
