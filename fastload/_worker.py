@@ -440,6 +440,9 @@ class WorkerPool:
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
+        #: ``dataset.will_need(indices)``, if it has one: a read-ahead hint for each issued batch
+        #: (e.g. a pack served from its map, see ``InMemoryImageFolder.will_need``).
+        self.will_need: Callable[[np.ndarray], None] | None = getattr(dataset, "will_need", None)
         pin = pin and cuda_available()
         self.hwc = not channels_first
         self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
@@ -594,6 +597,8 @@ class WorkerPool:
                 break
             images, labels = self.extra.get(slot, (None, None))
             self.put(Task(generation, issued, slot, epoch, seed, batches[issued], images, labels))
+            if self.will_need is not None:  # read-ahead: the task waits behind the ones issued before
+                self.will_need(batches[issued])
             in_flight[issued] = slot
             issued += 1
         return issued

@@ -47,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import re
@@ -59,13 +60,18 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_optional_int
+from ._checks import check_choice, check_int, check_optional_int
 from ._packformat import HeadPlan, PackView
 from .device import available_cpus
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, scan_folder
 from .pack import PackFile, bounded_map, progress_bar
 
-__all__ = ["InMemoryImageFolder", "available_memory"]
+__all__ = ["SHUFFLE_ORDERS", "InMemoryImageFolder", "available_memory"]
+
+#: The values of ``InMemoryImageFolder.from_pack(shuffle_order=...)``.
+SHUFFLE_ORDERS = ("auto", "uniform", "blockwise")
+
+_log = logging.getLogger(__name__)
 
 #: Where new segments are created: ``None`` picks ``"memfd"`` when it works, else ``"file"``.
 SEGMENT_BACKEND: str | None = None
@@ -268,6 +274,7 @@ class _Storage:
         self.handle = handle
         self.in_memory = in_memory
         self.kind = handle[0]
+        self.pack = res.pack  # the open pack file when served from its map (for read-ahead hints)
         self._finalizer = weakref.finalize(self, _release, res)
 
     def close(self) -> None:
@@ -549,6 +556,9 @@ class InMemoryImageFolder(EncodedImageDataset):
         in_memory: bool = True,
         *,
         progress: bool | None = None,
+        shuffle_order: str = "auto",
+        shuffle_block_bytes: int = 4 * _MiB,
+        shuffle_window: int = 64,
     ) -> InMemoryImageFolder:
         """A dataset of a pack file written by :func:`fastload.pack.write_pack` (``python -m fastload pack``).
 
@@ -561,14 +571,35 @@ class InMemoryImageFolder(EncodedImageDataset):
                 copied, workers map the same file and share the page cache, and the operating system
                 can evict pages under memory pressure (read again from disk when needed).
             progress: Show a tqdm bar while copying (default: for packs over 1 GiB on a terminal).
+            shuffle_order: How fastload's samplers shuffle this dataset (``DataLoader(shuffle=True)``,
+                ``distributed=True``, :class:`fastload.DistributedSampler`). ``"uniform"``: torch's
+                ``randperm``, every sample a random read. ``"blockwise"``: FFCV's "quasi-random"
+                order (:func:`fastload.sampler.blockwise_permutation`): the pack is cut into blocks
+                of about ``shuffle_block_bytes`` of consecutive samples, the blocks are shuffled and
+                the samples of each ``shuffle_window`` blocks are shuffled together, so an epoch
+                reads each block once, a window (``64 x 4 MiB = 256 MiB`` by default) at a time,
+                instead of a random read per sample. Still exactly once per epoch, a pure function
+                of ``(seed, epoch)``, sharded and resumed like the uniform order. ``"auto"``
+                (default): ``"blockwise"`` with ``in_memory=False`` when the pack is larger than
+                the available RAM (a warning-level log line on logger ``fastload.memory`` says so),
+                else ``"uniform"``. Mixing: a batch draws from the window's blocks only, so a pack
+                written in class order gives batches of fewer classes; pack a shuffled index for
+                the best mix (``write_pack(index.subset(np.random.permutation(len(index))), ...)``).
+            shuffle_block_bytes: Bytes per block of the blockwise order (a block ends at the first
+                sample that starts past a multiple of it; a larger sample is a block of its own).
+            shuffle_window: Blocks whose samples are shuffled together.
 
         Raises:
             PackError: If the file is not a valid pack (the message says why and what to do).
             MemoryError: With ``in_memory=True``, if the pack does not fit in the available RAM.
+            ValueError / TypeError: Naming an invalid argument.
         """
         cls.check_transforms(transform, target_transform)
         if not isinstance(in_memory, bool):
             raise TypeError(f"in_memory should be a bool, but got in_memory={in_memory!r}")
+        check_choice(shuffle_order, "shuffle_order", SHUFFLE_ORDERS)
+        check_int(shuffle_block_bytes, "shuffle_block_bytes", low=1)
+        check_int(shuffle_window, "shuffle_window", low=1)
         pack = PackFile(path)
         try:
             if in_memory:
@@ -582,6 +613,23 @@ class InMemoryImageFolder(EncodedImageDataset):
             raise
         self = cls.__new__(cls)
         self._setup(storage, transform, target_transform)
+        if shuffle_order == "auto":
+            shuffle_order = "uniform"
+            if not in_memory:
+                avail = available_memory()
+                if storage.pack is not None and storage.pack.nbytes > avail:
+                    shuffle_order = "blockwise"
+                    _log.warning(
+                        "%s (%s) is larger than the available RAM (%s): shuffling it blockwise "
+                        "(blocks of %s, %d blocks shuffled together) so that each epoch reads it "
+                        "block by block; pass shuffle_order='uniform' for torch's uniform order",
+                        os.fspath(path),
+                        _fmt(storage.pack.nbytes),
+                        _fmt(avail),
+                        _fmt(shuffle_block_bytes),
+                        shuffle_window,
+                    )
+        self._shuffle = (shuffle_order, int(shuffle_block_bytes), int(shuffle_window))
         return self
 
     def _setup(
@@ -595,6 +643,9 @@ class InMemoryImageFolder(EncodedImageDataset):
         self._view: PackView | None = storage.view
         self._len = len(storage.view)
         self._nbytes = int(storage.view.data.nbytes)
+        self._shuffle: tuple[str, int, int] = ("uniform", 4 * _MiB, 64)  # order, block bytes, window
+        self._blocks: np.ndarray | None = None
+        self._hinted: dict[int, None] = {}  # blocks hinted lately, oldest first
         super().__init__(storage.view.index.root, transform, target_transform)
 
     # -- ImageFolder's attributes (the rest come from EncodedImageDataset, through `index`)
@@ -627,6 +678,74 @@ class InMemoryImageFolder(EncodedImageDataset):
     @property
     def closed(self) -> bool:
         return self._view is None
+
+    @property
+    def pack(self) -> PackFile | None:
+        """The open :class:`~fastload.pack.PackFile` when served from its map (``in_memory=False``),
+        else ``None`` (e.g. for :meth:`~fastload.pack.PackFile.evict` in a cold-cache benchmark)."""
+        storage = self._storage
+        return None if storage is None or storage.in_memory else storage.pack
+
+    @property
+    def shuffle_order(self) -> str:
+        """``"uniform"`` or ``"blockwise"``: how fastload's samplers shuffle it (see :meth:`from_pack`)."""
+        return self._shuffle[0]
+
+    @property
+    def shuffle_window(self) -> int:
+        """Blocks whose samples are shuffled together in the blockwise order."""
+        return self._shuffle[2]
+
+    @property
+    def shuffle_blocks(self) -> np.ndarray | None:
+        """With the blockwise order, ``int64[m + 1]``: the first sample of each block of about
+        ``shuffle_block_bytes`` of consecutive storage, then ``len(self)``; else ``None``.
+
+        Example: samples of 3, 3, 3 and 5 MiB start at 0, 3, 6 and 9 MiB; with blocks of 4 MiB
+        their block ids (start // 4 MiB) are ``0, 0, 1, 2``, so ``shuffle_blocks`` is ``[0, 2, 3, 4]``.
+        """
+        if self._shuffle[0] != "blockwise":
+            return None
+        if self._blocks is None:
+            offsets = self._require().offsets
+            block_of = offsets[:-1] // self._shuffle[1]
+            changes = np.flatnonzero(np.diff(block_of)) + 1
+            self._blocks = np.concatenate(([0], changes, [self._len])).astype(np.int64)
+            if self._len == 0:
+                self._blocks = np.zeros(1, dtype=np.int64)
+        return self._blocks
+
+    def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Hints the kernel to read these samples now (asynchronously), for a pack served from its map.
+
+        The loader calls it when it hands a batch to the workers, a few batches before they decode
+        it (the page cache is shared, so the worker that reads the samples finds them in memory).
+        With the blockwise order the whole blocks of the samples are hinted, once each, so a window
+        is read as a few large sequential requests. A no-op for data in RAM.
+        """
+        storage = self._storage
+        if storage is None or storage.pack is None or storage.in_memory or len(indices) == 0:
+            return
+        offsets = self._require().offsets
+        idx = np.asarray(indices, dtype=np.int64)
+        blocks = self.shuffle_blocks
+        if blocks is None:
+            starts, stops = offsets[idx], offsets[idx + 1]
+        else:
+            ids = np.unique(np.searchsorted(blocks, idx, side="right") - 1)
+            fresh = [b for b in ids.tolist() if b not in self._hinted]
+            if not fresh:
+                return
+            for b in fresh:
+                self._hinted[b] = None
+            while len(self._hinted) > 2 * self.shuffle_window:  # remember about two windows
+                del self._hinted[next(iter(self._hinted))]
+            ids = np.asarray(fresh, dtype=np.int64)
+            starts, stops = offsets[blocks[ids]], offsets[blocks[ids + 1]]
+        try:
+            storage.pack.will_need(starts, stops)
+        except (OSError, ValueError):  # a hint only: a failure must never fail loading
+            pass
 
     def __len__(self) -> int:
         return self._len
@@ -665,16 +784,20 @@ class InMemoryImageFolder(EncodedImageDataset):
             "handle": self._storage.handle,
             "transform": self.transform,
             "target_transform": self.target_transform,
+            "shuffle": self._shuffle,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(_attach(state["handle"]), state["transform"], state["target_transform"])
+        self._shuffle = tuple(state.get("shuffle", self._shuffle))
 
     def extra_repr(self) -> str:
         if self._storage is None or self._view is None:
             return "Storage: closed"
         if self._storage.kind == "pack":
             storage = f"memory map of {self._storage.handle[1]!r} ({_fmt(self._nbytes)} of images)"
+            if self.shuffle_order == "blockwise":
+                storage += f", shuffled blockwise ({_fmt(self._shuffle[1])} x {self.shuffle_window})"
         else:
             storage = f"shared memory ({self._storage.kind}, {_fmt(self._nbytes)} of images)"
         return f"Classes: {len(self._view.index.classes)}\nStorage: {storage}"

@@ -258,6 +258,60 @@ class PackFile:
         """
         return self._require().get_bytes(i)
 
+    def will_need(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Asks the kernel to start reading data-section byte ranges into the page cache now.
+
+        ``madvise(MADV_WILLNEED)`` on the map: the reads are queued and this returns at once, so
+        a sample hinted a few batches before it is decoded is already in memory when a worker
+        touches it. Ranges are ``[starts[k], stops[k])`` relative to :attr:`data`; adjacent or
+        overlapping ones are merged into one request. A no-op where ``madvise`` is not available.
+        """
+        mm = self._mm
+        advice = getattr(mmap, "MADV_WILLNEED", None)
+        if mm is None or advice is None or len(starts) == 0:
+            return
+        base = self._require().data_offset
+        a = np.asarray(starts, dtype=np.int64) + base
+        b = np.asarray(stops, dtype=np.int64) + base
+        order = np.argsort(a, kind="stable")
+        a, b = (a[order] // mmap.PAGESIZE) * mmap.PAGESIZE, b[order]
+        reach = np.maximum.accumulate(b)
+        new_run = np.ones(len(a), dtype=bool)
+        new_run[1:] = a[1:] > reach[:-1]  # a range that starts past everything before it
+        firsts = np.flatnonzero(new_run)
+        ends = np.append(firsts[1:], len(a)) - 1
+        for lo, hi in zip(a[firsts].tolist(), reach[ends].tolist(), strict=True):
+            if hi > lo:
+                mm.madvise(advice, lo, hi - lo)
+
+    def evict(self, starts: np.ndarray | None = None, stops: np.ndarray | None = None) -> None:
+        """Drops data-section byte ranges (default: all of it) from the page cache, e.g. to measure
+        cold-cache epochs.
+
+        ``madvise(MADV_DONTNEED)`` on this process's map first (a page mapped by a process cannot
+        be dropped), then ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the file; no root needed. Pages
+        that another process maps (a worker process of a loader) stay cached. The next read of a
+        dropped page comes from the disk again.
+        """
+        mm = self._mm
+        view = self._require()
+        if starts is None or stops is None:
+            starts, stops = np.zeros(1, dtype=np.int64), np.array([len(view.data)], dtype=np.int64)
+        base = view.data_offset
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            for a, b in zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True):
+                lo = (base + a) // mmap.PAGESIZE * mmap.PAGESIZE
+                hi = min(base + b, self.nbytes)
+                if hi <= lo:
+                    continue
+                if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+                    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
     def verify(self, progress: bool | None = None) -> None:
         """Checks every sample's CRC-32 (reads the whole file).
 

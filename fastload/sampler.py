@@ -31,7 +31,87 @@ from ._checks import check_int
 from ._epoch import DefaultSeed, resolve_seed
 from .rng import epoch_permutation
 
-__all__ = ["DistributedSampler", "EpochRandomSampler", "shard_indices"]
+__all__ = [
+    "DistributedSampler",
+    "EpochRandomSampler",
+    "blockwise_permutation",
+    "epoch_order",
+    "shard_indices",
+]
+
+_MASK64 = (1 << 64) - 1
+_BLOCKWISE_STREAM = 0x626C6F636B  # b"block": keeps this stream apart from any other use of the seed
+
+
+def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
+    """A permutation of ``range(n)`` that reads storage block by block: FFCV's "quasi-random" order.
+
+    The samples are grouped into blocks of consecutive storage (``block_starts``: the first sample
+    of each block, then ``n``). The blocks are shuffled; the shuffled blocks are taken
+    ``window`` at a time, and the samples of each window are shuffled together. So an epoch
+    reads a window of blocks (a bounded working set, read as a few large sequential requests)
+    before it moves to the next, and every sample still comes exactly once, in an order that
+    is a pure function of ``(block_starts, window, seed, epoch)``.
+
+    Args:
+        block_starts: ``int64[m + 1]``, increasing, from 0 to ``n``.
+        window: Blocks shuffled together (at least 1).
+        seed: The shuffling seed.
+        epoch: The epoch.
+
+    Returns:
+        ``int64[n]``.
+
+    Example:
+        8 samples in 4 blocks of 2 (``block_starts = [0, 2, 4, 6, 8]``) and ``window=2``: if the
+        blocks are shuffled to ``[2, 0, 3, 1]``, the first window holds samples 4, 5, 0, 1 (in a
+        random order), the second 6, 7, 2, 3; e.g. ``[5, 0, 4, 1, 7, 2, 3, 6]``.
+    """
+    starts = np.asarray(block_starts, dtype=np.int64)
+    if starts.ndim != 1 or len(starts) < 1 or starts[0] != 0 or np.any(np.diff(starts) <= 0):
+        raise ValueError(
+            "block_starts should be increasing from 0 to the number of samples, "
+            f"but got {starts[:5].tolist()}{'...' if len(starts) > 5 else ''}"
+        )
+    window = check_int(window, "window", low=1)
+    m, n = len(starts) - 1, int(starts[-1])
+    rng = np.random.default_rng([int(seed) & _MASK64, int(epoch) & _MASK64, _BLOCKWISE_STREAM])
+    perm = rng.permutation(m)
+    lengths = np.diff(starts)[perm]
+    placed = np.zeros(m + 1, dtype=np.int64)  # where each shuffled block starts in the order
+    np.cumsum(lengths, out=placed[1:])
+    order = np.arange(n, dtype=np.int64) + np.repeat(starts[:-1][perm] - placed[:-1], lengths)
+    for w in range(0, m, window):
+        rng.shuffle(order[placed[w] : placed[min(w + window, m)]])  # in place, on a view
+    return order
+
+
+def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
+    """``(block_starts, window)`` when ``dataset`` asks for blockwise shuffling, else ``None``."""
+    blocks = getattr(dataset, "shuffle_blocks", None)
+    if blocks is None:
+        return None
+    starts = np.asarray(blocks, dtype=np.int64)
+    if len(starts) == 0 or int(starts[-1]) != n:
+        raise ValueError(
+            f"{type(dataset).__name__}.shuffle_blocks should end at the dataset size {n}, "
+            f"but ends at {int(starts[-1]) if len(starts) else None}"
+        )
+    return starts, int(getattr(dataset, "shuffle_window", 1))
+
+
+def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled order of ``range(n)`` for an epoch, as every fastload sampler makes it.
+
+    :func:`fastload.rng.epoch_permutation` (torch's ``randperm`` seeded by ``seed + epoch``), unless
+    the dataset asks for blockwise shuffling (its ``shuffle_blocks`` is not ``None``, e.g. a pack
+    larger than RAM served from its map: see ``InMemoryImageFolder.from_pack(shuffle_order=...)``);
+    then :func:`blockwise_permutation` of its blocks and ``shuffle_window``.
+    """
+    blocks = _shuffle_blocks(dataset, n)
+    if blocks is None:
+        return epoch_permutation(n, seed, epoch).numpy()
+    return blockwise_permutation(blocks[0], blocks[1], seed, epoch)
 
 
 def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -93,7 +173,9 @@ class EpochRandomSampler(Sampler[int]):
     """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
 
     The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
-    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica.
+    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica; for a
+    dataset that asks for blockwise shuffling (a pack larger than RAM), :func:`epoch_order`'s
+    blockwise permutation.
 
     Args:
         data_source: The dataset (only its length is used).
@@ -122,7 +204,7 @@ class EpochRandomSampler(Sampler[int]):
 
     def indices(self, epoch: int) -> np.ndarray:
         """The order of ``epoch`` (without changing the sampler's epoch)."""
-        return np.asarray(epoch_permutation(len(self.data_source), self.seed, epoch), dtype=np.int64)
+        return epoch_order(self.data_source, len(self.data_source), self.seed, epoch)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices(self.epoch).tolist())
@@ -155,7 +237,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     Padding is torch's, index for index: the order is extended by repeating its first
     ``W - N mod W`` entries. In every mode a rank's indices are a prefix of what torch gives it
     for the same seed and epoch, and the order depends only on ``(seed, epoch)``, never on global
-    RNG state.
+    RNG state. (One exception: a dataset that asks for blockwise shuffling, a pack larger than
+    RAM, is shuffled by :func:`blockwise_permutation` before the same strided split; ranks on one
+    machine then read the same window of blocks at the same time, sharing its page cache.)
 
     Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks::
 
@@ -277,7 +361,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 "create a new DistributedSampler for the new dataset"
             )
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
-        order = epoch_permutation(n, self.seed, epoch) if self.shuffle else torch.arange(n)
+        if self.shuffle:
+            order = torch.from_numpy(epoch_order(self.dataset, n, self.seed, epoch))
+        else:
+            order = torch.arange(n)
         if self.drop_last:
             order = order[: self.total_size]
         elif self.pad and self.total_size > n:

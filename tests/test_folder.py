@@ -217,6 +217,127 @@ def test_non_ascii_paths(tmp_path: Path) -> None:
     assert FolderIndex.load(tmp_path / "i.npz") == index
 
 
+def test_nested_folders_in_torchvision_order(tmp_path: Path) -> None:
+    """Files of a class folder come before its sub-folders', sub-folders by path string
+    (``sorted(os.walk(...))``), as in torchvision: ``a/b-c`` comes between ``a/b`` and ``a/b/deeper``."""
+    root = _tree(tmp_path / "split", {"a": 0, "b": 1})
+    for rel in ("a/z.jpg", "a/b/x.jpg", "a/b-c/y.jpg", "a/b/deeper/w.jpg", "a/c.jpg", "a/b0/v.jpg"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(root / rel)
+    index = scan_folder(root)
+    tv = torchvision.datasets.ImageFolder(str(root))
+    assert list(index.paths) == [p for p, _ in tv.samples]
+    assert index.targets.tolist() == tv.targets
+    assert [index.relpath(i) for i in range(6)] == [
+        "a/c.jpg",
+        "a/z.jpg",
+        "a/b/x.jpg",
+        "a/b-c/y.jpg",
+        "a/b/deeper/w.jpg",
+        "a/b0/v.jpg",
+    ]
+
+
+def test_symlink_loops_are_skipped_with_a_warning_naming_the_link(tmp_path: Path) -> None:
+    """A link to a parent folder, to itself, into another class or a second link to one folder:
+    each directory is walked once; one warning names the links and where each was scanned."""
+    root = _tree(tmp_path / "split", {"a": 2, "b": 1, "c": 1})
+    (root / "a" / "up").symlink_to("..")  # the split's root: every class again, forever
+    (root / "a" / "sub").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "a" / "sub" / "s.jpg")
+    (root / "a" / "sub" / "again").symlink_to("../sub")  # a loop inside the class
+    (root / "a" / "sub2").symlink_to("sub")  # a second link to a folder of the same class
+    (root / "b" / "to_c").symlink_to("../c")  # another class's folder
+    (root / "b" / "self.jpg").symlink_to("self.jpg")  # a link to itself: a broken file
+    with pytest.warns(UserWarning) as caught:
+        index = scan_folder(root)
+    messages = [str(w.message) for w in caught if "scanned before" in str(w.message)]
+    assert len(messages) == 1
+    message = messages[0]
+    assert message.startswith(f"4 directories under {str(root)!r} lead to a directory scanned before")
+    for link, first in (("a/up", ""), ("a/sub/again", "a/sub"), ("a/sub2", "a/sub"), ("b/to_c", "c")):
+        target = str(root / first) if first else str(root)
+        assert f"{str(root / link)!r} (already scanned as {target!r})" in message
+    assert [index.relpath(i) for i in range(len(index))] == [
+        "a/a_0.jpg",
+        "a/a_1.jpg",
+        "a/sub/s.jpg",
+        "b/b_0.jpg",
+        "b/self.jpg",
+        "c/c_0.jpg",
+    ]
+    assert index.targets.tolist() == [0, 0, 0, 1, 1, 2]
+    assert index.skipped["repeated_dirs"] == 4
+    with pytest.raises(OSError, match=r"cannot read sample 4 \(.*self.jpg'\)"):
+        index.read_bytes(4)  # the broken link is a sample that names itself when read
+    # A class folder that is a link to another class's folder is that class's; the second is empty.
+    root2 = _tree(tmp_path / "split2", {"a": 1})
+    (root2 / "b").symlink_to("a")
+    with pytest.warns(UserWarning, match=r"1 directory .* scanned before.*split2/b'.*split2/a'"):
+        assert scan_folder(root2).targets.tolist() == [0]
+
+
+def test_hidden_entries_are_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """macOS resource forks (``._x.JPEG``) and hidden folders: torchvision lists them, fastload skips
+    and counts them (``skipped``) and logs the hidden image-named files."""
+    root = _tree(tmp_path / "split", {"a": 2, "b": 2})
+    for rel in ("a/._a_0.jpg", "a/._a_1.jpg", "b/._b_0.jpg"):
+        (root / rel).write_bytes(b"\x00\x05\x16\x07 AppleDouble")  # not an image
+    (root / "b" / ".DS_Store").write_bytes(b"junk")
+    (root / "b" / "notes.txt").write_text("x")
+    (root / "a" / ".thumbs").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "a" / ".thumbs" / "t.jpg")
+    (root / ".ipynb_checkpoints").mkdir()  # torchvision: a class; fastload: not one
+    with caplog.at_level("INFO", logger="fastload.folder"):
+        ds = ImageFolder(root)
+    assert ds.skipped == {"hidden_files": 3, "hidden_dirs": 2, "repeated_dirs": 0, "other_files": 2}
+    assert ds.index.skipped is ds.skipped
+    assert len(ds) == 4 and ds.classes == ["a", "b"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "fastload.folder"]
+    assert len(logged) == 1 and "skipped 3 hidden image-named file(s) such as 'a/._a_0.jpg'" in logged[0]
+    tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
+    # torchvision: 3 resource forks + the file in the hidden folder are samples, and a hidden class.
+    assert len(tv) == len(ds) + 3 + 1 and ".ipynb_checkpoints" in tv.classes
+    # The counts travel with the index: pickled to workers, saved and loaded.
+    assert pickle.loads(pickle.dumps(ds.index)).skipped == ds.skipped
+    ds.index.save(tmp_path / "i.npz")
+    assert FolderIndex.load(tmp_path / "i.npz").skipped == ds.skipped
+    assert FolderIndex(str(root), ["a/a_0.jpg"], [0], ds.class_index).skipped == {}
+
+
+def test_scan_peak_memory_is_the_index_not_per_file_objects(tmp_path: Path) -> None:
+    """A 200,000-file tree (hard links to an empty file, 100 classes): the scan's traced peak stays
+    under ``1.25 * B + 24 * n + 4 MiB``, where ``B`` is the final path buffer and ``n`` the files.
+
+    Why that bound: the finished index is ``B`` bytes of paths, ``8 (n + 1)`` of offsets and ``8 n``
+    of targets; while scanning, the growing byte buffer can hold up to 1/8 of slack (CPython's
+    ``bytearray`` over-allocation), the per-directory lengths (``8 n``) exist until the offsets are
+    built, and one directory's names (2,000 here) are alive at a time (well under 4 MiB). Any
+    per-file Python object kept to the end breaks it: a ``str`` path is 49 + 29 bytes and a
+    ``bytes`` copy 33 + 29, so the former list-then-join scan peaked at about 35 MB here (and
+    torchvision's list of tuples at 35 MB), against a bound of 16 MB.
+    """
+    import tracemalloc
+
+    from fastload.synthetic import make_linked_tree
+
+    split = make_linked_tree(tmp_path / "big", num_files=200_000, classes=100, empty=True)
+    tracemalloc.start()
+    try:
+        index = scan_folder(split)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    n = len(index)
+    assert n == 200_000 and np.bincount(index.targets).tolist() == [2000] * 100
+    assert index.relpath(0) == "n01440764/n01440764_0.JPEG"
+    assert index.relpath(1) == "n01440764/n01440764_1.JPEG"  # sorted as strings, as torchvision
+    assert index.relpath(n - 1) == "n02224745/n02224745_999.JPEG"
+    buffer_bytes = index.path_bytes.nbytes
+    bound = 1.25 * buffer_bytes + 24 * n + 4 * 2**20
+    assert peak <= bound, f"scan peaked at {peak / 1e6:.1f} MB, above the bound {bound / 1e6:.1f} MB"
+
+
 # ------------------------------------------------------------------------------------ scan_list
 
 

@@ -155,3 +155,25 @@ def test_cli_synth_completes_its_own_earlier_run_but_not_one_with_other_settings
     (tmp_path / "f").write_text("x")
     assert main(["synth", str(tmp_path / "f"), *small]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_make_linked_tree_spreads_hard_links_over_classes(tmp_path: Path) -> None:
+    """ImageNet's shape in miniature: 2,563 files over 2 classes (1,282 + 1,281), every file a hard
+    link to one of the base JPEGs (decodable), or to an empty file."""
+    import os
+
+    from fastload import ImageFolder
+    from fastload.synthetic import make_linked_tree
+
+    split = make_linked_tree(tmp_path / "links", num_files=2_563, classes=2, base_images=3)
+    ds = ImageFolder(split)
+    assert len(ds) == 2_563 and np.bincount(ds.targets).tolist() == [1282, 1281]
+    bases = sorted((tmp_path / "links" / "base").iterdir())
+    assert len(bases) == 3 and sum(os.stat(b).st_nlink - 1 for b in bases) == 2_563
+    image, _ = ds[1000]
+    assert image.mode == "RGB" and image.size[0] >= 96
+    empty = make_linked_tree(tmp_path / "empty", num_files=10, classes=3, empty=True)
+    assert sorted(len(os.listdir(empty / c)) for c in os.listdir(empty)) == [3, 3, 4]
+    assert all(os.path.getsize(p) == 0 for p in (tmp_path / "empty" / "base").iterdir())
+    with pytest.raises(FileExistsError):
+        make_linked_tree(tmp_path / "empty", num_files=1, classes=1)
