@@ -7,8 +7,11 @@ small header and index, so that a dataset of a million files becomes one file th
 * memory-mapped: ``get_bytes(i)`` is a zero-copy slice of the map, and every process that maps the
   file shares the same physical pages (the page cache), whatever the number of loader workers;
 * opened in time proportional to the *index*, not the data: the checksum covers the header and the
-  index only, so a 150 GB pack of ImageNet opens in a fraction of a second. ``verify()`` checks the
-  images themselves (a CRC-32 per sample) when you want to.
+  index only, so a 150 GB pack of ImageNet opens in a fraction of a second;
+* checked as it is read: ``get_bytes(i)`` checks sample ``i`` against its CRC-32 (under 1 % of the
+  time it takes to decode it), so a damaged byte raises :class:`CorruptSampleError` naming the
+  sample, its original path and the pack instead of decoding to wrong pixels. ``verify()`` checks
+  every sample at once.
 
 The byte layout (header, index, page-aligned data section) is defined in
 :mod:`fastload._packformat`, shared with the RAM segment of :mod:`fastload.memory`.
@@ -54,6 +57,7 @@ from ._packformat import (
     FORMAT_VERSION,
     MAGIC,
     REBUILD_HINT,
+    CorruptSampleError,
     HeadPlan,
     PackError,
     PackView,
@@ -66,6 +70,7 @@ __all__ = [
     "ALIGNMENT",
     "FORMAT_VERSION",
     "MAGIC",
+    "CorruptSampleError",
     "PackError",
     "PackFile",
     "PackIdentity",
@@ -133,6 +138,7 @@ class PackFile:
         labels: ``int64[n]`` (the same array as ``index.targets``).
         data: The data section as a read-only ``uint8`` array backed by the map (no copy).
         meta: The header's JSON (``classes``, ``root``, ``max_side``, ``quality``).
+        check_crc: Whether :meth:`get_bytes` checks each sample's CRC-32 (settable).
 
     Opening validates the header, the checksum of the header and index, and the file size; it does
     not read the images. Pickling a ``PackFile`` pickles its path: the receiving process maps the same
@@ -140,8 +146,14 @@ class PackFile:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, _expect: tuple[tuple[int, ...], bytes] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        check_crc: bool = True,
+        _expect: tuple[tuple[int, ...], bytes] | None = None,
     ) -> None:
+        if not isinstance(check_crc, bool):
+            raise TypeError(f"check_crc should be a bool, but got check_crc={check_crc!r}")
         self.path = os.fspath(path)
         self._abspath = os.path.abspath(self.path)  # for pickling: the receiver may have another cwd
         name = repr(self.path)
@@ -165,7 +177,9 @@ class PackFile:
             digest = _expect[1]
             verify = tuple(_expect[0]) != self._stat
         try:
-            self._view: PackView | None = PackView(mm, name, verify=verify, expect_digest=digest)
+            self._view: PackView | None = PackView(
+                mm, name, verify=verify, expect_digest=digest, check_crc=check_crc
+            )
         except BaseException:
             try:
                 mm.close()
@@ -175,14 +189,14 @@ class PackFile:
         self._mm: mmap.mmap | None = mm
 
     @classmethod
-    def reopen(cls, identity: PackIdentity) -> PackFile:
+    def reopen(cls, identity: PackIdentity, check_crc: bool = True) -> PackFile:
         """Opens the file that :attr:`identity` (from this or another process) describes.
 
         Cheap when the file is unchanged (same inode, size and mtime: the index is not hashed
         again); ``PackError`` ("has changed since it was opened") when its header digest differs.
         """
         path, stat_key, digest = identity
-        return cls(path, _expect=(tuple(stat_key), digest))
+        return cls(path, check_crc=check_crc, _expect=(tuple(stat_key), digest))
 
     def _require(self) -> PackView:
         if self._view is None:
@@ -192,6 +206,17 @@ class PackFile:
     @property
     def closed(self) -> bool:
         return self._view is None
+
+    @property
+    def check_crc(self) -> bool:
+        """Whether :meth:`get_bytes` checks each sample's CRC-32 (default ``True``; settable)."""
+        return self._require().check_crc
+
+    @check_crc.setter
+    def check_crc(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"check_crc should be a bool, but got check_crc={value!r}")
+        self._require().check_crc = value
 
     @property
     def view(self) -> PackView:
@@ -255,6 +280,11 @@ class PackFile:
         """The encoded bytes of sample ``i``: a read-only ``memoryview`` of the map (no copy).
 
         Negative indices count from the end; out-of-range ones raise ``IndexError``.
+
+        Raises:
+            CorruptSampleError: (a ``PackError`` and a ``DecodeError``) With ``check_crc``, if the
+                bytes do not match the CRC-32 recorded when the pack was written; the message
+                names the sample, its original path and the pack.
         """
         return self._require().get_bytes(i)
 
@@ -262,7 +292,7 @@ class PackFile:
         """Checks every sample's CRC-32 (reads the whole file).
 
         Raises:
-            PackError: Naming the first corrupt sample and its original path.
+            CorruptSampleError: Naming the first corrupt sample and its original path.
         """
         view = self._require()
         bar = progress_bar(len(view), "verify", "img", progress)
@@ -291,7 +321,7 @@ class PackFile:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, self.identity)
+        return (_reopen, (*self.identity, self.check_crc))
 
     def __repr__(self) -> str:
         if self._view is None:
@@ -303,15 +333,17 @@ class PackFile:
         )
 
 
-def _reopen(path: str, stat: tuple[int, ...], digest: bytes) -> PackFile:
-    return PackFile.reopen((path, stat, digest))
+def _reopen(path: str, stat: tuple[int, ...], digest: bytes, check_crc: bool = True) -> PackFile:
+    return PackFile.reopen((path, stat, digest), check_crc)
 
 
-def open_pack(path: str | os.PathLike[str]) -> PackFile:
+def open_pack(path: str | os.PathLike[str], *, check_crc: bool = True) -> PackFile:
     """Opens and validates a pack file (header, checksum of header and index, size), memory-mapped.
 
     Args:
         path: The pack file.
+        check_crc: Check each sample's CRC-32 when it is read (``get_bytes``); ``False`` saves
+            about 40 us per 120 kB image.
 
     Raises:
         FileNotFoundError: If it does not exist.
@@ -323,7 +355,7 @@ def open_pack(path: str | os.PathLike[str]) -> PackFile:
         ...     len(pack), pack.index.classes[0]
         (50000, 'n01440764')
     """
-    return PackFile(path)
+    return PackFile(path, check_crc=check_crc)
 
 
 # ----------------------------------------------------------------------------------------- writing
