@@ -1,18 +1,20 @@
 """What checking each pack sample's CRC-32 on read costs, against decoding the same bytes.
 
-Usage: ``python bench/crc.py [--data ROOT] [--images 300] [--repeats 7] [--epochs 5] [--json PATH]``
+Usage: ``python bench/crc.py [--data ROOT] [--images 300] [--repeats 7] [--epochs 7] [--workers 0]
+[--json PATH]``
 
 Two measurements, each the median of interleaved runs (so load changes on a shared machine hit
 both sides alike):
 
-* per image, one core, bytes already in memory: ``zlib.crc32`` of the encoded file vs the fused
-  decode of the same file with the train (``RandomResizedCrop(224)`` + flip) and the val
-  (``Resize(256)`` + ``CenterCrop(224)``) pipelines;
+* per image, one core, bytes already in memory: ``zlib.crc32`` of the encoded file, timed right
+  before the fused decode of the same file (as a loader does it) with the train
+  (``RandomResizedCrop(224)`` + flip) and the val (``Resize(256)`` + ``CenterCrop(224)``) pipelines;
 * end to end: ``fastload.DataLoader`` over a pack of ``ROOT/train`` (``InMemoryImageFolder.from_pack``,
-  in RAM and from the memory map), 2 thread workers (so ``check_crc`` can change between epochs of
-  one loader), batch 64, train pipeline, epochs with ``check_crc=True`` and ``False`` alternating;
-  images/s of wall time and images per CPU-second of the process (steadier on a shared machine),
-  and their ratios.
+  in RAM and from the memory map), batch 64, train pipeline, epochs with ``check_crc=True`` and
+  ``False`` alternating; images/s of wall time and images per CPU-second of the process (steadier
+  on a shared machine), and their ratios. ``--workers 0`` (the default) decodes in this process,
+  so its CPU time is all the loading work; ``--workers N`` uses N thread workers (``check_crc``
+  changes between epochs of one loader).
 """
 
 from __future__ import annotations
@@ -38,37 +40,39 @@ from fastload.pack import write_pack
 
 
 def _per_image(blobs: list[bytes], repeats: int) -> dict[str, float]:
-    """Median microseconds per image: CRC-32, train decode, val decode."""
+    """Median microseconds per image: CRC-32, train decode, val decode.
+
+    Each image's CRC-32 is timed right before its decode, as a loader does it (the CRC reads the
+    bytes first, the decoder then finds them in the cache), so both see the same machine load.
+    """
     pipes = {
         "train": fT.Compose([fT.RandomResizedCrop(224), fT.RandomHorizontalFlip()]),
         "val": fT.Compose([fT.Resize(256), fT.CenterCrop(224)]),
     }
     out = np.empty((224, 224, 3), np.uint8)
     views = [memoryview(b) for b in blobs]
-
-    def crc() -> None:
-        for v in views:
-            zlib.crc32(v)
-
-    def decode(pipe: fT.Transform) -> None:
-        for i, b in enumerate(blobs):
-            with rng.sample_scope(0, 0, i):
-                pipe.decode_into(b, out)
-
     runs: dict[str, list[float]] = {"crc": [], "train": [], "val": []}
+    clock = time.perf_counter
     for _ in range(repeats):
-        for name, fn in (
-            ("crc", crc),
-            ("train", lambda: decode(pipes["train"])),
-            ("val", lambda: decode(pipes["val"])),
-        ):
-            t0 = time.perf_counter()
-            fn()
-            runs[name].append(time.perf_counter() - t0)
+        for name, pipe in pipes.items():
+            crc_s = decode_s = 0.0
+            for i, v in enumerate(views):
+                t0 = clock()
+                zlib.crc32(v)
+                t1 = clock()
+                with rng.sample_scope(0, 0, i):
+                    pipe.decode_into(v, out)
+                t2 = clock()
+                crc_s += t1 - t0
+                decode_s += t2 - t1
+            runs["crc"].append(crc_s)
+            runs[name].append(decode_s)
     return {name: statistics.median(v) / len(blobs) * 1e6 for name, v in runs.items()}
 
 
-def _epoch(loader: DataLoader[object], ds: InMemoryImageFolder, check: bool, epoch: int) -> tuple[float, float]:
+def _epoch(
+    loader: DataLoader[object], ds: InMemoryImageFolder, check: bool, epoch: int
+) -> tuple[float, float]:
     """One epoch with ``check_crc=check``: (images/s of wall time, images per CPU second)."""
     ds.check_crc = check  # thread workers read the same dataset object: effective at once
     loader.set_epoch(epoch)
@@ -84,7 +88,13 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None, help=f"dataset root (default {default_data()})")
     p.add_argument("--images", type=int, default=300, help="images for the per-image rows")
     p.add_argument("--repeats", type=int, default=7, help="interleaved runs per per-image row")
-    p.add_argument("--epochs", type=int, default=5, help="loader epochs per setting (alternating)")
+    p.add_argument("--epochs", type=int, default=7, help="loader epochs per setting (alternating)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="thread workers (default 0: decoding in this process, whose CPU time is then exact)",
+    )
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
     root = (args.data or default_data()) / "train"
@@ -107,7 +117,9 @@ def main() -> None:
         tf = fT.Compose([fT.RandomResizedCrop(224), fT.RandomHorizontalFlip()])
         for in_memory in (True, False):
             ds = InMemoryImageFolder.from_pack(pack, transform=tf, in_memory=in_memory)
-            loader = DataLoader(ds, batch_size=64, shuffle=True, seed=0, num_workers=2, worker_type="thread")
+            loader = DataLoader(
+                ds, batch_size=64, shuffle=True, seed=0, num_workers=args.workers, worker_type="thread"
+            )
             _epoch(loader, ds, True, 0)  # warm-up (page cache, imports, buffers)
             runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for k in range(args.epochs):
@@ -119,10 +131,11 @@ def main() -> None:
             cpu = {c: statistics.median(r[1] for r in runs[c]) for c in runs}
             where = "RAM" if in_memory else "map"
             print(
-                f"loader ({where}, {len(ds)} images, 2 thread workers, median of {args.epochs} epochs each, "
-                f"alternating): check_crc=True {wall[True]:.0f} img/s ({cpu[True]:.0f} per CPU-s), "
-                f"False {wall[False]:.0f} img/s ({cpu[False]:.0f} per CPU-s); ratio {wall[True] / wall[False]:.3f} "
-                f"wall, {cpu[True] / cpu[False]:.3f} CPU"
+                f"loader ({where}, {len(ds)} images, {args.workers} thread workers, "
+                f"median of {args.epochs} epochs each, alternating): "
+                f"check_crc=True {wall[True]:.0f} img/s ({cpu[True]:.0f} per CPU-s), "
+                f"False {wall[False]:.0f} img/s ({cpu[False]:.0f} per CPU-s); "
+                f"ratio {wall[True] / wall[False]:.3f} wall, {cpu[True] / cpu[False]:.3f} CPU"
             )
             record[f"loader_{where}"] = {
                 "check_crc": runs[True],

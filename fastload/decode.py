@@ -120,9 +120,8 @@ def describe_unknown(data: bytes | memoryview | np.ndarray) -> str:
         hints.append(repr(head.decode("ascii")))
     hints += [what for at, magic, what in _KNOWN_HEADS if head[at : at + len(magic)] == magic]
     shown = " ".join(f"{b:02x}" for b in head)
-    return (
-        f"not a JPEG, PNG or other image format PIL reads: {size} bytes starting with {shown}"
-        + (f" ({', '.join(hints)})" if hints else "")
+    return f"not a JPEG, PNG or other image format PIL reads: {size} bytes starting with {shown}" + (
+        f" ({', '.join(hints)})" if hints else ""
     )
 
 

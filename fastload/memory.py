@@ -702,9 +702,8 @@ class InMemoryImageFolder(EncodedImageDataset):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(
-            _attach(state["handle"]), state["transform"], state["target_transform"], state.get("check_crc", True)
-        )
+        check_crc = state.get("check_crc", True)
+        self._setup(_attach(state["handle"]), state["transform"], state["target_transform"], check_crc)
 
     def extra_repr(self) -> str:
         if self._storage is None or self._view is None:

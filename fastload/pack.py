@@ -34,6 +34,7 @@ Command line: ``python -m fastload pack ROOT OUT [--classes classes.json] [--max
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import mmap
 import os
@@ -419,6 +420,14 @@ def _load_chunk(task: tuple[list[str], int | None, int]) -> list[_Result]:
     return out
 
 
+_WRITE_HINTS = {
+    errno.ENOSPC: "Free space on that file system, or write the pack somewhere else.",
+    errno.EDQUOT: "Free space within your quota, or write the pack somewhere else.",
+    errno.EFBIG: "The process may not write files this large (ulimit -f): raise the limit, "
+    "or pack a smaller split.",
+}
+
+
 def write_pack(
     index: FolderIndex,
     out_path: str | os.PathLike[str],
@@ -452,7 +461,9 @@ def write_pack(
         re-encoded images).
 
     Raises:
-        OSError: Naming the sample and file that cannot be read.
+        OSError: Naming the sample and file that cannot be read, or the pack file that cannot be
+            created or written (read-only location, disk full, file size limit); no partial file is
+            left under ``out_path`` (the file there, if any, is unchanged).
         fastload.decode.DecodeError: With ``max_side``, naming a sample that cannot be decoded.
 
     Example:
@@ -497,7 +508,11 @@ def write_pack(
     except OSError as e:
         if executor is not None:
             executor.shutdown(wait=False)
-        raise OSError(e.errno, f"cannot create the pack file {out!r}: {e.strerror}") from None
+        raise OSError(
+            e.errno,
+            f"cannot create the pack file {out!r}: {e.strerror}. "
+            + _WRITE_HINTS.get(e.errno or 0, "Write the pack to a folder you can write to."),
+        ) from None
     bar = progress_bar(n, f"pack {os.path.basename(out)}", "img", progress)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -531,11 +546,17 @@ def write_pack(
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a pack is an ordinary data file
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno is not None:  # (unreadable samples have no errno)
+            raise OSError(
+                e.errno,
+                f"cannot write the pack file {out!r}: {e.strerror} (nothing was left under that name). "
+                + _WRITE_HINTS.get(e.errno, "Write the pack somewhere else."),
+            ) from e
         raise
     finally:
         bar.close()

@@ -17,9 +17,9 @@ from fastload._packformat import HeadPlan
 from fastload.decode import DecodeError
 from fastload.folder import ClassIndex, FolderIndex, scan_folder
 from fastload.pack import (
-    CorruptSampleError,
     ALIGNMENT,
     MAGIC,
+    CorruptSampleError,
     PackError,
     PackFile,
     add_pack_parser,
