@@ -11,10 +11,12 @@ both sides alike):
   (``RandomResizedCrop(224)`` + flip) and the val (``Resize(256)`` + ``CenterCrop(224)``) pipelines;
 * end to end: ``fastload.DataLoader`` over a pack of ``ROOT/train`` (``InMemoryImageFolder.from_pack``,
   in RAM and from the memory map), batch 64, train pipeline, epochs with ``check_crc=True`` and
-  ``False`` alternating; images/s of wall time and images per CPU-second of the process (steadier
-  on a shared machine), and their ratios. ``--workers 0`` (the default) decodes in this process,
-  so its CPU time is all the loading work; ``--workers N`` uses N thread workers (``check_crc``
-  changes between epochs of one loader).
+  ``False`` alternating (setting ``check_crc`` forgets what was checked, so every ``True`` epoch
+  checks every sample: the cost of a first epoch, the only one that pays it in a real run);
+  images/s of wall time and images per CPU-second of the process (steadier on a shared machine),
+  and their ratios. ``--workers 0`` (the default) decodes in this process, so its CPU time is all
+  the loading work; ``--workers N`` uses N thread workers (``check_crc`` changes between epochs
+  of one loader).
 """
 
 from __future__ import annotations

@@ -32,11 +32,12 @@ meta JSON of 90 bytes. The index starts at ``align(128 + 90, 8) = 224`` and take
 is ``4096 + 220`` bytes long; sample 1 is bytes ``[4196, 4246)``.
 
 Integrity: opening checks the header and index (a digest); each sample's bytes are checked against
-their CRC-32 when they are read (:meth:`PackView.get_bytes`, ``check_crc=True`` by default), so a
-byte flipped in the data section raises :class:`CorruptSampleError` naming the sample instead of
-decoding to wrong pixels. The check costs about 40 us per 120 kB image (zlib's CRC-32, the GIL
-released), under 1 % of decoding it (``bench/crc.py``). Every pack of format version 1 stores the
-CRCs, so every pack is checked.
+their CRC-32 the first time a process reads them (:meth:`PackView.get_bytes`, ``check_crc=True`` by
+default), so a byte flipped in the data section raises :class:`CorruptSampleError` naming the
+sample instead of decoding to wrong pixels. A check costs about 40 us per 107 kB image (zlib's
+CRC-32, the GIL released), 2 % of decoding it (``bench/crc.py``); checking each sample once per
+process (a bit per sample) makes that a cost of the first epoch only. Every pack of format
+version 1 stores the CRCs, so every pack is checked.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ class PackView:
         name: How to name it in errors (e.g. ``"'train.fastpack'"``).
         verify: Check the digest of the header and index (O(index)).
         expect_digest: The digest it must have (a cheap identity check when re-attaching).
-        check_crc: Check each sample's CRC-32 in :meth:`get_bytes` (settable later as ``check_crc``).
+        check_crc: Check each sample's CRC-32 in :meth:`get_bytes`, the first time this process
+            reads it (settable later as ``check_crc``).
 
     Raises:
         PackError: Naming what is wrong (not a pack, other format version, truncated, corrupt) and
@@ -211,7 +213,6 @@ class PackView:
         data: The data section as a ``uint8`` array (a view of the buffer; not checked: read
             samples with :meth:`get_bytes`).
         meta, digest, nbytes, data_offset, name: From the header.
-        check_crc: Whether :meth:`get_bytes` checks the sample's CRC-32.
     """
 
     def __init__(
@@ -310,12 +311,13 @@ class PackView:
         except ValueError as e:
             raise PackError(f"{name} has a corrupt index ({e}). {REBUILD_HINT}") from None
         self.name = name
-        self.check_crc = check_crc
+        self._checked: np.ndarray | None = None
         self.meta = meta
         self.digest = bytes(digest)
         self.nbytes = size
         self.data_offset = data_offset
         self.offsets = offsets
+        self.check_crc = check_crc
         self.labels = self.index.targets
         self.crc32 = arr("crc32", "<u4", n)
         self.data = np.frombuffer(buf, dtype=np.uint8, count=data_len, offset=data_offset)
@@ -333,11 +335,25 @@ class PackView:
                 (naming the sample, its original path and the pack).
         """
         j, data = self._sample(i)
-        if self.check_crc:
+        checked = self._checked
+        if checked is not None and not checked[j]:
             crc = zlib.crc32(data)
             if crc != int(self.crc32[j]):
                 raise self.corrupt_sample(j, crc)
+            checked[j] = True  # (a race between threads only checks a sample twice)
         return data
+
+    @property
+    def check_crc(self) -> bool:
+        """Whether :meth:`get_bytes` checks a sample's CRC-32 the first time this process reads it.
+
+        Setting it (even to its current value) forgets which samples were checked.
+        """
+        return self._checked is not None
+
+    @check_crc.setter
+    def check_crc(self, value: bool) -> None:
+        self._checked = np.zeros(len(self.offsets) - 1, dtype=np.bool_) if value else None
 
     def _sample(self, i: int) -> tuple[int, memoryview]:
         """``(index, bytes)`` of sample ``i`` (negative counts from the end), not checked."""
@@ -383,5 +399,6 @@ class PackView:
         if self._data_mv is not None:
             self._data_mv.release()
         self._data_mv = None
+        self._checked = None
         for attr in ("index", "offsets", "labels", "crc32", "data"):
             self.__dict__.pop(attr, None)

@@ -501,8 +501,8 @@ class InMemoryImageFolder(EncodedImageDataset):
         classes: The canonical class list, when scanning a folder (see :func:`scan_folder`).
         num_threads: Threads reading files (default: CPUs + 4, at most 32; 0 reads in this thread).
         progress: Show a tqdm bar while loading (default: for more than 500 files on a terminal).
-        check_crc: Check each sample against the CRC-32 taken when it was loaded, at every read
-            (``get_bytes``; under 1 % of the decode time). Settable later as ``check_crc``.
+        check_crc: Check each sample against the CRC-32 taken when it was loaded, the first time
+            a process reads it (``get_bytes``; 2 % of its decode time). Settable as ``check_crc``.
 
     Raises:
         MemoryError: Before reading anything, if the data (plus a 10% margin, at least 256 MiB) does
@@ -573,8 +573,8 @@ class InMemoryImageFolder(EncodedImageDataset):
                 copied, workers map the same file and share the page cache, and the operating system
                 can evict pages under memory pressure (read again from disk when needed).
             progress: Show a tqdm bar while copying (default: for packs over 1 GiB on a terminal).
-            check_crc: Check each sample against the pack's CRC-32 when it is read (the copy in
-                RAM as much as the map; under 1 % of the decode time).
+            check_crc: Check each sample against the pack's CRC-32 the first time a process reads
+                it (the copy in RAM as much as the map; 2 % of its decode time, once).
 
         Raises:
             PackError: If the file is not a valid pack (the message says why and what to do).
@@ -639,8 +639,9 @@ class InMemoryImageFolder(EncodedImageDataset):
 
     @property
     def check_crc(self) -> bool:
-        """Whether :meth:`get_bytes` checks each sample's CRC-32 (default ``True``; settable,
-        and pickled with the dataset, so workers started afterwards follow)."""
+        """Whether :meth:`get_bytes` checks each sample's CRC-32 the first time this process reads
+        it (default ``True``; settable, which forgets what was checked; pickled with the dataset,
+        so workers started afterwards follow)."""
         return self._require().check_crc
 
     @check_crc.setter

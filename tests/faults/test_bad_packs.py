@@ -88,6 +88,7 @@ def test_every_payload_byte_flipped_raises_for_its_sample_only(small: tuple[Fold
     for at in range(start, len(buf)):
         hit = next(k for k, end in enumerate(ends) if at < end)
         buf[at] ^= 0x10
+        view.check_crc = True  # forget what was checked: each sample is checked once per process
         try:
             for i in range(len(view)):
                 if i == hit:
@@ -97,6 +98,22 @@ def test_every_payload_byte_flipped_raises_for_its_sample_only(small: tuple[Fold
                     view.get_bytes(i)
         finally:
             buf[at] ^= 0x10
+    view.release()
+
+
+def test_each_sample_is_checked_once_per_process(small: tuple[FolderIndex, bytes]) -> None:
+    _, blob = small
+    buf = bytearray(blob)
+    view = PackView(buf, "'small.fastpack'")
+    view.get_bytes(1)  # checked: later reads of sample 1 cost nothing
+    at = view.data_offset + int(view.offsets[1])
+    buf[at] ^= 0x10  # (a pack on disk does not change under its map: write_pack replaces the file)
+    assert bytes(view.get_bytes(1))[0] == buf[at]
+    view.check_crc = True  # forgets what was checked
+    with pytest.raises(CorruptSampleError, match="sample 1 "):
+        view.get_bytes(1)
+    view.check_crc = False
+    assert bytes(view.get_bytes(1))[0] == buf[at]
     view.release()
 
 
