@@ -30,6 +30,7 @@ _LAZY = {
     "open_pack": ("fastload.pack", "open_pack"),
     "PackFile": ("fastload.pack", "PackFile"),
     "PackError": ("fastload.pack", "PackError"),
+    "CorruptSampleError": ("fastload.pack", "CorruptSampleError"),
     "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
     "DALILoader": ("fastload.dali", "DALILoader"),
     "IndexedBatch": ("fastload.batch", "IndexedBatch"),

@@ -15,8 +15,10 @@ Lifecycle guarantees (each tested):
   ``ManagerWatchdog``) notices within ``WATCHDOG_SECONDS`` that the main process is gone.
 - **Workers own their signal handling.** A process worker resets every Python signal handler it
   inherited (a framework's SIGTERM handler that only logs would make it unkillable by
-  ``terminate()``), restores the default ``SIGTERM`` action and lets ``SIGINT`` raise
-  ``KeyboardInterrupt``, which it swallows: the main process handles Ctrl-C.
+  ``terminate()``), restores the default ``SIGTERM`` action and ignores ``SIGINT``: a Ctrl-C in a
+  terminal reaches every process of the group, and only the main process decides what it means
+  (a persistent worker that exited on it would fail the next pass; one that is no longer needed
+  dies with its parent or is stopped at exit).
 - **Pools shut down** on :meth:`WorkerPool.close`, when their owner is garbage-collected, and at
   interpreter exit, within a bounded time: a stop message, then ``terminate()``, then ``kill()``.
   Thread workers get the stop message; they are daemon threads.
@@ -205,7 +207,7 @@ def _die_with_parent() -> None:
 def _reset_signal_handlers() -> None:
     """Drops the Python signal handlers inherited from the parent (fork) and the ignored SIGTERM.
 
-    ``SIGINT`` keeps Python's default (``KeyboardInterrupt``, swallowed by the loop).
+    ``SIGINT`` is ignored: Ctrl-C is for the main process (see the module docstring).
     """
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
@@ -213,8 +215,7 @@ def _reset_signal_handlers() -> None:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             handler = signal.getsignal(sig)
             if sig == signal.SIGINT:
-                if handler is not signal.default_int_handler:
-                    signal.signal(sig, signal.default_int_handler)
+                signal.signal(sig, signal.SIG_IGN)
             elif callable(handler):
                 signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -275,7 +276,7 @@ def worker_loop(args: WorkerArgs) -> None:
         if args.worker_init_fn is not None:
             args.worker_init_fn(args.worker_id)
         _serve(args, watchdog)
-    except KeyboardInterrupt:  # the main process handles Ctrl-C and stops the pool
+    except KeyboardInterrupt:  # a Ctrl-C before the handlers were reset: the main process handles it
         pass
 
 

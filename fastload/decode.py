@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +44,8 @@ from PIL import Image, UnidentifiedImageError
 __all__ = [
     "DecodeError",
     "decode_batch",
+    "decode_error",
+    "describe_unknown",
     "decode_jpeg_tensor",
     "decode_pil",
     "dct_scale",
@@ -88,10 +91,62 @@ class DecodeError(RuntimeError):
     """An image file could not be decoded; the message names the sample and its file."""
 
 
-def decode_error(name: str, error: BaseException | str) -> DecodeError:
-    """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do)."""
+# "<_io.BytesIO object at 0x7f...>" in PIL's "cannot identify image file <...>": names nothing useful.
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+#: ``(offset, magic, what it is)`` of files often found where images should be.
+_KNOWN_HEADS = (
+    (0, b"<", "text (HTML or XML?)"),
+    (0, b"%PDF", "a PDF document"),
+    (0, b"PK\x03\x04", "a ZIP archive"),
+    (0, b"\x1f\x8b", "a gzip file"),
+    (4, b"ftyp", "an ISO media file (HEIC, AVIF or a video?)"),
+)
+
+
+def describe_unknown(data: bytes | memoryview | np.ndarray) -> str:
+    """What a file that no image decoder recognises looks like: its size and first bytes.
+
+    Example: an HTML error page saved as ``x.JPEG`` gives ``not a JPEG, PNG or other image format
+    PIL reads: 120 bytes starting with 3c 68 74 6d 6c 3e 3c 62 6f 64 79 3e 34 30 34 20
+    ('<html><body>404 ', text (HTML or XML?))``; an empty file ``the file is empty (0 bytes)``.
+    """
+    size = len(data)
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    head = data[:16].tobytes() if isinstance(data, np.ndarray) else bytes(memoryview(data).cast("B")[:16])
+    hints = []
+    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        hints.append(repr(head.decode("ascii")))
+    hints += [what for at, magic, what in _KNOWN_HEADS if head[at : at + len(magic)] == magic]
+    shown = " ".join(f"{b:02x}" for b in head)
+    return f"not a JPEG, PNG or other image format PIL reads: {size} bytes starting with {shown}" + (
+        f" ({', '.join(hints)})" if hints else ""
+    )
+
+
+def decode_error(
+    name: str, error: BaseException | str, data: bytes | memoryview | np.ndarray | None = None
+) -> DecodeError:
+    """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do).
+
+    The message says what was found rather than quoting decoder internals: for a file no decoder
+    recognises, its size and first bytes (:func:`describe_unknown`); otherwise the decoder's reason
+    (without Python object reprs) and, with ``data``, the file size.
+
+    Example: ``cannot decode sample 3 ('n01/x.JPEG'): image file is truncated (139 bytes not
+    processed); the file has 2855 bytes. Remove or replace the file (...)``.
+    """
+    if isinstance(error, UnidentifiedImageError) and data is not None:
+        reason = describe_unknown(data)
+    else:
+        reason = _OBJECT_REPR.sub("", str(error)).strip().rstrip(".")
+        if isinstance(error, Image.DecompressionBombError):
+            reason += " (PIL.Image.MAX_IMAGE_PIXELS sets the limit)"
+        if data is not None:
+            reason += f"; the file has {len(data)} bytes"
     return DecodeError(
-        f"cannot decode {name}: {error}. Remove or replace the file (or use on_error='skip' in "
+        f"cannot decode {name}: {reason}. Remove or replace the file (or use on_error='skip' in "
         "fastload.DataLoader)."
     )
 
@@ -118,7 +173,7 @@ def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
         EOFError,
         Image.DecompressionBombError,
     ) as e:
-        raise decode_error(name, e) from None
+        raise decode_error(name, e, data) from None
 
 
 def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, name: str = "image") -> Any:
@@ -150,7 +205,7 @@ def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Im
     try:
         return Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else data))
     except _DECODE_ERRORS as e:
-        raise decode_error(name, e) from None
+        raise decode_error(name, e, data) from None
 
 
 def dct_scale(box_width: float, box_height: float, out_width: int, out_height: int) -> int:
@@ -326,7 +381,7 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
         message = str(e)
         if ".cpp:" in message:
             message = message.rsplit(".cpp:", 1)[-1].split(", ", 1)[-1]
-        raise decode_error(name, message) from None
+        raise decode_error(name, message, data) from None
 
 
 # --------------------------------------------------------------------------------------------

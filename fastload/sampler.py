@@ -256,7 +256,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
     With fewer samples than ranks (``N = 2``, ``W = 3``, ``shuffle=False``) the default gives
     ``[0] / [1] / []``: rank 2 has an empty shard (its loop body simply never runs); ``pad=True``
-    gives ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``.
+    gives ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``, like torch, with a
+    warning (a training loop would silently run no step).
 
     Args:
         dataset: Dataset used for sampling (only ``len(dataset)`` is used). Its size must not
@@ -327,6 +328,12 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         )
         self.pad = bool(shuffle) if pad is None else bool(pad)
         self._len = n
+        if self.drop_last and 0 < n < num_replicas:
+            warnings.warn(
+                f"drop_last=True with {n} samples for num_replicas={num_replicas}: every rank gets no "
+                "sample (as with torch's DistributedSampler). Use drop_last=False or fewer ranks.",
+                stacklevel=2,
+            )
         if not self.drop_last and not self.pad:
             self.num_samples = len(range(rank, n, num_replicas))
             self.total_size = n

@@ -631,7 +631,7 @@ class Transform:
         except DecodeError:
             raise
         except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
-            raise decode_error(name, e) from None
+            raise decode_error(name, e, data) from None
 
     @staticmethod
     def _decode_pil(

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -300,23 +298,6 @@ def test_corrupt_image_raises_naming_it_or_is_skipped(tmp_path: Path, num_worker
     with pytest.warns(UserWarning, match=f"skipped sample 2 .*{bad.name}"):
         sizes = [len(y) for _, y in loader]
     assert sizes == [3, 4] and loader.stats.skipped == 1
-    loader.close()
-
-
-def test_dead_worker_is_a_clear_error_not_a_hang(imagenet_root: Path) -> None:
-    ds = ImageFolder(imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(64)]))
-    loader = DataLoader(ds, batch_size=2, num_workers=2, timeout=0)
-    it = iter(loader)
-    next(it)
-    children = psutil.Process().children()
-    assert children
-    for child in children:
-        os.kill(child.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="killed by signal 9"):
-        for _ in it:
-            pass
-    assert time.monotonic() - t0 < 60
     loader.close()
 
 

@@ -19,6 +19,7 @@ from fastload.folder import ClassIndex, FolderIndex, scan_folder
 from fastload.pack import (
     ALIGNMENT,
     MAGIC,
+    CorruptSampleError,
     PackError,
     PackFile,
     add_pack_parser,
@@ -243,17 +244,25 @@ def test_index_checksum_covers_labels(good_pack):
         open_pack(good_pack)
 
 
-def test_open_does_not_check_the_data_but_verify_does(train, good_pack):
+def test_open_does_not_check_the_data_but_reading_and_verify_do(train, good_pack):
     with open_pack(good_pack) as p:
         at = p.data_offset + int(p.offsets[7]) + 100
     _mutate(good_pack, lambda d: _flip(d, at))
+    corrupt = rf"sample 7 \('{train.relpath(7)}'\) of '{good_pack}' is corrupt: its CRC-32"
     with open_pack(good_pack) as pack:  # opens: the data is not part of the checksum
-        assert bytes(pack.get_bytes(7)) != _file(train, 7)
         assert bytes(pack.get_bytes(6)) == _file(train, 6)
-        with pytest.raises(
-            PackError, match=rf"sample 7 \('{train.relpath(7)}'\) of .* is corrupt: its CRC-32"
-        ):
+        with pytest.raises(CorruptSampleError, match=corrupt) as info:
+            pack.get_bytes(7)
+        assert isinstance(info.value, PackError) and isinstance(info.value, DecodeError)
+        with pytest.raises(PackError, match=corrupt):
             pack.verify()
+        pack.check_crc = False  # the caller's choice: the damaged bytes, unchecked
+        assert bytes(pack.get_bytes(7)) != _file(train, 7)
+        with pytest.raises(PackError, match=corrupt):
+            pack.verify()  # verify() checks whatever check_crc says
+    with open_pack(good_pack, check_crc=False) as pack:
+        assert not pickle.loads(pickle.dumps(pack)).check_crc
+        assert len(bytes(pack.get_bytes(7))) == len(_file(train, 7))
 
 
 def test_open_is_proportional_to_the_index_not_the_data(tmp_path):
@@ -270,7 +279,7 @@ def test_open_is_proportional_to_the_index_not_the_data(tmp_path):
         f.truncate(plan.data_offset + 64 * gb)
     if os.stat(path).st_blocks * 512 > 1 << 20:
         pytest.skip("this file system does not support sparse files")
-    with open_pack(path) as pack:
+    with open_pack(path, check_crc=False) as pack:  # a CRC check would read 32 GB of zeros
         assert pack.data.nbytes == 64 * gb
         assert len(pack.get_bytes(1)) == 32 * gb
         assert pack.index.relpath(1) == "a/y.JPEG"
