@@ -138,3 +138,20 @@ def test_train_single_then_evaluate_gives_the_same_metrics_on_one_and_two_ranks(
     # The last epoch's val top-1 of the training script is the evaluation's top-1.
     last = re.findall(r"epoch 1: val top-1 [0-9.]+ \((\d+)/9\)", out)
     assert last == [m1.group(1)], out
+
+
+SWAP = EXAMPLE.parent / "swap_torchvision.py"
+
+
+@pytest.mark.parametrize("torch_loader", [False, True])
+def test_swap_example_runs_the_fast_path_with_only_the_import_changed(
+    imagenet_root: Path, tmp_path: Path, torch_loader: bool
+) -> None:
+    cmd = [sys.executable, str(SWAP), "--data", str(imagenet_root), "--batch-size", "8", "--image-size", "32"]
+    out = _run([*cmd, "--workers", "2", *(["--torch"] if torch_loader else [])], tmp_path)
+    if torch_loader:
+        assert "torch.utils.data.dataloader.DataLoader, fast path: False" in out, out
+        return
+    assert "fastload.loader.DataLoader, fast path: True" in out, out
+    assert re.search(r"epoch 0: 32 images, [0-9.]+ img/s", out), out
+    assert re.search(r"epoch 0: 4 batches, 32 samples, [0-9.]+ img/s", out), out
