@@ -68,7 +68,11 @@ def test_generic_dataset_behaves_like_torch(imagenet_root: Path) -> None:
     ds = torchvision.datasets.ImageFolder(
         str(imagenet_root / "val"),
         transform=torchvision.transforms.Compose(
-            [torchvision.transforms.Resize((16, 16)), torchvision.transforms.PILToTensor()]
+            [
+                torchvision.transforms.Resize((16, 16)),
+                torchvision.transforms.Grayscale(3),
+                torchvision.transforms.PILToTensor(),
+            ]
         ),
     )
     ours = DataLoader(ds, batch_size=5, num_workers=0)
