@@ -102,7 +102,9 @@ def test_throughput_bench_writes_records_and_table(
             assert r["reference_cores"] == min(max(1, w), available_cpus())
             assert r["cpu_percent"] is None and r["pss_bytes"] is None
         else:
-            assert r["pss_bytes"] > 50 * 2**20 and r["cpu_percent"] > 0 and r["device"] == "cpu"
+            # CPU time is counted in clock ticks (10 ms): a run of 2 small batches may see none
+            assert r["pss_bytes"] > 50 * 2**20 and r["cpu_percent"] >= 0 and r["device"] == "cpu"
+    assert max(r["cpu_percent"] for r in records if r["backend"] != "full-decode") > 0
     # full-decode at 1 worker is the single-process rate: the same runs as at 0 workers.
     assert by_key["full-decode", "train", 1]["images_per_s_runs"] == pytest.approx(
         [v * min(1, available_cpus()) for v in by_key["full-decode", "train", 0]["images_per_s_runs"]]

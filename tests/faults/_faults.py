@@ -1,18 +1,15 @@
-"""Helpers of the fault suite: the bad images, the torchvision reference, draining a loader, and a
-snapshot of what a process holds (fds, threads, children, /dev/shm entries, RSS)."""
+"""Helpers of the fault suite: the bad images, the torchvision reference, draining a loader, and the
+slope of a measured series (the leak probe, ``_leak_probe.py``, snapshots what a process holds)."""
 
 from __future__ import annotations
 
 import io
-import os
 import struct
-import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
@@ -132,40 +129,6 @@ def drain(loader: Any, limit: int = 1000) -> Pass:
         out.batches.append(batch.indices.tolist())
         out.images.append(batch[0].clone())
     raise AssertionError("the iterator never ended")
-
-
-@dataclass(frozen=True)
-class Held:
-    """What this process holds: open fds, Python threads, live child processes, and the /dev/shm
-    entries that name one of its processes (torch's ``torch_<pid>_...``; the machine is shared, so
-    other entries cannot be attributed)."""
-
-    fds: int
-    threads: int
-    children: frozenset[int]
-    shm: frozenset[str]
-
-    @classmethod
-    def now(cls) -> Held:
-        me = psutil.Process()
-        kids = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        pids = {str(me.pid), *(str(p.pid) for p in kids)}
-        names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-        shm = frozenset(n for n in names if pids & set(n.replace("-", "_").split("_")))
-        fds = len(os.listdir("/proc/self/fd"))
-        return cls(fds, threading.active_count(), frozenset(p.pid for p in kids), shm)
-
-
-def tree_rss() -> int:
-    """Resident memory of this process and its children, in bytes."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def slope(values: list[float]) -> float:
