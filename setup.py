@@ -13,8 +13,8 @@ setup(
         Extension(
             "fastload._jpeg",
             sources=["fastload/_jpeg.c"],
-            libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            libraries=["jpeg", "m"],
+            extra_compile_args=["-O3"],
             optional=True,
         )
     ]

@@ -17,6 +17,10 @@
  *   header(data) -> (width, height, components, colorspace)
  *   decode(data, left, top, width, height, scale=1) -> bytearray of height*width*3 RGB bytes
  *       The region is given in the coordinates of the image decoded at 1/scale.
+ *   resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's
+ *       bilinear or bicubic Image.resize with a box, bit for bit, on RGB bytes (see below).
+ *   hwc_lut(src, dst, lut): interleaved RGB bytes -> channels-first float32 through per-channel tables
+ *       (the uint8 -> normalized float conversion of a torchvision pipeline, in one pass).
  * Errors raise fastload._jpeg.Error (a ValueError) with libjpeg's message; a libjpeg warning
  * (corrupt data, premature end of file) is an error too, so the caller can fall back to a
  * full decode that decides like the reference decoders do.
@@ -25,7 +29,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -217,12 +223,286 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     return out;
 }
 
+/* hwc_lut(src, dst, lut): dst[c][i] = lut[c][src[i][c]] for an interleaved RGB image and 3 tables of 256
+ * floats: the uint8 -> float conversion and normalization of one image (a pure function of each value and
+ * channel, so the table holds exactly the floats the per-pixel arithmetic gives) in one pass that also
+ * moves the channels first. */
+static PyObject *hwc_lut(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, lut;
+    if (!PyArg_ParseTuple(args, "y*w*y*:hwc_lut", &src, &dst, &lut)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = src.len / 3;
+    if (src.len % 3 != 0 || dst.len != n * 3 * (Py_ssize_t)sizeof(float) ||
+        lut.len != 3 * 256 * (Py_ssize_t)sizeof(float) || !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyErr_Format(PyExc_ValueError,
+                     "hwc_lut: need 3*n source bytes, a contiguous destination of 3*n float32 and 3*256 float32 "
+                     "tables (got %zd, %zd and %zd bytes)",
+                     src.len, dst.len, lut.len);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const unsigned char *s = (const unsigned char *)src.buf;
+    const float *t = (const float *)lut.buf;
+    float *d0 = (float *)dst.buf, *d1 = d0 + n, *d2 = d1 + n;
+    for (Py_ssize_t i = 0; i < n; i++, s += 3) {
+        d0[i] = t[s[0]];
+        d1[i] = t[256 + s[1]];
+        d2[i] = t[512 + s[2]];
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&lut);
+    return result;
+}
+
+/* ---- resample: PIL's Image.resize(size, BILINEAR | BICUBIC, box) of an RGB image, bit for bit ----
+ *
+ * The same coefficients (computed in double from the box in float, as Pillow's Resample.c does), the same
+ * fixed-point rounding (22 fraction bits) and the same two passes (horizontal first, over the rows the
+ * vertical pass reads, each rounded to uint8) give the same bytes as Pillow's resample; it reads and writes
+ * 3-byte pixels in place of PIL's 4-byte ones and sums the vertical pass a whole row at a time (integer
+ * sums: the order does not change them), which the compiler vectorizes. */
+
+#define RS_PRECISION_BITS (32 - 8 - 2)
+
+static double rs_bilinear(double x) {
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return 1.0 - x;
+    return 0.0;
+}
+
+static double rs_bicubic(double x) {
+    const double a = -0.5;
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+/* Pillow's precompute_coeffs + normalize_coeffs_8bpc: ksize, or 0 when out of memory. */
+static int rs_coeffs(int in_size, float in0, float in1, int out_size, int bicubic, int **bounds_out,
+                     int **kk_out) {
+    double (*filter)(double) = bicubic ? rs_bicubic : rs_bilinear;
+    double support, scale, filterscale;
+    filterscale = scale = (double)(in1 - in0) / out_size;
+    if (filterscale < 1.0) filterscale = 1.0;
+    support = (bicubic ? 2.0 : 1.0) * filterscale;
+    int ksize = (int)ceil(support) * 2 + 1;
+    double *pre = malloc((size_t)out_size * ksize * sizeof(double));
+    int *kk = malloc((size_t)out_size * ksize * sizeof(int));
+    int *bounds = malloc((size_t)out_size * 2 * sizeof(int));
+    if (pre == NULL || kk == NULL || bounds == NULL) {
+        free(pre);
+        free(kk);
+        free(bounds);
+        return 0;
+    }
+    double inv_filterscale = 1.0 / filterscale;
+    for (int xx = 0; xx < out_size; xx++) {
+        double center = in0 + (xx + 0.5) * scale;
+        double ww = 0.0;
+        int xmin = (int)(center - support + 0.5);
+        if (xmin < 0) xmin = 0;
+        int xmax = (int)(center + support + 0.5);
+        if (xmax > in_size) xmax = in_size;
+        xmax -= xmin;
+        double *k = &pre[xx * ksize];
+        int x;
+        for (x = 0; x < xmax; x++) {
+            double w = filter((x + xmin - center + 0.5) * inv_filterscale);
+            k[x] = w;
+            ww += w;
+        }
+        if (ww != 0.0) {
+            for (x = 0; x < xmax; x++) k[x] /= ww;
+        }
+        for (; x < ksize; x++) k[x] = 0;
+        bounds[xx * 2 + 0] = xmin;
+        bounds[xx * 2 + 1] = xmax;
+    }
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)out_size * ksize; i++) {
+        kk[i] = pre[i] < 0 ? (int)(-0.5 + pre[i] * (1 << RS_PRECISION_BITS))
+                           : (int)(0.5 + pre[i] * (1 << RS_PRECISION_BITS));
+    }
+    free(pre);
+    *bounds_out = bounds;
+    *kk_out = kk;
+    return ksize;
+}
+
+static inline unsigned char rs_clip8(int v) {
+    v >>= RS_PRECISION_BITS; /* arithmetic shift, as Pillow's table lookup indexes */
+    return v < 0 ? 0 : v > 255 ? 255 : (unsigned char)v;
+}
+
+/* rows [first, first + rows) of src (width in_w) -> tmp (rows x out_w), 3 channels */
+static void rs_horizontal(const unsigned char *src, int in_w, int first, int rows, unsigned char *tmp, int out_w,
+                          int ksize, const int *bounds, const int *kk) {
+    for (int yy = 0; yy < rows; yy++) {
+        const unsigned char *line = src + (size_t)(yy + first) * in_w * 3;
+        unsigned char *o = tmp + (size_t)yy * out_w * 3;
+        for (int xx = 0; xx < out_w; xx++) {
+            int xmin = bounds[xx * 2], xmax = bounds[xx * 2 + 1];
+            const int *k = &kk[xx * ksize];
+            int s0 = 1 << (RS_PRECISION_BITS - 1), s1 = s0, s2 = s0;
+            const unsigned char *p = line + (size_t)xmin * 3;
+            for (int x = 0; x < xmax; x++, p += 3) {
+                s0 += p[0] * k[x];
+                s1 += p[1] * k[x];
+                s2 += p[2] * k[x];
+            }
+            o[xx * 3 + 0] = rs_clip8(s0);
+            o[xx * 3 + 1] = rs_clip8(s1);
+            o[xx * 3 + 2] = rs_clip8(s2);
+        }
+    }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void rs_vertical(const unsigned char *src, int width3, unsigned char *dst, int out_h, int ksize,
+                        const int *bounds, const int *kk, int *acc) {
+    for (int yy = 0; yy < out_h; yy++) {
+        int ymin = bounds[yy * 2], ymax = bounds[yy * 2 + 1];
+        const int *k = &kk[yy * ksize];
+        for (int i = 0; i < width3; i++) acc[i] = 1 << (RS_PRECISION_BITS - 1);
+        for (int y = 0; y < ymax; y++) {
+            const unsigned char *line = src + (size_t)(y + ymin) * width3;
+            int w = k[y];
+            for (int i = 0; i < width3; i++) acc[i] += line[i] * w;
+        }
+        unsigned char *o = dst + (size_t)yy * width3;
+        for (int i = 0; i < width3; i++) o[i] = rs_clip8(acc[i]);
+    }
+}
+
+static void rs_flip(unsigned char *img, int w, int h) {
+    for (int y = 0; y < h; y++) {
+        unsigned char *row = img + (size_t)y * w * 3;
+        for (int a = 0, b = w - 1; a < b; a++, b--) {
+            for (int c = 0; c < 3; c++) {
+                unsigned char t = row[a * 3 + c];
+                row[a * 3 + c] = row[b * 3 + c];
+                row[b * 3 + c] = t;
+            }
+        }
+    }
+}
+
+/* 0, -1 (out of memory). pillow13: the pass order of Pillow >= 13, which runs the vertical pass first when
+ * the height shrinks by more than twice as many pixels as the width (earlier Pillows: horizontal first). */
+static int rs_resample(const unsigned char *src, int in_w, int in_h, const float box[4], unsigned char *dst,
+                       int out_w, int out_h, int bicubic, int flip, int pillow13) {
+    int need_h = out_w != in_w || box[0] != 0 || box[2] != out_w;
+    int need_v = out_h != in_h || box[1] != 0 || box[3] != out_h;
+    int horizontal_first = !pillow13 || !((in_h - out_h) > 0 && (in_h - out_h) > (in_w - out_w) * 2);
+    int *bv = NULL, *kv = NULL, *bh = NULL, *kh = NULL, *acc = NULL;
+    int ks_v = 0, ks_h = 0;
+    unsigned char *tmp = NULL;
+    int status = -1;
+    if ((need_h && horizontal_first) || need_v) {
+        ks_v = rs_coeffs(in_h, box[1], box[3], out_h, bicubic, &bv, &kv);
+        if (!ks_v) goto done;
+    }
+    if (need_h) {
+        ks_h = rs_coeffs(in_w, box[0], box[2], out_w, bicubic, &bh, &kh);
+        if (!ks_h) goto done;
+    }
+    if (need_h && need_v) {
+        int rows = out_h, cols = in_w, first = 0; /* the intermediate image: vertical first */
+        if (horizontal_first) {
+            first = bv[0];
+            rows = bv[out_h * 2 - 2] + bv[out_h * 2 - 1] - first;
+            cols = out_w;
+            for (int i = 0; i < out_h; i++) bv[i * 2] -= first;
+        }
+        tmp = malloc((size_t)rows * cols * 3);
+        acc = malloc((size_t)(horizontal_first ? out_w : in_w) * 3 * sizeof(int));
+        if (tmp == NULL || acc == NULL) goto done;
+        if (horizontal_first) {
+            rs_horizontal(src, in_w, first, rows, tmp, out_w, ks_h, bh, kh);
+            rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, bv, kv, acc);
+        } else {
+            rs_vertical(src, in_w * 3, tmp, out_h, ks_v, bv, kv, acc);
+            rs_horizontal(tmp, in_w, 0, out_h, dst, out_w, ks_h, bh, kh);
+        }
+    } else if (need_h) {
+        rs_horizontal(src, in_w, 0, out_h, dst, out_w, ks_h, bh, kh);
+    } else if (need_v) {
+        acc = malloc((size_t)out_w * 3 * sizeof(int));
+        if (acc == NULL) goto done;
+        rs_vertical(src, out_w * 3, dst, out_h, ks_v, bv, kv, acc);
+    } else {
+        memcpy(dst, src, (size_t)out_w * out_h * 3);
+    }
+    if (flip) rs_flip(dst, out_w, out_h);
+    status = 0;
+done:
+    free(bv);
+    free(kv);
+    free(bh);
+    free(kh);
+    free(tmp);
+    free(acc);
+    return status;
+}
+
+/* resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13) */
+static PyObject *jpeg_resample(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int in_w, in_h, out_w, out_h, bicubic, flip, pillow13;
+    float box[4];
+    if (!PyArg_ParseTuple(args, "y*ii(ffff)w*iippp:resample", &src, &in_w, &in_h, &box[0], &box[1], &box[2],
+                          &box[3], &dst, &out_w, &out_h, &bicubic, &flip, &pillow13))
+        return NULL;
+    PyObject *result = NULL;
+    if (in_w < 1 || in_h < 1 || out_w < 1 || out_h < 1 || src.len != (Py_ssize_t)in_w * in_h * 3 ||
+        dst.len != (Py_ssize_t)out_w * out_h * 3 || !PyBuffer_IsContiguous(&src, 'C') ||
+        !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyErr_Format(PyExc_ValueError,
+                     "resample: need contiguous RGB buffers of %dx%d and %dx%d pixels (got %zd and %zd bytes)",
+                     in_w, in_h, out_w, out_h, src.len, dst.len);
+        goto done;
+    }
+    if (box[0] < 0 || box[1] < 0 || box[2] > in_w || box[3] > in_h || box[2] - box[0] < 0 || box[3] - box[1] < 0) {
+        PyErr_SetString(PyExc_ValueError, "resample: the box must lie inside the image and not be empty");
+        goto done;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = rs_resample((const unsigned char *)src.buf, in_w, in_h, box, (unsigned char *)dst.buf, out_w, out_h,
+                         bicubic, flip, pillow13);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace): reads the JPEG header only."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, left, top, width, height, scale=1) -> bytearray: RGB pixels (HWC) of a region of the image "
      "decoded at 1/scale, decoding only that region."},
+    {"resample", jpeg_resample, METH_VARARGS,
+     "resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's "
+     "Image.resize((out_width, out_height), BICUBIC if bicubic else BILINEAR, box) of RGB bytes, bit for bit, "
+     "written into dst (mirrored when flip); pillow13: Pillow >= 13's order of the two passes."},
+    {"hwc_lut", hwc_lut, METH_VARARGS,
+     "hwc_lut(src, dst, lut): dst[c][i] = lut[c][src[i][c]] for interleaved RGB bytes, a float32 (3, n) "
+     "destination and 3 tables of 256 float32."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from . import transforms as T
+from .decode import to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
 __all__ = ["Recognition", "TorchvisionPipeline", "convert_pipeline", "recognize"]
@@ -163,7 +164,27 @@ class TorchvisionPipeline:
         if scratch is None:
             scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
         self.geometry.decode_into(data, scratch, name, resampler=self.resampler, reduce=self.reduce)
-        convert(torch.from_numpy(scratch).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+        lut = self._table()
+        # the same floats as `convert`, in one pass (see _table)
+        if lut is None or not out.flags.c_contiguous or not to_chw_by_table(scratch, out, lut):
+            convert(torch.from_numpy(scratch).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+
+    def _table(self) -> np.ndarray | None:
+        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
+
+        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
+        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
+        converting the image (the C extension then converts and moves the channels first in one pass).
+        ``None`` for a non-float32 output (a plain copy then).
+        """
+        if self.dtype != torch.float32:
+            return None
+        lut = getattr(self._local, "lut", None)
+        if lut is None:
+            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
+            lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
+            self._local.lut = lut
+        return lut
 
     def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
         """The conversion steps on a uint8 ``(N, 3, H, W)`` batch (on any device): contiguous NCHW."""

@@ -71,6 +71,7 @@ from .decode import (
     jpeg_header,
     load_reduced,
     open_image,
+    pil_resample,
     torchvision_jpeg_available,
 )
 
@@ -308,6 +309,23 @@ def _trailing_flip(ops: Sequence[tuple[Any, ...]]) -> bool:
     return flips % 2 == 1
 
 
+def _fused_box(
+    width: int, height: int, plan: Plan, scale: int, origin: tuple[int, int]
+) -> tuple[tuple[float, float, float, float], tuple[int, int, int, int] | None]:
+    """The resample box of ``plan`` in an image of ``width x height`` (decoded at ``1/scale``, starting
+    at ``origin``), and the integer box when the plan is a plain crop there (no resampling)."""
+    x0, y0, x1, y1 = plan.pixel_box()
+    box = (x0 - origin[0] * scale, y0 - origin[1] * scale, x1 - origin[0] * scale, y1 - origin[1] * scale)
+    x0, y0, x1, y1 = _clamped_box(box, width, height, scale)
+    int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
+    if plan.resample is None or (
+        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
+        and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == (plan.width, plan.height)
+    ):
+        return (x0, y0, x1, y1), int_box
+    return (x0, y0, x1, y1), None
+
+
 def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int] = (0, 0)) -> Image.Image:
     """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image.
 
@@ -315,24 +333,30 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int]
     """
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")  # CMYK, palette, RGBA, 16-bit, ...: as decode_pil does, first
-    x0, y0, x1, y1 = plan.pixel_box()
-    box = (x0 - origin[0] * scale, y0 - origin[1] * scale, x1 - origin[0] * scale, y1 - origin[1] * scale)
-    x0, y0, x1, y1 = _clamped_box(box, img.width, img.height, scale)
-    size = (plan.width, plan.height)
-    int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
-    if plan.resample is None or (
-        all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
-        and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == size
-    ):
+    box, int_box = _fused_box(img.width, img.height, plan, scale, origin)
+    if int_box is not None:
         if int_box != (0, 0, img.width, img.height):
             img = img.crop(int_box)  # a plain crop: no resampling
     else:
-        img = img.resize(size, _PIL_FILTERS[plan.resample[0]], box=(x0, y0, x1, y1))
+        assert plan.resample is not None
+        img = img.resize((plan.width, plan.height), _PIL_FILTERS[plan.resample[0]], box=box)
     if img.mode == "L":
         img = img.convert("RGB")  # on the small output: same as converting first (channels are equal)
     if plan.flip:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return img
+
+
+def _fused_into(
+    region: np.ndarray, plan: Plan, scale: int, out: np.ndarray, origin: tuple[int, int] = (0, 0)
+) -> None:
+    """:func:`_pil_fused` of a decoded RGB ``region``, written into ``out``: PIL's bytes, computed by
+    the C resampler where it reproduces the installed Pillow (:func:`pil_resample`), else by PIL."""
+    if plan.resample is not None:
+        box, int_box = _fused_box(region.shape[1], region.shape[0], plan, scale, origin)
+        if int_box is None and pil_resample(region, box, plan.resample[0], plan.flip, out):
+            return
+    _copy_pil_out(_pil_fused(Image.fromarray(region), plan, scale, origin), out)
 
 
 def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, Image.Image | None]:
@@ -374,7 +398,7 @@ def _decode_region_planned(
     reduced = decode_jpeg_region(data, 0, 0, -(-width // scale), -(-height // scale), scale)
     if reduced is None:
         return False
-    _copy_pil_out(_pil_fused(Image.fromarray(reduced), plan, scale), out)
+    _fused_into(reduced, plan, scale, out)
     return True
 
 
@@ -400,7 +424,7 @@ def _decode_region_pil(
     region = decode_jpeg_region(data, left, top, right - left, bottom - top, scale)
     if region is None:
         return False
-    _copy_pil_out(_pil_fused(Image.fromarray(region), plan, scale, (left, top)), out)
+    _fused_into(region, plan, scale, out, (left, top))
     return True
 
 

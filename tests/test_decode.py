@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -333,3 +334,63 @@ def test_without_torchvision_io_pil_decodes_the_same_crops(
             pil = TRAIN.decode_and_apply(data, name)
         assert pil.shape == with_tv[index].shape
         assert float((pil.int() - with_tv[index].int()).abs().float().mean()) < 1.0, name
+
+
+# ------------------------------------------------------------------------- PIL's resample, in C
+
+needs_c = pytest.mark.skipif(
+    not fastload.decode.roi_decoder_available(), reason="the C extension (fastload._jpeg) is not built"
+)
+
+
+@needs_c
+def test_c_resample_gives_pils_bytes() -> None:
+    """Random images, boxes and sizes, up and down, both filters, mirrored or not: Pillow's bytes
+    (both orders of its two passes occur: Pillow 13 runs the vertical pass first when the height
+    shrinks much more than the width)."""
+    assert fastload.decode._pil_pass_order() is not None, "the installed Pillow's resample is not reproduced"
+    rng = np.random.default_rng(0)
+    for case in range(400):
+        h, w = (int(v) for v in rng.integers(1, 120, 2))
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        if case % 2:  # smooth content as well as noise
+            pixels = np.asarray(Image.fromarray(pixels).resize((w, h), box=(0, 0, w / 3, h / 3)))
+        x0, y0 = float(rng.uniform(0, w / 2)), float(rng.uniform(0, h / 2))
+        box = (x0, y0, float(rng.uniform(x0, w)), float(rng.uniform(y0, h)))
+        if case % 5 == 0:
+            box = (0.0, 0.0, float(w), float(h))
+        size = (int(rng.integers(1, 160)), int(rng.integers(1, 160)))
+        name = ("bilinear", "bicubic")[case % 3 % 2]
+        flip = bool(case % 4 < 2)
+        ref = Image.fromarray(pixels).resize(size, fT._PIL_FILTERS[name], box=box)
+        if flip:
+            ref = ref.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out = np.empty((size[1], size[0], 3), dtype=np.uint8)
+        assert fastload.decode.pil_resample(np.ascontiguousarray(pixels), box, name, flip, out)
+        assert np.array_equal(out, np.asarray(ref)), f"case {case}: {(w, h)} {box} -> {size} {name} {flip}"
+
+
+@needs_c
+def test_c_resample_declines_what_it_does_not_reproduce(
+    samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other filters, non-contiguous arrays and an unknown Pillow fall back to PIL (same pixels)."""
+    pixels = np.zeros((10, 12, 3), dtype=np.uint8)
+    out = np.empty((5, 6, 3), dtype=np.uint8)
+    assert not fastload.decode.pil_resample(pixels, (0, 0, 12, 10), "nearest", False, out)
+    assert not fastload.decode.pil_resample(pixels[:, ::2], (0, 0, 6, 10), "bilinear", False, out)
+    tf = Compose([Resize(40), CenterCrop(32)])
+    data = next(iter(samples.values()))
+    used: list[bool] = []
+
+    def spy(*args: Any) -> bool:
+        used.append(fastload.decode.pil_resample(*args))
+        return used[-1]
+
+    monkeypatch.setattr(fT, "pil_resample", spy)
+    fast = tf.decode_and_apply(data, resampler="pil", reduce=False)
+    assert used == [True]  # the C resampler ran
+    monkeypatch.setattr(fastload.decode, "_PIL_ORDER", [None])  # as with a Pillow it does not reproduce
+    assert not fastload.decode.pil_resample(pixels, (0, 0, 12, 10), "bilinear", False, out)
+    assert torch.equal(tf.decode_and_apply(data, resampler="pil", reduce=False), fast)
+    assert used == [True, False]  # PIL ran, with the same pixels

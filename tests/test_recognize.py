@@ -328,9 +328,12 @@ def test_a_replaced_transform_is_followed_between_epochs(imagenet_root: Path) ->
     assert third.shape == (4, 3, 32, 32)
 
 
-def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path) -> None:
-    """With a CUDA ``device`` the uint8 batch is converted on the device; same numbers as the workers'."""
-    pipeline = convert_pipeline(_val_v1())
+@pytest.mark.parametrize("name", list(VAL))
+def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path, name: str) -> None:
+    """With a CUDA ``device`` the uint8 batch is converted on the device by torch's arithmetic; the
+    workers convert each sample through a table of the 256 values (C extension): the same floats."""
+    pipeline = convert_pipeline(VAL[name][0]())
+    assert (pipeline._table() is not None) == (VAL[name][1] == torch.float32)
     geometry = pipeline.geometry_only()
     data = sorted((imagenet_root / "val").rglob("*"))
     files = [p for p in data if p.is_file()][:6]
@@ -339,7 +342,7 @@ def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path) -> Non
     for out, p in zip(hwc, files, strict=True):
         geometry.decode_into(p.read_bytes(), out, str(p))
     batched = geometry.convert_batch(torch.from_numpy(hwc).permute(0, 3, 1, 2))
-    assert batched.is_contiguous() and batched.dtype == torch.float32
+    assert batched.is_contiguous() and batched.dtype == VAL[name][1]
     assert torch.equal(batched, per_sample)
 
 
