@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import multiprocessing
@@ -44,6 +45,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +175,83 @@ def run_task(
         lab[filled] = int(target_transform(target)) if target_transform is not None else target
         filled += 1
     return filled, skipped
+
+
+def own_reader(dataset: Any) -> bool:
+    """Whether ``dataset.get_bytes`` is fastload's own (safe to call from several threads), not a
+    user's override (user code runs where torch runs it: with ``num_workers=0``, in this thread)."""
+    get_bytes = getattr(type(dataset), "get_bytes", None)
+    return str(getattr(get_bytes, "__module__", "")).startswith("fastload.")
+
+
+def run_task_split(
+    dataset: Any,
+    task: Task,
+    out: np.ndarray,
+    lab: np.ndarray,
+    skip: bool,
+    threads: ThreadPoolExecutor,
+    parts: int,
+) -> tuple[int, list[tuple[int, str]]]:
+    """:func:`run_task` with the samples decoded by ``parts`` threads of ``threads``: the same result.
+
+    Each sample is decoded into its own position (its random stream is its own), so the pixels do
+    not depend on the split. Errors are raised as the serial loop raises them: the first failing
+    sample's, in batch order; with ``skip`` the unreadable samples are left out and the others moved
+    up in order. The labels (and a user's ``target_transform``) are computed in the calling thread.
+    """
+    transform = dataset.transform
+    indices = task.indices.tolist()
+
+    def decode(positions: range) -> dict[int, BaseException]:
+        errors: dict[int, BaseException] = {}
+        for p in positions:
+            i = indices[p]
+            try:
+                data = dataset.get_bytes(i)
+                with rng.sample_scope(task.seed, task.epoch, i):
+                    transform.decode_into(data, out[p], describe_sample(dataset, i))
+            except BaseException as e:  # noqa: BLE001 - raised in the caller, in batch order
+                errors[p] = e
+                if not (skip and isinstance(e, (DecodeError, OSError))):
+                    break  # the serial loop would stop here
+        return errors
+
+    n = len(indices)
+    step = -(-n // parts)
+    futures = [threads.submit(decode, range(a, min(n, a + step))) for a in range(0, n, step)]
+    try:
+        errors: dict[int, BaseException] = {}
+        for f in futures:
+            errors.update(f.result())
+    except BaseException:
+        wait_all(futures)  # no thread may still write into the slot once the caller releases it
+        raise
+    skipped: list[tuple[int, str]] = []
+    for p in sorted(errors):
+        e = errors[p]
+        if not (skip and isinstance(e, (DecodeError, OSError))):
+            raise e
+        skipped.append((indices[p], str(e)))
+    targets = dataset.targets
+    target_transform = getattr(dataset, "target_transform", None)
+    filled = 0
+    for p, i in enumerate(indices):
+        if p in errors:
+            continue
+        if filled != p:
+            out[filled] = out[p]
+        target = int(targets[i])
+        lab[filled] = int(target_transform(target)) if target_transform is not None else target
+        filled += 1
+    return filled, skipped
+
+
+def wait_all(futures: list[Future[Any]]) -> None:
+    """Waits until every future is done (a second Ctrl-C ends the wait)."""
+    for f in futures:
+        f.cancel()
+    concurrent.futures.wait(futures)
 
 
 def _portable_error(error: BaseException) -> BaseException | str:
@@ -477,6 +556,7 @@ class WorkerPool:
         self.tasks: Any = None
         self.results: Any = None
         self.closed = False
+        self.inline: ThreadPoolExecutor | None = None  # num_workers=0: the threads of run_inline
         if num_workers == 0:
             return
         if is_process:
@@ -538,6 +618,22 @@ class WorkerPool:
             labels.share_memory_()
         self.extra[slot] = (images, labels)
         return slot
+
+    def run_inline(
+        self, dataset: Any, task: Task, out: np.ndarray, lab: np.ndarray, skip: bool
+    ) -> tuple[int, list[tuple[int, str]]]:
+        """``num_workers=0``: decodes ``task`` in this process, split over ``torch.get_num_threads()``
+        threads as torch splits its own ops (intra-op parallelism; ``torch.set_num_threads(1)``
+        keeps it in this thread). Only for fastload's own readers and transforms (no user code runs
+        in those threads); the batch is the same for any number of threads."""
+        parts = min(torch.get_num_threads(), len(task.indices))
+        if parts < 2 or not own_reader(dataset):
+            return run_task(dataset, task, out, lab, skip)
+        if self.inline is None or self.inline._max_workers != parts:
+            if self.inline is not None:
+                self.inline.shutdown(wait=True)
+            self.inline = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="fastload-decode")
+        return run_task_split(dataset, task, out, lab, skip, self.inline, parts)
 
     def arrays(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """The images (N, *sample_shape) and labels (N,) arrays of ``slot``."""
@@ -681,6 +777,8 @@ class WorkerPool:
             return
         self.closed = True
         _LIVE_POOLS.discard(self)
+        if self.inline is not None:
+            self.inline.shutdown(wait=True)
         if self.workers:
             self.drain()  # don't make the workers decode a backlog nobody will read
         for _ in self.workers:

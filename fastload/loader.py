@@ -76,7 +76,6 @@ from ._worker import (
     WorkerPool,
     describe_sample,
     reporting_context,
-    run_task,
 )
 from .batch import IndexedBatch
 from .decode import decode_batch
@@ -353,7 +352,7 @@ class _FastPass:
             self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
 
     def _run_inline(self) -> Report:
-        """num_workers=0: decode exactly the batch the consumer asks for, in this thread."""
+        """num_workers=0: decode exactly the batch the consumer asks for, in this process."""
         slot = self.pool.take_slot()
         if slot is None:  # pragma: no cover - nothing is pending without workers: take_slot allocates
             raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
@@ -363,7 +362,9 @@ class _FastPass:
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
         out, lab = self.pool.arrays(slot)
-        filled, skipped = run_task(self.loader._fast_dataset, task, out, lab, self.loader.on_error == "skip")
+        filled, skipped = self.pool.run_inline(
+            self.loader._fast_dataset, task, out, lab, self.loader.on_error == "skip"
+        )
         return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
 
     def _wait(self) -> Report:
@@ -671,7 +672,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         batch_size, shuffle, sampler, batch_sampler, collate_fn, drop_last, timeout,
             worker_init_fn, multiprocessing_context, generator, prefetch_factor,
             pin_memory_device, in_order: As in torch.
-        num_workers: Worker count, or ``"auto"``.
+        num_workers: Worker count, or ``"auto"``. ``0`` decodes in this process, as torch does; on
+            the fast path a batch's samples are split over ``torch.get_num_threads()`` threads, as
+            torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a
+            ``get_bytes`` override, a ``target_transform``) still runs in the calling thread.
         pin_memory: ``None`` pins when CUDA is available.
         persistent_workers: ``None`` keeps workers between epochs when there are any.
         seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed

@@ -3,7 +3,9 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -303,6 +305,72 @@ def test_corrupt_image_raises_naming_it_or_is_skipped(tmp_path: Path, num_worker
         sizes = [len(y) for _, y in loader]
     assert sizes == [3, 4] and loader.stats.skipped == 1
     loader.close()
+
+
+# ------------------------------------------------------------- num_workers=0: intra-op decode threads
+
+
+def _decode_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("fastload-decode")}
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_inline_decode_splits_a_batch_over_torchs_threads(tmp_path: Path, train_set: ImageFolder) -> None:
+    """num_workers=0 decodes a batch with torch.get_num_threads() threads: the same batches as one
+    thread (skips, labels and target_transform included), the same first error, and no thread
+    left after close()."""
+    torch.set_num_threads(1)
+    one = _collect(DataLoader(train_set, batch_size=8, num_workers=0, shuffle=True, seed=3))
+    assert not _decode_threads()
+    torch.set_num_threads(3)
+    loader = DataLoader(train_set, batch_size=8, num_workers=0, shuffle=True, seed=3)
+    it = iter(loader)
+    first = next(it)
+    # the batch was split over torch's threads (the loader caps those at the CPU count)
+    assert len(_decode_threads()) == torch.get_num_threads() >= 2
+    assert _same([(first[0].clone(), first[1].clone()), *_collect(it)], one)
+    del it, first
+    loader.close()
+    assert not _decode_threads()
+
+    bad = _corrupt_tree(tmp_path)
+    ds = ImageFolder(tmp_path / "train", transform=_val_tf(), target_transform=lambda y: 10 + y)
+    batches = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with pytest.raises(Exception, match=bad.name):
+            list(DataLoader(ds, batch_size=4, num_workers=0))
+        loader = DataLoader(ds, batch_size=4, num_workers=0, on_error="skip")
+        with pytest.warns(UserWarning, match=f"skipped sample 2 .*{bad.name}"):
+            batches[threads] = _collect(loader)
+        loader.close()
+    assert _same(batches[1], batches[2])
+    assert [len(y) for _, y in batches[2]] == [3, 4] and batches[2][0][1].min() >= 10
+
+
+class _OwnReader(ImageFolder):
+    """A user's ``get_bytes``: user code, so it runs in the thread torch would run it in."""
+
+    threads: set[str] = set()
+
+    def get_bytes(self, i: int) -> bytes:
+        _OwnReader.threads.add(threading.current_thread().name)
+        return super().get_bytes(i)
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_inline_decode_runs_a_users_reader_in_the_calling_thread(imagenet_root: Path) -> None:
+    torch.set_num_threads(2)
+    ds = _OwnReader(imagenet_root / "train", transform=_train_tf())
+    assert sum(len(y) for _, y in DataLoader(ds, batch_size=8, num_workers=0)) == len(ds)
+    assert _OwnReader.threads == {threading.current_thread().name}
 
 
 # ------------------------------------------------------------------------------------ extras
