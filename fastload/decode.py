@@ -55,6 +55,7 @@ __all__ = [
     "load_sample",
     "open_image",
     "pil_resample",
+    "pil_resample_available",
     "roi_decoder_available",
     "to_chw_by_table",
     "torchvision_jpeg_available",
@@ -314,6 +315,11 @@ def _pil_pass_order() -> bool | None:
                 break
     _PIL_ORDER.append(found)
     return found
+
+
+def pil_resample_available() -> bool:
+    """Whether :func:`pil_resample` reproduces the installed Pillow (the C extension is built)."""
+    return _jpeg is not None and _pil_pass_order() is not None
 
 
 def pil_resample(

@@ -389,7 +389,7 @@ def _convert(transform: Any) -> TorchvisionPipeline:
     return TorchvisionPipeline(
         pipeline,
         tuple(steps),
-        resampler="pil" if pil and not random else "auto",
+        resampler="pil" if pil and not random else "torch",
         reduce=random,
         description=" -> ".join(type(op).__name__ for op in _flatten(transform)),
     )

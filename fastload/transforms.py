@@ -72,6 +72,7 @@ from .decode import (
     load_reduced,
     open_image,
     pil_resample,
+    pil_resample_available,
     torchvision_jpeg_available,
 )
 
@@ -97,7 +98,7 @@ _INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 _PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 # Half-width of PIL's filters at scale 1 (Pillow's ``bilinear_filter``/``bicubic_filter`` support).
 _PIL_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
-_RESAMPLERS = ("auto", "pil")
+_RESAMPLERS = ("auto", "pil", "torch")
 _PIL_ALL_FILTERS = {**_PIL_FILTERS, "nearest": Image.Resampling.NEAREST}
 # PIL's integer constants, which torchvision also accepts.
 _PIL_INT_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
@@ -488,6 +489,10 @@ class Transform:
     fused decoding — is shared.
     """
 
+    #: Whether the transform draws random parameters (a :class:`Compose`: whether any of its do).
+    #: Deterministic (evaluation) pipelines resize as PIL does by default (see :meth:`decode_into`).
+    random: bool = False
+
     # -- what subclasses implement -------------------------------------------------------------
 
     def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
@@ -541,19 +546,23 @@ class Transform:
         name: str = "image",
         *,
         resampler: str = "auto",
-        reduce: bool = True,
+        reduce: bool | None = None,
     ) -> torch.Tensor:
         """Decodes an encoded image and applies the transform, fused (see the module docstring).
 
         Args:
             data: The encoded file (JPEG, PNG or anything PIL reads).
             name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
-            resampler: ``"auto"`` (fastest: torch's uint8 kernels at full size, which differ from
-                PIL's resample by up to 2 levels on a few pixels) or ``"pil"``: bilinear/bicubic
-                resizes the way PIL runs them, the same pixels (within 1 level) as the torchvision
-                pipeline run on the PIL image (``torchvision.datasets.ImageFolder``'s images).
+            resampler: ``"pil"``: bilinear/bicubic resizes the way PIL runs them, the same pixels
+                (within 1 level) as the torchvision pipeline run on the PIL image
+                (``torchvision.datasets.ImageFolder``'s images); ``"torch"``: torch's uint8 kernels,
+                which differ from PIL's resample by up to 2 levels on a few pixels; ``"auto"``:
+                ``"pil"`` for a deterministic (evaluation) pipeline when the C extension's copy of
+                PIL's resample is there (as fast as torch's), else ``"torch"``.
             reduce: Allow reduced-size (DCT-scaled) JPEG decoding when the crop is at least twice
-                the output; ``False``: always decode at full size (the reference pixels).
+                the output (4-6 levels from the full-size result); ``False``: always decode at full
+                size (the reference pixels). ``None``: only for a pipeline with a random op
+                (training); evaluation pipelines decode at full size.
 
         Returns:
             A uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
@@ -561,11 +570,11 @@ class Transform:
         Raises:
             DecodeError: Naming ``name`` when the file is not a decodable image.
         """
-        check_choice(resampler, "resampler", _RESAMPLERS)
+        pil, reduce = self._choose(resampler, reduce)
         height, width, img = _open(data, name)
         plan = self.plan(height, width)
         out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
-        self._decode_planned(data, img, plan, out, name, resampler == "pil", bool(reduce))
+        self._decode_planned(data, img, plan, out, name, pil, reduce)
         return torch.from_numpy(out).permute(2, 0, 1)
 
     def decode_into(
@@ -575,7 +584,7 @@ class Transform:
         name: str = "image",
         *,
         resampler: str = "auto",
-        reduce: bool = True,
+        reduce: bool | None = None,
     ) -> None:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
@@ -609,8 +618,18 @@ class Transform:
                 f"out.shape={out.shape}; decode_into needs a pipeline with a fixed output_size (it is "
                 f"{self.output_size})"
             )
+        pil, reduce = self._choose(resampler, reduce)
+        self._decode_planned(data, img, plan, out, name, pil, reduce)
+
+    def _choose(self, resampler: str, reduce: bool | None) -> tuple[bool, bool]:
+        """``(pil, reduce)`` for the ``resampler`` and ``reduce`` arguments (see decode_and_apply)."""
         check_choice(resampler, "resampler", _RESAMPLERS)
-        self._decode_planned(data, img, plan, out, name, resampler == "pil", bool(reduce))
+        random = self.random
+        if resampler == "auto":
+            pil = not random and pil_resample_available()
+        else:
+            pil = resampler == "pil"
+        return pil, random if reduce is None else bool(reduce)
 
     # -- the fused decode ---------------------------------------------------------------------------
 
@@ -752,12 +771,18 @@ class Compose(Transform):
             input_size = t._output_size(input_size)
         return input_size
 
+    @property
+    def random(self) -> bool:  # type: ignore[override]
+        return any(t.random for t in self.transforms)
+
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}" for t in self.transforms)
         return f"{type(self).__name__}({body}\n)"
 
 
 class RandomResizedCrop(Transform):
+    random = True
+
     """Crops a random region (random area and aspect ratio) and resizes it to ``size``.
 
     The crop parameters follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly: up
@@ -931,6 +956,8 @@ class CenterCrop(Transform):
 
 
 class RandomHorizontalFlip(Transform):
+    random = True
+
     """Mirrors the image left-right with probability ``p``.
 
     One draw per sample whatever ``p`` is, so the draws of later transforms do not depend on it.

@@ -113,31 +113,33 @@ def test_dct_scaling_is_applied_for_large_crops_only(
     monkeypatch.setattr(
         fastload.decode, "USE_ROI_DECODE", False
     )  # the PIL path (test_roi_decode covers the other)
-    big = samples["big.JPEG"]  # 1400x1100
+    big = samples["big.JPEG"]  # 1400x1100 (reduce=True: evaluation pipelines decode at full size by default)
     # Resize(224)+CenterCrop(224): the 1100x1100 box -> 224 allows 1/4 (275 >= 224), not 1/8.
-    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(big, "big")
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(big, "big", reduce=True)
     assert calls[-1] == (4, 4, (350, 275))
     # A 64 px output from the same box: 1/8 (137 >= 64).
-    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(big, "big")
+    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(big, "big", reduce=True)
     assert calls[-1] == (8, 8, (175, 138))
     # Gray and CMYK JPEGs are scaled too.
-    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_gray.JPEG"], "gray")
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_gray.JPEG"], "gray", reduce=True)
     assert calls[-1] == (4, 4, (350, 275))
-    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk", reduce=True)
     assert calls[-1] == (4, 4, (350, 275))
     # A PNG has no DCT scaling: decoded at full size.
-    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_png.JPEG"], "png")
+    Compose([Resize(224), CenterCrop(224)]).decode_and_apply(samples["big_png.JPEG"], "png", reduce=True)
     assert calls[-1][1:] == (1, (1100, 900))
     # Not when it would make the crop smaller than the output: a 943 px box for a 600 px output.
     n = len(calls)
-    out = Compose([Resize(700), CenterCrop(600)]).decode_and_apply(big, "big")
+    out = Compose([Resize(700), CenterCrop(600)]).decode_and_apply(big, "big", reduce=True)
     assert out.shape == (3, 600, 600)
     assert all(c[1] == 1 for c in calls[n:])  # full-size decode (or the torchvision.io path: no call)
     # Nor for non-antialiased / nearest resizing, where the DCT's averaging would change the result.
     n = len(calls)
-    Compose([Resize(64, antialias=False), CenterCrop(64)]).decode_and_apply(samples["big_cmyk.JPEG"], "cmyk")
+    Compose([Resize(64, antialias=False), CenterCrop(64)]).decode_and_apply(
+        samples["big_cmyk.JPEG"], "cmyk", reduce=True
+    )
     Compose([Resize(64, interpolation="nearest"), CenterCrop(64)]).decode_and_apply(
-        samples["big_cmyk.JPEG"], "cmyk"
+        samples["big_cmyk.JPEG"], "cmyk", reduce=True
     )
     assert [c[1] for c in calls[n:]] == [1, 1]
 
@@ -394,3 +396,24 @@ def test_c_resample_declines_what_it_does_not_reproduce(
     assert not fastload.decode.pil_resample(pixels, (0, 0, 12, 10), "bilinear", False, out)
     assert torch.equal(tf.decode_and_apply(data, resampler="pil", reduce=False), fast)
     assert used == [True, False]  # PIL ran, with the same pixels
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_evaluation_pipelines_give_torchvisions_pil_pixels_by_default(
+    samples: dict[str, bytes], interpolation: str
+) -> None:
+    """A deterministic pipeline (Resize + CenterCrop) decodes at full size and resizes as PIL does:
+    within 1 level of torchvision's pipeline on the PIL image (``ImageFolder``'s), large, gray,
+    CMYK and PNG files included."""
+    import torchvision.transforms as v1
+
+    assert not Compose([Resize(64), CenterCrop(56)]).random and Compose([RandomResizedCrop(8)]).random
+    pipe = Compose([Resize(64, interpolation=interpolation), CenterCrop(56)])
+    mode = {"bilinear": v1.InterpolationMode.BILINEAR, "bicubic": v1.InterpolationMode.BICUBIC}[interpolation]
+    torchvision_val = v1.Compose([v1.Resize(64, interpolation=mode), v1.CenterCrop(56), v1.PILToTensor()])
+    worst = 0
+    for name, data in samples.items():
+        reference = torchvision_val(decode_pil(data))
+        got = pipe.decode_and_apply(data, name)
+        worst = max(worst, int((got.int() - reference.int()).abs().max()))
+    assert worst <= 1

@@ -166,15 +166,22 @@ def test_bad_regions_and_bytes_raise(jpegs: dict[str, bytes]) -> None:
 def test_fused_transforms_give_the_same_bytes_with_and_without_it(
     jpegs: dict[str, bytes], pipe: fT.Transform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """torch's resampler (and reduced decoding) gives the same bytes from the decoded region as from
+    the full decode; PIL's (the default for evaluation pipelines) is within 1 level: its resample of
+    a region starts from a box offset by the region's origin, in float32."""
     for epoch in range(3):
         for index, (name, data) in enumerate(jpegs.items()):
-            with rng.sample_scope(0, epoch, index):
-                fast = pipe.decode_and_apply(data, name)
-            monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", False)
-            with rng.sample_scope(0, epoch, index):
-                reference = pipe.decode_and_apply(data, name)
-            monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", True)
-            assert torch.equal(fast, reference), (name, epoch)
+            for kwargs in ({"resampler": "torch", "reduce": True}, {}):
+                with rng.sample_scope(0, epoch, index):
+                    fast = pipe.decode_and_apply(data, name, **kwargs)
+                monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", False)
+                with rng.sample_scope(0, epoch, index):
+                    reference = pipe.decode_and_apply(data, name, **kwargs)
+                monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", True)
+                if kwargs or pipe.random:
+                    assert torch.equal(fast, reference), (name, epoch, kwargs)
+                else:
+                    assert (fast.int() - reference.int()).abs().max() <= 1, (name, epoch)
 
 
 def test_only_the_crop_is_decoded(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,8 +200,14 @@ def test_only_the_crop_is_decoded(jpegs: dict[str, bytes], monkeypatch: pytest.M
     assert calls == [(left, top, w, h, 1)] and w * h < 333 * 251
     # A large crop of a large image: decoded whole at the DCT scale (Resize(64) of an 1100 px box: 1/8).
     calls.clear()
-    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(jpegs["big.JPEG"], "big")
+    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(
+        jpegs["big.JPEG"], "big", resampler="torch", reduce=True
+    )
     assert calls == [(0, 0, 175, 138, 8)]
+    # An evaluation pipeline decodes at full size by default: the box plus the filter's reach.
+    calls.clear()
+    Compose([Resize(64), CenterCrop(64)]).decode_and_apply(jpegs["big.JPEG"], "big")
+    assert [c[-1] for c in calls] == [1] and calls[0][2] < 1400
 
 
 def test_truncated_and_corrupt_files_behave_as_with_the_reference_decoders(
@@ -290,7 +303,8 @@ def test_mpo_files_take_the_jpeg_paths(jpegs: dict[str, bytes], monkeypatch: pyt
             monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", roi)
             with rng.sample_scope(0, 0, 2):
                 outs.append(pipe.decode_and_apply(data, "mpo"))
-        assert torch.equal(outs[0], outs[1])
+        # PIL's resampler (evaluation) of the region is within 1 level of the full decode's
+        assert (outs[0].int() - outs[1].int()).abs().max() <= (0 if pipe.random else 1)
 
 
 def test_non_contiguous_arrays_decode(jpegs: dict[str, bytes]) -> None:
