@@ -230,7 +230,9 @@ def dct_scale(box_width: float, box_height: float, out_width: int, out_height: i
     return 1
 
 
-def load_reduced(img: Image.Image, scale: int, name: str = "image") -> tuple[Image.Image, int]:
+def load_reduced(
+    img: Image.Image, scale: int, name: str = "image", data: bytes | memoryview | np.ndarray | None = None
+) -> tuple[Image.Image, int]:
     """Decodes an opened JPEG at ``1/scale`` of its size (libjpeg DCT scaling via ``Image.draft``).
 
     Args:
@@ -238,6 +240,7 @@ def load_reduced(img: Image.Image, scale: int, name: str = "image") -> tuple[Ima
         scale: The wanted scale-down factor (8, 4, 2 or 1). Formats without DCT scaling (PNG, ...)
             and ``scale=1`` decode at full size.
         name: How to name the sample in an error.
+        data: The encoded file, if at hand (its size is then part of an error's message).
 
     Returns:
         ``(image, applied_scale)``: the decoded image in its own mode (``RGB``, ``L``, ``CMYK``, ...)
@@ -256,7 +259,7 @@ def load_reduced(img: Image.Image, scale: int, name: str = "image") -> tuple[Ima
                 applied = max(1, int(round(width / result[1][2])))
         img.load()
     except _DECODE_ERRORS as e:
-        raise decode_error(name, e) from None
+        raise decode_error(name, e, data) from None
     return img, applied
 
 

@@ -669,7 +669,7 @@ class Transform:
                 res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
                 _copy_tensor_out(res, out, _trailing_flip(plan.ops))
                 return
-            loaded, applied = load_reduced(img, scale, name)
+            loaded, applied = load_reduced(img, scale, name, data)
             self._apply_loaded(loaded, plan, applied, out)
         except DecodeError:
             raise
@@ -710,7 +710,7 @@ class Transform:
                     img = open_image(data, name)  # libjpeg reported corrupt data: the reference way
             if loaded is None:
                 assert img is not None
-                loaded, scale = load_reduced(img, scale, name)
+                loaded, scale = load_reduced(img, scale, name, data)
             if box_exact:
                 _copy_pil_out(_pil_fused(loaded, plan, scale), out)
             else:
@@ -718,7 +718,7 @@ class Transform:
         except DecodeError:
             raise
         except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
-            raise decode_error(name, e) from None
+            raise decode_error(name, e, data) from None
 
     @staticmethod
     def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:

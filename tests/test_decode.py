@@ -104,8 +104,8 @@ def test_dct_scaling_is_applied_for_large_crops_only(
     calls: list[tuple[int, int, tuple[int, int]]] = []
     real = fT.load_reduced
 
-    def spy(img: Image.Image, scale: int, name: str = "image") -> tuple[Image.Image, int]:
-        loaded, applied = real(img, scale, name)
+    def spy(img: Image.Image, scale: int, name: str = "image", data: Any = None) -> tuple[Image.Image, int]:
+        loaded, applied = real(img, scale, name, data)
         calls.append((scale, applied, loaded.size))
         return loaded, applied
 

@@ -129,7 +129,10 @@ def test_train_single_then_evaluate_gives_the_same_metrics_on_one_and_two_ranks(
     metrics = r"top-1 (\d+)/(\d+) = [0-9.]+, top-5 (\d+)/(\d+) = [0-9.]+, mean loss ([0-9.]+)"
     m1, m2 = re.search(metrics, one), re.search(metrics, two)
     assert m1 and m2, one + two
-    assert m1.groups() == m2.groups() and m1.group(2) == "9"  # exact: every val image once, same counts
+    # exact: every val image once, the same counts; the mean loss is a float sum whose per-sample
+    # terms come from batches of other sizes on two ranks (convolution kernels differ in the last bits)
+    assert m1.groups()[:4] == m2.groups()[:4] and m1.group(2) == "9"
+    assert float(m1.group(5)) == pytest.approx(float(m2.group(5)), rel=1e-6)
     assert "counted 9 samples (val set: 9 samples), world size 1, samples per rank [9]" in one
     assert "counted 9 samples (val set: 9 samples), world size 2, samples per rank [5, 4]" in two
     rows = (tmp_path / "p1.csv").read_text().splitlines()

@@ -1,0 +1,176 @@
+"""Where one image's time goes: the val (or train) path of fastload's fused decode, stage by stage.
+
+Usage: ``python bench/stages.py [--data ROOT] [--split val] [--images 300] [--repeats 5] [--json PATH]``
+
+One process, one thread (``torch.set_num_threads(1)``), files in memory. Each stage is timed where
+the pipeline calls it (the functions are wrapped, the pipeline is unchanged), in CPU time of the
+process, the median over ``--repeats`` passes, per image:
+
+* header: reading the JPEG header (libjpeg-turbo, C extension);
+* decode: decoding the region the output needs (the crop box plus the resampling filter's reach;
+  evaluation pipelines at full size);
+* resample + crop + write: the resize of the box straight into the batch slot (the crop is the
+  box; the C copy of PIL's resample for evaluation pipelines, torch's uint8 kernels for training);
+* plan and the rest: the crop parameters, the checks and the Python around the stages;
+* normalize: the main process's conversion of the uint8 batch to normalized float32
+  (``fastload.gpu.Normalize`` on a batch of 32, per image), and a recognised torchvision pipeline's
+  per-image conversion (``ToTensor`` + ``Normalize`` through the C extension's tables);
+* full decode: a full-size PIL decode of the same files, the reference of ``bench/throughput.py``.
+
+The hand-off of a batch between a worker and the main process is a few shared-memory slot indices
+through a queue (no pixels are copied); ``bench/throughput.py`` measures the whole loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload import gpu
+from fastload import transforms as T
+from fastload.decode import decode_pil, to_chw_by_table
+from fastload.recognize import convert_pipeline
+from fastload.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+DEFAULT_DATA = Path.home() / ".cache" / "fastload" / "synthetic-imagenet"
+
+
+class _Timer:
+    """Wraps a module-level function of :mod:`fastload.transforms` and adds up its CPU time."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.real: Callable[..., Any] = getattr(T, name)
+        self.seconds = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.process_time()
+        try:
+            return self.real(*args, **kwargs)
+        finally:
+            self.seconds += time.process_time() - t0
+
+
+def _files(root: Path, n: int) -> list[bytes]:
+    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    if not paths:
+        raise SystemExit(
+            f"error: no files under {root}; write a synthetic set with `python -m fastload synth`"
+        )
+    step = max(1, len(paths) // n)
+    return [p.read_bytes() for p in paths[::step][:n]]
+
+
+def measure(datas: list[bytes], split: str, repeats: int) -> dict[str, float]:
+    """Milliseconds per image of each stage (medians over ``repeats`` passes)."""
+    torch.set_num_threads(1)
+    train = split == "train"
+    pipe = (
+        T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+        if train
+        else T.Compose([T.Resize(256), T.CenterCrop(224)])
+    )
+    stages = {
+        "header": ["jpeg_header"],
+        "decode": ["decode_jpeg_region"],
+        "resample + crop + write": ["pil_resample", "_run_ops", "_copy_tensor_out"],
+    }
+    timers = {name: _Timer(name) for names in stages.values() for name in names}
+    out = np.empty((224, 224, 3), dtype=np.uint8)
+    rows: dict[str, list[float]] = {k: [] for k in [*stages, "plan and the rest", "total", "full decode"]}
+    n = len(datas)
+    for _ in range(repeats):
+        for t in timers.values():
+            t.seconds = 0.0
+            setattr(T, t.name, t)
+        try:
+            t0 = time.process_time()
+            for d in datas:
+                pipe.decode_into(d, out)
+            total = time.process_time() - t0
+        finally:
+            for t in timers.values():
+                setattr(T, t.name, t.real)
+        staged = 0.0
+        for stage, names in stages.items():
+            seconds = sum(timers[name].seconds for name in names)
+            staged += seconds
+            rows[stage].append(seconds / n * 1e3)
+        rows["plan and the rest"].append((total - staged) / n * 1e3)
+        rows["total"].append(total / n * 1e3)
+        t0 = time.process_time()
+        for d in datas:
+            decode_pil(d)
+        rows["full decode"].append((time.process_time() - t0) / n * 1e3)
+    result = {k: statistics.median(v) for k, v in rows.items()}
+    # The main process's normalization of a uint8 batch (fastload's own transforms) ...
+    batch = torch.randint(0, 256, (32, 3, 224, 224), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last
+    )
+    normalize = gpu.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for _ in range(5):
+            normalize(batch)
+        times.append((time.process_time() - t0) / (5 * 32) * 1e3)
+    result["normalize (batch, main process)"] = statistics.median(times)
+    # ... and a recognised torchvision pipeline's per-image conversion (ToTensor + Normalize).
+    import torchvision.transforms as tv
+
+    tv_pipe = tv.Compose(
+        [tv.Resize(256), tv.CenterCrop(224), tv.ToTensor(), tv.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
+    recognised = convert_pipeline(tv_pipe)
+    hwc = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    dst = np.empty((3, 224, 224), dtype=np.float32)
+    table = recognised._table()
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for _ in range(200):
+            if table is None or not to_chw_by_table(hwc, dst, table):
+                recognised.convert_batch(torch.from_numpy(hwc).permute(2, 0, 1)[None])
+        times.append((time.process_time() - t0) / 200 * 1e3)
+    result["normalize (per image, swap path)"] = statistics.median(times)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help=f"dataset root (default {DEFAULT_DATA})"
+    )
+    parser.add_argument("--split", choices=("val", "train"), default="val", help="pipeline (default val)")
+    parser.add_argument("--images", type=int, default=300, help="images to use (default 300)")
+    parser.add_argument("--repeats", type=int, default=5, help="passes; medians are reported (default 5)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.images < 1 or args.repeats < 1:
+        parser.error("--images and --repeats must be at least 1")
+    datas = _files(args.data / args.split, args.images)
+    result = measure(datas, args.split, args.repeats)
+    print(f"{args.split}: {len(datas)} images, one thread, CPU ms per image (median of {args.repeats})")
+    total = result["total"]
+    for name, ms in result.items():
+        staged = name in ("header", "decode", "resample + crop + write", "plan and the rest")
+        share = f"{100 * ms / total:5.1f}%" if staged else ""
+        print(f"  {name:34s} {ms:7.3f}  {share}")
+    print(f"  fused pipeline vs full decode: {result['full decode'] / total:.2f}x the full decode's rate")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"split": args.split, "images": len(datas), **result}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
