@@ -56,7 +56,14 @@ import torch
 from . import transforms as T
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
-__all__ = ["Recognition", "TorchvisionPipeline", "convert_pipeline", "recognize", "sample_index", "worker_view"]
+__all__ = [
+    "Recognition",
+    "TorchvisionPipeline",
+    "convert_pipeline",
+    "recognize",
+    "sample_index",
+    "worker_view",
+]
 
 _V1 = "torchvision.transforms.transforms."
 _V2_GEOMETRY = "torchvision.transforms.v2._geometry."
@@ -535,7 +542,9 @@ def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
         index = sample_index(dataset)
     except _NotReproducible as e:
         return None, str(e)
-    view = ImageFolder(None, transform=transform, target_transform=target_transform, index=index, loader=loader)
+    view = ImageFolder(
+        None, transform=transform, target_transform=target_transform, index=index, loader=loader
+    )
     view.root = getattr(dataset, "root", None)
     return view, None
 
