@@ -566,7 +566,11 @@ class WorkerPool:
                     preload if is_process else None,
                 )
                 worker = start(target=worker_loop, args=(args,), name=f"fastload-worker-{wid}", daemon=True)
-                worker.start()
+                try:
+                    worker.start()
+                except BaseException:
+                    self.close()  # the workers started so far stop: no half-started pool is left
+                    raise
                 self.workers.append(worker)
         _LIVE_POOLS.add(self)
 
