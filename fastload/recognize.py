@@ -447,7 +447,8 @@ def sample_index(dataset: Any) -> FolderIndex:
         prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")
     index = _encode_samples(samples, n, prefix)
     if index is None:  # a path outside root: store whole paths
-        index = _encode_samples(samples, n, "")
+        prefix = ""
+        index = _encode_samples(samples, n, prefix)
     assert index is not None  # an empty prefix always fits
     buf, offsets, targets = index
     classes = list(getattr(dataset, "classes", []))
