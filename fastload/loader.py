@@ -856,6 +856,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._fast_reason: str | None = None
         self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._source_key: tuple[Any, ...] | None = None
+        self._worker_dataset: Any = None  # what torch's workers serve instead of the dataset
         self._torch_workers_started = False  # torch's persistent workers are running
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
@@ -892,6 +893,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._source_key = _source_key(dataset)
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
+        self._worker_dataset = None
         if self.decode != "cpu":
             self._fast_reason = "decode='device' decodes on the device"
             return
@@ -922,6 +924,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     type(dataset).__name__,
                     found.reason,
                 )
+        if self._allow_fast and self.num_workers > 0:
+            # torch's workers serve a torchvision DatasetFolder from fastload's index (see _torch_iter)
+            self._worker_dataset = worker_view(dataset)[0]
 
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced, as
@@ -995,17 +1000,19 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         they fork (:func:`fastload._worker.frozen_heap`). And a torchvision ``ImageFolder`` or
         ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
         served to them by :func:`fastload.recognize.worker_view`: the same ``__getitem__`` over
-        fastload's numpy index, built from ``dataset.samples`` as it is at that moment, so the
-        workers neither copy nor, with spawn, unpickle its Python list. Inside them,
+        fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
+        (at construction, and again at a pass after ``samples`` was replaced, or when workers
+        start after its length changed), so the workers neither copy nor, with spawn, unpickle
+        its Python list. Inside them,
         ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
         with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
         ``target_transform``; ``samples`` and ``targets`` read from the index).
         """
         if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
             return super().__iter__()  # no worker starts
-        view = None
-        if self._allow_fast:
-            view, _ = worker_view(self.dataset)
+        view = self._worker_dataset
+        if view is not None and len(view) != len(self.dataset):  # samples grew or shrank in place
+            view = self._worker_dataset = worker_view(self.dataset)[0]
         if view is not None:
             Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
         with frozen_heap(self.multiprocessing_context), _served(self, view):

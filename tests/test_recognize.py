@@ -494,3 +494,20 @@ def test_spawned_workers_get_compact_arrays_not_the_list(imagenet_root: Path) ->
     assert len(pickle.dumps(dataset.samples)) > len(blob) + 10 * n  # the list it replaces
     again = pickle.loads(blob)
     assert again.samples[n - 1] == dataset.samples[n - 1] and len(again) == n
+
+
+def test_torch_workers_follow_a_changed_sample_list(imagenet_root: Path) -> None:
+    """As torch's loader without persistent workers: each pass's workers see the samples as they are."""
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=_jitter())
+    loader = fastload.DataLoader(
+        dataset, batch_size=4, num_workers=1, multiprocessing_context="fork", persistent_workers=False
+    )
+
+    def labels() -> list[int]:
+        return torch.cat([y for _, y in loader]).tolist()
+
+    assert labels() == dataset.targets
+    dataset.samples = dataset.samples[::2]  # replaced
+    assert labels() == [t for _, t in dataset.samples]
+    dataset.samples.extend(dataset.samples[:3])  # changed in place
+    assert labels() == [t for _, t in dataset.samples]
