@@ -405,7 +405,9 @@ def _same_batches(want: list[Any], got: list[Any], pixels: bool = True) -> None:
     "case, context",
     [("unrecognised", "fork"), ("recognised", "fork"), ("unrecognised", "spawn")],
 )
-def test_workers_never_read_the_sample_list(imagenet_root: Path, tmp_path: Path, case: str, context: str) -> None:
+def test_workers_never_read_the_sample_list(
+    imagenet_root: Path, tmp_path: Path, case: str, context: str
+) -> None:
     marker = tmp_path / "read-in-a-worker"
     transform = _jitter() if case == "unrecognised" else _val_v1()
     dataset = _watched(imagenet_root / "val", transform, marker)

@@ -74,7 +74,9 @@ def big_heap() -> Any:
 
 def test_torch_path_workers_leave_the_inherited_heap_alone(big_heap: Any) -> None:
     assert gc.get_freeze_count() == 0
-    loader = fastload.DataLoader(_CollectInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    loader = fastload.DataLoader(
+        _CollectInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
     assert not loader.fast_path
     ours = [tuple(x.tolist()) for x in loader]
     assert gc.get_freeze_count() == 0  # unfrozen in the parent once the worker started
@@ -113,7 +115,9 @@ def test_fast_path_workers_leave_the_inherited_heap_alone(
         assert frozen >= len(big_heap) and grown < 8 * 2**20, (wid, frozen, grown)
 
 
-def test_spawned_and_thread_workers_freeze_nothing(imagenet_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spawned_and_thread_workers_freeze_nothing(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only a fork inherits the heap: no freeze (and so no effect on the parent) otherwise."""
     calls: list[str] = []
     freeze = gc.freeze
