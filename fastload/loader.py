@@ -1011,7 +1011,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
             return super().__iter__()  # no worker starts
         view = self._worker_dataset
-        if view is not None and len(view) != len(self.dataset):  # samples grew or shrank in place
+        # samples grew or shrank in place since the view was made: make it again
+        if view is not None and len(view) != len(self.dataset):  # type: ignore[arg-type]
             view = self._worker_dataset = worker_view(self.dataset)[0]
         if view is not None:
             Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
