@@ -31,6 +31,7 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import gc
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.queues
@@ -44,7 +45,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,9 @@ __all__ = [
     "WorkerPool",
     "ReportingQueue",
     "describe_sample",
+    "frozen_heap",
     "reporting_context",
+    "start_method",
     "run_task",
     "worker_loop",
 ]
@@ -335,6 +338,7 @@ class WorkerArgs:
     is_process: bool
     main_pid: int
     die_with_parent: bool
+    preload: Callable[[], None] | None = None
 
 
 def worker_loop(args: WorkerArgs) -> None:
@@ -348,6 +352,8 @@ def worker_loop(args: WorkerArgs) -> None:
         if not watchdog.alive():
             return  # the parent died before the prctl took effect
         torch.set_num_threads(1)
+        if args.preload is not None:  # spawn/forkserver: imports now, not in the first task (fork: done)
+            args.preload()
         # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them).
         random.seed(args.base_seed + args.worker_id)
         torch.manual_seed(args.base_seed + args.worker_id)
@@ -461,6 +467,51 @@ def reporting_context(context: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
+# Forking without copying the parent's heap
+# --------------------------------------------------------------------------------------------
+
+
+def start_method(context: Any) -> str:
+    """The start method of a multiprocessing ``context`` (``None``: the default one)."""
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    if isinstance(context, str):
+        return context
+    return str(context.get_start_method())
+
+
+@contextlib.contextmanager
+def frozen_heap(context: Any) -> Iterator[None]:
+    """Process workers forked inside this block never run the garbage collector over the objects
+    they inherit.
+
+    ``gc.freeze()`` before the fork moves every object the collector tracks into its permanent
+    generation, which it never examines: a forked worker's collections then leave the inherited
+    objects' headers alone, and their memory pages stay shared with the parent instead of being
+    copied one by one (CPython's own advice for fork-based servers). ``gc.unfreeze()`` afterwards,
+    in the parent (also when starting a worker raises), puts them back in the collector's oldest
+    generation; the workers keep them frozen.
+
+    Nothing else changes in the parent, with one effect on timing: objects that were in a young
+    generation when the workers started are examined from then on by full collections only
+    (as objects that survived two collections are), so a reference cycle among them that becomes
+    garbage later is freed by the next full collection rather than by the next young one.
+
+    Not done when ``context`` does not fork (spawn and forkserver workers start from a fresh
+    interpreter), and not when objects are frozen already (``gc.get_freeze_count() > 0``): a
+    program that freezes its own heap keeps managing it, and ``gc.unfreeze()`` would undo that.
+    """
+    if start_method(context) != "fork" or gc.get_freeze_count() > 0:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+# --------------------------------------------------------------------------------------------
 # The pool
 # --------------------------------------------------------------------------------------------
 
@@ -500,6 +551,9 @@ class WorkerPool:
         context: A multiprocessing context (process workers), or ``None`` for torch's default.
         pin: Page-lock the slots (only with CUDA).
         base_seed, skip, worker_init_fn: Passed to each worker.
+        preload: Imports what decoding needs (e.g. :func:`fastload.transforms.import_decode_modules`):
+            run here before process workers start (forked ones inherit the modules) and by each
+            spawn/forkserver worker as it starts.
     """
 
     def __init__(
@@ -517,6 +571,7 @@ class WorkerPool:
         skip: bool,
         worker_init_fn: Callable[[int], None] | None,
         channels_first: bool = False,
+        preload: Callable[[], None] | None = None,
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
@@ -565,28 +620,38 @@ class WorkerPool:
                 ctx = torch_mp.get_context(ctx)
             self.tasks, self.results = ctx.Queue(), ctx.Queue()
             start: Any = ctx.Process
+            method = start_method(ctx)
         else:
             self.tasks, self.results = queue.Queue(), queue.Queue()
             start = threading.Thread
+            method = "thread"
         main_thread = threading.current_thread() is threading.main_thread()
-        for wid in range(num_workers):
-            args = WorkerArgs(
-                wid,
-                dataset,
-                self.tasks,
-                self.results,
-                self.images,
-                self.labels,
-                base_seed,
-                skip,
-                worker_init_fn,
-                is_process,
-                os.getpid(),
-                main_thread,
-            )
-            worker = start(target=worker_loop, args=(args,), name=f"fastload-worker-{wid}", daemon=True)
-            worker.start()
-            self.workers.append(worker)
+        if preload is not None:
+            preload()
+        with frozen_heap(method):
+            for wid in range(num_workers):
+                args = WorkerArgs(
+                    wid,
+                    dataset,
+                    self.tasks,
+                    self.results,
+                    self.images,
+                    self.labels,
+                    base_seed,
+                    skip,
+                    worker_init_fn,
+                    is_process,
+                    os.getpid(),
+                    main_thread,
+                    preload if is_process else None,
+                )
+                worker = start(target=worker_loop, args=(args,), name=f"fastload-worker-{wid}", daemon=True)
+                try:
+                    worker.start()
+                except BaseException:
+                    self.close()  # the workers started so far stop: no half-started pool is left
+                    raise
+                self.workers.append(worker)
         _LIVE_POOLS.add(self)
 
     def collect_returned(self) -> None:

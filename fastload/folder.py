@@ -393,11 +393,14 @@ class FolderIndex:
         return index
 
     def __getstate__(self) -> dict[str, Any]:
+        # Compact for the pipe to spawned workers: path lengths and targets in the smallest
+        # unsigned type that holds them (ImageNet: 1 + 2 bytes a sample instead of 8 + 8).
+        lengths = np.diff(self._offsets)
         return {
             "root": self.root,
             "buf": self._buf,
-            "offsets": self._offsets,
-            "targets": self.targets,
+            "lengths": lengths.astype(_smallest_uint(lengths)),
+            "targets": self.targets.astype(_smallest_uint(self.targets)),
             "classes": self.classes,
             "skipped": self.skipped,
         }
@@ -405,10 +408,24 @@ class FolderIndex:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.root = state["root"]
         self._buf = state["buf"]
-        self._offsets = state["offsets"]
-        self.targets = state["targets"]
+        if "lengths" in state:
+            lengths = state["lengths"]
+            self._offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=self._offsets[1:])
+        else:
+            self._offsets = state["offsets"]
+        self.targets = np.ascontiguousarray(state["targets"], dtype=np.int64)
         self.classes = state["classes"]
         self.skipped = state.get("skipped", {})
+
+
+def _smallest_uint(values: np.ndarray) -> type[np.unsignedinteger[Any]]:
+    """The smallest unsigned dtype holding ``values`` (all >= 0), e.g. ``uint16`` for ImageNet's targets."""
+    top = int(values.max()) if len(values) else 0
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return dtype
+    return np.uint64
 
 
 def _has_extension(name: str, extensions: tuple[str, ...]) -> bool:

@@ -54,6 +54,7 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -64,6 +65,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import IterableDataset, Sampler, SequentialSampler
 
 from ._checks import check_choice, check_int
@@ -75,6 +77,7 @@ from ._worker import (
     Task,
     WorkerPool,
     describe_sample,
+    frozen_heap,
     reporting_context,
 )
 from .batch import IndexedBatch
@@ -83,8 +86,10 @@ from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, apply_transform
 from .prefetch import CUDAPrefetcher
+from .recognize import recognize, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler
 from .stats import LoaderStats
+from .transforms import import_decode_modules
 
 __all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_workers"]
 
@@ -230,6 +235,7 @@ class _Engine:
                 loader.on_error == "skip",
                 loader.worker_init_fn,
                 bool(getattr(transform, "channels_first", False)),
+                preload=import_decode_modules,
             )
         return self.pool
 
@@ -656,6 +662,25 @@ class DataLoaderIterator:
             pass
 
 
+@contextlib.contextmanager
+def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
+    """``loader.dataset`` is ``view`` inside the block (while torch's iterator starts its workers).
+
+    torch's iterator takes the dataset its workers serve from ``loader.dataset`` when it is made,
+    and torch's ``DataLoader`` refuses to reassign that attribute after construction, so it is
+    swapped directly in the instance and restored at once, also when starting a worker raises.
+    """
+    if view is None:
+        yield
+        return
+    dataset = loader.dataset
+    object.__setattr__(loader, "dataset", view)
+    try:
+        yield
+    finally:
+        object.__setattr__(loader, "dataset", dataset)
+
+
 # ------------------------------------------------------------------------------------ DataLoader
 
 
@@ -835,6 +860,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._fast_reason: str | None = None
         self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._source_key: tuple[Any, ...] | None = None
+        self._worker_dataset: Any = None  # what torch's workers serve instead of the dataset
+        self._torch_workers_started = False  # torch's persistent workers are running
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
         self._engine = _Engine()
@@ -870,6 +897,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._source_key = _source_key(dataset)
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
+        self._worker_dataset = None
         if self.decode != "cpu":
             self._fast_reason = "decode='device' decodes on the device"
             return
@@ -878,12 +906,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self._fast_reason = structural
         elif _is_fast_dataset(dataset):
             self._fast_dataset = dataset
+            import_decode_modules()  # now, not inside the first batch (see _torch_iter for torch's path)
             return
         elif not self._allow_fast:
             self._fast_reason = "fast_path=False"
         else:
-            from .recognize import recognize
-
             found = recognize(dataset)
             if found.dataset is not None:
                 view: Any = found.dataset
@@ -892,6 +919,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     view.transform = view.transform.geometry_only()
                     self._device_conversion = view.transform.convert_batch
                 self._fast_dataset = view
+                import_decode_modules()
                 return
             self._fast_reason = found.reason
             if log and found.image_pipeline:
@@ -900,6 +928,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     type(dataset).__name__,
                     found.reason,
                 )
+        if self._allow_fast and self.num_workers > 0:
+            # torch's workers serve a torchvision DatasetFolder from fastload's index (see _torch_iter)
+            self._worker_dataset = worker_view(dataset)[0]
 
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced, as
@@ -966,8 +997,33 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return DataLoaderIterator(self, self._engine)
 
     def _torch_iter(self) -> Iterator[Any]:
-        """torch's own iterator for this loader (the path for everything the fast path does not serve)."""
-        return super().__iter__()
+        """torch's own iterator for this loader (the path for everything the fast path does not serve).
+
+        When it starts process workers (each pass, or the first one with persistent workers), two
+        things keep their memory flat. The parent's heap is frozen for the garbage collector while
+        they fork (:func:`fastload._worker.frozen_heap`). And a torchvision ``ImageFolder`` or
+        ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
+        served to them by :func:`fastload.recognize.worker_view`: the same ``__getitem__`` over
+        fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
+        (at construction, and again at a pass after ``samples`` was replaced, or when workers
+        start after its length changed), so the workers neither copy nor, with spawn, unpickle
+        its Python list. Inside them,
+        ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
+        with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
+        ``target_transform``; ``samples`` and ``targets`` read from the index).
+        """
+        if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
+            return super().__iter__()  # no worker starts
+        view = self._worker_dataset
+        # samples grew or shrank in place since the view was made: make it again
+        if view is not None and len(view) != len(self.dataset):  # type: ignore[arg-type]
+            view = self._worker_dataset = worker_view(self.dataset)[0]
+        if view is not None:
+            Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
+        with frozen_heap(self.multiprocessing_context), _served(self, view):
+            it = super().__iter__()
+        self._torch_workers_started = True
+        return it
 
     def _get_prefetcher(self) -> CUDAPrefetcher:
         """One prefetcher (one side stream) for the loader's lifetime."""

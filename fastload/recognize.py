@@ -57,7 +57,14 @@ from . import transforms as T
 from .decode import to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
-__all__ = ["Recognition", "TorchvisionPipeline", "convert_pipeline", "recognize"]
+__all__ = [
+    "Recognition",
+    "TorchvisionPipeline",
+    "convert_pipeline",
+    "recognize",
+    "sample_index",
+    "worker_view",
+]
 
 _V1 = "torchvision.transforms.transforms."
 _V2_GEOMETRY = "torchvision.transforms.v2._geometry."
@@ -414,8 +421,8 @@ def _torchvision_folder(dataset: Any) -> bool:
     return module is not None and isinstance(dataset, module.DatasetFolder)
 
 
-def _folder_view(dataset: Any) -> EncodedImageDataset:
-    """A fastload ``ImageFolder`` over a torchvision ``DatasetFolder``'s samples (same order, labels)."""
+def _exact_folder_class(dataset: Any) -> None:
+    """Raises unless ``type(dataset)`` keeps ``DatasetFolder.__getitem__`` and ``__len__``."""
     module = sys.modules["torchvision.datasets.folder"]
     cls = type(dataset)
     if (
@@ -423,30 +430,145 @@ def _folder_view(dataset: Any) -> EncodedImageDataset:
         or cls.__len__ is not module.DatasetFolder.__len__
     ):
         raise _NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
+
+
+def _torchvision_loader(dataset: Any) -> Any:
+    """The dataset's ``loader`` if it is torchvision's own (``default_loader``/``pil_loader``)."""
+    module = sys.modules["torchvision.datasets.folder"]
     loader = getattr(dataset, "loader", None)
     if loader is not module.default_loader and loader is not module.pil_loader:
         raise _NotReproducible(
             "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
         )
-    if loader is module.default_loader:
-        from torchvision import get_image_backend
+    return loader
 
-        if get_image_backend() != "PIL":
-            raise _NotReproducible("torchvision's image backend is not PIL")
+
+_CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result
+
+
+def sample_index(dataset: Any) -> FolderIndex:
+    """The samples of a torchvision ``DatasetFolder`` as a :class:`FolderIndex` (numpy arrays).
+
+    ``dataset.samples[i]`` is read for every ``i`` (so a sequence that computes its entries gives
+    what ``DatasetFolder.__getitem__`` would see). Paths are stored relative to ``dataset.root``
+    when every one of them is ``os.path.join(root, relative)`` exactly (what torchvision's scan
+    makes), else whole; either way ``index.paths[i] == dataset.samples[i][0]``. Example: root
+    ``"/data/train"``, sample ``("/data/train/n01/a.JPEG", 0)``: relative path ``"n01/a.JPEG"``,
+    30 bytes of path per ImageNet sample instead of a tuple, a ``str`` and an ``int`` object.
+
+    Raises:
+        _NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
+            not indices into ``dataset.classes`` (distinct names).
+    """
     samples = dataset.samples
-    paths = [os.fspath(p) for p, _ in samples]
-    targets = np.fromiter((int(t) for _, t in samples), dtype=np.int64, count=len(samples))
+    n = len(samples)
+    root = getattr(dataset, "root", None)
+    prefix = ""
+    if isinstance(root, (str, os.PathLike)) and os.fspath(root):
+        prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")
+    index = _encode_samples(samples, n, prefix)
+    if index is None:  # a path outside root: store whole paths
+        prefix = ""
+        index = _encode_samples(samples, n, prefix)
+    assert index is not None  # an empty prefix always fits
+    buf, offsets, targets = index
     classes = list(getattr(dataset, "classes", []))
-    if len(targets) and (targets.min() < 0 or targets.max() >= len(classes)):
+    if n and (targets.min() < 0 or targets.max() >= len(classes)):
         raise _NotReproducible("its targets are not indices into dataset.classes")
     try:
         class_index = ClassIndex(classes)
     except ValueError as e:
         raise _NotReproducible(f"its classes are not a list of distinct names ({e})") from None
-    index = FolderIndex("", paths, targets, class_index)
+    return FolderIndex.from_buffers(prefix, buf, offsets, targets, class_index)  # join(prefix, rel) == path
+
+
+def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """UTF-8 relative paths back to back, their offsets and the targets; ``None`` if a path is not
+    under ``prefix`` (so that ``os.path.join(root, relative)`` would not give it back)."""
+    cut = len(prefix)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    targets = np.empty(n, dtype=np.int64)
+    parts: list[bytes] = []
+    total = 0
+    for start in range(0, n, _CHUNK):
+        rels: list[str] = []
+        for i in range(start, min(n, start + _CHUNK)):
+            entry = samples[i]
+            if not (isinstance(entry, tuple) and len(entry) == 2):
+                raise _NotReproducible(f"dataset.samples[{i}] is not a (path, target) pair")
+            path, target = entry
+            if type(path) is not str or type(target) is not int:
+                raise _NotReproducible(
+                    f"dataset.samples[{i}] is not a (str, int) pair: "
+                    f"({type(path).__name__}, {type(target).__name__})"
+                )
+            if cut:
+                if not path.startswith(prefix) or path.startswith(os.sep, cut):
+                    return None
+                path = path[cut:]
+            rels.append(path)
+            targets[i] = target
+        joined = "".join(rels)
+        if joined.isascii():
+            blob = joined.encode("ascii")
+            np.cumsum([len(r) for r in rels], out=offsets[start + 1 : start + 1 + len(rels)])
+        else:
+            encoded = [r.encode("utf-8", "surrogateescape") for r in rels]
+            blob = b"".join(encoded)
+            np.cumsum([len(e) for e in encoded], out=offsets[start + 1 : start + 1 + len(rels)])
+        offsets[start + 1 : start + 1 + len(rels)] += total
+        total += len(blob)
+        parts.append(blob)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8), offsets, targets
+
+
+def _folder_view(dataset: Any) -> EncodedImageDataset:
+    """A fastload ``ImageFolder`` over a torchvision ``DatasetFolder``'s samples (same order, labels)."""
+    _exact_folder_class(dataset)
+    loader = _torchvision_loader(dataset)
+    if loader is sys.modules["torchvision.datasets.folder"].default_loader:
+        from torchvision import get_image_backend
+
+        if get_image_backend() != "PIL":
+            raise _NotReproducible("torchvision's image backend is not PIL")
+    index = sample_index(dataset)
     view = ImageFolder(None, index=index)
     view.root = getattr(dataset, "root", None)
     return view
+
+
+def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
+    """What torch's worker processes serve instead of a torchvision ``DatasetFolder`` they would
+    copy page by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
+
+    The view is a :class:`fastload.ImageFolder` over :func:`sample_index` with the dataset's own
+    ``loader``, ``transform`` and ``target_transform``, so ``view[i]`` runs exactly
+    ``DatasetFolder.__getitem__``: ``path, target = samples[i]; sample = loader(path)``, then
+    ``transform(sample)`` and ``target_transform(target)`` if set. It holds no reference to the
+    dataset: its ``samples`` list is neither pickled to spawned workers nor touched (reference
+    counts, the garbage collector) in forked ones. Only for a dataset whose class keeps
+    ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and whose transforms
+    are not methods of the dataset itself (they would carry it along); anything else may read
+    whatever it likes from the dataset, so the dataset is kept.
+    """
+    if not _torchvision_folder(dataset):
+        return None, f"{type(dataset).__name__} is not a torchvision DatasetFolder"
+    try:
+        _exact_folder_class(dataset)
+        loader = _torchvision_loader(dataset)
+        transform = getattr(dataset, "transform", None)
+        target_transform = getattr(dataset, "target_transform", None)
+        for name, fn in (("transform", transform), ("target_transform", target_transform)):
+            if getattr(fn, "__self__", None) is dataset:
+                raise _NotReproducible(f"its {name} is a method of the dataset")
+        index = sample_index(dataset)
+    except _NotReproducible as e:
+        return None, str(e)
+    view = ImageFolder(
+        None, transform=transform, target_transform=target_transform, index=index, loader=loader
+    )
+    view.root = getattr(dataset, "root", None)
+    return view, None
 
 
 def recognize(dataset: Any) -> Recognition:

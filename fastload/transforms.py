@@ -86,6 +86,7 @@ __all__ = [
     "RandomResizedCrop",
     "Resize",
     "Transform",
+    "import_decode_modules",
 ]
 
 #: The per-channel mean and standard deviation of ImageNet on the 0..1 scale, the values every
@@ -151,6 +152,23 @@ def _check_antialias(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"antialias should be a bool, but got antialias={value!r}")
     return value
+
+
+def import_decode_modules() -> None:
+    """Imports now what decoding a sample imports on first use, and runs its one-time checks.
+
+    That is torchvision's functional ops (about 2 s for ``import torchvision`` alone), PIL's
+    format plugins and the check of ``torchvision.io.decode_jpeg``. The loader calls it before it
+    starts workers, so forked workers inherit the modules instead of each importing them inside
+    its first batch, and spawned workers import them while they start. A pipeline of fastload
+    transforms may take any of these routes, depending on each image's size and format.
+    """
+    import torchvision.transforms  # noqa: F401 - each module on first use, see _run_ops and _run_ops_pil
+    import torchvision.transforms.functional  # noqa: F401
+    import torchvision.transforms.v2.functional  # noqa: F401
+
+    Image.preinit()  # the JPEG, PNG, BMP, GIF and PPM plugins Image.open would import
+    torchvision_jpeg_available()
 
 
 def _tv_interpolation(mode: str) -> Any:

@@ -1,0 +1,201 @@
+"""Process workers and the parent's heap: ``gc.freeze()`` around forking them (fastload._worker).
+
+A forked worker shares the parent's memory pages until it writes to them. CPython's cyclic
+garbage collector writes into the header of every object it examines, so a collection in a
+worker copies every page of the parent's heap it walks. fastload freezes the parent's heap for
+the collector while it forks (on its own path and on torch's), and unfreezes it right after.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import multiprocessing.context
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import fastload
+from fastload import transforms as T
+
+if not hasattr(os, "fork"):  # pragma: no cover - the whole module is about fork
+    pytest.skip("needs fork", allow_module_level=True)
+
+
+def _private_dirty() -> int:
+    """Bytes only this process has written (``Private_Dirty`` of ``/proc/self/smaps_rollup``)."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no Private_Dirty in /proc/self/smaps_rollup")
+
+
+def _collect_cost() -> tuple[int, int]:
+    """In a worker: (objects frozen, bytes of private memory one full collection wrote)."""
+    before = _private_dirty()
+    gc.collect()
+    return gc.get_freeze_count(), _private_dirty() - before
+
+
+class _CollectInWorker(Dataset[Any]):
+    """A user dataset (torch's path): each sample runs a full collection in the worker and says
+    how many objects it found frozen and how much private memory the collection wrote."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        frozen, grown = _collect_cost()
+        return torch.tensor([frozen, grown])
+
+
+def _fast_dataset(root: Path) -> fastload.ImageFolder:
+    return fastload.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(16)]))
+
+
+def _report_collect_cost(worker_id: int) -> None:
+    """worker_init_fn of the fast path: the same report, written to a file named by the env."""
+    frozen, grown = _collect_cost()
+    Path(os.environ["FASTLOAD_TEST_REPORT"], f"{worker_id}.txt").write_text(f"{frozen} {grown}")
+
+
+@pytest.fixture
+def big_heap() -> Any:
+    """400,000 small objects the collector tracks (about 40 MB of pages), alive in the parent."""
+    heap = [[i] for i in range(400_000)]
+    yield heap
+    del heap
+
+
+def test_torch_path_workers_leave_the_inherited_heap_alone(big_heap: Any) -> None:
+    assert gc.get_freeze_count() == 0
+    loader = fastload.DataLoader(
+        _CollectInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    assert not loader.fast_path
+    ours = [tuple(x.tolist()) for x in loader]
+    assert gc.get_freeze_count() == 0  # unfrozen in the parent once the worker started
+    theirs = [
+        tuple(x.tolist())
+        for x in torch.utils.data.DataLoader(
+            _CollectInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork"
+        )
+    ]
+    # torch's worker inherits an unfrozen heap: its first collection copies the pages of the
+    # 400,000 lists (>= 20 MB); fastload's worker finds them frozen and writes next to nothing.
+    assert theirs[0][0] == 0 and theirs[0][1] > 20 * 2**20, theirs
+    assert ours[0][0] >= len(big_heap), ours
+    assert ours[0][1] < 8 * 2**20, ours
+    loader.close()
+
+
+def test_fast_path_workers_leave_the_inherited_heap_alone(
+    imagenet_root: Path, big_heap: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FASTLOAD_TEST_REPORT", str(tmp_path))
+    loader = fastload.DataLoader(
+        _fast_dataset(imagenet_root / "val"),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="fork",
+        worker_init_fn=_report_collect_cost,
+    )
+    assert loader.fast_path
+    assert gc.get_freeze_count() == 0
+    assert len(list(loader)) == 3
+    assert gc.get_freeze_count() == 0
+    loader.close()
+    for wid in range(2):
+        frozen, grown = map(int, (tmp_path / f"{wid}.txt").read_text().split())
+        assert frozen >= len(big_heap) and grown < 8 * 2**20, (wid, frozen, grown)
+
+
+def test_spawned_and_thread_workers_freeze_nothing(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a fork inherits the heap: no freeze (and so no effect on the parent) otherwise."""
+    calls: list[str] = []
+    freeze = gc.freeze
+
+    def counting_freeze() -> None:
+        calls.append("freeze")
+        freeze()
+
+    monkeypatch.setattr(gc, "freeze", counting_freeze)
+    for kind, context in (("thread", None), ("process", "spawn")):
+        loader = fastload.DataLoader(
+            _fast_dataset(imagenet_root / "val"),
+            batch_size=4,
+            num_workers=1,
+            worker_type=kind,
+            multiprocessing_context=context,
+        )
+        assert len(list(loader)) == 3
+        loader.close()
+    assert calls == []
+    loader = fastload.DataLoader(
+        _fast_dataset(imagenet_root / "val"), batch_size=4, num_workers=1, multiprocessing_context="fork"
+    )
+    assert len(list(loader)) == 3
+    loader.close()
+    assert calls == ["freeze"]  # the control: a fork does freeze
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_program_that_freezes_its_own_heap_keeps_it_frozen(imagenet_root: Path) -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        loader = fastload.DataLoader(
+            _fast_dataset(imagenet_root / "val"), batch_size=4, num_workers=1, multiprocessing_context="fork"
+        )
+        assert len(list(loader)) == 3
+        loader.close()
+        assert gc.get_freeze_count() >= frozen  # not unfrozen behind the program's back
+    finally:
+        gc.unfreeze()
+
+
+class _FailingProcess(multiprocessing.context.ForkProcess):
+    """A fork whose second start fails, as ``fork()`` does when the system is out of processes."""
+
+    started = 0
+
+    def start(self) -> None:
+        type(self).started += 1
+        if type(self).started == 2:
+            raise OSError(11, "Resource temporarily unavailable (fork failed)")
+        super().start()
+
+
+class _FailingContext(multiprocessing.context.ForkContext):
+    Process = _FailingProcess
+
+
+@pytest.mark.parametrize("path", ["fast", "torch"])
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # torch's half-made iterator
+def test_gc_is_unfrozen_when_a_worker_fails_to_start(imagenet_root: Path, path: str) -> None:
+    _FailingProcess.started = 0
+    if path == "fast":
+        dataset: Any = _fast_dataset(imagenet_root / "val")
+    else:
+        dataset = _CollectInWorker()
+    loader = fastload.DataLoader(
+        dataset,
+        batch_size=4 if path == "fast" else None,
+        num_workers=2,
+        multiprocessing_context=_FailingContext(),
+    )
+    assert loader.fast_path == (path == "fast")
+    with pytest.raises(OSError, match="fork failed"):
+        iter(loader) if path == "fast" else next(iter(loader))
+    assert gc.get_freeze_count() == 0
+    assert _FailingProcess.started == 2
+    if path == "fast":  # fastload stops the worker that did start (torch's iterator leaves it to exit)
+        assert not [p for p in multiprocessing.active_children() if isinstance(p, _FailingProcess)]
+    loader.close()
