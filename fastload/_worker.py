@@ -612,6 +612,7 @@ class WorkerPool:
         self.results: Any = None
         self.closed = False
         self.inline: ThreadPoolExecutor | None = None  # num_workers=0: the threads of run_inline
+        self.inline_parts = 0  # how many threads self.inline has
         if num_workers == 0:
             return
         if is_process:
@@ -694,10 +695,11 @@ class WorkerPool:
         parts = min(torch.get_num_threads(), len(task.indices))
         if parts < 2 or not own_reader(dataset):
             return run_task(dataset, task, out, lab, skip)
-        if self.inline is None or self.inline._max_workers != parts:
+        if self.inline is None or self.inline_parts != parts:
             if self.inline is not None:
                 self.inline.shutdown(wait=True)
             self.inline = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="fastload-decode")
+            self.inline_parts = parts
         return run_task_split(dataset, task, out, lab, skip, self.inline, parts)
 
     def arrays(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
