@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -349,11 +352,16 @@ needs_c = pytest.mark.skipif(
 def test_c_resample_gives_pils_bytes() -> None:
     """Random images, boxes and sizes, up and down, both filters, mirrored or not: Pillow's bytes
     (both orders of its two passes occur: Pillow 13 runs the vertical pass first when the height
-    shrinks much more than the width)."""
+    shrinks much more than the width). The last cases are ImageNet-sized: rows in several blocks,
+    lanes in the vector kernel and in its tail."""
+    _check_c_resample(cases=400)
+
+
+def _check_c_resample(cases: int) -> None:
     assert fastload.decode._pil_pass_order() is not None, "the installed Pillow's resample is not reproduced"
     rng = np.random.default_rng(0)
-    for case in range(400):
-        h, w = (int(v) for v in rng.integers(1, 120, 2))
+    for case in range(cases):
+        h, w = (int(v) for v in rng.integers(1, 120 if case < cases - 40 else 600, 2))
         pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         if case % 2:  # smooth content as well as noise
             pixels = np.asarray(Image.fromarray(pixels).resize((w, h), box=(0, 0, w / 3, h / 3)))
@@ -370,6 +378,23 @@ def test_c_resample_gives_pils_bytes() -> None:
         out = np.empty((size[1], size[0], 3), dtype=np.uint8)
         assert fastload.decode.pil_resample(np.ascontiguousarray(pixels), box, name, flip, out)
         assert np.array_equal(out, np.asarray(ref)), f"case {case}: {(w, h)} {box} -> {size} {name} {flip}"
+
+
+@needs_c
+def test_c_resample_without_simd_gives_pils_bytes() -> None:
+    """The portable loop (machines without AVX2; forced here by FASTLOAD_NO_SIMD) gives the same
+    bytes. In a fresh process: the extension reads the variable once."""
+    code = (
+        "import fastload.decode as d, tests.test_decode as t\n"
+        "assert not d._jpeg.simd(), 'FASTLOAD_NO_SIMD did not turn the AVX2 kernel off'\n"
+        "t._check_c_resample(cases=120)"
+    )
+    env = {**os.environ, "FASTLOAD_NO_SIMD": "1"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @needs_c
