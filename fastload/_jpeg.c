@@ -125,15 +125,15 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
     cinfo.out_color_space = JCS_RGB;
     cinfo.dct_method = JDCT_ISLOW;
     cinfo.do_fancy_upsampling = TRUE;
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = (unsigned)scale;
+    cinfo.scale_num = scale > 0 ? 1 : (unsigned)-scale;
+    cinfo.scale_denom = scale > 0 ? (unsigned)scale : 8;
     jpeg_start_decompress(&cinfo);
     if (err->failed) longjmp(err->jump, 1);
     const unsigned W = cinfo.output_width, H = cinfo.output_height;
     if (width == 0 || height == 0 || (size_t)left + width > W || (size_t)top + height > H) {
         snprintf(err->message, sizeof(err->message),
-                 "region (left=%u, top=%u, width=%u, height=%u) is not inside the %ux%u image decoded at 1/%d", left,
-                 top, width, height, W, H, scale);
+                 "region (left=%u, top=%u, width=%u, height=%u) is not inside the %ux%u image decoded at %d/%d",
+                 left, top, width, height, W, H, scale > 0 ? 1 : -scale, scale > 0 ? scale : 8);
         jpeg_abort_decompress(&cinfo);
         jpeg_destroy_decompress(&cinfo);
         return -2;
@@ -186,18 +186,24 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
 }
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", NULL};
+    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", "eighths", NULL};
     Py_buffer data;
     unsigned int left, top, width, height;
-    int scale = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|i:decode", keywords, &data, &left, &top, &width, &height,
-                                     &scale))
+    int scale = 1, eighths = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ii:decode", keywords, &data, &left, &top, &width,
+                                     &height, &scale, &eighths))
         return NULL;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError, "scale should be 1, 2, 4 or 8, but got %d", scale);
         return NULL;
     }
+    if (eighths < 0 || eighths > 8 || (eighths && scale != 1)) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "eighths should be 1..8 (with scale=1), but got %d", eighths);
+        return NULL;
+    }
+    if (eighths) scale = -eighths; /* decode_region: a negative scale is -M for a decode at M/8 */
     if (width == 0 || height == 0 || (size_t)width * height > ((size_t)1 << 31)) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError, "region size %ux%u is empty or too large", width, height);
@@ -614,8 +620,9 @@ static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace): reads the JPEG header only."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(data, left, top, width, height, scale=1) -> bytearray: RGB pixels (HWC) of a region of the image "
-     "decoded at 1/scale, decoding only that region."},
+     "decode(data, left, top, width, height, scale=1, eighths=0) -> bytearray: RGB pixels (HWC) of a region of "
+     "the image decoded at 1/scale (or at eighths/8: libjpeg-turbo's other DCT scales), decoding only that region "
+     "at full scale."},
     {"resample", jpeg_resample, METH_VARARGS,
      "resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's "
      "Image.resize((out_width, out_height), BICUBIC if bicubic else BILINEAR, box) of RGB bytes, bit for bit, "
