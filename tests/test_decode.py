@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms import functional as F1
 from torchvision.transforms.v2 import functional as F
 
 import fastload.decode
@@ -58,7 +59,22 @@ def samples(imagenet_root: Path) -> dict[str, bytes]:
 
 
 def _reference(pipe: fT.Transform, data: bytes, index: int) -> torch.Tensor:
-    """torchvision at the same parameters: full PIL decode to RGB, then torchvision's functional ops."""
+    """torchvision at the same parameters: full PIL decode to RGB, then torchvision's functional ops,
+    on the PIL image where fastload resizes as PIL does (``resampler="auto"`` with the C extension),
+    else on the uint8 tensor."""
+    if fastload.decode.pil_resample_available():
+        pil = decode_pil(data)
+        plan = pipe.plan(pil.height, pil.width, rng.SampleRNG(0, 0, index))
+        for op in plan.ops:
+            if op[0] == "crop":
+                pil = F1.crop(pil, *op[1:])
+            elif op[0] == "resize":
+                pil = F1.resize(pil, [op[1], op[2]], interpolation=F1.InterpolationMode.BILINEAR)
+            elif op[0] == "center_crop":
+                pil = F1.center_crop(pil, [op[1], op[2]])
+            else:
+                pil = F1.hflip(pil)
+        return F1.pil_to_tensor(pil)
     img = torch.from_numpy(np.array(decode_pil(data))).permute(2, 0, 1)
     plan = pipe.plan(img.shape[1], img.shape[2], rng.SampleRNG(0, 0, index))
     for op in plan.ops:
@@ -442,3 +458,30 @@ def test_evaluation_pipelines_give_torchvisions_pil_pixels_by_default(
         got = pipe.decode_and_apply(data, name)
         worst = max(worst, int((got.int() - reference.int()).abs().max()))
     assert worst <= 1
+
+
+@needs_c
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_training_pipelines_give_torchvisions_pil_pixels_at_full_size(
+    samples: dict[str, bytes], interpolation: str
+) -> None:
+    """RandomResizedCrop + flip at full-size decoding resize as PIL does after torchvision's crop
+    (the filter stops at the crop's edges, not at the image's): the same bytes as torchvision's
+    chain on the PIL image, for every file (large, gray, CMYK, PNG); without reduce=False, images
+    with a large crop decode at a reduced DCT scale (another test bounds that)."""
+    pipe = Compose([RandomResizedCrop(48, interpolation=interpolation), RandomHorizontalFlip()])
+    mode = {"bilinear": F1.InterpolationMode.BILINEAR, "bicubic": F1.InterpolationMode.BICUBIC}[interpolation]
+    for index, (name, data) in enumerate(samples.items()):
+        with rng.sample_scope(0, 0, index):
+            got = pipe.decode_and_apply(data, name, reduce=False)
+        pil = decode_pil(data)
+        plan = pipe.plan(pil.height, pil.width, rng.SampleRNG(0, 0, index))
+        assert plan.ops[0][0] == "crop" or plan.ops[0][0] == "resize", plan.ops
+        for op in plan.ops:
+            if op[0] == "crop":
+                pil = F1.crop(pil, *op[1:])
+            elif op[0] == "resize":
+                pil = F1.resize(pil, [op[1], op[2]], interpolation=mode)
+            else:
+                pil = F1.hflip(pil)
+        assert torch.equal(got, F1.pil_to_tensor(pil)), name
