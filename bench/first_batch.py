@@ -21,7 +21,8 @@ The pipeline is ImageNet training's: ``RandomResizedCrop(224)``, ``RandomHorizon
 the batch), shuffled, ``--workers`` process workers started with ``--context``. Each script reports
 wall-clock times since its process was launched (the parent's clock before ``subprocess.Popen``):
 when its imports were done, when the loader was built (dataset scanned), and when the first batch
-was in hand; then ``iter()`` to the first batch on its own. Medians over the runs, with min-max.
+was in hand; then ``iter()`` to the first batch on its own (``next(iter(loader))``: the workers
+start, decode and hand over one batch). Medians over the runs, with min-max.
 """
 
 from __future__ import annotations
@@ -40,12 +41,10 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _HEAD = "import time\nt_start = time.time()\n"
 _TAIL = """
 t_built = time.time()
-it = iter(loader)
-t_iter = time.time()
-images, labels = next(it)
+images, labels = next(iter(loader))
 t_first = time.time()
 assert images.shape == (BATCH, 3, 224, 224), images.shape
-print("TIMES", t_start, t_imported, t_built, t_iter, t_first, flush=True)
+print("TIMES", t_start, t_imported, t_built, t_first, flush=True)
 """
 SCRIPTS = {
     "torch": """
@@ -100,12 +99,12 @@ def run_once(code: str) -> dict[str, float]:
     if done.returncode != 0:
         raise SystemExit(f"error: a benchmark script failed:\n{done.stderr[-3000:]}")
     line = next(line for line in done.stdout.splitlines() if line.startswith("TIMES "))
-    _, imported, built, started, first = (float(v) - launched for v in line.split()[1:])
+    _, imported, built, first = (float(v) - launched for v in line.split()[1:])
     return {
         "imported": imported,
         "built": built,
         "first batch": first,
-        "iter -> first batch": first - started,
+        "iter -> first batch": first - built,
     }
 
 
