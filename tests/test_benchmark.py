@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import PIL
@@ -69,6 +70,7 @@ def test_throughput_bench_writes_records_and_table(
             "seed": 0,
             "gpu_transforms": False,
             "step_ms": 0.0,
+            "torch_threads": torch.get_num_threads(),
             "backends": ["torchvision", "fastload", "full-decode"],
             "pipelines": ["train", "val"],
             "workers": [0, 1],
@@ -98,6 +100,7 @@ def test_throughput_bench_writes_records_and_table(
                 other["images_per_s_max"] - other["images_per_s_min"],
             )
             assert r[key] == (spread > abs(r["images_per_s"] - other["images_per_s"]))
+        assert r["stall_fraction"] is None  # no model step: every loop waits all the time, no number
         if name == "full-decode":  # a reference: no loader, so no CPU or memory numbers
             assert r["reference_cores"] == min(max(1, w), available_cpus())
             assert r["cpu_percent"] is None and r["pss_bytes"] is None
@@ -139,6 +142,7 @@ def test_throughput_bench_writes_records_and_table(
     legend = "\n".join(lines[header + 2 + len(records) :])
     for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode"):
         assert f"\n{word} " in legend or legend.startswith(word), word
+    assert "\nstall " not in legend  # no stall column, so no entry for it
     assert "fastload " + fastload.__version__ in printed and "load average" in printed
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -156,7 +160,7 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
     assert 0 <= r["stall_fraction"] < 0.9
     printed = capsys.readouterr().out
     assert "stall" in next(line for line in printed.splitlines() if line.startswith("backend"))
-    assert "model step 200 ms" in printed
+    assert "model step 200 ms" in printed and "\nstall        (with --step-ms)" in printed
 
 
 def test_an_unavailable_backend_is_named_once_before_the_table(
@@ -201,6 +205,8 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--repeat", "0"], "--repeat should be a positive integer, but got --repeat=0"),
         (["--warmup", "-1"], "--warmup should be a non-negative integer, but got --warmup=-1"),
         (["--step-ms", "-5"], "--step-ms should be a non-negative number"),
+        (["--step-ms", "inf"], "--step-ms should be a non-negative number"),
+        (["--torch-threads", "0"], "--torch-threads should be a positive integer, but got --torch-threads=0"),
         (["--backends", "nope"], "unknown backend(s) ['nope']; available: ['torchvision',"),
         (["--pipelines", "train,test"], "unknown pipeline(s) ['test']; available: ['train', 'val']"),
         (["--device", "gpu"], "--device should be cpu, cuda or cuda:N, but got --device='gpu'"),
@@ -220,6 +226,40 @@ def test_bench_device_cuda_without_cuda_is_one_line(
     assert benchmark.main(["--data", str(imagenet_root), "--device", "cuda"]) == 2
     err = _one_error_line(capsys)
     assert "CUDA is not available on this machine" in err and "leave --device out" in err
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[int]:
+    """torch's thread count, given back after a test that changes it in this process."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+def test_torch_threads_is_set_recorded_and_a_busy_machine_is_named(
+    imagenet_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    torch_threads: int,
+) -> None:
+    cpus = available_cpus()
+    monkeypatch.setattr(info.os, "getloadavg", lambda: (cpus + 1.0, cpus + 1.0, cpus + 1.0))
+    args = ["--workers", "0", "--backends", "torchvision", "--pipelines", "val", "--repeat", "1"]
+    torch.set_num_threads(2)
+    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: load average")]
+    assert len(note) == 1 and "torch runs 2 threads" in note[0] and "--torch-threads 1" in note[0], note
+    out = tmp_path / "r.json"
+    assert benchmark.main(_bench_args(imagenet_root, *args, "--torch-threads", "1", "--json", str(out))) == 0
+    assert torch.get_num_threads() == 1
+    (record,) = json.loads(out.read_text())
+    assert record["settings"]["torch_threads"] == 1
+    assert "note: load average" not in capsys.readouterr().out  # one thread: nothing to wait for
+    # Workers only (no 0-worker row): the main process's threads do not load, so no note either.
+    torch.set_num_threads(2)
+    assert benchmark.main(_bench_args(imagenet_root, *args[2:], "--workers", "1")) == 0
+    assert "note: load average" not in capsys.readouterr().out
 
 
 def test_bench_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
