@@ -686,7 +686,9 @@ PSS MB       memory of the benchmark process and its workers: proportional set s
              includes the benchmark process itself, whose share grows as rows run (e.g. the
              in-memory datasets the memory rows keep): later rows carry what earlier ones left
 {REFERENCE:<12} reference, not a pipeline: a full-size PIL decode to RGB of the same files (no
-             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)"""
+             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)
+-            no value: one run (min-max), no torchvision or {REFERENCE} row in this run (vs tv,
+             vs decode), the reference row (CPU %, PSS MB)"""
 
 
 def legend(stall: bool = True) -> str:

@@ -140,7 +140,7 @@ def test_throughput_bench_writes_records_and_table(
         assert cells[5] == ratio
     # The legend under the table explains every column and the reference row.
     legend = "\n".join(lines[header + 2 + len(records) :])
-    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode"):
+    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode", "-"):
         assert f"\n{word} " in legend or legend.startswith(word), word
     assert "\nstall " not in legend  # no stall column, so no entry for it
     assert "fastload " + fastload.__version__ in printed and "load average" in printed
