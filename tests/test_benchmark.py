@@ -388,3 +388,27 @@ def test_importing_the_benchmark_imports_no_optional_dependency() -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
     assert "dali" in benchmark.BACKENDS and benchmark.BACKENDS["dali"].name == "dali"
+
+
+def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_build_it() -> None:
+    # This machine has the extension built, so the line of one without it is made from its facts.
+    line = info.summary_line({**info.environment(), "c_extension": "not built"})
+    assert "\n" not in line and f"fastload {fastload.__version__}, torch {torch.__version__}" in line
+    assert "C extension (region JPEG decoding): not built: the train pipeline is about 20% slower" in line
+    for package_name in (
+        "libjpeg-dev",
+        "libjpeg-turbo-devel",
+        "brew install jpeg-turbo",
+        "reinstall fastload",
+    ):
+        assert package_name in line, package_name
+
+
+@pytest.mark.skipif(not roi_decoder_available(), reason="the C extension is not built here")
+def test_setup_summary_names_a_c_extension_turned_off(tmp_path: Path) -> None:
+    env = {**os.environ, "FASTLOAD_ROI_DECODE": "0"}
+    res = subprocess.run(
+        [sys.executable, "-m", "fastload", "info"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    assert "C extension (region JPEG decoding): built, turned off by FASTLOAD_ROI_DECODE=0 |" in res.stdout
