@@ -42,10 +42,10 @@ $(DATA)/.complete: | $(VENV)/.installed-bench$(DALI_STAMP)
 	$(PY) -m fastload synth $(DATA) --classes 10 --per-class 100 --val-per-class 30 --seed 0
 	touch $@
 
+# The summary is printed even when the benchmark fails (e.g. on a bad BENCH_ARGS value).
 bench: $(VENV)/.installed-bench$(DALI_STAMP) $(DATA)/.complete
 	@echo "==> benchmark: $(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS)"
-	$(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS)
-	@$(SUMMARY)
+	@$(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS); status=$$?; $(SUMMARY); exit $$status
 
 # The summary is printed even when a step fails (it says, e.g., whether the C extension was built).
 test: $(VENV)/.installed-test$(DALI_STAMP)

@@ -8,6 +8,10 @@ makes (float32, normalized, NCHW). Run it both ways on the set ``make bench`` wr
 
     python examples/swap_torchvision.py                   # fastload.DataLoader
     python examples/swap_torchvision.py --torch           # torch's DataLoader, for comparison
+
+On a CPU each takes well under a minute: the crops default to 32 pixels there (ResNet-18 on 224
+pixel crops took 5.5 minutes per epoch of the 1,000 images on 2 shared cores); with CUDA the model
+trains on the GPU and the crops default to ImageNet's 224.
 """
 
 import argparse
@@ -30,7 +34,9 @@ parser.add_argument("--data", default=os.path.expanduser("~/.cache/fastload/synt
 parser.add_argument("--epochs", type=int, default=1)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--workers", type=int, default=2)
-parser.add_argument("--image-size", type=int, default=224)
+parser.add_argument(
+    "--image-size", type=int, default=224 if torch.cuda.is_available() else 32, help="crop size (CPU: 32)"
+)
 parser.add_argument("--torch", action="store_true", help="use torch's DataLoader")
 args = parser.parse_args()
 
@@ -51,12 +57,14 @@ loader = DataLoader(
 )
 print(f"{type(loader).__module__}.DataLoader, fast path: {getattr(loader, 'fast_path', False)}")
 
-model = torchvision.models.resnet18(num_classes=len(train_set.classes))
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torchvision.models.resnet18(num_classes=len(train_set.classes)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 for epoch in range(args.epochs):
     model.train()
     start, seen = time.perf_counter(), 0
     for images, labels in tqdm(loader, desc=f"epoch {epoch}", leave=False):
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         loss = torch.nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad()
         loss.backward()

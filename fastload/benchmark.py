@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -76,6 +77,7 @@ __all__ = [
     "REFERENCE",
     "dali_backend",
     "format_table",
+    "legend",
     "full_decode_rates",
     "pipeline_split",
     "register_backend",
@@ -548,6 +550,7 @@ def run(
         "seed": config.seed,
         "gpu_transforms": config.gpu_transforms,
         "step_ms": config.step_ms,
+        "torch_threads": torch.get_num_threads(),
         "backends": list(backends),
         "pipelines": list(pipelines),
         "workers": list(workers),
@@ -654,7 +657,8 @@ def _record(
         "within_noise_vs_torchvision": tv_noise,
         "ratio_vs_full_decode": vs_decode,
         "within_noise_vs_full_decode": decode_noise,
-        "stall_fraction": result.get("stall_fraction"),
+        # without a model step every loop waits all the time (~1.00): no number rather than a meaningless one
+        "stall_fraction": result.get("stall_fraction") if config.step_ms else None,
         "cpu_percent": result.get("cpu_percent"),
         "pss_bytes": result.get("pss_bytes"),
         "device": config.device,
@@ -678,9 +682,20 @@ vs decode    images/s divided by the {REFERENCE} row's: above 1.00 the pipeline 
 stall        (with --step-ms) share of the time the loop waited for data between model steps
 CPU %        CPU time of the benchmark process and its workers per second (100 = one core busy)
 PSS MB       memory of the benchmark process and its workers: proportional set size, a page
-             shared by k processes counts 1/k in each, so shared memory counts once
+             shared by k processes counts 1/k in each, so shared memory counts once. It
+             includes the benchmark process itself, whose share grows as rows run (e.g. the
+             in-memory datasets the memory rows keep): later rows carry what earlier ones left
 {REFERENCE:<12} reference, not a pipeline: a full-size PIL decode to RGB of the same files (no
-             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)"""
+             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)
+-            no value: one run (min-max), no torchvision or {REFERENCE} row in this run (vs tv,
+             vs decode), the reference row (CPU %, PSS MB)"""
+
+
+def legend(stall: bool = True) -> str:
+    """:data:`LEGEND`, without the ``stall`` entry for a table that has no stall column."""
+    if stall:
+        return LEGEND
+    return "\n".join(line for line in LEGEND.splitlines() if not line.startswith("stall "))
 
 
 def _header(stall: bool) -> str:
@@ -841,6 +856,15 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
     )
     p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads(N) in the benchmark process, where 0-worker rows do all their work "
+        "(default: torch's, one per core). On a busy machine torch's threads wait for each other "
+        "whenever another program holds a core, and 0-worker rows slow down several-fold and vary: "
+        "1 gives steadier numbers there",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="a short configuration (make bench): --workers 0,2 --batch-size 32 --batches 8 --warmup 2",
@@ -890,6 +914,29 @@ def _environment_line(env: dict[str, Any]) -> str:
     )
 
 
+def _busy_machine_note(env: dict[str, Any], threads: int, workers: Sequence[int]) -> str | None:
+    """A warning when other programs' load leaves torch's threads fewer cores than it has threads.
+
+    With 0 workers the loading runs in this process, and torch's intra-op threads (one per core by
+    default) wait for each other at every op whenever one of them is descheduled. Measured on 2
+    shared cores at a load average of 4.1-5.1 (val, 0 workers, 3 alternating runs each): 2 threads
+    gave torchvision 18-30 images/s and fastload 78-161, a fastload/torchvision ratio anywhere
+    from 2.6 to 7.1; ``--torch-threads 1`` gave 105-144 and 214-290, a ratio of 2.01-2.03.
+    """
+    load = env.get("load_average")
+    if not load or threads < 2 or 0 not in workers:
+        return None
+    cpus = env["available_cpus"]
+    if load[0] + threads <= cpus + 0.5:  # the threads find free cores
+        return None
+    return (
+        f"note: load average {load[0]:.1f} on {cpus} CPUs, and torch runs {threads} threads in this process: "
+        "the 0-worker rows (loading in this process) may run several times slower and vary widely, as "
+        "torch's threads wait for each other while other programs hold cores. A quieter machine, or "
+        "--torch-threads 1, gives steadier numbers"
+    )
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -> int:
     """The command line; returns the exit status (2 with one ``error:`` line on bad input)."""
     args = build_parser(prog).parse_args(argv)
@@ -913,8 +960,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
         if value < low:
             kind = "a positive" if low else "a non-negative"
             return _error(f"--{name} should be {kind} integer, but got --{name}={value}")
-    if not config.step_ms >= 0:
+    if not (config.step_ms >= 0 and math.isfinite(config.step_ms)):
         return _error(f"--step-ms should be a non-negative number, but got --step-ms={config.step_ms}")
+    threads = args.torch_threads
+    if threads is not None and threads < 1:
+        return _error(f"--torch-threads should be a positive integer, but got --torch-threads={threads}")
     backends = args.backends or ["torchvision", *[b for b in BACKENDS if b != "torchvision"], REFERENCE]
     if "decode-ceiling" in backends:  # its earlier name: it is a reference, not a ceiling
         print(f"note: the decode-ceiling row is now called {REFERENCE}", file=sys.stderr)
@@ -931,8 +981,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
                 f"python -m fastload synth {data}"
             )
     workers = args.workers or ([0, 2] if q else [0, 1, 2])
+    if threads is not None:
+        torch.set_num_threads(threads)
     env = environment()
     print(_environment_line(env))
+    note = _busy_machine_note(env, torch.get_num_threads(), workers)
+    if note:
+        print(note)
     print(
         f"data {data}, device {config.device}, batch size {config.batch_size}, {config.batches} batches x "
         f"{config.repeat} runs (median, min-max), {config.warmup} warm-up batches, workers {workers}"
@@ -943,7 +998,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     except ValueError as e:
         return _error(str(e))
     print()
-    print(LEGEND)
+    print(legend(stall=bool(config.step_ms)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:

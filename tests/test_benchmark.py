@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import PIL
@@ -69,6 +70,7 @@ def test_throughput_bench_writes_records_and_table(
             "seed": 0,
             "gpu_transforms": False,
             "step_ms": 0.0,
+            "torch_threads": torch.get_num_threads(),
             "backends": ["torchvision", "fastload", "full-decode"],
             "pipelines": ["train", "val"],
             "workers": [0, 1],
@@ -98,6 +100,7 @@ def test_throughput_bench_writes_records_and_table(
                 other["images_per_s_max"] - other["images_per_s_min"],
             )
             assert r[key] == (spread > abs(r["images_per_s"] - other["images_per_s"]))
+        assert r["stall_fraction"] is None  # no model step: every loop waits all the time, no number
         if name == "full-decode":  # a reference: no loader, so no CPU or memory numbers
             assert r["reference_cores"] == min(max(1, w), available_cpus())
             assert r["cpu_percent"] is None and r["pss_bytes"] is None
@@ -137,8 +140,9 @@ def test_throughput_bench_writes_records_and_table(
         assert cells[5] == ratio
     # The legend under the table explains every column and the reference row.
     legend = "\n".join(lines[header + 2 + len(records) :])
-    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode"):
+    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode", "-"):
         assert f"\n{word} " in legend or legend.startswith(word), word
+    assert "\nstall " not in legend  # no stall column, so no entry for it
     assert "fastload " + fastload.__version__ in printed and "load average" in printed
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -156,7 +160,7 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
     assert 0 <= r["stall_fraction"] < 0.9
     printed = capsys.readouterr().out
     assert "stall" in next(line for line in printed.splitlines() if line.startswith("backend"))
-    assert "model step 200 ms" in printed
+    assert "model step 200 ms" in printed and "\nstall        (with --step-ms)" in printed
 
 
 def test_an_unavailable_backend_is_named_once_before_the_table(
@@ -201,6 +205,8 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["--repeat", "0"], "--repeat should be a positive integer, but got --repeat=0"),
         (["--warmup", "-1"], "--warmup should be a non-negative integer, but got --warmup=-1"),
         (["--step-ms", "-5"], "--step-ms should be a non-negative number"),
+        (["--step-ms", "inf"], "--step-ms should be a non-negative number"),
+        (["--torch-threads", "0"], "--torch-threads should be a positive integer, but got --torch-threads=0"),
         (["--backends", "nope"], "unknown backend(s) ['nope']; available: ['torchvision',"),
         (["--pipelines", "train,test"], "unknown pipeline(s) ['test']; available: ['train', 'val']"),
         (["--device", "gpu"], "--device should be cpu, cuda or cuda:N, but got --device='gpu'"),
@@ -220,6 +226,40 @@ def test_bench_device_cuda_without_cuda_is_one_line(
     assert benchmark.main(["--data", str(imagenet_root), "--device", "cuda"]) == 2
     err = _one_error_line(capsys)
     assert "CUDA is not available on this machine" in err and "leave --device out" in err
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[int]:
+    """torch's thread count, given back after a test that changes it in this process."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+def test_torch_threads_is_set_recorded_and_a_busy_machine_is_named(
+    imagenet_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    torch_threads: int,
+) -> None:
+    cpus = available_cpus()
+    monkeypatch.setattr(info.os, "getloadavg", lambda: (cpus + 1.0, cpus + 1.0, cpus + 1.0))
+    args = ["--workers", "0", "--backends", "torchvision", "--pipelines", "val", "--repeat", "1"]
+    torch.set_num_threads(2)
+    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: load average")]
+    assert len(note) == 1 and "torch runs 2 threads" in note[0] and "--torch-threads 1" in note[0], note
+    out = tmp_path / "r.json"
+    assert benchmark.main(_bench_args(imagenet_root, *args, "--torch-threads", "1", "--json", str(out))) == 0
+    assert torch.get_num_threads() == 1
+    (record,) = json.loads(out.read_text())
+    assert record["settings"]["torch_threads"] == 1
+    assert "note: load average" not in capsys.readouterr().out  # one thread: nothing to wait for
+    # Workers only (no 0-worker row): the main process's threads do not load, so no note either.
+    torch.set_num_threads(2)
+    assert benchmark.main(_bench_args(imagenet_root, *args[2:], "--workers", "1")) == 0
+    assert "note: load average" not in capsys.readouterr().out
 
 
 def test_bench_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -348,3 +388,27 @@ def test_importing_the_benchmark_imports_no_optional_dependency() -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
     assert "dali" in benchmark.BACKENDS and benchmark.BACKENDS["dali"].name == "dali"
+
+
+def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_build_it() -> None:
+    # This machine has the extension built, so the line of one without it is made from its facts.
+    line = info.summary_line({**info.environment(), "c_extension": "not built"})
+    assert "\n" not in line and f"fastload {fastload.__version__}, torch {torch.__version__}" in line
+    assert "C extension (region JPEG decoding): not built: the train pipeline is about 20% slower" in line
+    for package_name in (
+        "libjpeg-dev",
+        "libjpeg-turbo-devel",
+        "brew install jpeg-turbo",
+        "reinstall fastload",
+    ):
+        assert package_name in line, package_name
+
+
+@pytest.mark.skipif(not roi_decoder_available(), reason="the C extension is not built here")
+def test_setup_summary_names_a_c_extension_turned_off(tmp_path: Path) -> None:
+    env = {**os.environ, "FASTLOAD_ROI_DECODE": "0"}
+    res = subprocess.run(
+        [sys.executable, "-m", "fastload", "info"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    assert "C extension (region JPEG decoding): built, turned off by FASTLOAD_ROI_DECODE=0 |" in res.stdout

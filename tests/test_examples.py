@@ -150,7 +150,8 @@ SWAP = EXAMPLE.parent / "swap_torchvision.py"
 def test_swap_example_runs_the_fast_path_with_only_the_import_changed(
     imagenet_root: Path, tmp_path: Path, torch_loader: bool
 ) -> None:
-    cmd = [sys.executable, str(SWAP), "--data", str(imagenet_root), "--batch-size", "8", "--image-size", "32"]
+    # the default crop size, as a user runs it (32 pixels on a CPU, 224 with CUDA)
+    cmd = [sys.executable, str(SWAP), "--data", str(imagenet_root), "--batch-size", "8"]
     out = _run([*cmd, "--workers", "2", *(["--torch"] if torch_loader else [])], tmp_path)
     if torch_loader:
         assert "torch.utils.data.dataloader.DataLoader, fast path: False" in out, out
