@@ -66,7 +66,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import IterableDataset, Sampler, SequentialSampler
+from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe, Sampler, SequentialSampler
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
@@ -79,6 +79,7 @@ from ._worker import (
     describe_sample,
     frozen_heap,
     reporting_context,
+    ship_dataset,
 )
 from .batch import IndexedBatch
 from .decode import decode_batch
@@ -1020,8 +1021,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             view = self._worker_dataset = worker_view(self.dataset)[0]
         if view is not None:
             Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
-        with frozen_heap(self.multiprocessing_context), _served(self, view):
-            it = super().__iter__()
+        served = view if view is not None else self.dataset
+        shipped = None
+        if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
+            shipped = ship_dataset(served, self.multiprocessing_context)
+        try:
+            with frozen_heap(self.multiprocessing_context), _served(self, view if shipped is None else shipped):
+                it = super().__iter__()
+        finally:
+            if shipped is not None:
+                shipped.close()  # the workers have their copy of its descriptor
         self._torch_workers_started = True
         return it
 
