@@ -75,6 +75,7 @@ from ._worker import (
     BatchFailed,
     Report,
     Task,
+    TorchWorkerInit,
     WorkerPool,
     describe_sample,
     frozen_heap,
@@ -682,6 +683,18 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
         object.__setattr__(loader, "dataset", dataset)
 
 
+@contextlib.contextmanager
+def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
+    """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
+    the block (while torch's iterator starts its process workers), and the user's again after."""
+    user_fn = loader.worker_init_fn
+    loader.worker_init_fn = TorchWorkerInit(user_fn)
+    try:
+        yield
+    finally:
+        loader.worker_init_fn = user_fn
+
+
 # ------------------------------------------------------------------------------------ DataLoader
 
 
@@ -1012,6 +1025,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
         with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
         ``target_transform``; ``samples`` and ``targets`` read from the index).
+
+        Spawn/forkserver workers get the dataset (the view, or the user's) through
+        :func:`fastload._worker.ship_dataset` when it pickles large: pickled once here, so that
+        each worker's start does not wait until the previous one imported torch. And each worker
+        runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
+        its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
         """
         if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
             return super().__iter__()  # no worker starts
@@ -1026,7 +1045,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
             shipped = ship_dataset(served, self.multiprocessing_context)
         try:
-            with frozen_heap(self.multiprocessing_context), _served(self, view if shipped is None else shipped):
+            with (
+                frozen_heap(self.multiprocessing_context),
+                _served(self, view if shipped is None else shipped),
+                _worker_init(self),
+            ):
                 it = super().__iter__()
         finally:
             if shipped is not None:

@@ -331,3 +331,54 @@ def test_what_is_shipped_and_what_is_not() -> None:
     assert ship_dataset(_HoldsTensor(torch.zeros(SHIP_MIN_BYTES)), "spawn") is None
     queue = multiprocessing.get_context("spawn").Queue()
     assert ship_dataset(_HoldsTensor([queue, np.arange(SHIP_MIN_BYTES)]), "spawn") is None
+
+
+# ------------------------------------------- torch's workers: the last batch's heap goes back when idle
+
+
+def _note_pid(worker_id: int) -> None:
+    Path(os.environ["FASTLOAD_TEST_REPORT"], f"pid-{worker_id}").write_text(str(os.getpid()))
+
+
+def _private_dirty_of(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no Private_Dirty for process {pid}")
+
+
+@pytest.mark.skipif(fastload._worker._malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_idle_torch_workers_give_back_the_last_batch(
+    imagenet_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of 32 samples of 3 x 640 x 640 (39 MB of per-sample tensors before collating): the
+    worker's heap keeps them after the batch is sent; once the worker idles they go back."""
+    from torchvision import transforms as v1
+
+    monkeypatch.setenv("FASTLOAD_TEST_REPORT", str(tmp_path))
+    transform = v1.Compose([v1.Resize(640), v1.CenterCrop(640), v1.PILToTensor(), v1.ColorJitter(0.1)])
+    dataset = fastload.ImageFolder(imagenet_root / "train", transform=transform)
+
+    def idle_private(trim: bool) -> int:
+        monkeypatch.setattr(fastload._worker, "IDLE_TRIM_SECONDS", 0.2 if trim else None)  # inherited
+        loader = fastload.DataLoader(
+            dataset, batch_size=32, num_workers=1, multiprocessing_context="fork", worker_init_fn=_note_pid
+        )
+        assert not loader.fast_path
+        for _ in range(2):
+            assert [len(y) for _, y in loader] == [32]
+        pid = int((tmp_path / "pid-0").read_text())
+        private = _private_dirty_of(pid)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the worker has nothing left to do
+            time.sleep(0.5)
+            private = _private_dirty_of(pid)
+            if trim and private < 25 * 2**20:
+                break
+        loader.close()
+        return private
+
+    kept = idle_private(trim=False)  # the control: glibc keeps the samples' memory for the next batch
+    trimmed = idle_private(trim=True)
+    assert trimmed < 25 * 2**20 and kept > trimmed + 20 * 2**20, (kept, trimmed)
