@@ -125,15 +125,15 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
     cinfo.out_color_space = JCS_RGB;
     cinfo.dct_method = JDCT_ISLOW;
     cinfo.do_fancy_upsampling = TRUE;
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = (unsigned)scale;
+    cinfo.scale_num = scale > 0 ? 1 : (unsigned)-scale;
+    cinfo.scale_denom = scale > 0 ? (unsigned)scale : 8;
     jpeg_start_decompress(&cinfo);
     if (err->failed) longjmp(err->jump, 1);
     const unsigned W = cinfo.output_width, H = cinfo.output_height;
     if (width == 0 || height == 0 || (size_t)left + width > W || (size_t)top + height > H) {
         snprintf(err->message, sizeof(err->message),
-                 "region (left=%u, top=%u, width=%u, height=%u) is not inside the %ux%u image decoded at 1/%d", left,
-                 top, width, height, W, H, scale);
+                 "region (left=%u, top=%u, width=%u, height=%u) is not inside the %ux%u image decoded at %d/%d",
+                 left, top, width, height, W, H, scale > 0 ? 1 : -scale, scale > 0 ? scale : 8);
         jpeg_abort_decompress(&cinfo);
         jpeg_destroy_decompress(&cinfo);
         return -2;
@@ -186,18 +186,24 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
 }
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", NULL};
+    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", "eighths", NULL};
     Py_buffer data;
     unsigned int left, top, width, height;
-    int scale = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|i:decode", keywords, &data, &left, &top, &width, &height,
-                                     &scale))
+    int scale = 1, eighths = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ii:decode", keywords, &data, &left, &top, &width,
+                                     &height, &scale, &eighths))
         return NULL;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError, "scale should be 1, 2, 4 or 8, but got %d", scale);
         return NULL;
     }
+    if (eighths < 0 || eighths > 8 || (eighths && scale != 1)) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "eighths should be 1..8 (with scale=1), but got %d", eighths);
+        return NULL;
+    }
+    if (eighths) scale = -eighths; /* decode_region: a negative scale is -M for a decode at M/8 */
     if (width == 0 || height == 0 || (size_t)width * height > ((size_t)1 << 31)) {
         PyBuffer_Release(&data);
         PyErr_Format(PyExc_ValueError, "region size %ux%u is empty or too large", width, height);
@@ -339,62 +345,159 @@ static inline unsigned char rs_clip8(int v) {
     return v < 0 ? 0 : v > 255 ? 255 : (unsigned char)v;
 }
 
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void rs_vertical(const unsigned char *src, int width3, unsigned char *dst, int out_h, int ksize,
-                        const int *bounds, const int *kk, int *acc) {
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define RS_HAVE_AVX2_KERNEL 1
+/* rs_vertical's lanes [0, width3 rounded down to 32) with AVX2: 32 byte lanes a step, their sums in four
+ * registers across the taps, then shifted, clamped to 0..255 by saturating packs (what rs_clip8 does) and
+ * stored in order. Returns the first lane it did not write. */
+__attribute__((target("avx2"))) static size_t rs_vertical_avx2(const unsigned char *src, size_t w3,
+                                                                unsigned char *dst, int out_h, int ksize,
+                                                                const int *bounds, const int *kk) {
+    const __m256i half = _mm256_set1_epi32(1 << (RS_PRECISION_BITS - 1));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const size_t end = w3 & ~(size_t)31;
     for (int yy = 0; yy < out_h; yy++) {
-        int ymin = bounds[yy * 2], ymax = bounds[yy * 2 + 1];
+        const int ymin = bounds[yy * 2], ymax = bounds[yy * 2 + 1];
         const int *k = &kk[yy * ksize];
-        for (int i = 0; i < width3; i++) acc[i] = 1 << (RS_PRECISION_BITS - 1);
-        for (int y = 0; y < ymax; y++) {
-            const unsigned char *line = src + (size_t)(y + ymin) * width3;
-            int w = k[y];
-            for (int i = 0; i < width3; i++) acc[i] += line[i] * w;
+        const unsigned char *base = src + (size_t)ymin * w3;
+        unsigned char *o = dst + (size_t)yy * w3;
+        for (size_t i = 0; i < end; i += 32) {
+            __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+            const unsigned char *p = base + i;
+            for (int y = 0; y < ymax; y++, p += w3) {
+                const __m256i w = _mm256_set1_epi32(k[y]);
+                const __m128i lo = _mm_loadu_si128((const __m128i *)p);
+                const __m128i hi = _mm_loadu_si128((const __m128i *)(p + 16));
+                a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(lo), w));
+                a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), w));
+                a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(hi), w));
+                a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), w));
+            }
+            a0 = _mm256_srai_epi32(a0, RS_PRECISION_BITS);
+            a1 = _mm256_srai_epi32(a1, RS_PRECISION_BITS);
+            a2 = _mm256_srai_epi32(a2, RS_PRECISION_BITS);
+            a3 = _mm256_srai_epi32(a3, RS_PRECISION_BITS);
+            /* per 128-bit half: a0[0..3] a1[0..3] a2[0..3] a3[0..3] | a0[4..7] a1[4..7] a2[4..7] a3[4..7] */
+            const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+            _mm256_storeu_si256((__m256i *)(o + i), _mm256_permutevar8x32_epi32(b, order));
         }
-        unsigned char *o = dst + (size_t)yy * width3;
-        for (int i = 0; i < width3; i++) o[i] = rs_clip8(acc[i]);
+    }
+    return end;
+}
+#endif
+
+/* One output row's lanes [i, i + n) of the vertical pass, the sums held in registers across the taps. */
+static inline __attribute__((always_inline)) void rs_lanes(const unsigned char *src, size_t width3, size_t i,
+                                                          int n, int ymin, int ymax, const int *k,
+                                                          unsigned char *o) {
+    int a[32];
+    for (int j = 0; j < n; j++) a[j] = 1 << (RS_PRECISION_BITS - 1);
+    for (int y = 0; y < ymax; y++) {
+        const unsigned char *line = src + (size_t)(y + ymin) * width3 + i;
+        const int w = k[y];
+        for (int j = 0; j < n; j++) a[j] += line[j] * w;
+    }
+    for (int j = 0; j < n; j++) o[i + j] = rs_clip8(a[j]);
+}
+
+/* Whether the AVX2 kernel runs: the CPU has AVX2 and FASTLOAD_NO_SIMD is not set in the environment (then
+ * only the portable loop runs; the tests check that both give Pillow's bytes). Decided once. */
+static int rs_simd(void) {
+    static int avx2 = -1;
+    if (avx2 < 0) {
+#ifdef RS_HAVE_AVX2_KERNEL
+        avx2 = __builtin_cpu_supports("avx2") && getenv("FASTLOAD_NO_SIMD") == NULL ? 1 : 0;
+#else
+        avx2 = 0;
+#endif
+    }
+    return avx2;
+}
+
+/* The vertical pass: out_h rows of width3 bytes, each the weighted sum of its taps' source rows. */
+static void rs_vertical(const unsigned char *src, int width3, unsigned char *dst, int out_h, int ksize,
+                        const int *bounds, const int *kk) {
+    const size_t w3 = (size_t)width3;
+    size_t start = 0;
+#ifdef RS_HAVE_AVX2_KERNEL
+    if (rs_simd()) start = rs_vertical_avx2(src, w3, dst, out_h, ksize, bounds, kk);
+#endif
+    for (int yy = 0; yy < out_h; yy++) {
+        const int ymin = bounds[yy * 2], ymax = bounds[yy * 2 + 1];
+        const int *k = &kk[yy * ksize];
+        unsigned char *o = dst + (size_t)yy * w3;
+        size_t i = start;
+        for (; i + 32 <= w3; i += 32) rs_lanes(src, w3, i, 32, ymin, ymax, k, o);
+        for (; i + 8 <= w3; i += 8) rs_lanes(src, w3, i, 8, ymin, ymax, k, o);
+        for (; i < w3; i++) rs_lanes(src, w3, i, 1, ymin, ymax, k, o);
     }
 }
 
 /* Rows [first, first + rows) of src (in_w pixels wide) -> dst (rows x out_w), resampled along the rows.
- * By way of rs_vertical: the rows are transposed into columns (pixels stay 3 bytes), so the taps of every
- * row are summed by the vectorized vertical pass, and the result is transposed back (the same integer sums
- * as Pillow's pixel-by-pixel loop, so the same bytes; 1.1-1.6x faster). 0, or -1 when out of memory. */
+ * By way of rs_vertical, in blocks of RS_BLOCK rows: a block's columns that the taps read are transposed
+ * into rows (pixels stay 3 bytes), the taps of every output pixel of the block are summed by the
+ * vectorized vertical pass, and the result is transposed back. Both small buffers stay in the L1 cache.
+ * The same integer sums as Pillow's pixel-by-pixel loop, so the same bytes. 0, or -1 when out of memory. */
+#define RS_BLOCK 32
 static int rs_horizontal(const unsigned char *src, int in_w, int first, int rows, unsigned char *dst, int out_w,
-                           int ksize, const int *bounds, const int *kk) {
-    size_t col = (size_t)rows * 3;
-    unsigned char *t = malloc((size_t)in_w * col);
-    unsigned char *o = malloc((size_t)out_w * col);
-    int *acc = malloc(col * sizeof(int));
-    if (t == NULL || o == NULL || acc == NULL) {
+                         int ksize, const int *bounds, const int *kk) {
+    int x0 = in_w, x1 = 0;
+    for (int xx = 0; xx < out_w; xx++) { /* the columns any tap reads */
+        if (bounds[xx * 2 + 1] <= 0) continue;
+        if (bounds[xx * 2] < x0) x0 = bounds[xx * 2];
+        if (bounds[xx * 2] + bounds[xx * 2 + 1] > x1) x1 = bounds[xx * 2] + bounds[xx * 2 + 1];
+    }
+    if (x1 <= x0) x0 = x1 = 0;
+    const int span = x1 - x0;
+    unsigned char *t = malloc((size_t)(span > 0 ? span : 1) * RS_BLOCK * 3 + 1);
+    unsigned char *o = malloc((size_t)out_w * RS_BLOCK * 3 + 1);
+    int *local = malloc((size_t)out_w * 2 * sizeof(int)); /* bounds relative to x0 */
+    if (t == NULL || o == NULL || local == NULL) {
         free(t);
         free(o);
-        free(acc);
+        free(local);
         return -1;
     }
-    for (int r = 0; r < rows; r++) {
-        const unsigned char *line = src + (size_t)(r + first) * in_w * 3;
-        for (int x = 0; x < in_w; x++) {
-            unsigned char *p = t + x * col + (size_t)r * 3;
-            p[0] = line[x * 3];
-            p[1] = line[x * 3 + 1];
-            p[2] = line[x * 3 + 2];
-        }
+    for (int xx = 0; xx < out_w; xx++) {
+        local[xx * 2] = bounds[xx * 2 + 1] > 0 ? bounds[xx * 2] - x0 : 0;
+        local[xx * 2 + 1] = bounds[xx * 2 + 1];
     }
+    for (int r0 = 0; r0 < rows; r0 += RS_BLOCK) {
+        const int nb = rows - r0 < RS_BLOCK ? rows - r0 : RS_BLOCK;
+        const size_t col = (size_t)nb * 3;
+        /* Pixels are moved as 4-byte words (3 bytes and the next one): the extra byte lands on the slot
+         * written next (t has one spare byte at its end); the last column is read 3 bytes at a time
+         * where its 4th byte would lie past the source. */
+        const unsigned char *base = src + ((size_t)(first + r0) * in_w + x0) * 3;
+        const size_t stride = (size_t)in_w * 3;
+        const int wide = x1 < in_w ? span : span - 1;
+        for (int x = 0; x < span; x++) {
+            unsigned char *p = t + (size_t)x * col;
+            const unsigned char *q = base + (size_t)x * 3;
+            if (x < wide) {
+                for (int r = 0; r < nb; r++, p += 3, q += stride) memcpy(p, q, 4);
+            } else {
+                for (int r = 0; r < nb; r++, p += 3, q += stride) {
+                    p[0] = q[0];
+                    p[1] = q[1];
+                    p[2] = q[2];
+                }
+            }
+        }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized" /* t is filled above: every row, every column */
 #endif
-    rs_vertical(t, (int)col, o, out_w, ksize, bounds, kk, acc);
+        rs_vertical(t, (int)col, o, out_w, ksize, local, kk);
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-    for (int r = 0; r < rows; r++) {
-        unsigned char *line = dst + (size_t)r * out_w * 3;
-        for (int x = 0; x < out_w; x++) {
-            const unsigned char *p = o + x * col + (size_t)r * 3;
+        for (int r = 0; r < nb; r++) { /* 4-byte words again; each row's last pixel 3 bytes (o: 1 spare) */
+            unsigned char *line = dst + (size_t)(r0 + r) * out_w * 3;
+            const unsigned char *p = o + (size_t)r * 3;
+            int x = 0;
+            for (; x < out_w - 1; x++, p += col) memcpy(line + x * 3, p, 4);
             line[x * 3] = p[0];
             line[x * 3 + 1] = p[1];
             line[x * 3 + 2] = p[2];
@@ -402,7 +505,7 @@ static int rs_horizontal(const unsigned char *src, int in_w, int first, int rows
     }
     free(t);
     free(o);
-    free(acc);
+    free(local);
     return 0;
 }
 
@@ -426,7 +529,7 @@ static int rs_resample(const unsigned char *src, int in_w, int in_h, const float
     int need_h = out_w != in_w || box[0] != 0 || box[2] != out_w;
     int need_v = out_h != in_h || box[1] != 0 || box[3] != out_h;
     int horizontal_first = !pillow13 || !((in_h - out_h) > 0 && (in_h - out_h) > (in_w - out_w) * 2);
-    int *bv = NULL, *kv = NULL, *bh = NULL, *kh = NULL, *acc = NULL;
+    int *bv = NULL, *kv = NULL, *bh = NULL, *kh = NULL;
     int ks_v = 0, ks_h = 0;
     unsigned char *tmp = NULL;
     int status = -1;
@@ -447,21 +550,18 @@ static int rs_resample(const unsigned char *src, int in_w, int in_h, const float
             for (int i = 0; i < out_h; i++) bv[i * 2] -= first;
         }
         tmp = malloc((size_t)rows * cols * 3);
-        acc = malloc((size_t)(horizontal_first ? out_w : in_w) * 3 * sizeof(int));
-        if (tmp == NULL || acc == NULL) goto done;
+        if (tmp == NULL) goto done;
         if (horizontal_first) {
             if (rs_horizontal(src, in_w, first, rows, tmp, out_w, ks_h, bh, kh)) goto done;
-            rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, bv, kv, acc);
+            rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, bv, kv);
         } else {
-            rs_vertical(src, in_w * 3, tmp, out_h, ks_v, bv, kv, acc);
+            rs_vertical(src, in_w * 3, tmp, out_h, ks_v, bv, kv);
             if (rs_horizontal(tmp, in_w, 0, out_h, dst, out_w, ks_h, bh, kh)) goto done;
         }
     } else if (need_h) {
         if (rs_horizontal(src, in_w, 0, out_h, dst, out_w, ks_h, bh, kh)) goto done;
     } else if (need_v) {
-        acc = malloc((size_t)out_w * 3 * sizeof(int));
-        if (acc == NULL) goto done;
-        rs_vertical(src, out_w * 3, dst, out_h, ks_v, bv, kv, acc);
+        rs_vertical(src, out_w * 3, dst, out_h, ks_v, bv, kv);
     } else {
         memcpy(dst, src, (size_t)out_w * out_h * 3);
     }
@@ -473,7 +573,6 @@ done:
     free(bh);
     free(kh);
     free(tmp);
-    free(acc);
     return status;
 }
 
@@ -515,16 +614,20 @@ done:
     return result;
 }
 
+static PyObject *jpeg_simd(PyObject *self, PyObject *args) { return PyBool_FromLong(rs_simd()); }
+
 static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace): reads the JPEG header only."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(data, left, top, width, height, scale=1) -> bytearray: RGB pixels (HWC) of a region of the image "
-     "decoded at 1/scale, decoding only that region."},
+     "decode(data, left, top, width, height, scale=1, eighths=0) -> bytearray: RGB pixels (HWC) of a region of "
+     "the image decoded at 1/scale (or at eighths/8: libjpeg-turbo's other DCT scales), decoding only that region "
+     "at full scale."},
     {"resample", jpeg_resample, METH_VARARGS,
      "resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's "
      "Image.resize((out_width, out_height), BICUBIC if bicubic else BILINEAR, box) of RGB bytes, bit for bit, "
      "written into dst (mirrored when flip); pillow13: Pillow >= 13's order of the two passes."},
+    {"simd", jpeg_simd, METH_NOARGS, "simd() -> bool: whether resample runs its AVX2 kernel."},
     {"hwc_lut", hwc_lut, METH_VARARGS,
      "hwc_lut(src, dst, lut): dst[c][i] = lut[c][src[i][c]] for interleaved RGB bytes, a float32 (3, n) "
      "destination and 3 tables of 256 float32."},

@@ -98,6 +98,7 @@ import torch.nn.functional as nnf
 from . import rng
 from ._checks import check_int, check_probability, check_size
 from .batch import IndexedBatch
+from .decode import to_chw_by_table
 from .device import device_is_cuda
 
 __all__ = [
@@ -1254,6 +1255,7 @@ class Normalize(BatchTransform):
         self._ring: list[torch.Tensor] = []
         self._next = 0
         self._constants: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lut: np.ndarray | None = None  # see _table
 
     @staticmethod
     def _floats(value: Any, name: str) -> list[float]:
@@ -1285,6 +1287,45 @@ class Normalize(BatchTransform):
         self._next = (self._next + 1) % self.buffers
         return out
 
+    def _table(self) -> np.ndarray:
+        """``(3, 256)`` float32: this transform's arithmetic run on every uint8 value of each channel
+        (elementwise, so looking pixels up in it gives the same bits as converting them)."""
+        if self._lut is None:
+            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256)
+            work = torch.empty(values.shape, dtype=torch.float32)
+            work.copy_(values)
+            work.mul_(1.0 / 255)
+            mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+            std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+            work.sub_(mean).div_(std)
+            self._lut = np.ascontiguousarray(work.view(3, 256).numpy())
+        return self._lut
+
+    def _by_table(self, images: torch.Tensor, out: torch.Tensor) -> bool:
+        """A CPU uint8 RGB batch in channels-last memory (the fast path's batches) to a contiguous
+        float32 ``out``: a table lookup per pixel that also moves the channels first, in the C
+        extension (about 3x faster than the four elementwise passes). ``False`` where it does not
+        apply (nothing written)."""
+        if not (
+            images.device.type == "cpu"
+            and images.dtype == torch.uint8
+            and images.ndim == 4
+            and images.shape[1] == 3
+            and images.numel() > 0
+            and images.permute(0, 2, 3, 1).is_contiguous()
+            and out.dtype == torch.float32
+            and out.is_contiguous()
+            and out.device.type == "cpu"
+        ):
+            return False
+        table = self._table()
+        src = images.permute(0, 2, 3, 1).numpy()
+        dst = out.numpy()
+        for i in range(src.shape[0]):
+            if not to_chw_by_table(src[i], dst[i], table):
+                return False  # no C extension: nothing was written (it is the first image)
+        return True
+
     def __call__(
         self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
     ) -> torch.Tensor:
@@ -1307,6 +1348,8 @@ class Normalize(BatchTransform):
                 _to_device(np.array(self.std), work.device, work.dtype).view(-1, 1, 1),
             )
         mean, std = self._constants[key]
+        if self._by_table(images, out):
+            return out
         # On the CPU, one image at a time: the four passes then run in the cache instead of
         # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here).
         # Same elementwise arithmetic, so the same bits.

@@ -29,7 +29,8 @@ scale=True/False)`` (v2)                   cast without ``scale``
 =========================================  =====================================================
 
 Pixels. The user's resizes run on PIL images (that is what the dataset yields), so fastload runs
-them the way PIL does (``resampler="pil"``). A pipeline without random ops (evaluation:
+them the way PIL does (``resampler="pil"``; a training pipeline without the C extension: torch's
+uint8 kernels, faster than Pillow's own). A pipeline without random ops (evaluation:
 ``Resize`` + ``CenterCrop``) decodes at full size: its pixels are torchvision's within 1 uint8
 level. A training pipeline (random ops) also uses reduced-size JPEG decoding for crops at least
 twice the output, which filters slightly differently (``bench/decode.py`` measures it); its crops
@@ -54,7 +55,7 @@ import numpy as np
 import torch
 
 from . import transforms as T
-from .decode import to_chw_by_table
+from .decode import pil_resample_available, to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
 __all__ = [
@@ -109,7 +110,7 @@ class TorchvisionPipeline:
         geometry: The fastload transforms of the pipeline's crops, resizes and flips.
         steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor, in order:
             ``("to", dtype)``, ``("div", 255.0)``, ``("mul", 1 / 255)``, ``("normalize", mean, std)``.
-        resampler: ``"pil"`` (resizes as PIL runs them) or ``"auto"`` (resizes on uint8 tensors).
+        resampler: ``"pil"`` (resizes as PIL runs them) or ``"torch"`` (on uint8 tensors).
         reduce: Allow reduced-size JPEG decoding (training pipelines only).
         description: How ``repr`` names the user's pipeline.
     """
@@ -396,7 +397,9 @@ def _convert(transform: Any) -> TorchvisionPipeline:
     return TorchvisionPipeline(
         pipeline,
         tuple(steps),
-        resampler="pil" if pil and not random else "torch",
+        # Evaluation: always PIL's resample, for its pixels; training: PIL's where the C extension runs
+        # it (faster than torch's kernels), else torch's (faster than Pillow's own).
+        resampler="pil" if pil and (not random or pil_resample_available()) else "torch",
         reduce=random,
         description=" -> ".join(type(op).__name__ for op in _flatten(transform)),
     )

@@ -73,6 +73,7 @@ from .decode import (
     open_image,
     pil_resample,
     pil_resample_available,
+    roi_decoder_available,
     torchvision_jpeg_available,
 )
 
@@ -157,17 +158,22 @@ def _check_antialias(value: Any) -> bool:
 def import_decode_modules() -> None:
     """Imports now what decoding a sample imports on first use, and runs its one-time checks.
 
-    That is torchvision's functional ops (about 2 s for ``import torchvision`` alone), PIL's
-    format plugins and the check of ``torchvision.io.decode_jpeg``. The loader calls it before it
-    starts workers, so forked workers inherit the modules instead of each importing them inside
-    its first batch, and spawned workers import them while they start. A pipeline of fastload
-    transforms may take any of these routes, depending on each image's size and format.
+    That is PIL's format plugins and, with the C extension, the check of its copy of PIL's
+    resample; without it, torchvision's functional ops (2-3 s for ``import torchvision``) and the
+    check of ``torchvision.io.decode_jpeg``, which every sample then uses. The loader calls it
+    before it starts workers, so forked workers inherit the modules instead of each importing them
+    inside its first batch, and spawned workers import them while they start.
     """
+    Image.preinit()  # the JPEG, PNG, BMP, GIF and PPM plugins Image.open would import
+    if roi_decoder_available() and pil_resample_available():
+        # JPEGs are decoded and resized by the C extension: torchvision (2-3 s to import, most of it
+        # torch._dynamo through torchvision.ops) is only needed by an image that falls back (a plan
+        # that is not one resample of a box, resampler="torch"); it is imported then, once.
+        return
     import torchvision.transforms  # noqa: F401 - each module on first use, see _run_ops and _run_ops_pil
     import torchvision.transforms.functional  # noqa: F401
     import torchvision.transforms.v2.functional  # noqa: F401
 
-    Image.preinit()  # the JPEG, PNG, BMP, GIF and PPM plugins Image.open would import
     torchvision_jpeg_available()
 
 
@@ -345,6 +351,16 @@ def _fused_box(
     return (x0, y0, x1, y1), None
 
 
+def _leading_crop(plan: Plan) -> tuple[int, int, int, int] | None:
+    """``(top, left, height, width)`` of the plan's first op when it is a crop (RandomResizedCrop's),
+    else ``None``. The resize after it sees only that crop: PIL's filter stops at its edges (it is
+    the whole image then), where a resample of the box in the larger image would read beyond them."""
+    if plan.ops and plan.ops[0][0] == "crop":
+        _, top, left, height, width = plan.ops[0]
+        return top, left, height, width
+    return None
+
+
 def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int] = (0, 0)) -> Image.Image:
     """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image.
 
@@ -352,6 +368,10 @@ def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int]
     """
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")  # CMYK, palette, RGBA, 16-bit, ...: as decode_pil does, first
+    crop = _leading_crop(plan) if scale == 1 and origin == (0, 0) else None
+    if crop is not None and plan.resample is not None and (img.height, img.width) == plan.source:
+        top, left, height, width = crop  # the crop first, as torchvision's chain (see _leading_crop)
+        img, origin = img.crop((left, top, left + width, top + height)), (left, top)
     box, int_box = _fused_box(img.width, img.height, plan, scale, origin)
     if int_box is not None:
         if int_box != (0, 0, img.width, img.height):
@@ -425,13 +445,22 @@ def _decode_region_pil(
     data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray
 ) -> bool:
     """A fusable plan the way PIL runs it on a full decode (``resampler="pil"``), decoding only the
-    box plus the resampling filter's reach; ``False`` when libjpeg reported corrupt data.
+    box plus the resampling filter's reach (a leading crop: only the crop, see :func:`_leading_crop`);
+    ``False`` when libjpeg reported corrupt data.
 
     PIL's resample reads, for output pixel ``i``, the source pixels within ``support * max(1,
     box / out)`` of its centre, clamped to the image. A region that holds every such pixel (and
     stops only where the image does) gives the same filter taps, so the same pixels as resizing the
     whole decoded image and then cropping (``Resize(256)`` + ``CenterCrop(224)`` on a PIL image).
     """
+    crop = _leading_crop(plan) if scale == 1 else None
+    if crop is not None and plan.resample is not None:
+        top, left, h, w = crop  # the resize sees the crop only (see _leading_crop): decode just that
+        region = decode_jpeg_region(data, left, top, w, h)
+        if region is None:
+            return False
+        _fused_into(region, plan, scale, out, (left, top))
+        return True
     height, width = plan.source
     full_w, full_h = -(-width // scale), -(-height // scale)
     x0, y0, x1, y1 = (v / scale for v in plan.pixel_box())
@@ -575,8 +604,9 @@ class Transform:
                 (within 1 level) as the torchvision pipeline run on the PIL image
                 (``torchvision.datasets.ImageFolder``'s images); ``"torch"``: torch's uint8 kernels,
                 which differ from PIL's resample by up to 2 levels on a few pixels; ``"auto"``:
-                ``"pil"`` for a deterministic (evaluation) pipeline when the C extension's copy of
-                PIL's resample is there (as fast as torch's), else ``"torch"``.
+                ``"pil"`` when the C extension's copy of PIL's resample is there (about as fast as
+                torch's kernels, and no torchvision import), else ``"torch"`` (Pillow's own
+                resample is 3-4x slower).
             reduce: Allow reduced-size (DCT-scaled) JPEG decoding when the crop is at least twice
                 the output (4-6 levels from the full-size result); ``False``: always decode at full
                 size (the reference pixels). ``None``: only for a pipeline with a random op
@@ -644,7 +674,7 @@ class Transform:
         check_choice(resampler, "resampler", _RESAMPLERS)
         random = self.random
         if resampler == "auto":
-            pil = not random and pil_resample_available()
+            pil = pil_resample_available()
         else:
             pil = resampler == "pil"
         return pil, random if reduce is None else bool(reduce)

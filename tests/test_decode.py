@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms import functional as F1
 from torchvision.transforms.v2 import functional as F
 
 import fastload.decode
@@ -55,7 +59,22 @@ def samples(imagenet_root: Path) -> dict[str, bytes]:
 
 
 def _reference(pipe: fT.Transform, data: bytes, index: int) -> torch.Tensor:
-    """torchvision at the same parameters: full PIL decode to RGB, then torchvision's functional ops."""
+    """torchvision at the same parameters: full PIL decode to RGB, then torchvision's functional ops,
+    on the PIL image where fastload resizes as PIL does (``resampler="auto"`` with the C extension),
+    else on the uint8 tensor."""
+    if fastload.decode.pil_resample_available():
+        pil = decode_pil(data)
+        plan = pipe.plan(pil.height, pil.width, rng.SampleRNG(0, 0, index))
+        for op in plan.ops:
+            if op[0] == "crop":
+                pil = F1.crop(pil, *op[1:])
+            elif op[0] == "resize":
+                pil = F1.resize(pil, [op[1], op[2]], interpolation=F1.InterpolationMode.BILINEAR)
+            elif op[0] == "center_crop":
+                pil = F1.center_crop(pil, [op[1], op[2]])
+            else:
+                pil = F1.hflip(pil)
+        return F1.pil_to_tensor(pil)
     img = torch.from_numpy(np.array(decode_pil(data))).permute(2, 0, 1)
     plan = pipe.plan(img.shape[1], img.shape[2], rng.SampleRNG(0, 0, index))
     for op in plan.ops:
@@ -349,11 +368,16 @@ needs_c = pytest.mark.skipif(
 def test_c_resample_gives_pils_bytes() -> None:
     """Random images, boxes and sizes, up and down, both filters, mirrored or not: Pillow's bytes
     (both orders of its two passes occur: Pillow 13 runs the vertical pass first when the height
-    shrinks much more than the width)."""
+    shrinks much more than the width). The last cases are ImageNet-sized: rows in several blocks,
+    lanes in the vector kernel and in its tail."""
+    _check_c_resample(cases=400)
+
+
+def _check_c_resample(cases: int) -> None:
     assert fastload.decode._pil_pass_order() is not None, "the installed Pillow's resample is not reproduced"
     rng = np.random.default_rng(0)
-    for case in range(400):
-        h, w = (int(v) for v in rng.integers(1, 120, 2))
+    for case in range(cases):
+        h, w = (int(v) for v in rng.integers(1, 120 if case < cases - 40 else 600, 2))
         pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         if case % 2:  # smooth content as well as noise
             pixels = np.asarray(Image.fromarray(pixels).resize((w, h), box=(0, 0, w / 3, h / 3)))
@@ -370,6 +394,23 @@ def test_c_resample_gives_pils_bytes() -> None:
         out = np.empty((size[1], size[0], 3), dtype=np.uint8)
         assert fastload.decode.pil_resample(np.ascontiguousarray(pixels), box, name, flip, out)
         assert np.array_equal(out, np.asarray(ref)), f"case {case}: {(w, h)} {box} -> {size} {name} {flip}"
+
+
+@needs_c
+def test_c_resample_without_simd_gives_pils_bytes() -> None:
+    """The portable loop (machines without AVX2; forced here by FASTLOAD_NO_SIMD) gives the same
+    bytes. In a fresh process: the extension reads the variable once."""
+    code = (
+        "import fastload.decode as d, tests.test_decode as t\n"
+        "assert not d._jpeg.simd(), 'FASTLOAD_NO_SIMD did not turn the AVX2 kernel off'\n"
+        "t._check_c_resample(cases=120)"
+    )
+    env = {**os.environ, "FASTLOAD_NO_SIMD": "1"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @needs_c
@@ -417,3 +458,30 @@ def test_evaluation_pipelines_give_torchvisions_pil_pixels_by_default(
         got = pipe.decode_and_apply(data, name)
         worst = max(worst, int((got.int() - reference.int()).abs().max()))
     assert worst <= 1
+
+
+@needs_c
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_training_pipelines_give_torchvisions_pil_pixels_at_full_size(
+    samples: dict[str, bytes], interpolation: str
+) -> None:
+    """RandomResizedCrop + flip at full-size decoding resize as PIL does after torchvision's crop
+    (the filter stops at the crop's edges, not at the image's): the same bytes as torchvision's
+    chain on the PIL image, for every file (large, gray, CMYK, PNG); without reduce=False, images
+    with a large crop decode at a reduced DCT scale (another test bounds that)."""
+    pipe = Compose([RandomResizedCrop(48, interpolation=interpolation), RandomHorizontalFlip()])
+    mode = {"bilinear": F1.InterpolationMode.BILINEAR, "bicubic": F1.InterpolationMode.BICUBIC}[interpolation]
+    for index, (name, data) in enumerate(samples.items()):
+        with rng.sample_scope(0, 0, index):
+            got = pipe.decode_and_apply(data, name, reduce=False)
+        pil = decode_pil(data)
+        plan = pipe.plan(pil.height, pil.width, rng.SampleRNG(0, 0, index))
+        assert plan.ops[0][0] == "crop" or plan.ops[0][0] == "resize", plan.ops
+        for op in plan.ops:
+            if op[0] == "crop":
+                pil = F1.crop(pil, *op[1:])
+            elif op[0] == "resize":
+                pil = F1.resize(pil, [op[1], op[2]], interpolation=mode)
+            else:
+                pil = F1.hflip(pil)
+        assert torch.equal(got, F1.pil_to_tensor(pil)), name

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as tvf
 
+import fastload.decode
 from fastload import gpu, rng
 
 cuda = pytest.mark.cuda
@@ -433,6 +434,33 @@ def test_normalize_is_bit_identical_to_torchvision():
     assert torch.equal(gpu.Normalize(MEAN, STD)(images), ref)
     floats = images.float() / 255
     assert torch.equal(gpu.Normalize(MEAN, STD)(floats), tvf.normalize(floats, MEAN, STD))
+
+
+@pytest.mark.parametrize("mean, std", [(MEAN, STD), ([0.5], [0.25])], ids=["per-channel", "one value"])
+def test_normalize_of_fast_path_batches_is_bit_identical_with_and_without_the_table(
+    mean: list[float], std: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path's batches (uint8, channels-last, on the CPU) are converted by a table lookup in
+    the C extension when it is built, else by torch's passes: torchvision's bits either way."""
+    images = batch(5, 19, 23).contiguous(memory_format=torch.channels_last)
+    ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), mean, std)
+    calls: list[bool] = []
+    real = gpu.to_chw_by_table
+
+    def counted(*args: object) -> bool:
+        calls.append(real(*args))  # type: ignore[arg-type]
+        return calls[-1]
+
+    monkeypatch.setattr(gpu, "to_chw_by_table", counted)
+    out = gpu.Normalize(mean, std)(images)
+    assert torch.equal(out, ref) and out.is_contiguous()
+    assert calls == ([True] * 5 if fastload.decode._jpeg is not None else [False])  # one per image
+    monkeypatch.setattr(gpu, "to_chw_by_table", lambda *args: False)  # as without the C extension
+    assert torch.equal(gpu.Normalize(mean, std)(images), ref)
+    calls.clear()
+    monkeypatch.setattr(gpu, "to_chw_by_table", counted)
+    assert torch.equal(gpu.Normalize(mean, std)(images.contiguous()), ref)  # NCHW input: torch's passes
+    assert calls == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
