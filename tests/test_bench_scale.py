@@ -43,6 +43,7 @@ def test_scale_bench_small(tmp_path: Path) -> None:
     assert set(result["scan"]) == {"torchvision", "fastload"}
     for scan in result["scan"].values():
         assert scan["runs"] == 2 and 0 < scan["wall_s"] < 60 and scan["peak_mb"] >= 0
-    for word in ("private MB", "idle MB", "PSS MB", "main RSS", "1st fork", "scan torchvision", "scan fastload"):
+    words = ("private MB", "idle MB", "PSS MB", "main RSS", "1st fork", "scan torchvision", "scan fastload")
+    for word in words:
         assert word in run.stdout
     assert not list(tmp_path.glob("fastload-scale-*"))  # the tree is deleted
