@@ -28,9 +28,13 @@ Usage::
    worker's private memory (``Private_Dirty`` of ``/proc/<pid>/smaps_rollup``: the pages it
    has written, copies of the parent's included) and its PSS, and the main process's RSS; the
    time from ``iter()`` to the first batch; and the scan (building the dataset object: wall
-   time and the peak RSS growth while it runs, ``VmHWM`` after resetting it).
+   time and the peak RSS growth while it runs, ``VmHWM`` after resetting it). Then, with the
+   loop stopped and the workers done with the batches they were given (their CPU time stops
+   growing, plus 2 s), each worker's private memory again ("idle": what a worker keeps, against
+   what it uses while it builds a batch).
 3. With spawn (unless ``--no-spawn``): each pipeline again in a fresh process, time from
-   ``iter()`` to the first batch (what each worker is sent is pickled and unpickled in it).
+   ``iter()`` to the first batch (what each worker is sent is pickled and unpickled in it), and
+   in parentheses how long ``iter()`` itself took (starting the workers).
 
 The default run takes about 15 minutes on 2 shared cores; ``--files 20000 --batches 20`` about
 two. Prints a table and writes ``--json``.
@@ -123,9 +127,31 @@ def _dataset(pipeline: str, split: str, size: int, recognised: bool) -> Any:
     return fastload.ImageFolder(split, transform=transform)
 
 
-def _endless(loader: Any) -> Any:
+def _endless(loader: Any, first_pass: Any) -> Any:
+    yield from first_pass
     while True:
         yield from loader
+
+
+def _idle_snapshot() -> dict[str, Any]:
+    """A snapshot once the workers are idle: their CPU time stopped growing (they finished the
+    batches they had been given), plus 2 s (what fastload's idle trim needs to notice)."""
+    import psutil
+
+    children = psutil.Process().children()
+    last = -1.0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            now = sum(sum(c.cpu_times()[:2]) for c in children)
+        except psutil.Error:
+            break
+        if now - last < 0.01:
+            break
+        last = now
+    time.sleep(2.0)
+    return _snapshot()
 
 
 def run_pipeline(
@@ -167,7 +193,9 @@ def run_pipeline(
         loader = fastload.DataLoader(dataset, **kwargs)
         path = "fast" if loader.fast_path else "torch"
     t0 = time.perf_counter()
-    it = _endless(loader)
+    first_pass = iter(loader)  # starts the workers
+    started = time.perf_counter() - t0
+    it = _endless(loader, first_pass)
     batch = next(it)
     first = time.perf_counter() - t0
     if len(batch[0]) != min(batch_size, len(dataset)):
@@ -178,6 +206,7 @@ def run_pipeline(
         "path": path,
         "samples": len(dataset),
         "scan": scan,
+        "start_s": started,
         "first_batch_s": first,
         "snapshots": {},
     }
@@ -188,6 +217,9 @@ def run_pipeline(
             batch = next(it)
         if k in checkpoints:
             record["snapshots"][str(k)] = _snapshot()
+    del batch
+    if batches > 1:
+        record["idle"] = _idle_snapshot()
     return record
 
 
@@ -226,25 +258,36 @@ def _worker_mb(record: dict[str, Any], k: str, key: str) -> float:
     return max((w[key] for w in record["snapshots"][k]["workers"]), default=float("nan"))
 
 
+def _idle_mb(record: dict[str, Any]) -> float:
+    """The largest private memory of a worker once the workers were idle (nan: not measured)."""
+    workers = record.get("idle", {}).get("workers", [])
+    return max((w["private_mb"] for w in workers), default=float("nan"))
+
+
 def _print_table(result: dict[str, Any]) -> None:
     runs, spawn = result["fork"], result.get("spawn", {})
     ks = list(next(iter(runs.values()))["snapshots"])
     ks_label = " -> ".join(ks)
     print(
         f"\n{result['files']} files, {result['workers']} workers, batch {result['batch_size']}, "
-        f"size {result['size']}; per worker the largest of the workers, after batches {ks_label}"
+        f"size {result['size']}; per worker the largest of the workers, after batches {ks_label}; "
+        "idle: once the workers finished their batches"
     )
-    head = f"{'pipeline':<9} {'path':<6} {'private MB':>22} {'PSS MB':>22} {'main RSS':>9} {'1st fork':>9}"
-    print(head + (f" {'1st spawn':>10}" if spawn else ""))
+    head = (
+        f"{'pipeline':<9} {'path':<6} {'private MB':>22} {'idle MB':>8} {'PSS MB':>22} {'main RSS':>9} "
+        f"{'1st fork':>9}"
+    )
+    print(head + (f" {'1st spawn (start)':>18}" if spawn else ""))
     for name, rec in runs.items():
         private = " -> ".join(f"{_worker_mb(rec, k, 'private_mb'):.0f}" for k in ks)
         pss = " -> ".join(f"{_worker_mb(rec, k, 'pss_mb'):.0f}" for k in ks)
+        idle = _idle_mb(rec)
         line = (
-            f"{name:<9} {rec['path']:<6} {private:>22} {pss:>22} "
+            f"{name:<9} {rec['path']:<6} {private:>22} {idle:>8.0f} {pss:>22} "
             f"{rec['snapshots'][ks[-1]]['main_rss_mb']:>9.0f} {rec['first_batch_s']:>8.2f}s"
         )
         if spawn:
-            line += f" {spawn[name]['first_batch_s']:>9.2f}s"
+            line += f" {spawn[name]['first_batch_s']:>9.2f}s ({spawn[name]['start_s']:.2f}s)"
         print(line)
     for lib, scan in result["scan"].items():
         print(

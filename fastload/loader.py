@@ -66,7 +66,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import IterableDataset, Sampler, SequentialSampler
+from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe, Sampler, SequentialSampler
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
@@ -75,10 +75,12 @@ from ._worker import (
     BatchFailed,
     Report,
     Task,
+    TorchWorkerInit,
     WorkerPool,
     describe_sample,
     frozen_heap,
     reporting_context,
+    ship_dataset,
 )
 from .batch import IndexedBatch
 from .decode import decode_batch
@@ -681,6 +683,18 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
         object.__setattr__(loader, "dataset", dataset)
 
 
+@contextlib.contextmanager
+def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
+    """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
+    the block (while torch's iterator starts its process workers), and the user's again after."""
+    user_fn = loader.worker_init_fn
+    loader.worker_init_fn = TorchWorkerInit(user_fn)
+    try:
+        yield
+    finally:
+        loader.worker_init_fn = user_fn
+
+
 # ------------------------------------------------------------------------------------ DataLoader
 
 
@@ -1011,6 +1025,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
         with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
         ``target_transform``; ``samples`` and ``targets`` read from the index).
+
+        Spawn/forkserver workers get the dataset (the view, or the user's) through
+        :func:`fastload._worker.ship_dataset` when it pickles large: pickled once here, so that
+        each worker's start does not wait until the previous one imported torch. And each worker
+        runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
+        its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
         """
         if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
             return super().__iter__()  # no worker starts
@@ -1020,8 +1040,20 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             view = self._worker_dataset = worker_view(self.dataset)[0]
         if view is not None:
             Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
-        with frozen_heap(self.multiprocessing_context), _served(self, view):
-            it = super().__iter__()
+        served = view if view is not None else self.dataset
+        shipped = None
+        if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
+            shipped = ship_dataset(served, self.multiprocessing_context)
+        try:
+            with (
+                frozen_heap(self.multiprocessing_context),
+                _served(self, view if shipped is None else shipped),
+                _worker_init(self),
+            ):
+                it = super().__iter__()
+        finally:
+            if shipped is not None:
+                shipped.close()  # the workers have their copy of its descriptor
         self._torch_workers_started = True
         return it
 

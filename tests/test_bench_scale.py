@@ -38,9 +38,12 @@ def test_scale_bench_small(tmp_path: Path) -> None:
             for worker in snap["workers"]:
                 assert 0 < worker["private_mb"] <= worker["pss_mb"] < 4096
             assert snap["main_rss_mb"] > 100  # torch alone maps more
+        assert len(rec["idle"]["workers"]) == 2, (name, rec["idle"])
+        assert 0 <= rec["start_s"] <= rec["first_batch_s"]
     assert set(result["scan"]) == {"torchvision", "fastload"}
     for scan in result["scan"].values():
         assert scan["runs"] == 2 and 0 < scan["wall_s"] < 60 and scan["peak_mb"] >= 0
-    for word in ("private MB", "PSS MB", "main RSS", "1st fork", "scan torchvision", "scan fastload"):
+    words = ("private MB", "idle MB", "PSS MB", "main RSS", "1st fork", "scan torchvision", "scan fastload")
+    for word in words:
         assert word in run.stdout
     assert not list(tmp_path.glob("fastload-scale-*"))  # the tree is deleted

@@ -12,14 +12,17 @@ import gc
 import multiprocessing
 import multiprocessing.context
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
 
 import fastload
+import fastload._worker
 from fastload import transforms as T
 
 if not hasattr(os, "fork"):  # pragma: no cover - the whole module is about fork
@@ -199,3 +202,183 @@ def test_gc_is_unfrozen_when_a_worker_fails_to_start(imagenet_root: Path, path: 
     if path == "fast":  # fastload stops the worker that did start (torch's iterator leaves it to exit)
         assert not [p for p in multiprocessing.active_children() if isinstance(p, _FailingProcess)]
     loader.close()
+
+
+# ------------------------------------------- spawn/forkserver: the dataset pickled once, not into each start
+
+
+def _large_folder(root: Path, n: int, transform: Any) -> Any:
+    """A torchvision ``ImageFolder`` of ``n`` samples that cycle over the real files of ``root``."""
+    import torchvision
+
+    dataset = torchvision.datasets.ImageFolder(root, transform=transform)
+    real = list(dataset.samples)
+    dataset.samples = [real[i % len(real)] for i in range(n)]
+    dataset.targets = [t for _, t in dataset.samples]
+    return dataset
+
+
+_LARGE = 200_000
+
+
+def _check_worker_dataset(worker_id: int) -> None:
+    """worker_init_fn: the worker received the whole dataset itself (not a handle to it)."""
+    info = torch.utils.data.get_worker_info()
+    dataset = info.dataset if info is not None else None
+    if not isinstance(dataset, fastload.ImageFolder) or len(dataset) != _LARGE:
+        raise RuntimeError(f"worker {worker_id} got {type(dataset).__name__} {dataset!r}")
+
+
+def _shipped_fds(pid: int) -> list[str]:
+    """The file descriptors of process ``pid`` that point at a shipped dataset."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed in between
+            continue
+        if "fastload-dataset" in target:
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("path", ["torch", "fast"])
+def test_spawned_workers_start_without_waiting_for_each_other(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Each spawn start writes a few KB (the pipe holds 64 KiB, so ``start()`` does not wait until
+    that worker imported torch), for a 200,000-sample index that pickles to megabytes; the
+    workers get the dataset itself; the shipped copy is gone from every process once they read it."""
+    import multiprocessing.reduction
+
+    import psutil
+    from torchvision import transforms as v1
+
+    ops = [v1.Resize(16), v1.CenterCrop(16), v1.PILToTensor()]
+    if path == "torch":
+        ops.append(v1.ColorJitter(0.3))  # an op fastload does not reproduce
+    dataset = _large_folder(imagenet_root / "val", _LARGE, v1.Compose(ops))
+    written: list[int] = []
+    dump = multiprocessing.reduction.dump
+
+    def measured_dump(obj: Any, file: Any, protocol: Any = None) -> None:
+        start = file.tell()
+        dump(obj, file, protocol)
+        if isinstance(obj, multiprocessing.process.BaseProcess):
+            written.append(file.tell() - start)
+
+    monkeypatch.setattr(multiprocessing.reduction, "dump", measured_dump)
+    shm_before = set(os.listdir("/dev/shm"))
+
+    def first_batch(ship: bool, workers: int) -> torch.Tensor:
+        if not ship:
+            monkeypatch.setattr(fastload._worker, "SHIP_MIN_BYTES", 1 << 62)
+        written.clear()
+        loader = fastload.DataLoader(
+            dataset,
+            batch_size=4,
+            num_workers=workers,
+            multiprocessing_context="spawn",
+            worker_init_fn=_check_worker_dataset if path == "torch" else None,
+        )
+        assert loader.fast_path == (path == "fast"), loader.fast_path_reason
+        it = iter(loader)
+        assert not _shipped_fds(os.getpid())  # this process closed its copy once the workers started
+        _, labels = next(it)
+        if ship:  # each worker closes its copy once it has read it
+            for worker in psutil.Process().children():
+                deadline = time.monotonic() + 120
+                while _shipped_fds(worker.pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)  # the other worker may still be importing torch
+                assert not _shipped_fds(worker.pid), worker
+        loader.close()
+        return labels
+
+    labels = first_batch(ship=True, workers=2)
+    assert len(written) == 2 and max(written) < 16_384, written
+    assert labels.tolist() == dataset.targets[:4]
+    # the control: the dataset pickled into the start, as torch does (megabytes)
+    labels = first_batch(ship=False, workers=1)
+    assert len(written) == 1 and written[0] > 2_000_000, written
+    assert labels.tolist() == dataset.targets[:4]
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+class _HoldsTensor:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def test_what_is_shipped_and_what_is_not() -> None:
+    """Shipped: a large pickle that any number of processes can load. Not shipped (sent into each
+    start as before): small ones, fork workers, and what multiprocessing hands to one process only
+    (a tensor moved to shared memory, a queue)."""
+    import pickle
+
+    from fastload._worker import SHIP_MIN_BYTES, ShippedDataset, ship_dataset
+
+    large = _HoldsTensor(np.arange(SHIP_MIN_BYTES // 4, dtype=np.int64))
+    for method in ("spawn", "forkserver"):
+        shipped = ship_dataset(large, method)
+        assert isinstance(shipped, ShippedDataset) and shipped.nbytes >= SHIP_MIN_BYTES
+        # outside a process start it pickles as the dataset itself
+        again = pickle.loads(pickle.dumps(shipped))
+        assert type(again) is _HoldsTensor and np.array_equal(again.value, large.value)
+        shipped.close()
+        assert shipped.closed and not _shipped_fds(os.getpid())
+    assert ship_dataset(large, "fork") is None
+    assert ship_dataset(_HoldsTensor(np.arange(10)), "spawn") is None
+    assert ship_dataset(_HoldsTensor(torch.zeros(SHIP_MIN_BYTES)), "spawn") is None
+    queue = multiprocessing.get_context("spawn").Queue()
+    assert ship_dataset(_HoldsTensor([queue, np.arange(SHIP_MIN_BYTES)]), "spawn") is None
+
+
+# ------------------------------------------- torch's workers: the last batch's heap goes back when idle
+
+
+def _note_pid(worker_id: int) -> None:
+    Path(os.environ["FASTLOAD_TEST_REPORT"], f"pid-{worker_id}").write_text(str(os.getpid()))
+
+
+def _private_dirty_of(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no Private_Dirty for process {pid}")
+
+
+@pytest.mark.skipif(fastload._worker._malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_idle_torch_workers_give_back_the_last_batch(
+    imagenet_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of 32 samples of 3 x 640 x 640 (39 MB of per-sample tensors before collating): the
+    worker's heap keeps them after the batch is sent; once the worker idles they go back."""
+    from torchvision import transforms as v1
+
+    monkeypatch.setenv("FASTLOAD_TEST_REPORT", str(tmp_path))
+    transform = v1.Compose([v1.Resize(640), v1.CenterCrop(640), v1.PILToTensor(), v1.ColorJitter(0.1)])
+    dataset = fastload.ImageFolder(imagenet_root / "train", transform=transform)
+
+    def idle_private(trim: bool) -> int:
+        monkeypatch.setattr(fastload._worker, "IDLE_TRIM_SECONDS", 0.2 if trim else None)  # inherited
+        loader = fastload.DataLoader(
+            dataset, batch_size=32, num_workers=1, multiprocessing_context="fork", worker_init_fn=_note_pid
+        )
+        assert not loader.fast_path
+        for _ in range(2):
+            assert [len(y) for _, y in loader] == [32]
+        pid = int((tmp_path / "pid-0").read_text())
+        private = _private_dirty_of(pid)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the worker has nothing left to do
+            time.sleep(0.5)
+            private = _private_dirty_of(pid)
+            if trim and private < 25 * 2**20:
+                break
+        loader.close()
+        return private
+
+    kept = idle_private(trim=False)  # the control: glibc keeps the samples' memory for the next batch
+    trimmed = idle_private(trim=True)
+    assert trimmed < 25 * 2**20 and kept > trimmed + 20 * 2**20, (kept, trimmed)
