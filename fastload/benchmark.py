@@ -465,7 +465,8 @@ def full_decode_rates(
     """Single-process full-size decode rates (images/s, PIL to RGB) of the split's first files.
 
     One rate per ``config.repeat`` pass over up to ``limit`` files read into memory first. The
-    ``full-decode`` reference row is this rate times the cores the workers can use.
+    ``full-decode`` reference row is this rate times the cores the workers can use, measured before
+    and after the rows of each worker count.
     """
     root = config.data / pipeline_split(pipeline)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))[:limit]
@@ -532,9 +533,10 @@ def run(
 ) -> list[dict[str, Any]]:
     """Measures every combination and returns one record per measurement (see the module docs).
 
-    ``log`` receives the table: a note per backend that cannot run here, the header, then each row
-    as it is measured. Every record carries the run's ``settings`` and ``environment`` (versions,
-    C extension, DALI, CPUs, load average at the start: :func:`fastload.info.environment`).
+    ``log`` receives the table: a note per backend that cannot run here, the header, then the rows
+    of each worker count once they and their reference are measured. Every record carries the
+    run's ``settings`` and ``environment`` (versions, C extension, DALI, CPUs, load average at the
+    start: :func:`fastload.info.environment`).
     ``progress`` shows a bar per measurement on stderr (default: when stderr is a terminal).
     """
     _check_names(backends, pipelines)
@@ -573,18 +575,16 @@ def run(
         records.append(record)
         log(_row(record))
 
+    def decode_passes(pipeline: str, w: int, when: str) -> list[float]:
+        with _bar(progress, max(1, config.repeat), f"{pipeline} workers={w} {REFERENCE} ({when})") as bar:
+            return full_decode_rates(config, pipeline, on_run=bar.update)
+
     for pipeline in pipelines:
-        decode_runs = None
-        if REFERENCE in backends:
-            with _bar(progress, max(1, config.repeat), f"{pipeline} {REFERENCE} (1 process)") as bar:
-                decode_runs = full_decode_rates(config, pipeline, on_run=bar.update)
         for w in workers:
-            reference = None
-            if decode_runs is not None:
-                cores = reference_cores(w)
-                runs = [r * cores for r in decode_runs]
-                reference = {"images_per_s": statistics.median(runs), "images_per_s_runs": runs}
-            base = None
+            # The reference brackets the rows it is compared with (measured before and after them):
+            # a machine whose speed drifts during a run moves it along with the rows.
+            before = decode_passes(pipeline, w, "before") if REFERENCE in backends else None
+            measured: list[tuple[str, dict[str, Any]]] = []
             for name in backends:
                 if name == REFERENCE or name in skipped:
                     continue
@@ -597,8 +597,14 @@ def run(
                     finally:
                         _shutdown(loader)
                         del loader
-                if name == "torchvision":
-                    base = result
+                measured.append((name, result))
+            reference = None
+            if before is not None:
+                cores = reference_cores(w)
+                runs = [r * cores for r in before + decode_passes(pipeline, w, "after")]
+                reference = {"images_per_s": statistics.median(runs), "images_per_s_runs": runs}
+            base = next((result for name, result in measured if name == "torchvision"), None)
+            for name, result in measured:
                 add(_record(name, pipeline, w, config, result, base, reference))
             if reference is not None:
                 rec = _record(REFERENCE, pipeline, w, config, reference, base, reference)
@@ -686,7 +692,9 @@ PSS MB       memory of the benchmark process and its workers: proportional set s
              includes the benchmark process itself, whose share grows as rows run (e.g. the
              in-memory datasets the memory rows keep): later rows carry what earlier ones left
 {REFERENCE:<12} reference, not a pipeline: a full-size PIL decode to RGB of the same files (no
-             crop, resize or batching), one process's rate x min(max(1, workers), CPUs)
+             crop, resize or batching), one process's rate x min(max(1, workers), CPUs),
+             measured just before and just after the rows of each worker count (both sets of
+             runs), so that a machine whose speed drifts moves it along with those rows
 -            no value: one run (min-max), no torchvision or {REFERENCE} row in this run (vs tv,
              vs decode), the reference row (CPU %, PSS MB)"""
 
