@@ -454,13 +454,39 @@ def test_normalize_of_fast_path_batches_is_bit_identical_with_and_without_the_ta
     monkeypatch.setattr(gpu, "to_chw_by_table", counted)
     out = gpu.Normalize(mean, std)(images)
     assert torch.equal(out, ref) and out.is_contiguous()
-    assert calls == ([True] * 5 if fastload.decode._jpeg is not None else [False])  # one per image
+    # the check of the SIMD arithmetic against the table (see the next test), then one per image
+    assert calls == ([True] * 6 if fastload.decode._jpeg is not None else [False, False])
     monkeypatch.setattr(gpu, "to_chw_by_table", lambda *args: False)  # as without the C extension
     assert torch.equal(gpu.Normalize(mean, std)(images), ref)
     calls.clear()
     monkeypatch.setattr(gpu, "to_chw_by_table", counted)
     assert torch.equal(gpu.Normalize(mean, std)(images.contiguous()), ref)  # NCHW input: torch's passes
     assert calls == []
+
+
+@pytest.mark.skipif(fastload.decode._jpeg is None, reason="needs the C extension")
+def test_normalize_computes_with_simd_only_where_that_gives_the_tables_bits() -> None:
+    """With AVX2 the C extension computes most pixels as (x * k - mean) / std instead of looking them
+    up: used only when that arithmetic reproduces the table on all 256 values of each channel."""
+    norm = gpu.Normalize(MEAN, STD)
+    lut = norm._table()
+    simd = fastload.decode._jpeg.simd()  # False: the constants are passed but only the lookups run
+    assert norm._affine is not None  # the arithmetic gives torchvision's bits for these constants
+    images = batch(3, 37, 41).contiguous(memory_format=torch.channels_last)  # 1517 px: blocks + a tail
+    ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), MEAN, STD)
+    assert torch.equal(norm(images), ref)
+    if simd:  # a table the arithmetic does not give (one value one ulp off): the lookups only
+        other = lut.copy()
+        other[1, 77] = np.nextafter(other[1, 77], np.float32(np.inf))
+        mean, std = torch.tensor(MEAN), torch.tensor(STD)
+        assert gpu.Normalize._checked_affine(other, mean, std) is None
+        assert gpu.Normalize._checked_affine(lut, mean, std) is not None
+        wrong = norm._affine.copy()
+        wrong[0] = np.float32(1 / 256)  # wrong constants: the arithmetic's values, not the table's
+        src = images[0].permute(1, 2, 0).numpy()
+        got = np.empty((3, 37, 41), dtype=np.float32)
+        fastload.decode.to_chw_by_table(np.ascontiguousarray(src), got, lut, wrong)
+        assert not np.array_equal(got, ref[0].numpy())  # the arithmetic really ran
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
