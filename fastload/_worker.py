@@ -63,6 +63,7 @@ import torch.multiprocessing as torch_mp
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
+from ._stream import enable as enable_streaming
 from .decode import DecodeError
 from .device import cuda_available, register_pinned, unregister_pinned
 
@@ -559,7 +560,8 @@ def _trim_when_idle(trim: Callable[[int], int], period: float) -> None:
 @dataclass(frozen=True)
 class TorchWorkerInit:
     """The ``worker_init_fn`` of torch's worker processes started by ``fastload.DataLoader``: starts
-    the idle trim (see below), then runs the user's ``worker_init_fn``, if any.
+    the idle trim (see below), turns on streamed batches (``stream``), then runs the user's
+    ``worker_init_fn``, if any.
 
     Why: torch's worker loop builds a batch as a list of per-sample tensors and then collates them
     (at batch 256 of 224 px, 38.5 MB of samples). glibc's malloc serves such blocks from its heap
@@ -572,8 +574,13 @@ class TorchWorkerInit:
     """
 
     user_fn: Callable[[int], None] | None
+    #: Whether fastload datasets stream their batches in this worker (:func:`fastload._stream.enable`):
+    #: set when the loader collates with :func:`fastload._stream.collate` (no ``collate_fn`` given).
+    stream: bool = False
 
     def __call__(self, worker_id: int) -> None:
+        if self.stream:
+            enable_streaming()
         trim = _malloc_trim()
         if trim is not None and IDLE_TRIM_SECONDS is not None:
             threading.Thread(

@@ -31,6 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ._stream import fetch
 from .decode import load_sample
 
 __all__ = [
@@ -887,6 +888,13 @@ class EncodedImageDataset:
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """``[self[i] for i in indices]`` (what torch's fetcher calls for a batch). In the worker
+        processes ``fastload.DataLoader`` starts on torch's path, each sample's image is copied
+        into its row of one batch tensor as soon as it is made (:mod:`fastload._stream`): the same
+        batch, without a list of per-sample tensors."""
+        return fetch(self, indices)
 
     def extra_repr(self) -> str:
         """Lines added to ``repr`` after the root (torchvision's ``VisionDataset.extra_repr``)."""

@@ -70,6 +70,7 @@ from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe, Sampler
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
+from ._stream import collate as stream_collate
 from ._worker import (
     BatchDone,
     BatchFailed,
@@ -686,13 +687,22 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
-    the block (while torch's iterator starts its process workers), and the user's again after."""
-    user_fn = loader.worker_init_fn
-    loader.worker_init_fn = TorchWorkerInit(user_fn)
+    the block (while torch's iterator starts its process workers), and the user's again after.
+
+    Without a ``collate_fn`` of the user's, ``loader.collate_fn`` is :func:`fastload._stream.collate`
+    inside the block too (``default_collate``'s batches, taking a streamed batch tensor as it is),
+    and the workers stream the batches of fastload datasets (see :mod:`fastload._stream`).
+    """
+    user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
+    stream = not loader._given_collate
+    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream)
+    if stream:
+        loader.collate_fn = stream_collate
     try:
         yield
     finally:
         loader.worker_init_fn = user_fn
+        loader.collate_fn = user_collate
 
 
 # ------------------------------------------------------------------------------------ DataLoader
