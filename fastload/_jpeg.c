@@ -708,21 +708,22 @@ done:
  * channel, so the table holds exactly the floats the per-pixel arithmetic gives) in one pass that also moves
  * the channels first.
  *
- * affine (7 float32: k, mean[3], std[3]), optional: with AVX2, blocks of 16 pixels are computed as
- * (x * k - mean[c]) / std[c] in float32, one IEEE operation after the other (no fused multiply-add: the target
- * enables AVX2 only), 2.5x faster than the lookups (which stay for the tail and without AVX2). Same bits only
- * when the table was made by that arithmetic: the caller checks that once, on all 256 values, against its
- * table (gpu.Normalize._affine), and passes affine only then. */
+ * affine (8 float32: k, divide, mean[3], std[3]), optional: with AVX2, blocks of 16 pixels are computed as
+ * (x * k - mean[c]) / std[c] (x / k when divide is not 0) in float32, one IEEE operation after the other (no
+ * fused multiply-add: the target enables AVX2 only), 2.5x faster than the lookups (which stay for the tail and
+ * without AVX2). Same bits only when the table was made by that arithmetic: the caller checks that once, on
+ * all 256 values, against its table (decode.affine_for_table), and passes affine only then. */
 #ifdef RS_HAVE_AVX2_KERNEL
 __attribute__((target("avx2"))) static Py_ssize_t hwc_affine_avx2(const unsigned char *s, float *d0, Py_ssize_t n,
                                                                    const float *affine) {
     float *d1 = d0 + n, *d2 = d1 + n;
     float *dst[3] = {d0, d1, d2};
     const __m256 k = _mm256_set1_ps(affine[0]);
+    const int divide = affine[1] != 0.0f;
     __m256 mean[3], std[3];
     for (int c = 0; c < 3; c++) {
-        mean[c] = _mm256_set1_ps(affine[1 + c]);
-        std[c] = _mm256_set1_ps(affine[4 + c]);
+        mean[c] = _mm256_set1_ps(affine[2 + c]);
+        std[c] = _mm256_set1_ps(affine[5 + c]);
     }
     /* byte j of channel c sits at 3j + c in 48 interleaved bytes: gather each channel's 16 bytes from the three
      * 16-byte loads (-1: a zero byte) */
@@ -748,8 +749,8 @@ __attribute__((target("avx2"))) static Py_ssize_t hwc_affine_avx2(const unsigned
                                            _mm_shuffle_epi8(x2, pick[c][2]));
             __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
             __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-            lo = _mm256_mul_ps(lo, k);
-            hi = _mm256_mul_ps(hi, k);
+            lo = divide ? _mm256_div_ps(lo, k) : _mm256_mul_ps(lo, k);
+            hi = divide ? _mm256_div_ps(hi, k) : _mm256_mul_ps(hi, k);
             lo = _mm256_sub_ps(lo, mean[c]);
             hi = _mm256_sub_ps(hi, mean[c]);
             lo = _mm256_div_ps(lo, std[c]);
@@ -775,9 +776,9 @@ static PyObject *hwc_lut(PyObject *self, PyObject *args) {
                      src.len, dst.len, lut.len);
         goto done;
     }
-    if (affine.buf != NULL && affine.len != 7 * (Py_ssize_t)sizeof(float)) {
-        PyErr_Format(PyExc_ValueError, "hwc_lut: affine should be 7 float32 (k, 3 means, 3 stds), got %zd bytes",
-                     affine.len);
+    if (affine.buf != NULL && affine.len != 8 * (Py_ssize_t)sizeof(float)) {
+        PyErr_Format(PyExc_ValueError,
+                     "hwc_lut: affine should be 8 float32 (k, divide, 3 means, 3 stds), got %zd bytes", affine.len);
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -820,8 +821,8 @@ static PyMethodDef methods[] = {
     {"simd", jpeg_simd, METH_NOARGS, "simd() -> bool: whether resample runs its AVX2 kernel."},
     {"hwc_lut", hwc_lut, METH_VARARGS,
      "hwc_lut(src, dst, lut[, affine]): dst[c][i] = lut[c][src[i][c]] for interleaved RGB bytes, a float32 "
-     "(3, n) destination and 3 tables of 256 float32; affine (k, 3 means, 3 stds as float32): the same values "
-     "computed as (x * k - mean) / std with AVX2, for a table made by that arithmetic."},
+     "(3, n) destination and 3 tables of 256 float32; affine (k, divide, 3 means, 3 stds as float32): the same "
+     "values computed as (x * k - mean) / std (x / k if divide) with AVX2, for a table made by that arithmetic."},
     {NULL, NULL, 0, NULL},
 };
 

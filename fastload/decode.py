@@ -43,6 +43,7 @@ from PIL import Image, UnidentifiedImageError
 
 __all__ = [
     "DecodeError",
+    "affine_for_table",
     "decode_batch",
     "decode_error",
     "describe_unknown",
@@ -278,11 +279,8 @@ def to_chw_by_table(
         src: ``(H, W, 3)`` uint8, C-contiguous.
         dst: ``(3, H, W)`` float32, C-contiguous.
         table: ``(3, 256)`` float32: each channel's value for every uint8 value.
-        affine: ``(7,)`` float32 ``(k, mean_r, mean_g, mean_b, std_r, std_g, std_b)`` when the table
-            holds ``(v * k - mean) / std`` in float32 for every ``v`` (each operation rounded):
-            the C extension then computes most pixels with AVX2 instead of looking them up
-            (2.5x faster). Pass it only after checking on all 256 values that it gives the
-            table's bits (:meth:`fastload.gpu.Normalize` does).
+        affine: From :func:`affine_for_table` for this table: the C extension then computes most
+            pixels with AVX2 instead of looking them up (2.5x faster), with the same bits.
     """
     if _jpeg is None:
         return False
@@ -291,6 +289,37 @@ def to_chw_by_table(
     else:
         _jpeg.hwc_lut(src, dst, table, affine)
     return True
+
+
+def affine_for_table(
+    table: np.ndarray, scale: float, divide: bool, mean: Sequence[float], std: Sequence[float]
+) -> np.ndarray | None:
+    """The constants with which :func:`to_chw_by_table` computes ``table``'s values instead of
+    looking them up, or ``None`` when that arithmetic does not give the table's bits.
+
+    The arithmetic, in float32, one rounding per operation: ``(v * scale - mean[c]) / std[c]``
+    (``v / scale`` when ``divide``), as torchvision's ``ToTensor`` / ``ToDtype`` and ``Normalize``
+    run it. Checked here on every uint8 value of every channel (a 256-pixel image of all the
+    values, through the C extension), so a table made any other way is only looked up.
+
+    Args:
+        table: ``(3, 256)`` float32, as for :func:`to_chw_by_table`.
+        scale: The factor (or divisor) of the uint8 values.
+        divide: Whether the values are divided by ``scale``.
+        mean, std: Per channel: 3 values (or 1 for all three).
+    """
+    means, stds = list(mean), list(std)
+    if len(means) == 1:
+        means *= 3
+    if len(stds) == 1:
+        stds *= 3
+    if len(means) != 3 or len(stds) != 3 or _jpeg is None:
+        return None
+    affine = np.array([scale, 1.0 if divide else 0.0, *means, *stds], dtype=np.float32)
+    ramp = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1))
+    got = np.empty((3, 256), dtype=np.float32)
+    _jpeg.hwc_lut(ramp, got, np.ascontiguousarray(table, dtype=np.float32), affine)
+    return affine if np.array_equal(got.view(np.int32), table.view(np.int32)) else None
 
 
 _PIL_ORDER: list[bool | None] = []  # [order], found on first use by _pil_pass_order

@@ -98,7 +98,7 @@ import torch.nn.functional as nnf
 from . import rng
 from ._checks import check_int, check_probability, check_size
 from .batch import IndexedBatch
-from .decode import to_chw_by_table
+from .decode import affine_for_table, to_chw_by_table
 from .device import device_is_cuda
 
 __all__ = [
@@ -1300,22 +1300,9 @@ class Normalize(BatchTransform):
             std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
             work.sub_(mean).div_(std)
             self._lut = np.ascontiguousarray(work.view(3, 256).numpy())
-            self._affine = self._checked_affine(self._lut, mean.view(-1), std.view(-1))
+            # with AVX2 the C extension computes these values where that gives the table's bits
+            self._affine = affine_for_table(self._lut, 1.0 / 255, False, self.mean, self.std)
         return self._lut
-
-    @staticmethod
-    def _checked_affine(lut: np.ndarray, mean: torch.Tensor, std: torch.Tensor) -> np.ndarray | None:
-        """The constants with which the C extension computes the table's values instead of looking
-        them up, or ``None`` when its arithmetic does not give the table's bits for every uint8 value
-        of every channel (checked here, once: a 256-pixel image of all the values through it)."""
-        affine = np.array(
-            [np.float32(1.0 / 255), *mean.expand(3).tolist(), *std.expand(3).tolist()], dtype=np.float32
-        )
-        ramp = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1))
-        got = np.empty((3, 256), dtype=np.float32)
-        if not to_chw_by_table(ramp, got, lut, affine):
-            return None
-        return affine if np.array_equal(got.view(np.int32), lut.view(np.int32)) else None
 
     def _by_table(self, images: torch.Tensor, out: torch.Tensor) -> bool:
         """A CPU uint8 RGB batch in channels-last memory (the fast path's batches) to a contiguous

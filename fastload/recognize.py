@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from . import transforms as T
-from .decode import pil_resample_available, to_chw_by_table
+from .decode import affine_for_table, pil_resample_available, to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
 __all__ = [
@@ -174,7 +174,11 @@ class TorchvisionPipeline:
         self.geometry.decode_into(data, scratch, name, resampler=self.resampler, reduce=self.reduce)
         lut = self._table()
         # the same floats as `convert`, in one pass (see _table)
-        if lut is None or not out.flags.c_contiguous or not to_chw_by_table(scratch, out, lut):
+        if (
+            lut is None
+            or not out.flags.c_contiguous
+            or not to_chw_by_table(scratch, out, lut, self._local.affine)
+        ):
             convert(torch.from_numpy(scratch).permute(2, 0, 1), torch.from_numpy(out), self.steps)
 
     def _table(self) -> np.ndarray | None:
@@ -192,6 +196,7 @@ class TorchvisionPipeline:
             values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
             lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
             self._local.lut = lut
+            self._local.affine = _affine(lut, self.steps)
         return lut
 
     def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
@@ -222,6 +227,22 @@ class TorchvisionPipeline:
         return f"TorchvisionPipeline({self.description or self.geometry!r})"
 
 
+def _affine(lut: np.ndarray, steps: tuple[tuple[Any, ...], ...]) -> np.ndarray | None:
+    """The C extension's constants for computing ``lut`` (see :func:`fastload.decode.affine_for_table`)
+    when ``steps`` are a scaling and a normalization, each at most once and in that order."""
+    steps = tuple(step for step in steps if step[0] != "to")  # the cast: the copy convert starts with
+    kinds = [step[0] for step in steps]
+    if kinds not in ([], ["div"], ["mul"], ["normalize"], ["div", "normalize"], ["mul", "normalize"]):
+        return None
+    scale, divide, mean, std = 1.0, False, [0.0], [1.0]
+    for step in steps:
+        if step[0] == "normalize":
+            mean, std = list(step[1]), list(step[2])
+        else:
+            scale, divide = float(step[1]), step[0] == "div"
+    return affine_for_table(lut, scale, divide, mean, std)
+
+
 def convert(src: torch.Tensor, out: torch.Tensor, steps: tuple[tuple[Any, ...], ...]) -> torch.Tensor:
     """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
 
@@ -249,6 +270,18 @@ def convert(src: torch.Tensor, out: torch.Tensor, steps: tuple[tuple[Any, ...], 
 
 class _NotReproducible(Exception):
     """Why a pipeline cannot run on the fast path (the message is the reason)."""
+
+
+def _channel_values(values: Any, label: str) -> tuple[float, ...]:
+    """``Normalize``'s mean or std as 1 or 3 floats: what torchvision accepts (a number, a sequence,
+    a tensor or array; it applies them with ``torch.as_tensor``) and applies to RGB images."""
+    try:
+        flat = torch.as_tensor(values, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise _NotReproducible(f"{label} has a mean or std that is not numbers") from None
+    if flat.ndim > 1 or flat.numel() not in (1, 3):
+        raise _NotReproducible(f"{label} has {flat.numel()} values of mean or std for 3 channels")
+    return tuple(float(v) for v in flat.reshape(-1).tolist())
 
 
 def _flatten(transform: Any) -> list[Any]:
@@ -380,7 +413,7 @@ def _convert(transform: Any) -> TorchvisionPipeline:
         elif name in _NORMALIZE:
             if state != "float":
                 raise _NotReproducible(f"{label} on a {'PIL image' if state == 'pil' else 'uint8 tensor'}")
-            steps.append(("normalize", tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)))
+            steps.append(("normalize", _channel_values(op.mean, label), _channel_values(op.std, label)))
         else:
             raise _NotReproducible(f"{label} is not an op fastload reproduces on its fast path")
     if state == "pil":

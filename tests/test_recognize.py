@@ -348,6 +348,38 @@ def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path, name: 
     assert torch.equal(batched, per_sample)
 
 
+@pytest.mark.parametrize(
+    "mean, std",
+    [(0.5, 0.25), (torch.tensor(MEAN), np.array(STD))],
+    ids=["numbers", "tensor-and-array"],
+)
+def test_normalize_takes_what_torchvision_takes(imagenet_root: Path, mean: Any, std: Any) -> None:
+    """torchvision applies Normalize's mean and std with torch.as_tensor: a number, a tensor or an
+    array are recognised too, and give torch's floats (pixels within 1 level)."""
+    transform = v1.Compose([v1.Resize(40), v1.CenterCrop(32), v1.ToTensor(), v1.Normalize(mean, std)])
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=transform)
+    loader = fastload.DataLoader(dataset, batch_size=6, num_workers=0)
+    assert loader.fast_path, loader.fast_path_reason
+    ours, _ = _epoch(loader)
+    want, _ = _epoch(torch.utils.data.DataLoader(dataset, batch_size=6))
+    level = 1 / 255 / float(torch.as_tensor(std, dtype=torch.float64).min())
+    for a, b in zip(want, ours, strict=True):
+        assert b.dtype == a.dtype and b.shape == a.shape
+        assert (a - b).abs().max().item() <= level * (1 + 1e-3)
+
+
+def test_a_normalize_torchvision_cannot_apply_gets_torchs_error(imagenet_root: Path) -> None:
+    transform = v1.Compose([v1.CenterCrop(32), v1.ToTensor(), v1.Normalize([0.5, 0.5], [0.2, 0.2])])
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=transform)
+    loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+    assert not loader.fast_path and "2 values" in (loader.fast_path_reason or "")
+    with pytest.raises(RuntimeError) as ours:
+        next(iter(loader))
+    with pytest.raises(RuntimeError) as torchs:
+        next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    assert str(ours.value) == str(torchs.value)
+
+
 def test_recognition_reasons_name_the_op() -> None:
     with pytest.raises(ValueError, match="RandAugment"):
         convert_pipeline(v2.Compose([v2.RandAugment(), v2.CenterCrop(8), v2.ToImage()]))
