@@ -172,14 +172,18 @@ class TorchvisionPipeline:
         if scratch is None:
             scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
         self.geometry.decode_into(data, scratch, name, resampler=self.resampler, reduce=self.reduce)
+        self.convert_sample(scratch, out)
+
+    def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
+        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``.
+
+        The same floats as :func:`convert`, in one pass through a table of the 256 values per
+        channel (see :meth:`_table`; computed with AVX2 where that gives the table's bits).
+        """
         lut = self._table()
-        # the same floats as `convert`, in one pass (see _table)
-        if (
-            lut is None
-            or not out.flags.c_contiguous
-            or not to_chw_by_table(scratch, out, lut, self._local.affine)
-        ):
-            convert(torch.from_numpy(scratch).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+        affine = getattr(self._local, "affine", None)
+        if lut is None or not out.flags.c_contiguous or not to_chw_by_table(hwc, out, lut, affine):
+            convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
 
     def _table(self) -> np.ndarray | None:
         """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
