@@ -85,13 +85,15 @@ def test_sigkill_of_a_worker_is_an_error_and_the_next_epoch_runs(train_set: Imag
 
 CTRL_C = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     import psutil, torch
     from fastload import transforms as T
     from fastload.folder import ImageFolder
     from fastload.loader import DataLoader
 
     if __name__ == "__main__":
+        # as in a terminal, whatever the test runner inherited (a shell's background job ignores SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         ds = ImageFolder(sys.argv[1], transform=T.Compose([T.RandomResizedCrop(16)]))
         loader = DataLoader(ds, batch_size=4, num_workers=2, seed=0)
         try:
