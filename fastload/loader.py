@@ -66,7 +66,14 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe, Sampler, SequentialSampler
+from torch.utils.data import (
+    IterableDataset,
+    IterDataPipe,
+    MapDataPipe,
+    Sampler,
+    SequentialSampler,
+    default_collate,
+)
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
@@ -689,12 +696,14 @@ def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
     the block (while torch's iterator starts its process workers), and the user's again after.
 
-    Without a ``collate_fn`` of the user's, ``loader.collate_fn`` is :func:`fastload._stream.collate`
-    inside the block too (``default_collate``'s batches, taking a streamed batch tensor as it is),
-    and the workers stream the batches of fastload datasets (see :mod:`fastload._stream`).
+    When the loader collates batches with torch's ``default_collate`` (no ``collate_fn`` given, or
+    that one; not one assigned later, nor ``default_convert`` without batching),
+    ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
+    (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
+    the batches of fastload datasets (see :mod:`fastload._stream`).
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
-    stream = not loader._given_collate
+    stream = loader.batch_sampler is not None and loader.collate_fn is default_collate
     loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream)
     if stream:
         loader.collate_fn = stream_collate
