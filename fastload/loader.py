@@ -691,10 +691,12 @@ def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
 
     Without a ``collate_fn`` of the user's, ``loader.collate_fn`` is :func:`fastload._stream.collate`
     inside the block too (``default_collate``'s batches, taking a streamed batch tensor as it is),
-    and the workers stream the batches of fastload datasets (see :mod:`fastload._stream`).
+    and the workers stream the batches of fastload datasets (see :mod:`fastload._stream`). Not
+    without batching (``batch_size=None``): torch then converts each sample with
+    ``default_convert``, which a collate must not replace.
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
-    stream = not loader._given_collate
+    stream = not loader._given_collate and loader._auto_collation
     loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream)
     if stream:
         loader.collate_fn = stream_collate

@@ -182,3 +182,19 @@ def test_a_worker_holds_one_batch_not_two(imagenet_root: Path, tmp_path: Path) -
     # the samples' 64 MB no longer held next to their stack (measured: 42-56 MB less, of a
     # 127-130 MB peak growth)
     assert collated > 100 * 1024 and collated - streamed > 24 * 1024, (collated, streamed)
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "fastload"])
+def test_without_batching_samples_are_converted_as_torch_does(imagenet_root: Path, kind: str) -> None:
+    """batch_size=None: torch hands each sample to default_convert, not to a collate (a sample of an
+    image and an int is no batch): the same samples as torch's DataLoader, in workers too."""
+    make = torchvision.datasets.ImageFolder if kind == "torchvision" else fastload.ImageFolder
+    dataset = make(imagenet_root / "val", transform=tv.Compose([tv.CenterCrop(16), tv.PILToTensor()]))
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=None))
+    loader = fastload.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    got = list(loader)
+    loader.close()
+    assert len(got) == len(want)
+    for (image, label), (ref_image, ref_label) in zip(got, want, strict=True):
+        assert type(image) is torch.Tensor and torch.equal(image, ref_image)
+        assert type(label) is type(ref_label) and label == ref_label
