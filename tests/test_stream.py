@@ -170,12 +170,12 @@ def test_a_worker_holds_one_batch_not_two(imagenet_root: Path, tmp_path: Path) -
         log = tmp_path / f"{given is None}.txt"
         dataset = fastload.ImageFolder(imagenet_root / "train", transform=_Big(log))
         loader = fastload.DataLoader(
-            # spawn: a forked worker starts with its parent's heap, whose free resident blocks it
-            # reuses without a new peak (after other tests: 72 MB growth both ways, nothing measured)
             dataset,
             batch_size=32,
             num_workers=1,
             collate_fn=given,
+            # spawn: a forked worker starts with its parent's heap, whose free resident blocks it
+            # reuses without a new peak (after other tests: 72 MB growth both ways, nothing measured)
             multiprocessing_context="spawn",
         )
         for _ in range(2):  # two passes: the second one's first sample sees the first pass's peak
