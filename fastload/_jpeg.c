@@ -710,7 +710,8 @@ done:
  *
  * affine (8 float32: k, divide, mean[3], std[3]), optional: with AVX2, blocks of 16 pixels are computed as
  * (x * k - mean[c]) / std[c] (x / k when divide is not 0) in float32, one IEEE operation after the other (no
- * fused multiply-add: the target enables AVX2 only), 2.5x faster than the lookups (which stay for the tail and
+ * fused multiply-add: setup.py builds with -ffp-contract=off, else CFLAGS such as -march=native let the
+ * compiler fuse x * k - mean and the check below rejects it), 2.5x faster than the lookups (which stay for the tail and
  * without AVX2). Same bits only when the table was made by that arithmetic: the caller checks that once, on
  * all 256 values, against its table (decode.affine_for_table), and passes affine only then. */
 #ifdef RS_HAVE_AVX2_KERNEL

@@ -300,7 +300,9 @@ def affine_for_table(
     The arithmetic, in float32, one rounding per operation: ``(v * scale - mean[c]) / std[c]``
     (``v / scale`` when ``divide``), as torchvision's ``ToTensor`` / ``ToDtype`` and ``Normalize``
     run it. Checked here on every uint8 value of every channel (a 256-pixel image of all the
-    values, through the C extension), so a table made any other way is only looked up.
+    values, through the C extension), so a table made any other way is only looked up. ``None``
+    where the extension's AVX2 kernel does not run (the check would compare the lookups with
+    themselves, and constants pickled to a process that runs it would be unchecked there).
 
     Args:
         table: ``(3, 256)`` float32, as for :func:`to_chw_by_table`.
@@ -313,7 +315,7 @@ def affine_for_table(
         means *= 3
     if len(stds) == 1:
         stds *= 3
-    if len(means) != 3 or len(stds) != 3 or _jpeg is None:
+    if len(means) != 3 or len(stds) != 3 or _jpeg is None or not _jpeg.simd():
         return None
     affine = np.array([scale, 1.0 if divide else 0.0, *means, *stds], dtype=np.float32)
     ramp = np.ascontiguousarray(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1))

@@ -697,7 +697,8 @@ def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
     the block (while torch's iterator starts its process workers), and the user's again after.
 
     When the loader collates batches with torch's ``default_collate`` (no ``collate_fn`` given, or
-    that one; not one assigned later, nor ``default_convert`` without batching),
+    that one; not one assigned later; not without batching: with ``batch_size=None`` torch converts
+    each sample with ``default_convert``, which a collate must not replace),
     ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
     (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
     the batches of fastload datasets (see :mod:`fastload._stream`).

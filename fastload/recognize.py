@@ -182,7 +182,12 @@ class TorchvisionPipeline:
         """
         lut = self._table()
         affine = getattr(self._local, "affine", None)
-        if lut is None or not out.flags.c_contiguous or not to_chw_by_table(hwc, out, lut, affine):
+        if (
+            lut is None
+            or not hwc.flags.c_contiguous
+            or not out.flags.c_contiguous
+            or not to_chw_by_table(hwc, out, lut, affine)
+        ):
             convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
 
     def _table(self) -> np.ndarray | None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -469,8 +473,8 @@ def test_normalize_computes_with_simd_only_where_that_gives_the_tables_bits() ->
     up: used only when that arithmetic reproduces the table on all 256 values of each channel."""
     norm = gpu.Normalize(MEAN, STD)
     lut = norm._table()
-    simd = fastload.decode._jpeg.simd()  # False: the constants are passed but only the lookups run
-    assert norm._affine is not None  # the arithmetic gives torchvision's bits for these constants
+    simd = fastload.decode._jpeg.simd()  # False: no constants, only the lookups run
+    assert (norm._affine is not None) == simd  # the arithmetic gives torchvision's bits for these constants
     images = batch(3, 37, 41).contiguous(memory_format=torch.channels_last)  # 1517 px: blocks + a tail
     ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), MEAN, STD)
     assert torch.equal(norm(images), ref)
@@ -486,6 +490,31 @@ def test_normalize_computes_with_simd_only_where_that_gives_the_tables_bits() ->
         got = np.empty((3, 37, 41), dtype=np.float32)
         fastload.decode.to_chw_by_table(np.ascontiguousarray(src), got, lut, wrong)
         assert not np.array_equal(got, ref[0].numpy())  # the arithmetic really ran
+
+
+@pytest.mark.skipif(fastload.decode._jpeg is None, reason="needs the C extension")
+def test_affine_constants_are_only_given_where_the_simd_kernel_checked_them() -> None:
+    """Without the AVX2 kernel (FASTLOAD_NO_SIMD, read once per process) the check would compare the
+    table's lookups with themselves: no constants then, for any table (a process that runs the
+    kernel must never get constants checked by one that does not, e.g. a pickled Normalize)."""
+    code = (
+        "import numpy as np, fastload.decode as d\n"
+        "from fastload import gpu\n"
+        "assert not d._jpeg.simd()\n"
+        "mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]\n"
+        "norm = gpu.Normalize(mean, std)\n"
+        "lut = norm._table()\n"
+        "assert norm._affine is None, 'constants without the kernel'\n"
+        "other = lut.copy()\n"
+        "other[1, 77] = np.nextafter(other[1, 77], np.float32(np.inf))\n"
+        "assert d.affine_for_table(other, 1 / 255, False, mean, std) is None, 'unchecked constants'\n"
+    )
+    env = {**os.environ, "FASTLOAD_NO_SIMD": "1"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -368,6 +368,39 @@ def test_normalize_takes_what_torchvision_takes(imagenet_root: Path, mean: Any, 
         assert (a - b).abs().max().item() <= level * (1 + 1e-3)
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_convert_sample_gives_torchvisions_bits(version: str) -> None:
+    """The per-sample conversion (table lookups, or AVX2 arithmetic where checked identical) gives
+    torchvision's floats bit for bit, for many means and stds (random, negative, tiny std, one
+    value, tensors and arrays), image sizes that are not a multiple of 16 pixels and a source that
+    is a strided view (not contiguous: torch's arithmetic then)."""
+    rng = np.random.default_rng(7)
+    cases: list[tuple[Any, Any]] = [
+        ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ([-1.5, 0.0, 2.25], [1e-6, 3.0, 0.01]),
+        ([0.3], [1e-30]),
+        (torch.tensor([0.1, 0.2, 0.3]), np.array([0.7, 0.8, 0.9])),
+    ]
+    cases += [(rng.uniform(-2, 2, 3).tolist(), rng.uniform(1e-4, 4, 3).tolist()) for _ in range(12)]
+    for k, (mean, std) in enumerate(cases):
+        h, w = int(rng.integers(1, 30)), int(rng.integers(1, 30))
+        if version == "v1":
+            to_float: Any = v1.ToTensor()
+            norm: Any = v1.Normalize(mean, std)
+            pipeline = v1.Compose([v1.CenterCrop((h, w)), to_float, norm])
+        else:
+            to_float = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+            norm = v2.Normalize(torch.as_tensor(mean).tolist(), torch.as_tensor(std).tolist())
+            pipeline = v2.Compose([v2.CenterCrop((h, w)), to_float, norm])
+        recognised = convert_pipeline(pipeline)
+        wide = rng.integers(0, 256, (h, 2 * w, 3), dtype=np.uint8)
+        for hwc in (np.ascontiguousarray(wide[:, ::2]), wide[:, ::2]):
+            out = np.empty((3, h, w), dtype=np.float32)
+            recognised.convert_sample(hwc, out)
+            want = norm(to_float(np.ascontiguousarray(hwc))).numpy()
+            assert np.array_equal(out.view(np.int32), want.view(np.int32)), (k, mean, std, (h, w))
+
+
 def test_a_normalize_torchvision_cannot_apply_gets_torchs_error(imagenet_root: Path) -> None:
     transform = v1.Compose([v1.CenterCrop(32), v1.ToTensor(), v1.Normalize([0.5, 0.5], [0.2, 0.2])])
     dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=transform)
