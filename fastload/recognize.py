@@ -288,7 +288,13 @@ def _channel_values(values: Any, label: str) -> tuple[float, ...]:
         flat = torch.as_tensor(values, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
         raise _NotReproducible(f"{label} has a mean or std that is not numbers") from None
-    if flat.ndim > 1 or flat.numel() not in (1, 3):
+    # per channel: a number, c values, or a (c, 1, 1) tensor (torchvision views 1-d ones so)
+    per_channel = flat.ndim <= 1 or (flat.ndim == 3 and tuple(flat.shape[1:]) == (1, 1))
+    if not per_channel:
+        raise _NotReproducible(
+            f"{label} has a mean or std of shape {tuple(flat.shape)}, not one value per channel"
+        )
+    if flat.numel() not in (1, 3):
         raise _NotReproducible(f"{label} has {flat.numel()} values of mean or std for 3 channels")
     return tuple(float(v) for v in flat.reshape(-1).tolist())
 

@@ -350,8 +350,8 @@ def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path, name: 
 
 @pytest.mark.parametrize(
     "mean, std",
-    [(0.5, 0.25), (torch.tensor(MEAN), np.array(STD))],
-    ids=["numbers", "tensor-and-array"],
+    [(0.5, 0.25), (torch.tensor(MEAN), np.array(STD)), (torch.tensor(MEAN).view(3, 1, 1), STD)],
+    ids=["numbers", "tensor-and-array", "c11-tensor"],
 )
 def test_normalize_takes_what_torchvision_takes(imagenet_root: Path, mean: Any, std: Any) -> None:
     """torchvision applies Normalize's mean and std with torch.as_tensor: a number, a tensor or an
