@@ -79,6 +79,25 @@ def test_streamed_batches_are_default_collates(imagenet_root: Path, tmp_path: Pa
         assert labels.dtype == torch.int64 and images.is_shared() == ref_images.is_shared()
 
 
+@pytest.mark.parametrize("kind", ["torchvision", "fastload"])
+def test_streamed_batches_are_torchs_own(imagenet_root: Path, kind: str) -> None:
+    """The same case through torch.utils.data.DataLoader (a pipeline without random ops, in order):
+    the same batches, types and sharing."""
+    make = torchvision.datasets.ImageFolder if kind == "torchvision" else fastload.ImageFolder
+    transform = tv.Compose([tv.Resize(20), tv.CenterCrop(16), tv.PILToTensor(), _Identity()])
+    dataset = make(imagenet_root / "train", transform=transform)
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=5, num_workers=2))
+    loader = fastload.DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context="fork")
+    got = list(loader)
+    loader.close()
+    assert len(got) == len(want) == 7
+    for ours, theirs in zip(got, want, strict=True):
+        assert type(ours) is type(theirs) and len(ours) == len(theirs) == 2
+        for a, b in zip(ours, theirs, strict=True):
+            assert type(a) is type(b) and a.dtype == b.dtype and a.stride() == b.stride()
+            assert torch.equal(a, b) and a.is_shared() == b.is_shared()
+
+
 class _Samples(torch.utils.data.Dataset):
     def __init__(self, items: list[Any]) -> None:
         self.items = items
