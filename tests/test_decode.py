@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _nosimd import run_without_simd
 from PIL import Image
 from torchvision.transforms import functional as F1
 from torchvision.transforms.v2 import functional as F
@@ -405,12 +403,7 @@ def test_c_resample_without_simd_gives_pils_bytes() -> None:
         "assert not d._jpeg.simd(), 'FASTLOAD_NO_SIMD did not turn the AVX2 kernel off'\n"
         "t._check_c_resample(cases=120)"
     )
-    env = {**os.environ, "FASTLOAD_NO_SIMD": "1"}
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_without_simd(code, timeout=300)
 
 
 @needs_c

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 import pickle
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as tvf
+from _nosimd import run_without_simd
 
 import fastload.decode
 from fastload import gpu, rng
@@ -509,12 +506,7 @@ def test_affine_constants_are_only_given_where_the_simd_kernel_checked_them() ->
         "other[1, 77] = np.nextafter(other[1, 77], np.float32(np.inf))\n"
         "assert d.affine_for_table(other, 1 / 255, False, mean, std) is None, 'unchecked constants'\n"
     )
-    env = {**os.environ, "FASTLOAD_NO_SIMD": "1"}
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_without_simd(code, timeout=120)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
