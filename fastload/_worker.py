@@ -575,7 +575,8 @@ class TorchWorkerInit:
 
     user_fn: Callable[[int], None] | None
     #: Whether fastload datasets stream their batches in this worker (:func:`fastload._stream.enable`):
-    #: set when the loader collates with :func:`fastload._stream.collate` (no ``collate_fn`` given).
+    #: set when the loader batches and collates with torch's ``default_collate`` (it then runs
+    #: :func:`fastload._stream.collate` instead; see ``fastload.loader._worker_init``).
     stream: bool = False
 
     def __call__(self, worker_id: int) -> None:
