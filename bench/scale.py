@@ -24,6 +24,10 @@ Usage::
    ``fl+tv`` and ``swap`` run torch's iterator (``--recognised`` leaves the ``Lambda`` out: they
    then run fastload's fast path). fastload's transforms are the same crop and flip.
 
+   The consumer reads every batch as a training step does (a copy into a buffer of its own, as a
+   copy to the GPU): what a worker writes into memory the consumer has read (fastload's batch
+   slots, and on torch's path the reused batch segments) is then shared, not the worker's own.
+
    Reported per pipeline, after the first batch, after batch 100 and after the last one: each
    worker's private memory (``Private_Dirty`` of ``/proc/<pid>/smaps_rollup``: the pages it
    has written, copies of the parent's included) and its PSS, and the main process's RSS; the
@@ -211,10 +215,12 @@ def run_pipeline(
         "snapshots": {},
     }
     checkpoints = sorted({1, min(CHECKPOINT, batches), batches})
+    sink = torch.empty_like(batch[0])
     for k in range(1, batches + 1):
         if k > 1:
             del batch  # nothing keeps a batch while the next one is loaded
             batch = next(it)
+        sink[: len(batch[0])].copy_(batch[0])  # the consumer reads it, as a copy to the GPU does
         if k in checkpoints:
             record["snapshots"][str(k)] = _snapshot()
     del batch

@@ -18,10 +18,27 @@ whose tensor differs from the first sample's in shape or dtype ends the streamin
 position: :func:`collate` then falls back to torch's ``collate`` of the rows and the rest (which
 stacks, or raises torch's own error for unequal sizes). Outside such a worker :func:`fetch` is
 ``[dataset[i] for i in indices]`` and :func:`collate` is ``default_collate``.
+
+Batch tensors reused (a ring per worker), unless the loader has ``reuse_buffers=False``: torch
+puts every batch a worker sends into a new shared-memory segment, which the worker and then the
+main process map and fault in page by page (at batch 256 of 224 px float32, 154 MB twice per
+batch), and which stays private to the worker while it builds the batch. A worker started with a
+ring table (:func:`ring_table`, filled in by :class:`WorkerRing` and :class:`MainRing`) builds a
+streamed batch tensor of at least :data:`RING_MIN_BYTES` in one of its own segments instead, when
+one of that exact size is free, or makes a new one while it has fewer than the table has room for;
+otherwise torch's new segment as before. The main process keeps each ring segment it receives
+mapped (torch's shared-storage cache then hands the same mapping back for the next batch in it),
+and frees it for its worker only once no tensor, view or array of it is left there (its storage's
+use count), so a batch the consumer keeps is never written over. Sent segments the main process
+never received (a pass left early with persistent workers: torch drops them as it starts the
+next pass) are taken back at the next pass (:meth:`MainRing.new_pass`).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,18 +53,207 @@ try:  # torch's documented way to extend default_collate (torch >= 1.13)
 except ImportError:  # pragma: no cover - an older or reorganised torch: no streaming
     _CAN_STREAM = False
 
-__all__ = ["collate", "enable", "enabled", "fetch"]
+__all__ = ["MainRing", "WorkerRing", "collate", "drop_idle_ring", "enable", "enabled", "fetch", "ring_table"]
 
 _ENABLED = False
+
+#: A streamed batch tensor of fewer bytes is not put into a ring segment (too small to matter).
+RING_MIN_BYTES = 1 << 20
+
+# The columns of a ring table's rows: one row per segment, ``(num_workers + 1, capacity, 4)``
+# int64 in shared memory; the last worker row's first cell is the pass number.
+_INODE, _SENT, _PASS, _FREED = range(4)
+
+
+def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
+    """The shared table of ``num_workers`` rings of ``capacity`` segments each (all empty).
+
+    Per segment: the inode of its shared-memory file (set by the worker that made it), how often
+    it was sent, the pass of the last send, and how many sends the main process has freed.
+    The segment is free for its worker when freed == sent.
+    """
+    return torch.zeros((num_workers + 1, capacity, 4), dtype=torch.int64).share_memory_()
+
+
+class WorkerRing:
+    """A worker's side of a ring table: the segments it made, which are free, which are sent."""
+
+    def __init__(self, table: torch.Tensor, worker_id: int) -> None:
+        self.table = table  # keeps the mapping
+        self.rows = table[worker_id].numpy()
+        self.pass_cell = table[-1, 0].numpy()
+        self.storages: list[torch.UntypedStorage | None] = [None] * self.rows.shape[0]
+        self.claimed: dict[int, int] = {}  # data_ptr -> segment, for the batch being built
+        self.lock = threading.Lock()  # take() against drop_free() from the idle thread
+
+    def begin(self) -> None:
+        """A new batch: segments claimed for the previous one and not sent are free again."""
+        with self.lock:
+            self.claimed.clear()
+
+    def drop_free(self) -> None:
+        """The worker is idle: its free segments go back to the system (made again when needed)."""
+        with self.lock:
+            claimed = set(self.claimed.values())
+            for k, storage in enumerate(self.storages):
+                if storage is not None and k not in claimed and self.rows[k, _FREED] == self.rows[k, _SENT]:
+                    self.rows[k, _INODE] = 0
+                    self.storages[k] = None
+
+    def take(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A free segment of exactly ``nbytes`` (made if there is room), or ``None``."""
+        if nbytes < RING_MIN_BYTES:
+            return None
+        with self.lock:
+            return self._take(nbytes)
+
+    def _take(self, nbytes: int) -> torch.UntypedStorage | None:
+        rows, claimed = self.rows, set(self.claimed.values())
+        empty = None
+        for k, storage in enumerate(self.storages):
+            if storage is None:
+                empty = k if empty is None else empty
+            elif k not in claimed and storage.nbytes() == nbytes and rows[k, _FREED] == rows[k, _SENT]:
+                self.claimed[storage.data_ptr()] = k
+                return storage
+        if empty is None:
+            return None
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino
+        self.storages[empty] = storage
+        self.claimed[storage.data_ptr()] = empty
+        return storage
+
+    def sent(self, batch: torch.Tensor) -> None:
+        """``batch`` goes to the main process: if it is in a segment, that segment is busy until freed."""
+        with self.lock:
+            k = self.claimed.pop(batch.untyped_storage().data_ptr(), None)
+            if k is not None:
+                self.rows[k, _PASS] = self.pass_cell[0]
+                self.rows[k, _SENT] += 1
+
+
+def drop_idle_ring() -> None:
+    """This worker is idle: its free ring segments go back to the system (see :class:`WorkerRing`)."""
+    if _RING is not None:
+        _RING.drop_free()
+
+
+def _free_later(table: torch.Tensor, seg: tuple[int, int], count: int) -> None:
+    table[seg[0], seg[1], _FREED] = count
+
+
+class MainRing:
+    """The main process's side of a ring table: the segments it received and when they are free.
+
+    Every method runs in the thread that iterates torch's iterator.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.rows = table[:-1].numpy()
+        self.pass_cell = table[-1, 0].numpy()
+        #: segment (worker, k) -> [its storage, kept mapped; the send count to free, or 0; its inode]
+        self.held: dict[tuple[int, int], list[Any]] = {}
+        self.by_storage: dict[int, tuple[int, int]] = {}  # storage _cdata -> segment
+
+    def _segment(self, storage: torch.UntypedStorage) -> tuple[int, int] | None:
+        seg = self.by_storage.get(storage._cdata)
+        if seg is not None:
+            return seg
+        try:
+            inode = os.fstat(storage._get_shared_fd()).st_ino  # type: ignore[attr-defined]
+        except (RuntimeError, OSError):  # not a segment shared by descriptor
+            return None
+        found = (self.rows[:, :, _INODE] == inode).nonzero()
+        if len(found[0]) == 0:
+            return None
+        seg = (int(found[0][0]), int(found[1][0]))
+        self._drop(seg)  # a mapping of it kept from before (or of the segment it replaced)
+        self.held[seg] = [storage, 0, inode]
+        self.by_storage[storage._cdata] = seg
+        return seg
+
+    def _drop(self, seg: tuple[int, int]) -> None:
+        old = self.held.pop(seg, None)
+        if old is not None:
+            self.by_storage.pop(old[0]._cdata, None)
+
+    def received(self, batch: Any) -> None:
+        """Notes the segments ``batch`` (as torch's iterator returned it) arrived in."""
+        items = [batch] if type(batch) is torch.Tensor else batch if type(batch) in (tuple, list) else ()
+        for value in items:
+            if type(value) is not torch.Tensor or value.device.type != "cpu":
+                continue
+            storage = value.untyped_storage()
+            if storage.nbytes() < RING_MIN_BYTES:
+                continue
+            seg = self._segment(storage)
+            if seg is not None:
+                self.held[seg][1] = int(self.rows[seg[0], seg[1], _SENT])
+
+    def poll(self) -> None:
+        """Frees every received segment nothing in this process refers to any more, and lets go of
+        the mappings of segments their worker has dropped (:meth:`WorkerRing.drop_free`)."""
+        gone = []
+        for (w, k), entry in self.held.items():
+            if entry[1] and torch._C._storage_Use_Count(entry[0]._cdata) == 1:
+                self.rows[w, k, _FREED] = entry[1]
+                entry[1] = 0
+            if not entry[1] and self.rows[w, k, _INODE] != entry[2]:
+                gone.append((w, k))
+        for seg in gone:
+            self._drop(seg)
+
+    def release(self) -> None:
+        """The end of a pass: lets go of every mapping this process keeps, so that idle workers
+        can drop their segments (:meth:`WorkerRing.drop_free`) and give the memory back. A segment
+        still in use here (the last batch, which the loop variable still holds) is freed for its
+        worker when that use ends (a finalizer on its storage), wherever it ends."""
+        self.poll()
+        for seg, entry in list(self.held.items()):
+            if entry[1]:
+                weakref.finalize(entry[0], _free_later, self.table, seg, entry[1])
+            self._drop(seg)
+
+    def new_pass(self) -> None:
+        """Called before torch's iterator starts a pass with persistent workers: sends from here
+        on carry the new pass number."""
+        self.pass_cell[0] += 1
+
+    def recover(self) -> None:
+        """Called once torch's iterator has started the pass: every send of an earlier pass that
+        this process never got has been dropped by torch, so its segment is free once unused."""
+        rows, now = self.rows, self.pass_cell[0]
+        lost = (rows[:, :, _PASS] < now) & (rows[:, :, _FREED] < rows[:, :, _SENT])
+        for w, k in zip(*lost.nonzero(), strict=True):
+            seg = (int(w), int(k))
+            entry = self.held.get(seg)
+            if entry is None:
+                rows[seg[0], seg[1], _FREED] = rows[seg[0], seg[1], _SENT]  # never mapped here
+            else:
+                entry[1] = int(rows[seg[0], seg[1], _SENT])
+
+    def clear(self) -> None:
+        """Lets the segments go (their workers are stopping)."""
+        self.held.clear()
+        self.by_storage.clear()
+
 
 #: The attribute a row of a streamed batch carries: ``(batch tensor, row number)``.
 _ROW = "_fastload_row"
 
 
-def enable() -> None:
-    """Streams the batches of fastload datasets in this process (a worker's start calls it)."""
-    global _ENABLED
+_RING: WorkerRing | None = None
+
+
+def enable(ring: torch.Tensor | None = None, worker_id: int = 0) -> None:
+    """Streams the batches of fastload datasets in this process (a worker's start calls it),
+    into the segments of row ``worker_id`` of the ring table ``ring``, if given."""
+    global _ENABLED, _RING
     _ENABLED = _CAN_STREAM
+    shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    _RING = WorkerRing(ring, worker_id) if _ENABLED and ring is not None and shared_fd else None
 
 
 def enabled() -> bool:
@@ -64,10 +270,23 @@ def _streamable(value: Any) -> bool:
     )
 
 
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def _batch_tensor(first: torch.Tensor, n: int) -> torch.Tensor:
     """``(n, *first.shape)`` of ``first``'s dtype, allocated as ``default_collate`` allocates its
     output: in shared memory inside a worker process (so sending it copies nothing)."""
     if torch.utils.data.get_worker_info() is not None:
+        if _RING is not None:
+            segment = _RING.take(n * first.numel() * first.element_size())
+            if segment is not None:
+                shape = (n, *first.shape)
+                return torch.empty(0, dtype=first.dtype).set_(segment, 0, shape, _contiguous_strides(shape))
         try:
             storage = first._typed_storage()._new_shared(n * first.numel(), device=first.device)
             return first.new(storage).resize_(n, *first.shape)
@@ -82,6 +301,8 @@ def fetch(dataset: Any, indices: Sequence[int]) -> list[Any]:
     if not _ENABLED:
         return [dataset[i] for i in indices]
     n = len(indices)
+    if _RING is not None:
+        _RING.begin()
     samples: list[Any] = []
     batches: dict[int, torch.Tensor | None] | None = None  # position -> batch tensor (None: ended)
     for k, i in enumerate(indices):
@@ -129,6 +350,8 @@ def _collate_tensor(
 ) -> Any:
     whole = _stacked(batch)
     if whole is not None:
+        if _RING is not None:
+            _RING.sent(whole)
         return whole
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 

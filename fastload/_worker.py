@@ -54,7 +54,7 @@ import types
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ import torch.multiprocessing as torch_mp
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
+from ._stream import drop_idle_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
 from .device import cuda_available, register_pinned, unregister_pinned
@@ -540,10 +541,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _trim_when_idle(trim: Callable[[int], int], period: float) -> None:
-    """Returns the worker's free heap memory to the system (``malloc_trim(0)``) once each time
-    the worker goes idle: when it used under 1% of a CPU over the last ``period`` seconds after
-    having worked. Daemon thread of a torch worker."""
+def _trim_when_idle(trim: Callable[[int], int] | None, period: float) -> None:
+    """Returns the worker's free memory to the system once each time the worker goes idle: when
+    it used under 1% of a CPU over the last ``period`` seconds after having worked. Its free
+    reused batch segments (:func:`fastload._stream.drop_idle_ring`), then its free heap memory
+    (``malloc_trim(0)``, with glibc). Daemon thread of a torch worker."""
     last = time.process_time()
     worked = False
     while True:
@@ -552,7 +554,9 @@ def _trim_when_idle(trim: Callable[[int], int], period: float) -> None:
         if now - last >= 0.01 * period:
             worked = True
         elif worked:
-            trim(0)
+            drop_idle_ring()
+            if trim is not None:
+                trim(0)
             worked = False
         last = now
 
@@ -570,7 +574,8 @@ class TorchWorkerInit:
     while it idles (persistent workers of a training loader during evaluation, a paused loop).
     When the worker has been idle for :data:`IDLE_TRIM_SECONDS`, ``malloc_trim(0)`` gives that
     memory back; the next batch takes it again. Nothing else changes (no result, no timing
-    while the worker is busy). Only with glibc; elsewhere only the user's function runs.
+    while the worker is busy). Only with glibc. The same idle check drops the worker's free
+    reused batch segments (``ring``, see :mod:`fastload._stream`), with any C library.
     """
 
     user_fn: Callable[[int], None] | None
@@ -578,12 +583,14 @@ class TorchWorkerInit:
     #: set when the loader batches and collates with torch's ``default_collate`` (it then runs
     #: :func:`fastload._stream.collate` instead; see ``fastload.loader._worker_init``).
     stream: bool = False
+    #: The ring table of the reused batch segments (:func:`fastload._stream.ring_table`), or ``None``.
+    ring: torch.Tensor | None = field(default=None, compare=False)
 
     def __call__(self, worker_id: int) -> None:
         if self.stream:
-            enable_streaming()
+            enable_streaming(self.ring, worker_id)
         trim = _malloc_trim()
-        if trim is not None and IDLE_TRIM_SECONDS is not None:
+        if (trim is not None or self.ring is not None) and IDLE_TRIM_SECONDS is not None:
             threading.Thread(
                 target=_trim_when_idle, args=(trim, IDLE_TRIM_SECONDS), name="fastload-idle-trim", daemon=True
             ).start()

@@ -66,6 +66,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from PIL import Image
+from torch.multiprocessing import get_sharing_strategy
 from torch.utils.data import (
     IterableDataset,
     IterDataPipe,
@@ -77,6 +78,7 @@ from torch.utils.data import (
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
+from ._stream import MainRing, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
     BatchDone,
@@ -497,13 +499,31 @@ class _TorchPass:
     torch's iterator goes on after a batch whose loading raised, and so does this one.
     """
 
-    def __init__(self, torch_iter: Iterator[Any], start: int) -> None:
+    def __init__(self, torch_iter: Iterator[Any], start: int, ring: MainRing | None, keep_ring: bool) -> None:
         self.it = torch_iter
+        self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
+        self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
         for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
-            next(self.it)
+            next(self)
 
     def __next__(self) -> Any:
-        return next(self.it)
+        if self.ring is None:
+            return next(self.it)
+        self.ring.poll()
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            self.close()
+            raise
+        self.ring.received(batch)
+        return batch
+
+    def close(self) -> None:
+        if self.ring is not None:
+            if self.keep_ring:
+                self.ring.release()  # the workers stay: they drop what is free when idle
+            else:
+                self.ring.clear()
 
 
 class _OnePass:
@@ -584,7 +604,8 @@ class DataLoaderIterator:
             else:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
-                source = _TorchPass(loader._torch_iter(), start)
+                torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
+                source = _TorchPass(torch_iter, start, loader._torch_ring, loader.persistent_workers)
             self._source = source
             it: Iterator[Any] = _HostIterator(source)
             if loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
@@ -691,8 +712,14 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
         object.__setattr__(loader, "dataset", dataset)
 
 
+def streams(loader: DataLoader[Any]) -> bool:
+    """Whether torch's workers of ``loader`` stream the batches of fastload datasets: it batches
+    and collates with ``default_collate`` (see :func:`_worker_init`)."""
+    return loader.batch_sampler is not None and loader.collate_fn is default_collate
+
+
 @contextlib.contextmanager
-def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
+def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
     the block (while torch's iterator starts its process workers), and the user's again after.
 
@@ -701,11 +728,12 @@ def _worker_init(loader: DataLoader[Any]) -> Iterator[None]:
     each sample with ``default_convert``, which a collate must not replace),
     ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
     (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
-    the batches of fastload datasets (see :mod:`fastload._stream`).
+    the batches of fastload datasets (see :mod:`fastload._stream`), into the reused segments of
+    the ring table ``ring``, if given.
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
-    stream = loader.batch_sampler is not None and loader.collate_fn is default_collate
-    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream)
+    stream = streams(loader)
+    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream, ring=ring if stream else None)
     if stream:
         loader.collate_fn = stream_collate
     try:
@@ -896,6 +924,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._source_key: tuple[Any, ...] | None = None
         self._worker_dataset: Any = None  # what torch's workers serve instead of the dataset
         self._torch_workers_started = False  # torch's persistent workers are running
+        self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
         self._engine = _Engine()
@@ -1052,8 +1081,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
         its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
         """
-        if self.num_workers == 0 or (self.persistent_workers and self._torch_workers_started):
-            return super().__iter__()  # no worker starts
+        if self.num_workers == 0:
+            return super().__iter__()
+        if self.persistent_workers and self._torch_workers_started:  # no worker starts
+            ring = self._torch_ring
+            if ring is not None:
+                ring.new_pass()
+            it = super().__iter__()
+            if ring is not None:
+                ring.recover()  # torch has dropped the sends of the last pass it did not hand out
+            return it
         view = self._worker_dataset
         # samples grew or shrank in place since the view was made: make it again
         if view is not None and len(view) != len(self.dataset):  # type: ignore[arg-type]
@@ -1064,11 +1101,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         shipped = None
         if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
             shipped = ship_dataset(served, self.multiprocessing_context)
+        table = None
+        if self.reuse_buffers and streams(self) and get_sharing_strategy() == "file_descriptor":
+            table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)
+        self._torch_ring = None if table is None else MainRing(table)
         try:
             with (
                 frozen_heap(self.multiprocessing_context),
                 _served(self, view if shipped is None else shipped),
-                _worker_init(self),
+                _worker_init(self, table),
             ):
                 it = super().__iter__()
         finally:

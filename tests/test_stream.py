@@ -6,9 +6,13 @@ streaming on, as a worker has it.
 
 from __future__ import annotations
 
+import os
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -16,7 +20,7 @@ from torch.utils.data import default_collate
 from torchvision import transforms as tv
 
 import fastload
-from fastload import _stream
+from fastload import _stream, _worker
 
 
 class _Identity:
@@ -245,3 +249,239 @@ def test_without_batching_samples_are_converted_as_torch_does(imagenet_root: Pat
     for (image, label), (ref_image, ref_label) in zip(got, want, strict=True):
         assert type(image) is torch.Tensor and torch.equal(image, ref_image)
         assert type(label) is type(ref_label) and label == ref_label
+
+
+# ------------------------------------------------------------------ reused batch segments (the ring)
+
+
+def _inode(t: torch.Tensor) -> int:
+    return os.fstat(t.untyped_storage()._get_shared_fd()).st_ino  # type: ignore[attr-defined]
+
+
+def _float_pipeline() -> tv.Compose:
+    """Deterministic float samples of 110 KB: a batch of 10 is over RING_MIN_BYTES."""
+    return tv.Compose([tv.Resize(100), tv.CenterCrop(96), tv.ToTensor(), _Identity()])
+
+
+@pytest.fixture(scope="module")
+def float_set(imagenet_root: Path) -> torchvision.datasets.ImageFolder:
+    return torchvision.datasets.ImageFolder(imagenet_root / "train", transform=_float_pipeline())
+
+
+@pytest.fixture(scope="module")
+def float_want(float_set: torchvision.datasets.ImageFolder) -> list[list[torch.Tensor]]:
+    return list(torch.utils.data.DataLoader(float_set, batch_size=10, num_workers=2))
+
+
+def _same(got: list[Any], want: list[Any]) -> bool:
+    return len(got) == len(want) and all(
+        torch.equal(a, b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True)
+    )
+
+
+@pytest.fixture
+def never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked workers do not drop their free segments when idle (a loaded machine can make them
+    wait between passes), so which segments batches come in is exactly the ring's doing."""
+    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", None)
+
+
+def test_the_usual_loop_reuses_batch_segments(
+    float_set: torchvision.datasets.ImageFolder, float_want: list[Any], never_idle: None
+) -> None:
+    """32 samples in batches of 10: three full batches (1.1 MB each, in ring segments) and one of 2
+    (too small for one). Every pass gives torch's batches, and the later passes send the full
+    batches in the segments the first pass made (torch makes a new segment for every batch)."""
+    assert float_want[0][0].nbytes >= _stream.RING_MIN_BYTES > float_want[-1][0].nbytes
+    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    assert not loader.fast_path and loader.persistent_workers
+    seen = []
+    for _ in range(3):
+        got = []
+        for x, y in loader:
+            got.append([x, y])
+            seen.append(_inode(x))
+        assert _same(got, float_want)
+        del got, x, y
+    loader.close()
+    full = [ino for k, ino in enumerate(seen) if k % 4 != 3]
+    assert len(set(full)) <= 4 < len(full), seen  # at most a segment or two per worker, reused
+    assert len(set(seen[3::4])) == 3  # the short batch: a new segment each pass, as torch's
+
+
+def test_no_reuse_without_reuse_buffers(float_set: torchvision.datasets.ImageFolder) -> None:
+    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, reuse_buffers=False)
+    seen = [_inode(x) for _ in range(2) for x, _ in loader]
+    loader.close()
+    assert len(set(seen)) == len(seen) == 8
+
+
+@pytest.mark.parametrize(("persistent", "method"), [(True, "fork"), (False, "fork"), (True, "spawn")])
+def test_kept_batches_are_never_written_over(
+    float_set: torchvision.datasets.ImageFolder, float_want: list[Any], persistent: bool, method: str
+) -> None:
+    """Batches the consumer keeps (whole, as a view, or as a numpy array) keep their values while
+    the loader goes on: their segments are not reused until nothing refers to them."""
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=2, persistent_workers=persistent, multiprocessing_context=method
+    )
+    kept = list(loader)
+    views = [x[1:3] for x, _ in loader]  # only a view of each batch is left of this pass
+    arrays = [x.numpy() for x, _ in loader]
+    expected_views = [w[0][1:3] for w in float_want]
+    for _ in range(2):
+        assert _same(list(loader), float_want)
+    loader.close()
+    assert _same(kept, float_want)
+    assert all(torch.equal(v, e) for v, e in zip(views, expected_views, strict=True))
+    assert all(np.array_equal(a, w[0].numpy()) for a, w in zip(arrays, float_want, strict=True))
+
+
+def test_a_pass_left_early_gives_its_segments_back(
+    float_set: torchvision.datasets.ImageFolder, float_want: list[Any], never_idle: None
+) -> None:
+    """With persistent workers, a pass left after one batch: torch drops the batches in flight as
+    the next pass starts; their segments are reused afterwards, and the batches are torch's."""
+    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    for _ in range(3):
+        for _batch in loader:
+            break
+    del _batch
+    seen = []
+    for _ in range(3):
+        got = [[x, y] for x, y in loader]
+        assert _same(got, float_want)
+        seen += [_inode(b[0]) for b in got[:3]]
+        del got
+    ring = loader._torch_ring
+    assert ring is not None
+    ring.poll()  # (a pass frees what the consumer dropped at its next batch; here, now)
+    rows = ring.rows
+    made = set(rows[:, :, 0][rows[:, :, 0] > 0].tolist())
+    assert set(seen) <= made  # all full batches came in ring segments
+    assert (rows[:, :, 3] == rows[:, :, 1]).all()  # and every segment is free again
+    loader.close()
+
+
+def test_idle_workers_give_their_segments_back(
+    float_set: torchvision.datasets.ImageFolder, float_want: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Persistent workers that wait for the next pass drop their free segments, and the main process
+    has let go of its mappings of them at the end of the pass: their memory goes back to the system.
+    The next pass makes new ones and gives torch's batches."""
+    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", 0.2)
+    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    _one_pass(loader, float_want)
+    ring = loader._torch_ring
+    assert ring is not None and not ring.held  # let go at the end of the pass (no batch kept)
+    made = set(ring.rows[:, :, 0].ravel()) - {0}
+    assert len(made) >= 2
+    deadline = time.monotonic() + 30
+    while (ring.rows[:, :, 0] > 0).any() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (ring.rows[:, :, 0] > 0).any()  # every worker dropped its segments
+    _one_pass(loader, float_want)
+    remade = set(ring.rows[:, :, 0].ravel()) - {0}
+    assert len(remade) >= 2 and not remade & made
+    loader.close()
+
+
+def _one_pass(loader: Any, want: list[Any]) -> None:
+    """A loop that keeps no batch when it ends."""
+    n = 0
+    for x, y in loader:
+        assert torch.equal(x, want[n][0]) and torch.equal(y, want[n][1])
+        n += 1
+        del x, y
+    assert n == len(want)
+
+
+def test_main_frees_only_the_send_it_received() -> None:
+    """The protocol: a segment is freed for its worker with the count of the send the main process
+    received, once nothing there refers to it; a newer send it has not received keeps it busy."""
+    table = _stream.ring_table(1, 2)
+    main = _stream.MainRing(table)
+    storage = torch.UntypedStorage._new_shared(_stream.RING_MIN_BYTES)
+    rows = table[0].numpy()
+    rows[1, 0] = _inode(torch.empty(0, dtype=torch.uint8).set_(storage))
+    rows[1, 1] = 1  # the worker sent it once
+    batch = torch.empty(0, dtype=torch.uint8).set_(storage)
+    del storage
+    main.received([batch, torch.zeros(3)])
+    main.poll()
+    assert rows[1, 3] == 0  # the batch is still referenced
+    view = batch[5:9]
+    del batch
+    main.poll()
+    assert rows[1, 3] == 0  # a view of it too
+    del view
+    rows[1, 1] = 2  # the worker sent it again (as if freed): the main process has not received that
+    main.poll()
+    assert rows[1, 3] == 1  # freed is the receipt's count: 1 != 2, so the worker keeps off it
+    main.poll()
+    assert rows[1, 3] == 1
+
+
+class _Probe:
+    """A transform whose output is a 4 MB tensor; logs the worker's Private_Dirty before each one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        rollup = Path("/proc/self/smaps_rollup").read_text()
+        private = next(line.split()[1] for line in rollup.splitlines() if line.startswith("Private_Dirty"))
+        with open(self.path, "a") as f:
+            f.write(private + "\n")
+        return torch.ones(4 * 2**20, dtype=torch.uint8)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="reads /proc")
+def test_a_busy_worker_writes_into_memory_the_main_process_maps(imagenet_root: Path, tmp_path: Path) -> None:
+    """The point of the ring: while a worker builds a batch in a segment the main process has
+    mapped (and read), those pages are shared, not the worker's private memory. Measured in the
+    worker before the last sample of each batch (7 of 8 rows of 4 MB written) in the second half
+    of a pass of 12 batches: with new segments (``reuse_buffers=False``, torch's way) they count
+    as private, in the ring they do not."""
+    private = {}
+    for reuse in (False, True):
+        log = tmp_path / f"{reuse}.txt"
+        dataset = fastload.ImageFolder(imagenet_root / "train", transform=_Probe(log))
+        sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=96)
+        loader = fastload.DataLoader(
+            dataset,
+            batch_size=8,
+            sampler=sampler,
+            num_workers=1,
+            reuse_buffers=reuse,
+            multiprocessing_context="spawn",
+        )
+        for x, _y in loader:
+            assert int(x[:, :4096].sum()) == 8 * 4096  # the consumer reads its batch (all of it:)
+            x.sum()
+        loader.close()
+        kb = [int(v) for v in log.read_text().split()]
+        assert len(kb) == 96
+        private[reuse] = statistics.median(kb[k] for k in range(55, 96, 8))  # batches 7-12, 7 rows in
+    # 28 MB of rows written: private with new segments, shared in the ring (measured: ~29 MB apart)
+    assert private[False] - private[True] > 20 * 1024, private
+
+
+def test_a_batch_kept_past_the_end_of_a_pass_is_freed_when_dropped() -> None:
+    """At the end of a pass the main process lets go of its mappings; the segment of a batch the
+    consumer still holds (the loop variable) is freed for its worker once that batch is gone."""
+    table = _stream.ring_table(1, 1)
+    main = _stream.MainRing(table)
+    storage = torch.UntypedStorage._new_shared(_stream.RING_MIN_BYTES)
+    rows = table[0].numpy()
+    batch = torch.empty(0, dtype=torch.uint8).set_(storage)
+    rows[0, 0], rows[0, 1] = _inode(batch), 3
+    del storage
+    main.received((batch,))
+    main.release()
+    assert not main.held and rows[0, 3] == 0  # let go of, not freed: the batch is still here
+    view = batch[:10]
+    del batch
+    assert rows[0, 3] == 0
+    del view
+    assert rows[0, 3] == 3
