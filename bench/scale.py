@@ -36,9 +36,11 @@ Usage::
    loop stopped and the workers done with the batches they were given (their CPU time stops
    growing, plus 2 s), each worker's private memory again ("idle": what a worker keeps, against
    what it uses while it builds a batch).
-3. With spawn (unless ``--no-spawn``): each pipeline again in a fresh process, time from
-   ``iter()`` to the first batch (what each worker is sent is pickled and unpickled in it), and
-   in parentheses how long ``iter()`` itself took (starting the workers).
+3. With spawn, then with forkserver (unless ``--no-spawn``): each pipeline again in a fresh
+   process, time from ``iter()`` to the first batch (what each worker is sent is pickled and
+   unpickled in it; a forkserver starts with the first worker, and fastload has it import the
+   libraries the workers need first), and in parentheses how long ``iter()`` itself took
+   (starting the workers).
 
 The default run takes about 15 minutes on 2 shared cores; ``--files 20000 --batches 20`` about
 two. Prints a table and writes ``--json``.
@@ -59,6 +61,7 @@ import time
 from typing import Any
 
 PIPELINES = ("torch", "fastload", "fl+tv", "swap")
+START_METHODS = ("spawn", "forkserver")  # the start-up runs (fork: the main runs)
 CHECKPOINT = 100  # the middle snapshot: growth after it is growth that does not level off
 
 
@@ -271,7 +274,8 @@ def _idle_mb(record: dict[str, Any]) -> float:
 
 
 def _print_table(result: dict[str, Any]) -> None:
-    runs, spawn = result["fork"], result.get("spawn", {})
+    runs = result["fork"]
+    starts = {method: result[method] for method in START_METHODS if method in result}
     ks = list(next(iter(runs.values()))["snapshots"])
     ks_label = " -> ".join(ks)
     print(
@@ -283,7 +287,7 @@ def _print_table(result: dict[str, Any]) -> None:
         f"{'pipeline':<9} {'path':<6} {'private MB':>22} {'idle MB':>8} {'PSS MB':>22} {'main RSS':>9} "
         f"{'1st fork':>9}"
     )
-    print(head + (f" {'1st spawn (start)':>18}" if spawn else ""))
+    print(head + "".join(f" {'1st ' + method + ' (start)':>23}" for method in starts))
     for name, rec in runs.items():
         private = " -> ".join(f"{_worker_mb(rec, k, 'private_mb'):.0f}" for k in ks)
         pss = " -> ".join(f"{_worker_mb(rec, k, 'pss_mb'):.0f}" for k in ks)
@@ -292,8 +296,8 @@ def _print_table(result: dict[str, Any]) -> None:
             f"{name:<9} {rec['path']:<6} {private:>22} {idle:>8.0f} {pss:>22} "
             f"{rec['snapshots'][ks[-1]]['main_rss_mb']:>9.0f} {rec['first_batch_s']:>8.2f}s"
         )
-        if spawn:
-            line += f" {spawn[name]['first_batch_s']:>9.2f}s ({spawn[name]['start_s']:.2f}s)"
+        for method_runs in starts.values():
+            line += f" {method_runs[name]['first_batch_s']:>14.2f}s ({method_runs[name]['start_s']:.2f}s)"
         print(line)
     for lib, scan in result["scan"].items():
         print(
@@ -330,11 +334,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in PIPELINES:
             fork[name] = _run_child(args, name, "fork", split, args.batches)
             print(f"  {name}: fork run done", flush=True)
-        spawn: dict[str, Any] = {}
+        starts: dict[str, dict[str, Any]] = {}
         if not args.no_spawn:
-            for name in PIPELINES:
-                spawn[name] = _run_child(args, name, "spawn", split, 1)
-                print(f"  {name}: spawn run done", flush=True)
+            for method in START_METHODS:
+                starts[method] = {}
+                for name in PIPELINES:
+                    starts[method][name] = _run_child(args, name, method, split, 1)
+                    print(f"  {name}: {method} run done", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result: dict[str, Any] = {
@@ -346,10 +352,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "size": args.size,
         "recognised": args.recognised,
         "fork": fork,
-        "scan": _scan_summary([*fork.values(), *spawn.values()]),
+        "scan": _scan_summary([*fork.values(), *(r for runs in starts.values() for r in runs.values())]),
     }
-    if spawn:
-        result["spawn"] = spawn
+    result.update(starts)
     return result
 
 
@@ -363,7 +368,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--size", type=int, default=224, help="output size of the crop")
     p.add_argument("--recognised", action="store_true", help="torchvision pipeline without the Lambda")
-    p.add_argument("--no-spawn", action="store_true", help="skip the spawn start-up runs")
+    p.add_argument("--no-spawn", action="store_true", help="skip the spawn and forkserver start-up runs")
     p.add_argument("--tree-parent", default=None, help="folder to build the tree in (default: the temp dir)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--_child", nargs=3, metavar=("PIPELINE", "METHOD", "SPLIT"), help=argparse.SUPPRESS)

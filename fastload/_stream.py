@@ -196,7 +196,7 @@ class MainRing:
         """Frees every received segment nothing in this process refers to any more, and lets go of
         the mappings of segments their worker has dropped (:meth:`WorkerRing.drop_free`)."""
         gone = []
-        for (w, k), entry in self.held.items():
+        for (w, k), entry in list(self.held.items()):
             if entry[1] and torch._C._storage_Use_Count(entry[0]._cdata) == 1:
                 self.rows[w, k, _FREED] = entry[1]
                 entry[1] = 0
@@ -215,6 +215,10 @@ class MainRing:
             if entry[1]:
                 weakref.finalize(entry[0], _free_later, self.table, seg, entry[1])
             self._drop(seg)
+
+    def pass_number(self) -> int:
+        """The number of the pass sends are made for now (see :meth:`new_pass`)."""
+        return int(self.pass_cell[0])
 
     def new_pass(self) -> None:
         """Called before torch's iterator starts a pass with persistent workers: sends from here

@@ -55,7 +55,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -626,23 +626,70 @@ def _process_bound(obj: object) -> Any:
     raise _ProcessBound(type(obj).__qualname__)
 
 
-def _portable_pickle(obj: Any) -> bytes | None:
+class _NotingPickler(pickle.Pickler):
+    """A pickler that notes the top-level package of every class and function it pickles."""
+
+    def __init__(self, file: IO[bytes], packages: set[str]) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.packages = packages
+
+    def reducer_override(self, obj: Any) -> Any:
+        module = getattr(obj, "__module__", None) if isinstance(obj, type) or callable(obj) else None
+        if not isinstance(module, str):
+            module = type(obj).__module__
+        self.packages.add(module.partition(".")[0])
+        return NotImplemented  # pickled as usual
+
+
+def _portable_pickle(obj: Any, packages: set[str] | None = None) -> bytes | None:
     """``obj`` pickled as multiprocessing's ``ForkingPickler`` would, if any number of processes can
     load that one pickle; ``None`` otherwise (a tensor, queue, lock, socket, connection inside, or
     anything that does not pickle outside a process start: it is then sent as usual, where any
-    real error is reported)."""
+    real error is reported). The top-level packages of the classes and functions in it are added
+    to ``packages``, if given."""
     buf = io.BytesIO()
     table = dict(multiprocessing.reduction.ForkingPickler(io.BytesIO()).dispatch_table)
     for cls, reducer in table.items():
         if copyreg.dispatch_table.get(cls) is not reducer and not issubclass(cls, _PURE_REDUCTIONS):
             table[cls] = _process_bound
-    pickler = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    pickler = (
+        pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL) if packages is None else _NotingPickler(buf, packages)
+    )
     pickler.dispatch_table = table
     try:
         pickler.dump(obj)
     except Exception:  # noqa: BLE001 - any failure: the usual per-worker pickling decides
         return None
     return buf.getvalue()
+
+
+#: Packages a forkserver imports before it forks workers (:func:`preload_forkserver`) when what
+#: the workers are sent refers to them; only libraries whose import has no effect on the process
+#: beyond loading them (never the user's own modules, whose import may do anything).
+PRELOADABLE = ("torch", "torchvision", "numpy", "PIL", "fastload")
+
+
+def preload_forkserver(context: Any, packages: set[str]) -> list[str] | None:
+    """Before the first forkserver worker starts: has the forkserver import ``torch``, ``fastload``
+    and those of ``packages`` that are in :data:`PRELOADABLE` and imported here, as well as what
+    it preloads already (``__main__`` by default). Each worker then forks from a process that has
+    them instead of importing them itself (``import torch`` and ``import torchvision`` take
+    seconds). Returns the new preload list, or ``None`` when nothing changed (another start
+    method, or the forkserver runs already: it reads the list once, when it starts)."""
+    if start_method(context) != "forkserver":
+        return None
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is not None:
+        return None
+    current = list(getattr(server, "_preload_modules", ["__main__"]))
+    wanted = {"torch", "fastload"} | (packages & set(PRELOADABLE))
+    added = [name for name in PRELOADABLE if name in wanted and name in sys.modules and name not in current]
+    if not added:
+        return None
+    forkserver.set_forkserver_preload(current + added)
+    return current + added
 
 
 def _anonymous_file(data: bytes) -> int:
@@ -722,14 +769,24 @@ class ShippedDataset:
         return f"ShippedDataset({self.dataset!r}, {self.nbytes} bytes)"
 
 
-def ship_dataset(dataset: Any, context: Any) -> ShippedDataset | None:
+def ship_dataset(dataset: Any, context: Any, *also_sent: Any) -> ShippedDataset | None:
     """The dataset to hand to the workers about to start with ``context``: a
     :class:`ShippedDataset` when they are spawned or forkserver-started (on POSIX) and the dataset
     pickles to at least :data:`SHIP_MIN_BYTES` in one pickle any number of workers can load, else
-    ``None`` (hand them ``dataset`` itself). The caller closes it once the workers started."""
-    if os.name != "posix" or start_method(context) not in ("spawn", "forkserver"):
+    ``None`` (hand them ``dataset`` itself). The caller closes it once the workers started.
+
+    Forkserver workers: the libraries the dataset and ``also_sent`` (e.g. a ``worker_init_fn``)
+    refer to are preloaded by the forkserver, if it has not started yet (:func:`preload_forkserver`).
+    """
+    method = start_method(context)
+    if os.name != "posix" or method not in ("spawn", "forkserver"):
         return None  # forked workers inherit the dataset; Windows passes handles differently
-    data = _portable_pickle(dataset)
+    packages: set[str] | None = set() if method == "forkserver" else None
+    data = _portable_pickle(dataset, packages)
+    if packages is not None:
+        for obj in also_sent:
+            _portable_pickle(obj, packages)
+        preload_forkserver(context, packages)
     if data is None or len(data) < SHIP_MIN_BYTES:
         return None
     return ShippedDataset(dataset, data)

@@ -503,6 +503,7 @@ class _TorchPass:
         self.it = torch_iter
         self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
         self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
+        self.ring_pass = None if ring is None else ring.pass_number()
         for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
             next(self)
 
@@ -519,11 +520,13 @@ class _TorchPass:
         return batch
 
     def close(self) -> None:
-        if self.ring is not None:
-            if self.keep_ring:
-                self.ring.release()  # the workers stay: they drop what is free when idle
-            else:
-                self.ring.clear()
+        ring = self.ring
+        if ring is None:
+            return
+        if not self.keep_ring:
+            ring.clear()
+        elif ring.pass_number() == self.ring_pass:  # not when a later pass uses the ring already
+            ring.release()  # the workers stay: they drop what is free when idle
 
 
 class _OnePass:
@@ -1100,7 +1103,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         served = view if view is not None else self.dataset
         shipped = None
         if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
-            shipped = ship_dataset(served, self.multiprocessing_context)
+            shipped = ship_dataset(served, self.multiprocessing_context, self.worker_init_fn, self.collate_fn)
         table = None
         if self.reuse_buffers and streams(self) and get_sharing_strategy() == "file_descriptor":
             table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)

@@ -6,6 +6,7 @@ streaming on, as a worker has it.
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -347,6 +348,15 @@ def test_a_pass_left_early_gives_its_segments_back(
         for _batch in loader:
             break
     del _batch
+    first = iter(loader)
+    next(first)
+    second = iter(loader)  # a new pass while the old one's iterator is still there
+    got = [next(second)]
+    del first
+    gc.collect()  # the old pass ends now: the live one's segments stay as they are
+    got += list(second)
+    assert _same(got, float_want)
+    del got, second
     seen = []
     for _ in range(3):
         got = [[x, y] for x, y in loader]

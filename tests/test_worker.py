@@ -391,3 +391,84 @@ def test_idle_torch_workers_give_back_the_last_batch(
     kept = idle_private(trim=False)  # the control: glibc keeps the samples' memory for the next batch
     trimmed = idle_private(trim=True)
     assert trimmed < 25 * 2**20 and kept > trimmed + 20 * 2**20, (kept, trimmed)
+
+
+# ------------------------------------------------------ forkserver: the libraries imported once, there
+
+_FORKSERVER_SCRIPT = """
+import multiprocessing.forkserver, os, sys, time
+from pathlib import Path
+import torch, torchvision
+from torchvision import transforms as v1
+import fastload
+import fastload._worker
+
+def parent_maps(worker_id):
+    # the forkserver is the worker's parent: which of these libraries has it loaded?
+    maps = Path(f"/proc/{os.getppid()}/maps").read_text()
+    found = sorted(name for name in ("torch", "torchvision") if f"/{name}/" in maps)
+    Path(sys.argv[2], f"w{worker_id}").write_text(" ".join(found))
+
+if __name__ == "__main__":
+    preload = [x for x in sys.argv[3].split(",") if x]
+    fastload._worker.PRELOADABLE = tuple(preload)
+    transform = v1.Compose([v1.Resize(16), v1.CenterCrop(16), v1.PILToTensor(), v1.ColorJitter(0.3)])
+    dataset = fastload.ImageFolder(sys.argv[1], transform=transform)
+    loader = fastload.DataLoader(
+        dataset, batch_size=4, num_workers=2, multiprocessing_context="forkserver", worker_init_fn=parent_maps
+    )
+    assert not loader.fast_path
+    t0 = time.perf_counter()
+    x, y = next(iter(loader))
+    print("first batch", time.perf_counter() - t0, "s; labels", y.tolist())
+    print("preload", multiprocessing.forkserver._forkserver._preload_modules)
+    loader.close()
+"""
+
+
+def test_a_forkserver_preloads_the_libraries_the_workers_need(imagenet_root: Path, tmp_path: Path) -> None:
+    """The forkserver imports torch, torchvision (the transforms sent to the workers are
+    torchvision's) and fastload before it forks the workers, besides the main module; the test's
+    own modules are not imported there. The control: with nothing preloadable, it has neither."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "forkserver_preload.py"
+    script.write_text(_FORKSERVER_SCRIPT)
+    for preloadable in (fastload._worker.PRELOADABLE, ()):
+        report = tmp_path / f"report-{len(preloadable)}"
+        report.mkdir()
+        run = subprocess.run(
+            [sys.executable, str(script), str(imagenet_root / "train"), str(report), ",".join(preloadable)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        labels = [int(t) for t in fastload.ImageFolder(imagenet_root / "train").targets[:4]]
+        assert f"labels {labels}" in run.stdout
+        seen = {p.read_text() for p in report.iterdir()}
+        if preloadable:
+            assert seen == {"torch torchvision"}, seen
+            # numpy: fastload's index is numpy arrays
+            assert "['__main__', 'torch', 'torchvision', 'numpy', 'fastload']" in run.stdout, run.stdout
+        else:
+            assert seen == {""}, seen  # the default: each worker imports them itself
+            assert "preload ['__main__']" in run.stdout, run.stdout
+
+
+def test_only_the_forkserver_is_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing import forkserver
+
+    import torchvision  # noqa: F401 - only what this process has imported is preloaded
+
+    assert fastload._worker.preload_forkserver("spawn", {"torchvision"}) is None
+    assert fastload._worker.preload_forkserver("fork", {"torchvision"}) is None
+    calls: list[list[str]] = []
+    monkeypatch.setattr(forkserver, "set_forkserver_preload", calls.append)
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 12345)  # running already
+    assert fastload._worker.preload_forkserver("forkserver", {"torchvision"}) is None
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
+    monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__", "mine"])
+    got = fastload._worker.preload_forkserver("forkserver", {"torchvision", "tests", "mylib"})
+    assert got == calls[0] == ["__main__", "mine", "torch", "torchvision", "fastload"]
