@@ -669,13 +669,33 @@ def _portable_pickle(obj: Any, packages: set[str] | None = None) -> bytes | None
 PRELOADABLE = ("torch", "torchvision", "numpy", "PIL", "fastload")
 
 
+def main_module_packages() -> set[str]:
+    """The top-level packages the main module's globals refer to (modules it imported, and the
+    classes and functions it imported from them)."""
+    main = sys.modules.get("__main__")
+    found = set()
+    for value in list(getattr(main, "__dict__", {}).values()):
+        name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str):
+            found.add(name.partition(".")[0])
+    return found
+
+
 def preload_forkserver(context: Any, packages: set[str]) -> list[str] | None:
     """Before the first forkserver worker starts: has the forkserver import ``torch``, ``fastload``
-    and those of ``packages`` that are in :data:`PRELOADABLE` and imported here, as well as what
-    it preloads already (``__main__`` by default). Each worker then forks from a process that has
-    them instead of importing them itself (``import torch`` and ``import torchvision`` take
-    seconds). Returns the new preload list, or ``None`` when nothing changed (another start
-    method, or the forkserver runs already: it reads the list once, when it starts)."""
+    and those of :data:`PRELOADABLE` that ``packages`` or the main module refer to and that are
+    imported here, besides what it preloads already. Each worker then forks from a process that
+    has them instead of importing them itself (``import torch`` and ``import torchvision`` take
+    seconds each).
+
+    Why the main module's: a forkserver worker runs the main module again as it starts, as a
+    spawned one does (Python 3.11's forkserver does not preload ``__main__``, although its default
+    preload list names it: the start data it reads lacks the main module's path), so a script
+    that imports torch and torchvision at the top has each worker import them again, unless the
+    forkserver has them already.
+
+    Returns the new preload list, or ``None`` when nothing changed (another start method, or the
+    forkserver runs already: it reads the list once, when it starts)."""
     if start_method(context) != "forkserver":
         return None
     from multiprocessing import forkserver
@@ -684,7 +704,7 @@ def preload_forkserver(context: Any, packages: set[str]) -> list[str] | None:
     if server is None or getattr(server, "_forkserver_pid", None) is not None:
         return None
     current = list(getattr(server, "_preload_modules", ["__main__"]))
-    wanted = {"torch", "fastload"} | (packages & set(PRELOADABLE))
+    wanted = {"torch", "fastload"} | ((packages | main_module_packages()) & set(PRELOADABLE))
     added = [name for name in PRELOADABLE if name in wanted and name in sys.modules and name not in current]
     if not added:
         return None

@@ -140,12 +140,22 @@ def pipeline_split(pipeline: str) -> str:
     return "train" if pipeline == "train" else "val"
 
 
-def _torchvision_transform(pipeline: str) -> Any:
+class Unrecognised:
+    """An op that returns its input and that fastload does not reproduce: a pipeline ending with
+    it runs on torch's iterator (backend ``swap-torch-path``)."""
+
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+def _torchvision_transform(pipeline: str, unrecognised: bool = False) -> Any:
     tv = torchvision.transforms
     normalize = tv.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     if pipeline == "train":
-        return tv.Compose([tv.RandomResizedCrop(224), tv.RandomHorizontalFlip(), tv.ToTensor(), normalize])
-    return tv.Compose([tv.Resize(256), tv.CenterCrop(224), tv.ToTensor(), normalize])
+        ops = [tv.RandomResizedCrop(224), tv.RandomHorizontalFlip(), tv.ToTensor(), normalize]
+    else:
+        ops = [tv.Resize(256), tv.CenterCrop(224), tv.ToTensor(), normalize]
+    return tv.Compose(ops + [Unrecognised()] if unrecognised else ops)
 
 
 class _ToDevice:
@@ -165,10 +175,14 @@ class _ToDevice:
 
 
 def _build_torchvision(
-    config: BenchConfig, pipeline: str, num_workers: int, loader_class: Any = torch.utils.data.DataLoader
+    config: BenchConfig,
+    pipeline: str,
+    num_workers: int,
+    loader_class: Any = torch.utils.data.DataLoader,
+    unrecognised: bool = False,
 ) -> Iterable[Any]:
     dataset = torchvision.datasets.ImageFolder(
-        str(config.data / pipeline_split(pipeline)), transform=_torchvision_transform(pipeline)
+        str(config.data / pipeline_split(pipeline)), transform=_torchvision_transform(pipeline, unrecognised)
     )
     loader = loader_class(
         dataset,
@@ -201,6 +215,20 @@ register_backend(
         "swap",
         _build_swapped,
         description="the baseline with only torch's DataLoader class replaced by fastload.DataLoader",
+    )
+)
+
+
+def _build_swapped_torch_path(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+    """``swap`` with an op fastload does not reproduce at the end of the pipeline: torch's iterator."""
+    return _build_torchvision(config, pipeline, num_workers, loader_class=DataLoader, unrecognised=True)
+
+
+register_backend(
+    Backend(
+        "swap-torch-path",
+        _build_swapped_torch_path,
+        description="swap, with an op fastload does not reproduce (returns its input): torch's iterator",
     )
 )
 

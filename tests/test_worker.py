@@ -472,3 +472,30 @@ def test_only_the_forkserver_is_preloaded(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__", "mine"])
     got = fastload._worker.preload_forkserver("forkserver", {"torchvision", "tests", "mylib"})
     assert got == calls[0] == ["__main__", "mine", "torch", "torchvision", "fastload"]
+
+
+def test_what_the_main_module_imports_is_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forkserver worker runs the main module again as it starts: the libraries it imported at
+    the top (as modules or names) are preloaded too, whatever the dataset refers to."""
+    import types
+    from multiprocessing import forkserver
+
+    import PIL.Image
+
+    main = types.ModuleType("__main__")
+    main.np = np  # type: ignore[attr-defined]
+    main.Image = PIL.Image.Image  # type: ignore[attr-defined]
+    main.mine = types.ModuleType("my_project.data")  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, "__main__", main)
+    assert fastload._worker.main_module_packages() >= {"numpy", "PIL", "my_project"}
+    calls: list[list[str]] = []
+    monkeypatch.setattr(forkserver, "set_forkserver_preload", calls.append)
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
+    monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__"])
+    assert fastload._worker.preload_forkserver("forkserver", set()) == [
+        "__main__",
+        "torch",
+        "numpy",
+        "PIL",
+        "fastload",
+    ]
