@@ -139,10 +139,6 @@ def drop_idle_ring() -> None:
         _RING.drop_free()
 
 
-def _free_later(table: torch.Tensor, seg: tuple[int, int], count: int) -> None:
-    table[seg[0], seg[1], _FREED] = count
-
-
 class MainRing:
     """The main process's side of a ring table: the segments it received and when they are free.
 
@@ -156,6 +152,8 @@ class MainRing:
         #: segment (worker, k) -> [its storage, kept mapped; the send count to free, or 0; its inode]
         self.held: dict[tuple[int, int], list[Any]] = {}
         self.by_storage: dict[int, tuple[int, int]] = {}  # storage _cdata -> segment
+        #: segments let go of while still in use (see :meth:`release`): freed by a finalizer
+        self.finalizing: set[tuple[int, int]] = set()
 
     def _segment(self, storage: torch.UntypedStorage) -> tuple[int, int] | None:
         seg = self.by_storage.get(storage._cdata)
@@ -213,8 +211,14 @@ class MainRing:
         self.poll()
         for seg, entry in list(self.held.items()):
             if entry[1]:
-                weakref.finalize(entry[0], _free_later, self.table, seg, entry[1])
+                self.finalizing.add(seg)
+                weakref.finalize(entry[0], self._finalized, seg, entry[1])
             self._drop(seg)
+
+    def _finalized(self, seg: tuple[int, int], count: int) -> None:
+        """The last tensor of a segment let go of in use is gone (any thread): it is free."""
+        self.rows[seg[0], seg[1], _FREED] = count
+        self.finalizing.discard(seg)
 
     def pass_number(self) -> int:
         """The number of the pass sends are made for now (see :meth:`new_pass`)."""
@@ -232,6 +236,8 @@ class MainRing:
         lost = (rows[:, :, _PASS] < now) & (rows[:, :, _FREED] < rows[:, :, _SENT])
         for w, k in zip(*lost.nonzero(), strict=True):
             seg = (int(w), int(k))
+            if seg in self.finalizing:
+                continue  # received, and still in use here: its finalizer frees it
             entry = self.held.get(seg)
             if entry is None:
                 rows[seg[0], seg[1], _FREED] = rows[seg[0], seg[1], _SENT]  # never mapped here

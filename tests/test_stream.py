@@ -495,3 +495,42 @@ def test_a_batch_kept_past_the_end_of_a_pass_is_freed_when_dropped() -> None:
     assert rows[0, 3] == 0
     del view
     assert rows[0, 3] == 3
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_the_loop_variable_keeps_the_last_batch_intact_through_the_next_pass(
+    float_set: torchvision.datasets.ImageFolder, persistent: bool
+) -> None:
+    """The usual epoch loop: when the next pass starts, the loop variable still holds the last
+    batch of the one before (in a ring segment: 16 samples, 1.8 MB). It must stay intact while
+    the next pass (shuffled: other batches) runs; the passes' batches are those of a loader that
+    reuses nothing."""
+    assert 16 * float_set[0][0].nbytes >= _stream.RING_MIN_BYTES
+
+    def passes(reuse: bool) -> list[list[list[torch.Tensor]]]:
+        loader = fastload.DataLoader(
+            float_set,
+            batch_size=16,
+            shuffle=True,
+            seed=5,
+            num_workers=2,
+            persistent_workers=persistent,
+            reuse_buffers=reuse,
+        )
+        previous = kept = None
+        runs = []
+        for _ in range(4):
+            got = []
+            for x, y in loader:
+                got.append([x.clone(), y.clone()])
+                if previous is not None:
+                    assert torch.equal(previous, kept)  # the last pass's last batch, untouched
+            runs.append(got)
+            previous, kept = x, x.clone()  # the loop variable, as it is when the next pass starts
+        loader.close()
+        assert torch.equal(previous, kept)
+        return runs
+
+    reused, fresh = passes(True), passes(False)
+    assert all(_same(a, b) for a, b in zip(reused, fresh, strict=True))
+    assert not _same(reused[0], reused[1])  # shuffled: the passes differ
