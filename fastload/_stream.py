@@ -25,8 +25,10 @@ main process map and fault in page by page (at batch 256 of 224 px float32, 154 
 batch), and which stays private to the worker while it builds the batch. A worker started with a
 ring table (:func:`ring_table`, filled in by :class:`WorkerRing` and :class:`MainRing`) builds a
 streamed batch tensor of at least :data:`RING_MIN_BYTES` in one of its own segments instead, when
-one of that exact size is free, or makes a new one while it has fewer than the table has room for;
-otherwise torch's new segment as before. The main process keeps each ring segment it receives
+one of that exact size is free, or makes a new one while it has fewer than the table has room for
+(else in place of a free one of another size: the batch size or shape changed); otherwise torch's
+new segment as before. A segment is sent once the batch's collate has returned (a batch whose
+collate raises is not sent, its segment stays free). The main process keeps each ring segment it receives
 mapped (torch's shared-storage cache then hands the same mapping back for the next batch in it),
 and frees it for its worker only once no tensor, view or array of it is left there (its storage's
 use count), so a batch the consumer keeps is never written over. Sent segments the main process
@@ -36,6 +38,7 @@ next pass) are taken back at the next pass (:meth:`MainRing.new_pass`).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -101,7 +104,8 @@ class WorkerRing:
                     self.storages[k] = None
 
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
-        """A free segment of exactly ``nbytes`` (made if there is room), or ``None``."""
+        """A free segment of exactly ``nbytes`` (made if there is room, or in place of a free one of
+        another size), or ``None``."""
         if nbytes < RING_MIN_BYTES:
             return None
         with self.lock:
@@ -116,8 +120,17 @@ class WorkerRing:
             elif k not in claimed and storage.nbytes() == nbytes and rows[k, _FREED] == rows[k, _SENT]:
                 self.claimed[storage.data_ptr()] = k
                 return storage
-        if empty is None:
-            return None
+        if empty is None:  # no room: a free segment of another size makes way (the batch size changed)
+            empty = next(
+                (
+                    k
+                    for k, storage in enumerate(self.storages)
+                    if storage is not None and k not in claimed and rows[k, _FREED] == rows[k, _SENT]
+                ),
+                None,
+            )
+            if empty is None:
+                return None
         storage = torch.UntypedStorage._new_shared(nbytes)
         rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino
         self.storages[empty] = storage
@@ -356,12 +369,15 @@ def _stacked(batch: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 def _collate_tensor(
-    batch: Sequence[torch.Tensor], *, collate_fn_map: dict[Any, Callable[..., Any]] | None = None
+    batch: Sequence[torch.Tensor],
+    *,
+    collate_fn_map: dict[Any, Callable[..., Any]] | None = None,
+    wholes: list[torch.Tensor] | None = None,
 ) -> Any:
     whole = _stacked(batch)
     if whole is not None:
-        if _RING is not None:
-            _RING.sent(whole)
+        if wholes is not None:
+            wholes.append(whole)
         return whole
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
@@ -370,4 +386,10 @@ def collate(batch: list[Any]) -> Any:
     """``default_collate``, returning a streamed batch tensor itself instead of stacking its rows."""
     if not _CAN_STREAM:  # pragma: no cover - see the import
         return default_collate(batch)
-    return _torch_collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: _collate_tensor})
+    wholes: list[torch.Tensor] = []
+    tensor_fn = functools.partial(_collate_tensor, wholes=wholes)
+    out = _torch_collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: tensor_fn})
+    if _RING is not None:  # only now: a batch whose collate raised is not sent, its segments stay free
+        for whole in wholes:
+            _RING.sent(whole)
+    return out

@@ -715,6 +715,15 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
         object.__setattr__(loader, "dataset", dataset)
 
 
+def _torch_pins(loader: DataLoader[Any]) -> bool:
+    """Whether torch's iterator copies every batch into pinned memory (its pin_memory thread, as
+    torch decides it): the main process then never gets the worker's segment back to reuse it."""
+    if not loader.pin_memory:
+        return False
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6 pins for any accelerator
+    return bool(accelerator.is_available() if accelerator is not None else cuda_available())
+
+
 def streams(loader: DataLoader[Any]) -> bool:
     """Whether torch's workers of ``loader`` stream the batches of fastload datasets: it batches
     and collates with ``default_collate`` (see :func:`_worker_init`)."""
@@ -1105,7 +1114,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
             shipped = ship_dataset(served, self.multiprocessing_context, self.worker_init_fn, self.collate_fn)
         table = None
-        if self.reuse_buffers and streams(self) and get_sharing_strategy() == "file_descriptor":
+        if (
+            self.reuse_buffers
+            and streams(self)
+            and get_sharing_strategy() == "file_descriptor"
+            and not _torch_pins(self)
+        ):
             table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)
         self._torch_ring = None if table is None else MainRing(table)
         try:

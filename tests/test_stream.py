@@ -534,3 +534,87 @@ def test_the_loop_variable_keeps_the_last_batch_intact_through_the_next_pass(
     reused, fresh = passes(True), passes(False)
     assert all(_same(a, b) for a, b in zip(reused, fresh, strict=True))
     assert not _same(reused[0], reused[1])  # shuffled: the passes differ
+
+
+def test_no_ring_when_torchs_pin_memory_thread_copies_the_batches(
+    float_set: torchvision.datasets.ImageFolder, float_want: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``pin_memory`` (the default with CUDA) torch's pin thread copies each batch into pinned
+    memory and drops the worker's segment before the iterator hands the batch out, so the main
+    process would never free a ring segment: each worker would fill its ring once and keep it busy
+    (``prefetch_factor + 2`` batches of shared memory) for the whole pass. No ring then. No GPU
+    here: torch's pin thread runs with an accelerator reported and a copying ``pin_memory``."""
+    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", None)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self.clone())
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=1, pin_memory=True, multiprocessing_context="fork"
+    )
+    for _ in range(2):
+        got = [[x, y] for x, y in loader]
+        assert _same(got, float_want)
+        assert not any(b[0].is_shared() for b in got)  # torch's pinned copies (here: clones)
+    assert loader._torch_ring is None
+    loader.close()
+
+
+class _ExtraOfClass:
+    """A target transform whose tensor has another size for class 3: a batch mixing it with the
+    other classes fails in collate (torch's "stack expects each tensor to be equal size")."""
+
+    def __call__(self, target: int) -> torch.Tensor:
+        return torch.zeros(2 if target == 3 else 1)
+
+
+def test_a_batch_whose_collate_raises_leaves_its_segment_free(imagenet_root: Path, never_idle: None) -> None:
+    """The images of a batch are streamed into a ring segment, then collating the targets raises:
+    the batch is never sent, so its segment must stay free for the next batch (it used to be
+    counted as sent and stayed busy, and the worker's ring ran out after a few such batches)."""
+    dataset = fastload.ImageFolder(
+        imagenet_root / "train", transform=_float_pipeline(), target_transform=_ExtraOfClass()
+    )
+    bad, good = list(range(20, 30)), list(range(10))  # classes 2 and 3 / 0 and 1
+    assert {dataset.targets[i] for i in bad} == {2, 3}
+    loader = fastload.DataLoader(
+        dataset,
+        batch_sampler=[bad, good] * 8,
+        num_workers=1,
+        persistent_workers=False,
+        multiprocessing_context="fork",
+    )
+    it = iter(loader)
+    seen = []
+    for k in range(16):
+        if k % 2 == 0:
+            with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+                next(it)
+            continue
+        x, _y = next(it)
+        assert x.shape == (10, 3, 96, 96)
+        seen.append(_inode(x))
+        del x, _y
+    assert len(set(seen)) <= 3, seen  # the good batches reuse the one or two segments they need
+
+
+def test_a_new_batch_size_takes_the_place_of_free_segments_of_the_old(
+    float_set: torchvision.datasets.ImageFolder, never_idle: None
+) -> None:
+    """Batches of 10, then of 12 (a batch_sampler of varying sizes, or a new resolution): once
+    the ring is full of free segments of the old size, the new size takes their places instead
+    of a new torch segment for every batch."""
+    batches = [[k % 32 for k in range(10 * j, 10 * j + 10)] for j in range(8)]
+    batches += [[k % 32 for k in range(12 * j, 12 * j + 12)] for j in range(10)]
+    want = list(torch.utils.data.DataLoader(float_set, batch_sampler=batches))
+    loader = fastload.DataLoader(
+        float_set, batch_sampler=batches, num_workers=1, multiprocessing_context="fork"
+    )
+    got, seen = [], []
+    for x, y in loader:
+        got.append([x.clone(), y])
+        seen.append((len(x), _inode(x)))
+    loader.close()
+    assert _same(got, want)
+    later = {inode for n, inode in seen[10:] if n == 12}
+    assert len(later) <= 4, seen  # the last 8 batches of 12 reuse the ring's 4 places
