@@ -193,18 +193,19 @@ def test_off_it_is_a_plain_list(monkeypatch: pytest.MonkeyPatch) -> None:
     assert samples[0] is items[1] and samples[1] is items[2]
 
 
-class _Big:
-    """A transform whose output is an 8 MB tensor; records the worker's peak memory (VmHWM) each call."""
+class _Recording:
+    """A transform whose output is a tensor of ``mb`` MB; before each, it appends the worker's
+    ``key`` (kB) from ``/proc/self/<source>`` to ``path``."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, source: str, key: str, mb: int) -> None:
+        self.path, self.source, self.key, self.mb = path, source, key, mb
 
     def __call__(self, image: Any) -> torch.Tensor:
-        status = Path("/proc/self/status").read_text()
-        peak = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+        text = Path("/proc/self", self.source).read_text()
+        value = next(line.split()[1] for line in text.splitlines() if line.startswith(self.key + ":"))
         with open(self.path, "a") as f:
-            f.write(peak + "\n")
-        return torch.ones(8 * 2**20, dtype=torch.uint8)
+            f.write(value + "\n")
+        return torch.ones(self.mb * 2**20, dtype=torch.uint8)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
@@ -214,7 +215,8 @@ def test_a_worker_holds_one_batch_not_two(imagenet_root: Path, tmp_path: Path) -
     peaks = []
     for given in (_plain_collate, None):
         log = tmp_path / f"{given is None}.txt"
-        dataset = fastload.ImageFolder(imagenet_root / "train", transform=_Big(log))
+        peaks_of = _Recording(log, "status", "VmHWM", 8)  # the peak before each 8 MB sample
+        dataset = fastload.ImageFolder(imagenet_root / "train", transform=peaks_of)
         loader = fastload.DataLoader(
             dataset,
             batch_size=32,
@@ -432,20 +434,6 @@ def test_main_frees_only_the_send_it_received() -> None:
     assert rows[1, 3] == 1
 
 
-class _Probe:
-    """A transform whose output is a 4 MB tensor; logs the worker's Private_Dirty before each one."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __call__(self, image: Any) -> torch.Tensor:
-        rollup = Path("/proc/self/smaps_rollup").read_text()
-        private = next(line.split()[1] for line in rollup.splitlines() if line.startswith("Private_Dirty"))
-        with open(self.path, "a") as f:
-            f.write(private + "\n")
-        return torch.ones(4 * 2**20, dtype=torch.uint8)
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="reads /proc")
 def test_a_busy_worker_writes_into_memory_the_main_process_maps(imagenet_root: Path, tmp_path: Path) -> None:
     """The point of the ring: while a worker builds a batch in a segment the main process has
@@ -456,7 +444,8 @@ def test_a_busy_worker_writes_into_memory_the_main_process_maps(imagenet_root: P
     private = {}
     for reuse in (False, True):
         log = tmp_path / f"{reuse}.txt"
-        dataset = fastload.ImageFolder(imagenet_root / "train", transform=_Probe(log))
+        private_of = _Recording(log, "smaps_rollup", "Private_Dirty", 4)  # before each 4 MB sample
+        dataset = fastload.ImageFolder(imagenet_root / "train", transform=private_of)
         sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=96)
         loader = fastload.DataLoader(
             dataset,
