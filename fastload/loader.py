@@ -1056,9 +1056,21 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             set_sampler_epoch(self._epochs.epoch)
 
     def close(self) -> None:
-        """Stops the workers now and restores torch's thread count (also done when the loader is
-        garbage-collected and at interpreter exit)."""
+        """Stops the workers now (fastload's, and torch's persistent ones on torch's path) and
+        restores torch's thread count (also done when the loader is garbage-collected and at
+        interpreter exit). The next pass starts new workers."""
         self._engine.close()
+        torch_iterator = self.__dict__.get("_iterator")  # torch's persistent workers' iterator
+        if torch_iterator is not None:
+            shutdown = getattr(torch_iterator, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+            self._iterator = None
+        self._torch_workers_started = False
+        ring = self.__dict__.get("_torch_ring")
+        if ring is not None:
+            ring.clear()
+            self._torch_ring = None
 
     def __del__(self) -> None:
         try:

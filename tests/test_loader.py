@@ -618,6 +618,24 @@ def test_close_while_iterating_raises_instead_of_hanging() -> None:
             pass
 
 
+def test_close_stops_torchs_persistent_workers(imagenet_root: Path) -> None:
+    """On torch's path too: close() stops the persistent workers now (not when torch's iterator is
+    garbage-collected), and the next pass starts new ones and gives the same batches."""
+    from torchvision import transforms as v1
+
+    transform = v1.Compose([v1.CenterCrop(16), v1.PILToTensor(), v1.ColorJitter(0.2)])
+    dataset = fastload.ImageFolder(imagenet_root / "val", transform=transform)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    assert not loader.fast_path and loader.persistent_workers
+    first = [y.tolist() for _, y in loader]
+    workers = list(loader._iterator._workers)  # torch's worker processes
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    loader.close()
+    assert not any(w.is_alive() for w in workers)
+    assert [y.tolist() for _, y in loader] == first
+    loader.close()
+
+
 def test_seed_of_a_loaded_state_reaches_running_workers() -> None:
     ds = _FakeSet(12, _RandomDecode())
     fresh = DataLoader(ds, batch_size=4, shuffle=True, seed=2, num_workers=2)
