@@ -31,9 +31,10 @@ new segment as before. A segment is sent once the batch's collate has returned (
 collate raises is not sent, its segment stays free). The main process keeps each ring segment it receives
 mapped (torch's shared-storage cache then hands the same mapping back for the next batch in it),
 and frees it for its worker only once no tensor, view or array of it is left there (its storage's
-use count), so a batch the consumer keeps is never written over. Sent segments the main process
-never received (a pass left early with persistent workers: torch drops them as it starts the
-next pass) are taken back at the next pass (:meth:`MainRing.new_pass`).
+use count), so a batch the consumer keeps is never written over; a segment it sent on to
+another process meanwhile (torch's shared-storage cache shows it) is never reused. Sent segments
+the main process never received (a pass left early with persistent workers: torch drops them as
+it starts the next pass) are taken back at the next pass (:meth:`MainRing.new_pass`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ try:  # torch's documented way to extend default_collate (torch >= 1.13)
 except ImportError:  # pragma: no cover - an older or reorganised torch: no streaming
     _CAN_STREAM = False
 
+try:  # torch's cache of the shared storages this process received or sent, by (inode, device)
+    from torch.multiprocessing.reductions import shared_cache as _shared_cache
+except ImportError:  # pragma: no cover - a reorganised torch: no ring (a resend could not be seen)
+    _shared_cache = None  # type: ignore[assignment]
+
 __all__ = ["MainRing", "WorkerRing", "collate", "drop_idle_ring", "enable", "enabled", "fetch", "ring_table"]
 
 _ENABLED = False
@@ -66,6 +72,13 @@ RING_MIN_BYTES = 1 << 20
 # The columns of a ring table's rows: one row per segment, ``(num_workers + 1, capacity, 4)``
 # int64 in shared memory; the last worker row's first cell is the pass number.
 _INODE, _SENT, _PASS, _FREED = range(4)
+#: The free count of a segment the main process sent on to another process: its worker drops it.
+_ABANDONED = -1
+
+
+def ring_supported() -> bool:
+    """Whether this torch lets the main process see everything the ring needs (see the module docs)."""
+    return _CAN_STREAM and _shared_cache is not None
 
 
 def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
@@ -97,6 +110,7 @@ class WorkerRing:
     def drop_free(self) -> None:
         """The worker is idle: its free segments go back to the system (made again when needed)."""
         with self.lock:
+            self._drop_abandoned()
             claimed = set(self.claimed.values())
             for k, storage in enumerate(self.storages):
                 if storage is not None and k not in claimed and self.rows[k, _FREED] == self.rows[k, _SENT]:
@@ -111,7 +125,17 @@ class WorkerRing:
         with self.lock:
             return self._take(nbytes)
 
+    def _drop_abandoned(self) -> None:
+        """Lets go of the segments the main process sent on to another process (never reused)."""
+        rows = self.rows
+        for k, storage in enumerate(self.storages):
+            if storage is not None and rows[k, _FREED] == _ABANDONED:
+                self.storages[k] = None
+                rows[k, _INODE] = 0
+                rows[k, _FREED] = rows[k, _SENT]
+
     def _take(self, nbytes: int) -> torch.UntypedStorage | None:
+        self._drop_abandoned()
         rows, claimed = self.rows, set(self.claimed.values())
         empty = None
         for k, storage in enumerate(self.storages):
@@ -152,6 +176,13 @@ def drop_idle_ring() -> None:
         _RING.drop_free()
 
 
+def _sent_on(key: Any, cached: Any) -> bool:
+    """Whether this process has sent the storage on to another process since it arrived: torch
+    puts a new entry into its shared-storage cache each time it pickles a shared storage (e.g. a
+    batch put on a ``torch.multiprocessing`` queue), and that process may still map it."""
+    return _shared_cache is not None and _shared_cache.get(key) is not cached
+
+
 class MainRing:
     """The main process's side of a ring table: the segments it received and when they are free.
 
@@ -162,7 +193,8 @@ class MainRing:
         self.table = table
         self.rows = table[:-1].numpy()
         self.pass_cell = table[-1, 0].numpy()
-        #: segment (worker, k) -> [its storage, kept mapped; the send count to free, or 0; its inode]
+        #: segment (worker, k) -> [its storage, kept mapped; the send count to free, or 0; its inode;
+        #: its key in torch's shared-storage cache; that cache's entry for it when it arrived]
         self.held: dict[tuple[int, int], list[Any]] = {}
         self.by_storage: dict[int, tuple[int, int]] = {}  # storage _cdata -> segment
         #: segments let go of while still in use (see :meth:`release`): freed by a finalizer
@@ -173,15 +205,18 @@ class MainRing:
         if seg is not None:
             return seg
         try:
-            inode = os.fstat(storage._get_shared_fd()).st_ino  # type: ignore[attr-defined]
+            stat = os.fstat(storage._get_shared_fd())  # type: ignore[attr-defined]
         except (RuntimeError, OSError):  # not a segment shared by descriptor
             return None
+        inode = stat.st_ino
         found = (self.rows[:, :, _INODE] == inode).nonzero()
         if len(found[0]) == 0:
             return None
         seg = (int(found[0][0]), int(found[1][0]))
         self._drop(seg)  # a mapping of it kept from before (or of the segment it replaced)
-        self.held[seg] = [storage, 0, inode]
+        key = (stat.st_ino, stat.st_dev)  # torch's key (reductions.fd_id)
+        cached = _shared_cache.get(key) if _shared_cache is not None else None
+        self.held[seg] = [storage, 0, inode, key, cached]
         self.by_storage[storage._cdata] = seg
         return seg
 
@@ -209,6 +244,10 @@ class MainRing:
         gone = []
         for (w, k), entry in list(self.held.items()):
             if entry[1] and torch._C._storage_Use_Count(entry[0]._cdata) == 1:
+                if _sent_on(entry[3], entry[4]):
+                    self.rows[w, k, _FREED] = _ABANDONED
+                    gone.append((w, k))
+                    continue
                 self.rows[w, k, _FREED] = entry[1]
                 entry[1] = 0
             if not entry[1] and self.rows[w, k, _INODE] != entry[2]:
@@ -225,12 +264,12 @@ class MainRing:
         for seg, entry in list(self.held.items()):
             if entry[1]:
                 self.finalizing.add(seg)
-                weakref.finalize(entry[0], self._finalized, seg, entry[1])
+                weakref.finalize(entry[0], self._finalized, seg, entry[1], entry[3], entry[4])
             self._drop(seg)
 
-    def _finalized(self, seg: tuple[int, int], count: int) -> None:
+    def _finalized(self, seg: tuple[int, int], count: int, key: Any, cached: Any) -> None:
         """The last tensor of a segment let go of in use is gone (any thread): it is free."""
-        self.rows[seg[0], seg[1], _FREED] = count
+        self.rows[seg[0], seg[1], _FREED] = _ABANDONED if _sent_on(key, cached) else count
         self.finalizing.discard(seg)
 
     def pass_number(self) -> int:
@@ -246,7 +285,8 @@ class MainRing:
         """Called once torch's iterator has started the pass: every send of an earlier pass that
         this process never got has been dropped by torch, so its segment is free once unused."""
         rows, now = self.rows, self.pass_cell[0]
-        lost = (rows[:, :, _PASS] < now) & (rows[:, :, _FREED] < rows[:, :, _SENT])
+        freed = rows[:, :, _FREED]
+        lost = (rows[:, :, _PASS] < now) & (freed < rows[:, :, _SENT]) & (freed != _ABANDONED)
         for w, k in zip(*lost.nonzero(), strict=True):
             seg = (int(w), int(k))
             if seg in self.finalizing:

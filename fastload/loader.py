@@ -78,7 +78,7 @@ from torch.utils.data import (
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
-from ._stream import MainRing, ring_table
+from ._stream import MainRing, ring_supported, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
     BatchDone,
@@ -1131,6 +1131,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             and streams(self)
             and get_sharing_strategy() == "file_descriptor"
             and not _torch_pins(self)
+            and ring_supported()
         ):
             table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)
         self._torch_ring = None if table is None else MainRing(table)

@@ -607,3 +607,48 @@ def test_a_new_batch_size_takes_the_place_of_free_segments_of_the_old(
     assert _same(got, want)
     later = {inode for n, inode in seen[10:] if n == 12}
     assert len(later) <= 4, seen  # the last 8 batches of 12 reuse the ring's 4 places
+
+
+def _keeper(inbox: Any, outbox: Any) -> None:
+    """Another process: keeps the batch it is sent (shared memory, as torch sends it), reports when
+    it has it, and at the end whether it still holds the values it got."""
+    batch = inbox.get()
+    copy = batch.clone()
+    outbox.put("got it")
+    inbox.get()  # the loader has gone on meanwhile
+    outbox.put(bool(torch.equal(batch, copy)))
+
+
+@pytest.mark.parametrize("held_to_the_end", [False, True])
+def test_a_batch_sent_on_to_another_process_is_never_written_over(
+    float_set: torchvision.datasets.ImageFolder, held_to_the_end: bool
+) -> None:
+    """A batch put on a torch.multiprocessing queue shares its memory with the process that gets it
+    (as with torch). Once this process drops it, its segment must not be reused: the other process
+    still reads it. Dropped mid-pass (the usual poll), or held to the end of the pass (the
+    finalizer); then more passes run."""
+    ctx = torch.multiprocessing.get_context("fork")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    keeper = ctx.Process(target=_keeper, args=(inbox, outbox))
+    keeper.start()
+    loader = fastload.DataLoader(float_set, batch_size=10, shuffle=True, num_workers=2)
+    try:
+        it = iter(loader)
+        sent, _ = next(it)
+        inbox.put(sent)
+        assert outbox.get(timeout=60) == "got it"
+        if not held_to_the_end:
+            del sent
+        for _ in it:
+            pass
+        del _
+        if held_to_the_end:
+            del sent
+        for _ in range(4):  # the segments go round several times
+            for _batch in loader:
+                pass
+        inbox.put("check")
+        assert outbox.get(timeout=60) is True
+    finally:
+        loader.close()
+        keeper.join(timeout=30)
