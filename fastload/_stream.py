@@ -62,7 +62,17 @@ try:  # torch's cache of the shared storages this process received or sent, by (
 except ImportError:  # pragma: no cover - a reorganised torch: no ring (a resend could not be seen)
     _shared_cache = None  # type: ignore[assignment]
 
-__all__ = ["MainRing", "WorkerRing", "collate", "drop_idle_ring", "enable", "enabled", "fetch", "ring_table"]
+__all__ = [
+    "MainRing",
+    "WorkerRing",
+    "collate",
+    "drop_idle_ring",
+    "enable",
+    "enabled",
+    "fetch",
+    "ring_supported",
+    "ring_table",
+]
 
 _ENABLED = False
 
@@ -86,7 +96,8 @@ def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
 
     Per segment: the inode of its shared-memory file (set by the worker that made it), how often
     it was sent, the pass of the last send, and how many sends the main process has freed.
-    The segment is free for its worker when freed == sent.
+    The segment is free for its worker when freed == sent; freed == ``_ABANDONED`` (-1): the main
+    process sent it on to another process, and its worker drops it instead of reusing it.
     """
     return torch.zeros((num_workers + 1, capacity, 4), dtype=torch.int64).share_memory_()
 

@@ -496,7 +496,10 @@ class _EncodedPass:
 class _TorchPass:
     """Any other dataset / collate_fn / batch_sampler: torch's own iterator, ``start`` batches in.
 
-    torch's iterator goes on after a batch whose loading raised, and so does this one.
+    torch's iterator goes on after a batch whose loading raised, and so does this one. With a
+    ring (:class:`fastload._stream.MainRing`), each ``next()`` first frees the batch segments
+    nothing refers to any more, then notes the segments the new batch came in; the end of the
+    pass lets go of the ring's mappings (persistent workers) or of the ring (workers that stop).
     """
 
     def __init__(self, torch_iter: Iterator[Any], start: int, ring: MainRing | None, keep_ring: bool) -> None:
