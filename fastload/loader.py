@@ -97,8 +97,9 @@ from .decode import decode_batch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, apply_transform
+from .head import head_view
 from .prefetch import CUDAPrefetcher
-from .recognize import recognize, worker_view
+from .recognize import is_image_folder, recognize, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler
 from .stats import LoaderStats
 from .transforms import import_decode_modules
@@ -139,12 +140,12 @@ def _structural_reason(loader: DataLoader[Any]) -> str | None:
     """Why the loader's arguments (not its dataset) rule out the fast path, or ``None``."""
     if isinstance(loader.dataset, IterableDataset):
         return "the dataset is an IterableDataset"
+    if loader._given_batch_sampler:
+        return "a batch_sampler is given"
     if loader.batch_size is None:
         return "batch_size=None (no batching)"
     if loader._given_collate:
-        return "a collate_fn is given (the fast path builds its batches itself)"
-    if loader._given_batch_sampler:
-        return "a batch_sampler is given"
+        return "a collate_fn is given (the fast path builds its batches itself; default_collate is fine)"
     return None
 
 
@@ -808,6 +809,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
             ``gpu_transforms`` (required, starting with a resize-type transform) make one batch
             of the differently sized images. The dataset's ``transform`` must be ``None``.
+        fast_path: ``False``: torch's iterator on the dataset as it is (no fast path, no head
+            acceleration).
+        exact_pixels: Decode every image at full size and resize exactly as torchvision does, so that
+            a torchvision pipeline gives bit-identical batches to ``torch.utils.data.DataLoader``'s
+            for the same seed and order: a pipeline with random ops then takes head acceleration
+            (torch's random draws) rather than the fast path (fastload's draws). Slower: no
+            reduced-size JPEG decoding, and a ``Resize`` + ``CenterCrop`` resizes the whole image.
         epoch_lookahead: With persistent workers and an order that is a function of the epoch
             (``shuffle=True``/``False``, ``distributed=True`` or a fastload ``DistributedSampler``),
             workers that have no batch of the current epoch left start on the next epoch's first
@@ -852,6 +860,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         decode: str = "cpu",
         epoch_lookahead: bool = True,
         fast_path: bool = True,
+        exact_pixels: bool = False,
     ) -> None:
         if num_workers == "auto":
             # torch's default (0) for an IterableDataset: workers would each replay the whole
@@ -902,7 +911,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             shuffle = False
             own_sampler = True
         self._own_sampler = own_sampler
-        self._given_collate = collate_fn is not None
+        # torch's own default_collate passed explicitly (torchvision's reference script does) is no collate_fn
+        self._given_collate = collate_fn is not None and collate_fn is not default_collate
         self._given_batch_sampler = batch_sampler is not None
         super().__init__(
             dataset,
@@ -933,11 +943,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.stats = LoaderStats()
         self.decode = decode
         self._allow_fast = bool(fast_path)
+        self.exact_pixels = bool(exact_pixels)
         self._fast_dataset: Any = None
         self._fast_reason: str | None = None
         self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._source_key: tuple[Any, ...] | None = None
         self._worker_dataset: Any = None  # what torch's workers serve instead of the dataset
+        self._head_dataset: Any = None  # head acceleration: what torch's iterator serves (fastload.head)
+        self._path = "torch"
         self._torch_workers_started = False  # torch's persistent workers are running
         self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
         self._choose_path(log=True)
@@ -964,51 +977,94 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def fast_path_reason(self) -> str | None:
-        """Why torch's iterator runs instead of the fast path, in one sentence (``None`` on the fast path)."""
+        """Why the fast path does not run, in one sentence (``None`` on the fast path)."""
         return self._fast_reason
+
+    @property
+    def path(self) -> str:
+        """Which path runs: ``"fast"`` (fastload's engine runs the whole pipeline),
+        ``"head-accelerated"`` (torch's iterator; decoding fused with the pipeline's crop/resize/flip
+        head, the rest of it run as written, see :mod:`fastload.head`), ``"torch"`` (torch's
+        iterator, the dataset as it is) or ``"device-decode"`` (``decode="device"``)."""
+        return self._path
 
     # ---------------------------------------------------------------- which path
 
     def _choose_path(self, log: bool = False) -> None:
-        """Decides between the fast path and torch's iterator for the dataset as it is now."""
+        """Decides between the fast path, head acceleration and torch's iterator for the dataset as
+        it is now, and says why not a faster one (``fast_path_reason``; an INFO line on the
+        ``fastload`` logger for an image-folder dataset, when ``log``)."""
         dataset = self.dataset
         self._source_key = _source_key(dataset)
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
-        self._worker_dataset = None
+        self._worker_dataset = self._head_dataset = None
+        self._path = "torch"
         if self.decode != "cpu":
             self._fast_reason = "decode='device' decodes on the device"
+            self._path = "device-decode"
             return
         structural = _structural_reason(self)
-        if structural is not None:
-            self._fast_reason = structural
-        elif _is_fast_dataset(dataset):
-            self._fast_dataset = dataset
-            import_decode_modules()  # now, not inside the first batch (see _torch_iter for torch's path)
+        if structural is None and _is_fast_dataset(dataset):
+            self._take_fast(dataset)
             return
-        elif not self._allow_fast:
+        if not self._allow_fast:
             self._fast_reason = "fast_path=False"
-        else:
-            found = recognize(dataset)
-            if found.dataset is not None:
-                view: Any = found.dataset
-                if self.device is not None and self.device.type == "cuda":
-                    # uint8 batches cross to the GPU (4x less traffic) and are converted there
-                    view.transform = view.transform.geometry_only()
-                    self._device_conversion = view.transform.convert_batch
-                self._fast_dataset = view
-                import_decode_modules()
+            if self.num_workers > 0:  # torch's workers serve a DatasetFolder from fastload's index
+                self._worker_dataset = worker_view(dataset)[0]
+            return
+        found = recognize(dataset) if structural is None else None
+        if found is not None and found.dataset is not None:
+            view: Any = found.dataset
+            if not (self.exact_pixels and view.transform.reduce):
+                if self.exact_pixels:
+                    view.transform.exact = True
+                self._take_fast(view)
                 return
-            self._fast_reason = found.reason
-            if log and found.image_pipeline:
-                _log.info(
-                    "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s",
-                    type(dataset).__name__,
-                    found.reason,
-                )
-        if self._allow_fast and self.num_workers > 0:
+            self._fast_reason = (
+                "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
+                "acceleration) reproduce"
+            )
+        else:
+            self._fast_reason = structural if found is None else found.reason
+        image_folder = is_image_folder(dataset) and not isinstance(dataset, IterableDataset)
+        head_reason = None
+        if image_folder:
+            head: Any
+            head, head_reason = head_view(dataset, exact=self.exact_pixels)
+            if head is not None:
+                self._head_dataset = self._worker_dataset = head
+                self._path = "head-accelerated"
+                if log:
+                    _log.info(
+                        "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
+                        "(%s); not the fast path: %s",
+                        type(dataset).__name__,
+                        head.transform.describe(),
+                        self._fast_reason,
+                    )
+                return
+        if log and image_folder:
+            _log.info(
+                "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s; "
+                "no head acceleration: %s",
+                type(dataset).__name__,
+                self._fast_reason,
+                head_reason,
+            )
+        if self.num_workers > 0:
             # torch's workers serve a torchvision DatasetFolder from fastload's index (see _torch_iter)
             self._worker_dataset = worker_view(dataset)[0]
+
+    def _take_fast(self, view: Any) -> None:
+        """The fast path, serving ``view``."""
+        if self.device is not None and self.device.type == "cuda" and view is not self.dataset:
+            # a recognised pipeline: uint8 batches cross to the GPU (4x less traffic), converted there
+            view.transform = view.transform.geometry_only()
+            self._device_conversion = view.transform.convert_batch
+        self._fast_dataset = view
+        self._path = "fast"
+        import_decode_modules()  # now, not inside the first batch (see _torch_iter for torch's path)
 
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced, as
@@ -1109,7 +1165,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
         """
         if self.num_workers == 0:
-            return super().__iter__()
+            with _served(self, self._head_dataset):
+                return super().__iter__()
         if self.persistent_workers and self._torch_workers_started:  # no worker starts
             ring = self._torch_ring
             if ring is not None:
@@ -1121,7 +1178,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         view = self._worker_dataset
         # samples grew or shrank in place since the view was made: make it again
         if view is not None and len(view) != len(self.dataset):  # type: ignore[arg-type]
-            view = self._worker_dataset = worker_view(self.dataset)[0]
+            if self._head_dataset is not None:
+                view = self._head_dataset = self._worker_dataset = head_view(
+                    self.dataset, exact=self.exact_pixels
+                )[0]
+            else:
+                view = self._worker_dataset = worker_view(self.dataset)[0]
         if view is not None:
             Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
         served = view if view is not None else self.dataset

@@ -45,6 +45,7 @@ after the float conversion, ``target_transform``, a custom ``loader``, a subclas
 from __future__ import annotations
 
 import copy
+import dis
 import os
 import sys
 import threading
@@ -59,11 +60,24 @@ from .decode import affine_for_table, pil_resample_available, to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
 __all__ = [
+    "CONVERSIONS",
+    "Conversion",
+    "NotReproducible",
     "Recognition",
     "TorchvisionPipeline",
+    "conversion_step",
+    "convert",
     "convert_pipeline",
+    "folder_source",
+    "is_image_folder",
+    "is_v2",
+    "op_kind",
+    "pipeline_ops",
     "recognize",
+    "resize_mode",
     "sample_index",
+    "see_through",
+    "tensor_antialias",
     "worker_view",
 ]
 
@@ -87,6 +101,7 @@ _CONVERT_V1 = {_V1 + "ConvertImageDtype"}
 _CONVERT_V2 = {_V2_MISC + "ConvertImageDtype"}
 _TO_DTYPE = {_V2_MISC + "ToDtype"}
 _NORMALIZE = {_V1 + "Normalize", _V2_MISC + "Normalize"}
+_TO_PURE = {_V2_CONVERSION + "ToPureTensor"}
 
 
 def _qualname(obj: Any) -> str:
@@ -99,6 +114,78 @@ def _qualname(obj: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class Conversion:
+    """Conversion steps of a torchvision pipeline (``ToTensor``, ``PILToTensor``, ``ToDtype``,
+    ``Normalize``, ...) run as one step, with torchvision's arithmetic.
+
+    Args:
+        steps: On a ``(3, H, W)`` uint8 image, in order: ``("to", dtype)``, ``("div", 255.0)``,
+            ``("mul", 1 / 255)``, ``("normalize", mean, std)`` (see :func:`conversion_step`).
+
+    Attributes:
+        dtype: The output dtype (uint8 without a ``"to"`` step).
+    """
+
+    def __init__(self, steps: tuple[tuple[Any, ...], ...]) -> None:
+        self.steps = steps
+        self.dtype: torch.dtype = torch.uint8
+        for step in steps:
+            if step[0] == "to":
+                self.dtype = step[1]
+        self._local = threading.local()
+
+    def hwc(self, hwc: np.ndarray, out: np.ndarray) -> None:
+        """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`.
+
+        The same floats as :func:`convert`, in one pass through a table of the 256 values per
+        channel (see :meth:`table`; computed with AVX2 where that gives the table's bits).
+        """
+        lut = self.table()
+        affine = getattr(self._local, "affine", None)
+        if (
+            lut is None
+            or not hwc.flags.c_contiguous
+            or not out.flags.c_contiguous
+            or not to_chw_by_table(hwc, out, lut, affine)
+        ):
+            convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+
+    def table(self) -> np.ndarray | None:
+        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
+
+        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
+        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
+        converting the image (the C extension then converts and moves the channels first in one pass).
+        ``None`` for a non-float32 output (a plain copy then).
+        """
+        if self.dtype != torch.float32:
+            return None
+        lut = getattr(self._local, "lut", None)
+        if lut is None:
+            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
+            lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
+            self._local.lut = lut
+            self._local.affine = _affine(lut, self.steps)
+        return lut
+
+    def batch(self, images: torch.Tensor) -> torch.Tensor:
+        """The steps on uint8 images ``(..., 3, H, W)`` (on any device): a new contiguous tensor."""
+        out = torch.empty(images.shape, dtype=self.dtype, device=images.device)
+        return convert(images, out, self.steps)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]  # per-thread tables
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"Conversion({self.steps!r})"
+
+
 class TorchvisionPipeline:
     """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
 
@@ -108,8 +195,8 @@ class TorchvisionPipeline:
 
     Args:
         geometry: The fastload transforms of the pipeline's crops, resizes and flips.
-        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor, in order:
-            ``("to", dtype)``, ``("div", 255.0)``, ``("mul", 1 / 255)``, ``("normalize", mean, std)``.
+        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor (see
+            :class:`Conversion`).
         resampler: ``"pil"`` (resizes as PIL runs them) or ``"torch"`` (on uint8 tensors).
         reduce: Allow reduced-size JPEG decoding (training pipelines only).
         description: How ``repr`` names the user's pipeline.
@@ -124,16 +211,23 @@ class TorchvisionPipeline:
         description: str = "",
     ) -> None:
         self.geometry = geometry
-        self.steps = steps
+        self.conversion = Conversion(steps)
         self.resampler = resampler
         self.reduce = reduce
         self.description = description
-        self.dtype: torch.dtype = torch.uint8
-        for step in steps:
-            if step[0] == "to":
-                self.dtype = step[1]
         self.channels_first = True  # the loader sets False to convert whole batches on the device
+        self.exact = False  # the loader's exact_pixels: resizes exactly as torchvision chains them
         self._local = threading.local()
+
+    @property
+    def steps(self) -> tuple[tuple[Any, ...], ...]:
+        """The conversion steps (see :class:`Conversion`)."""
+        return self.conversion.steps
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the user's output."""
+        return self.conversion.dtype
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -164,54 +258,28 @@ class TorchvisionPipeline:
     ) -> None:
         """Decodes one sample into its slot ``out`` (see the class docs)."""
         if not self.channels_first:
-            self.geometry.decode_into(data, out, name, resampler=self.resampler, reduce=self.reduce)
+            self.geometry.decode_into(
+                data, out, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
+            )
             return
         scratch = getattr(self._local, "scratch", None)
         size = self.output_size
         assert size is not None
         if scratch is None:
             scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
-        self.geometry.decode_into(data, scratch, name, resampler=self.resampler, reduce=self.reduce)
+        self.geometry.decode_into(
+            data, scratch, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
+        )
         self.convert_sample(scratch, out)
 
     def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
-        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``.
-
-        The same floats as :func:`convert`, in one pass through a table of the 256 values per
-        channel (see :meth:`_table`; computed with AVX2 where that gives the table's bits).
-        """
-        lut = self._table()
-        affine = getattr(self._local, "affine", None)
-        if (
-            lut is None
-            or not hwc.flags.c_contiguous
-            or not out.flags.c_contiguous
-            or not to_chw_by_table(hwc, out, lut, affine)
-        ):
-            convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
-
-    def _table(self) -> np.ndarray | None:
-        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
-
-        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
-        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
-        converting the image (the C extension then converts and moves the channels first in one pass).
-        ``None`` for a non-float32 output (a plain copy then).
-        """
-        if self.dtype != torch.float32:
-            return None
-        lut = getattr(self._local, "lut", None)
-        if lut is None:
-            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
-            lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
-            self._local.lut = lut
-            self._local.affine = _affine(lut, self.steps)
-        return lut
+        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``
+        (:meth:`Conversion.hwc`)."""
+        self.conversion.hwc(hwc, out)
 
     def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
         """The conversion steps on a uint8 ``(N, 3, H, W)`` batch (on any device): contiguous NCHW."""
-        out = torch.empty(images.shape, dtype=self.dtype, device=images.device)
-        return convert(images, out, self.steps)
+        return self.conversion.batch(images)
 
     def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
         """One sample as a ``(3, H, W)`` tensor of :attr:`dtype` (what the user's pipeline returns)."""
@@ -277,8 +345,8 @@ def convert(src: torch.Tensor, out: torch.Tensor, steps: tuple[tuple[Any, ...], 
 # --------------------------------------------------------------------------------------------
 
 
-class _NotReproducible(Exception):
-    """Why a pipeline cannot run on the fast path (the message is the reason)."""
+class NotReproducible(Exception):
+    """Why a pipeline (or dataset) cannot be accelerated (the message is the reason)."""
 
 
 def _channel_values(values: Any, label: str) -> tuple[float, ...]:
@@ -287,44 +355,177 @@ def _channel_values(values: Any, label: str) -> tuple[float, ...]:
     try:
         flat = torch.as_tensor(values, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        raise _NotReproducible(f"{label} has a mean or std that is not numbers") from None
+        raise NotReproducible(f"{label} has a mean or std that is not numbers") from None
     # per channel: a number, c values, or a (c, 1, 1) tensor (torchvision views 1-d ones so)
     per_channel = flat.ndim <= 1 or (flat.ndim == 3 and tuple(flat.shape[1:]) == (1, 1))
     if not per_channel:
-        raise _NotReproducible(
+        raise NotReproducible(
             f"{label} has a mean or std of shape {tuple(flat.shape)}, not one value per channel"
         )
     if flat.numel() not in (1, 3):
-        raise _NotReproducible(f"{label} has {flat.numel()} values of mean or std for 3 channels")
+        raise NotReproducible(f"{label} has {flat.numel()} values of mean or std for 3 channels")
     return tuple(float(v) for v in flat.reshape(-1).tolist())
 
 
-def _flatten(transform: Any) -> list[Any]:
-    if _qualname(transform) in _COMPOSE:
+_KINDS: dict[str, str] = {
+    **{name: "Compose" for name in _COMPOSE},
+    **_GEOMETRIC,
+    **{name: "ToTensor" for name in _TO_TENSOR},
+    **{name: "PILToTensor" for name in _PIL_TO_TENSOR},
+    **{name: "ToImage" for name in _TO_IMAGE},
+    **{name: "ConvertImageDtype" for name in _CONVERT_V1},
+    **{name: "ConvertImageDtypeV2" for name in _CONVERT_V2},
+    **{name: "ToDtype" for name in _TO_DTYPE},
+    **{name: "Normalize" for name in _NORMALIZE},
+    **{name: "ToPureTensor" for name in _TO_PURE},
+}
+_GEOMETRY_KINDS = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
+#: The kinds :func:`conversion_step` runs (the rest of :data:`_KINDS` is geometry or ``Compose``).
+CONVERSIONS = frozenset(
+    ("ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ConvertImageDtypeV2", "ToDtype")
+    + ("Normalize", "ToPureTensor")
+)
+
+
+def op_kind(op: Any) -> str | None:
+    """What fastload knows ``op`` as: ``"RandomResizedCrop"``, ``"Resize"``, ``"CenterCrop"``,
+    ``"RandomHorizontalFlip"``, ``"Compose"``, or a conversion (:data:`CONVERSIONS`); ``None`` for
+    anything else. Only torchvision's own classes (v1 and v2), not subclasses, which may change
+    what they do."""
+    return _KINDS.get(_qualname(op))
+
+
+def is_v2(op: Any) -> bool:
+    """Whether ``op`` is a ``torchvision.transforms.v2`` transform."""
+    return type(op).__module__.startswith("torchvision.transforms.v2")
+
+
+# The bytecode of ``return self.<attribute>(<argument>)`` without the operations that only set up
+# a call or mark a line, which differ between Python versions.
+_FORWARD_SHAPE = ("LOAD_FAST", "LOAD_ATTR", "LOAD_FAST", "CALL", "RETURN_VALUE")
+_SETUP_OPS = frozenset(("RESUME", "NOP", "PRECALL", "PUSH_NULL", "CACHE", "KW_NAMES", "EXTENDED_ARG"))
+_OP_ALIASES = {
+    "LOAD_METHOD": "LOAD_ATTR",
+    "CALL_FUNCTION": "CALL",
+    "CALL_METHOD": "CALL",
+    "LOAD_FAST_BORROW": "LOAD_FAST",
+    "LOAD_FAST_LOAD_FAST": "LOAD_FAST",
+}
+
+
+def _forwarded_attribute(function: Any) -> str | None:
+    """``name`` when ``function`` is exactly ``def f(self, x): return self.name(x)``, else ``None``."""
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_argcount != 2 or code.co_kwonlyargcount or code.co_flags & 0x0C:
+        return None  # not two plain parameters (self, x), or *args / **kwargs
+    if getattr(function, "__defaults__", None):
+        return None
+    ops: list[tuple[str, Any]] = []
+    for ins in dis.get_instructions(function):
+        if ins.opname in _SETUP_OPS:
+            continue
+        ops.append((_OP_ALIASES.get(ins.opname, ins.opname), ins.argval))
+    names = tuple(name for name, _ in ops)
+    if names != _FORWARD_SHAPE:
+        return None
+    self_name, x_name = code.co_varnames[:2]
+    (_, first), (_, attribute), (_, second), (_, argc), _ = ops
+    if first != self_name or second != x_name or not isinstance(attribute, str):
+        return None
+    if argc not in (1, None):  # 3.11 CALL's argval is the argument count
+        return None
+    return attribute
+
+
+def see_through(transform: Any) -> Any:
+    """The torchvision ``Compose`` a wrapper object only forwards to, or ``transform`` itself.
+
+    The rule (torchvision's reference presets, ``ClassificationPresetTrain``/``Eval``, have this
+    shape): ``transform`` is not a torchvision transform, and its class's ``__call__`` is exactly
+    ``def __call__(self, img): return self.<name>(img)`` -- two plain parameters, no defaults, no
+    other statement -- with ``self.<name>`` set on the instance. For a ``torch.nn.Module``, the
+    same holds for ``forward``, and the module has no hooks. Applied again to what it finds (a
+    wrapper of a wrapper). Anything else is not seen through: its ``__call__`` may do more than
+    the ``Compose`` it holds.
+
+    Example:
+        >>> class Preset:
+        ...     def __init__(self):
+        ...         self.transforms = torchvision.transforms.Compose([...])
+        ...     def __call__(self, img):
+        ...         return self.transforms(img)
+        >>> see_through(Preset()) is preset.transforms                    # doctest: +SKIP
+        True
+    """
+    seen = 0
+    while seen < 8 and transform is not None and not type(transform).__module__.startswith("torchvision."):
+        cls = type(transform)
+        module_base = sys.modules.get("torch.nn")
+        function = cls.__dict__.get("__call__") or getattr(cls, "__call__", None)  # noqa: B004
+        if module_base is not None and isinstance(transform, module_base.Module):
+            if function is not module_base.Module.__call__ or _has_hooks(transform, module_base):
+                return transform
+            function = getattr(cls, "forward", None)
+        attribute = _forwarded_attribute(function)
+        inner = None if attribute is None else getattr(transform, "__dict__", {}).get(attribute)
+        if inner is None and attribute is not None and module_base is not None:
+            inner = getattr(transform, "_modules", {}).get(attribute)  # an nn.Module attribute
+        if inner is None or not callable(inner):
+            return transform
+        transform = inner
+        seen += 1
+    return transform
+
+
+def _has_hooks(module: Any, nn: Any) -> bool:
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(module, name, None) for name in hooks):
+        return True
+    hooks_module = getattr(getattr(nn, "modules", None), "module", None)
+    return any(
+        getattr(hooks_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")
+    )
+
+
+def pipeline_ops(transform: Any) -> list[Any]:
+    """The ops of a torchvision pipeline in order: wrappers seen through (:func:`see_through`) and
+    ``Compose`` (v1 and v2, nested) flattened; anything else is one op."""
+    transform = see_through(transform)
+    if op_kind(transform) == "Compose":
         ops: list[Any] = []
         for t in transform.transforms:
-            ops += _flatten(t)
+            ops += pipeline_ops(t)
         return ops
     return [transform]
 
 
-def _interpolation(op: Any, on_pil: bool) -> str:
+def resize_mode(op: Any) -> str:
+    """The interpolation of a torchvision resize op as fastload names it.
+
+    Raises:
+        NotReproducible: For a mode other than bilinear, bicubic or nearest.
+    """
     mode = getattr(op.interpolation, "value", op.interpolation)
     if isinstance(mode, int):
         mode = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(mode, str(mode))
     if mode not in ("bilinear", "bicubic", "nearest"):
-        raise _NotReproducible(
+        raise NotReproducible(
             f"{type(op).__name__}(interpolation={mode!r}): fastload resizes with "
             "bilinear, bicubic or nearest only"
         )
     return str(mode)
 
 
-def _antialias(op: Any, on_pil: bool) -> bool:
+def tensor_antialias(op: Any, on_pil: bool) -> bool:
+    """Whether a torchvision resize op antialiases: always on PIL images; on tensors its
+    ``antialias`` (``None`` is ``False``, as torchvision >= 0.17 documents; 0.16's ``"warn"``
+    default is ``True``)."""
     if on_pil:
         return True  # PIL's resample always antialiases; torchvision ignores the flag for PIL images
     value = getattr(op, "antialias", True)
-    return True if value is None or value == "warn" else bool(value)
+    if value == "warn":
+        return True
+    return bool(value)
 
 
 def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
@@ -333,8 +534,8 @@ def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
             list(op.size),
             scale=tuple(op.scale),
             ratio=tuple(op.ratio),
-            interpolation=_interpolation(op, on_pil),
-            antialias=_antialias(op, on_pil),
+            interpolation=resize_mode(op),
+            antialias=tensor_antialias(op, on_pil),
         )
     if name == "Resize":
         size = op.size
@@ -342,9 +543,9 @@ def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
             size = size[0]
         return T.Resize(
             size,
-            interpolation=_interpolation(op, on_pil),
+            interpolation=resize_mode(op),
             max_size=op.max_size,
-            antialias=_antialias(op, on_pil),
+            antialias=tensor_antialias(op, on_pil),
         )
     if name == "CenterCrop":
         return T.CenterCrop(list(op.size))
@@ -353,9 +554,62 @@ def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
 
 def _float_dtype(dtype: Any, op: Any) -> None:
     if dtype != torch.float32:
-        raise _NotReproducible(
+        raise NotReproducible(
             f"{type(op).__name__} to {dtype}: fastload reproduces uint8 and float32 outputs only"
         )
+
+
+def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any, ...]]]:
+    """What a conversion op does to an image in ``state``: the new state and its steps.
+
+    States: ``"pil"`` (a PIL RGB image), ``"uint8"`` (a uint8 ``(3, H, W)`` tensor), ``"float"``
+    (float32). Steps as in :class:`Conversion`. ``ToPureTensor``, and ``ToImage`` on a tensor,
+    change no value (only the tensor's type: see :mod:`fastload.head`).
+
+    Raises:
+        NotReproducible: Where torchvision would raise, or the result is not uint8 or float32.
+    """
+    label = type(op).__name__
+    if kind == "ToTensor":
+        if state != "pil":
+            raise NotReproducible(f"{label} on a tensor: torchvision's ToTensor expects a PIL image")
+        _float_dtype(torch.get_default_dtype(), op)
+        return "float", [("to", torch.float32), ("div", 255.0)]
+    if kind == "PILToTensor":
+        if state != "pil":
+            raise NotReproducible(f"{label} on a tensor: it expects a PIL image")
+        return "uint8", []
+    if kind == "ToImage":
+        return ("uint8" if state == "pil" else state), []
+    if kind == "ToPureTensor":
+        if state == "pil":
+            raise NotReproducible(f"{label} on a PIL image (it passes it through)")
+        return state, []
+    if kind in ("ConvertImageDtype", "ConvertImageDtypeV2", "ToDtype"):
+        dtype = op.dtype
+        scale = True if kind != "ToDtype" else bool(op.scale)
+        if not isinstance(dtype, torch.dtype):
+            raise NotReproducible(f"{label} with a per-type dtype mapping")
+        if state == "pil":
+            if kind == "ToDtype":
+                return state, []  # v2 passes PIL images through ToDtype unchanged
+            raise NotReproducible(f"{label} on a PIL image")
+        if dtype == torch.uint8:
+            if state == "float":
+                raise NotReproducible(f"{label} from float back to uint8")
+            return state, []
+        _float_dtype(dtype, op)
+        if state != "uint8":
+            return state, []
+        steps: list[tuple[Any, ...]] = [("to", torch.float32)]
+        if scale:
+            steps.append(("div", 255.0) if kind == "ConvertImageDtype" else ("mul", 1.0 / 255))
+        return "float", steps
+    if kind == "Normalize":
+        if state != "float":
+            raise NotReproducible(f"{label} on a {'PIL image' if state == 'pil' else 'uint8 tensor'}")
+        return state, [("normalize", _channel_values(op.mean, label), _channel_values(op.std, label))]
+    raise NotReproducible(f"{label} is not a conversion fastload reproduces")
 
 
 def convert_pipeline(transform: Any) -> TorchvisionPipeline:
@@ -366,78 +620,53 @@ def convert_pipeline(transform: Any) -> TorchvisionPipeline:
     """
     try:
         return _convert(transform)
-    except _NotReproducible as e:
+    except NotReproducible as e:
         raise ValueError(str(e)) from None
 
 
 def _convert(transform: Any) -> TorchvisionPipeline:
-    if _qualname(transform) not in _COMPOSE and _qualname(transform) not in _GEOMETRIC:
-        raise _NotReproducible(
-            f"the dataset's transform ({type(transform).__name__}) is not a torchvision Compose"
+    transform = see_through(transform)
+    if op_kind(transform) not in (
+        "Compose",
+        "RandomResizedCrop",
+        "Resize",
+        "CenterCrop",
+        "RandomHorizontalFlip",
+    ):
+        raise NotReproducible(
+            f"the dataset's transform ({type(transform).__name__}) is not a torchvision Compose "
+            "(nor an object whose __call__ only returns self.<name>(img) of one)"
         )
     state = "pil"  # what the image is at this point: "pil", "uint8" (tensor) or "float"
     geometry: list[T.Transform] = []
     on_pil: set[bool] = set()
     random = False
     steps: list[tuple[Any, ...]] = []
-    for op in _flatten(transform):
-        name = _qualname(op)
+    ops = pipeline_ops(transform)
+    for op in ops:
+        kind = op_kind(op)
         label = type(op).__name__
-        if name in _GEOMETRIC:
-            kind = _GEOMETRIC[name]
+        if kind in _GEOMETRY_KINDS:
             if state == "float":
-                raise _NotReproducible(
+                raise NotReproducible(
                     f"{label} runs on a float tensor (after the conversion to float): fastload reproduces "
                     "crops, resizes and flips before it"
                 )
             on_pil.add(state == "pil")
             geometry.append(_geometric(op, kind, state == "pil"))
             random = random or kind in ("RandomResizedCrop", "RandomHorizontalFlip")
-        elif name in _TO_TENSOR:
-            if state != "pil":
-                raise _NotReproducible(f"{label} on a tensor: torchvision's ToTensor expects a PIL image")
-            _float_dtype(torch.get_default_dtype(), op)
-            steps += [("to", torch.float32), ("div", 255.0)]
-            state = "float"
-        elif name in _PIL_TO_TENSOR:
-            if state != "pil":
-                raise _NotReproducible(f"{label} on a tensor: it expects a PIL image")
-            state = "uint8"
-        elif name in _TO_IMAGE:
-            if state == "pil":
-                state = "uint8"
-        elif name in _CONVERT_V1 or name in _CONVERT_V2 or name in _TO_DTYPE:
-            dtype = op.dtype
-            scale = True if name not in _TO_DTYPE else bool(op.scale)
-            if not isinstance(dtype, torch.dtype):
-                raise _NotReproducible(f"{label} with a per-type dtype mapping")
-            if state == "pil":
-                if name in _TO_DTYPE:
-                    continue  # v2 passes PIL images through ToDtype unchanged
-                raise _NotReproducible(f"{label} on a PIL image")
-            if dtype == torch.uint8:
-                if state == "float":
-                    raise _NotReproducible(f"{label} from float back to uint8")
-                continue
-            _float_dtype(dtype, op)
-            if state == "uint8":
-                steps.append(("to", torch.float32))
-                if scale:
-                    steps.append(("div", 255.0) if name in _CONVERT_V1 else ("mul", 1.0 / 255))
-            state = "float"
-        elif name in _NORMALIZE:
-            if state != "float":
-                raise _NotReproducible(f"{label} on a {'PIL image' if state == 'pil' else 'uint8 tensor'}")
-            steps.append(("normalize", _channel_values(op.mean, label), _channel_values(op.std, label)))
+        elif kind in CONVERSIONS:
+            state, more = conversion_step(op, kind, state)
+            steps += more
         else:
-            raise _NotReproducible(f"{label} is not an op fastload reproduces on its fast path")
+            raise NotReproducible(f"{label} is not an op fastload reproduces on its fast path")
     if state == "pil":
-        raise _NotReproducible("the pipeline returns PIL images (no ToTensor, PILToTensor or ToImage)")
+        raise NotReproducible("the pipeline returns PIL images (no ToTensor, PILToTensor or ToImage)")
     if len(on_pil) > 1:
-        raise _NotReproducible("the pipeline resizes both PIL images and tensors")
+        raise NotReproducible("the pipeline resizes both PIL images and tensors")
     pipeline = T.Compose(geometry)
     if pipeline.output_size is None:
-        raise _NotReproducible(
+        raise NotReproducible(
             "its images have no single size (end the pipeline with CenterCrop or RandomResizedCrop): "
             "batches need one size"
         )
@@ -449,7 +678,7 @@ def _convert(transform: Any) -> TorchvisionPipeline:
         # it (faster than torch's kernels), else torch's (faster than Pillow's own).
         resampler="pil" if pil and (not random or pil_resample_available()) else "torch",
         reduce=random,
-        description=" -> ".join(type(op).__name__ for op in _flatten(transform)),
+        description=" -> ".join(type(op).__name__ for op in ops),
     )
 
 
@@ -480,7 +709,7 @@ def _exact_folder_class(dataset: Any) -> None:
         cls.__getitem__ is not module.DatasetFolder.__getitem__
         or cls.__len__ is not module.DatasetFolder.__len__
     ):
-        raise _NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
+        raise NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
 
 
 def _torchvision_loader(dataset: Any) -> Any:
@@ -488,7 +717,7 @@ def _torchvision_loader(dataset: Any) -> Any:
     module = sys.modules["torchvision.datasets.folder"]
     loader = getattr(dataset, "loader", None)
     if loader is not module.default_loader and loader is not module.pil_loader:
-        raise _NotReproducible(
+        raise NotReproducible(
             "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
         )
     return loader
@@ -508,7 +737,7 @@ def sample_index(dataset: Any) -> FolderIndex:
     30 bytes of path per ImageNet sample instead of a tuple, a ``str`` and an ``int`` object.
 
     Raises:
-        _NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
+        NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
             not indices into ``dataset.classes`` (distinct names).
     """
     samples = dataset.samples
@@ -525,11 +754,11 @@ def sample_index(dataset: Any) -> FolderIndex:
     buf, offsets, targets = index
     classes = list(getattr(dataset, "classes", []))
     if n and (targets.min() < 0 or targets.max() >= len(classes)):
-        raise _NotReproducible("its targets are not indices into dataset.classes")
+        raise NotReproducible("its targets are not indices into dataset.classes")
     try:
         class_index = ClassIndex(classes)
     except ValueError as e:
-        raise _NotReproducible(f"its classes are not a list of distinct names ({e})") from None
+        raise NotReproducible(f"its classes are not a list of distinct names ({e})") from None
     return FolderIndex.from_buffers(prefix, buf, offsets, targets, class_index)  # join(prefix, rel) == path
 
 
@@ -546,10 +775,10 @@ def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.n
         for i in range(start, min(n, start + _CHUNK)):
             entry = samples[i]
             if not (isinstance(entry, tuple) and len(entry) == 2):
-                raise _NotReproducible(f"dataset.samples[{i}] is not a (path, target) pair")
+                raise NotReproducible(f"dataset.samples[{i}] is not a (path, target) pair")
             path, target = entry
             if type(path) is not str or type(target) is not int:
-                raise _NotReproducible(
+                raise NotReproducible(
                     f"dataset.samples[{i}] is not a (str, int) pair: "
                     f"({type(path).__name__}, {type(target).__name__})"
                 )
@@ -573,17 +802,45 @@ def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.n
     return np.frombuffer(b"".join(parts), dtype=np.uint8), offsets, targets
 
 
-def _folder_view(dataset: Any) -> EncodedImageDataset:
-    """A fastload ``ImageFolder`` over a torchvision ``DatasetFolder``'s samples (same order, labels)."""
+def is_image_folder(dataset: Any) -> bool:
+    """Whether ``dataset`` is one fastload reads: a fastload ``ImageFolder``/``InMemoryImageFolder``
+    or a torchvision ``DatasetFolder`` (``ImageFolder``), subclasses included."""
+    return isinstance(dataset, EncodedImageDataset) or _torchvision_folder(dataset)
+
+
+def folder_source(dataset: Any) -> EncodedImageDataset:
+    """A fastload dataset with ``dataset``'s samples (same order, labels) that serves their encoded
+    bytes: a shallow copy of a fastload dataset, or a fastload ``ImageFolder`` over a torchvision
+    ``DatasetFolder``'s :func:`sample_index`. Its ``transform`` and ``target_transform`` are
+    ``dataset``'s until the caller replaces them.
+
+    Raises:
+        NotReproducible: If fastload cannot read the images as ``dataset`` does: a custom
+            ``loader``, a joint ``transforms`` callable, a ``DatasetFolder`` subclass with its own
+            ``__getitem__``/``__len__``, or torchvision's image backend set to something else
+            than PIL.
+    """
+    if isinstance(dataset, EncodedImageDataset):
+        if getattr(dataset, "loader", None) is not None:
+            raise NotReproducible("the dataset has a custom loader")
+        return copy.copy(dataset)
+    if getattr(dataset, "transforms", None) is not None:
+        standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
+        if standard is None or not isinstance(dataset.transforms, standard):
+            raise NotReproducible("the dataset has a joint transforms callable")
     _exact_folder_class(dataset)
     loader = _torchvision_loader(dataset)
     if loader is sys.modules["torchvision.datasets.folder"].default_loader:
         from torchvision import get_image_backend
 
         if get_image_backend() != "PIL":
-            raise _NotReproducible("torchvision's image backend is not PIL")
-    index = sample_index(dataset)
-    view = ImageFolder(None, index=index)
+            raise NotReproducible("torchvision's image backend is not PIL")
+    view = ImageFolder(
+        None,
+        transform=getattr(dataset, "transform", None),
+        target_transform=getattr(dataset, "target_transform", None),
+        index=sample_index(dataset),
+    )
     view.root = getattr(dataset, "root", None)
     return view
 
@@ -611,9 +868,9 @@ def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
         target_transform = getattr(dataset, "target_transform", None)
         for name, fn in (("transform", transform), ("target_transform", target_transform)):
             if getattr(fn, "__self__", None) is dataset:
-                raise _NotReproducible(f"its {name} is a method of the dataset")
+                raise NotReproducible(f"its {name} is a method of the dataset")
         index = sample_index(dataset)
-    except _NotReproducible as e:
+    except NotReproducible as e:
         return None, str(e)
     view = ImageFolder(
         None, transform=transform, target_transform=target_transform, index=index, loader=loader
@@ -624,8 +881,7 @@ def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
 
 def recognize(dataset: Any) -> Recognition:
     """The fast path's dataset for ``dataset`` (see the module docs), or the reason there is none."""
-    fastload_dataset = isinstance(dataset, EncodedImageDataset)
-    if not (fastload_dataset or _torchvision_folder(dataset)):
+    if not is_image_folder(dataset):
         return Recognition(
             None,
             f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "
@@ -635,21 +891,12 @@ def recognize(dataset: Any) -> Recognition:
     try:
         transform = getattr(dataset, "transform", None)
         if transform is None:
-            raise _NotReproducible("the dataset has no transform: its samples are PIL images")
+            raise NotReproducible("the dataset has no transform: its samples are PIL images")
         if getattr(dataset, "target_transform", None) is not None:
-            raise _NotReproducible("the dataset has a target_transform")
-        if fastload_dataset and getattr(dataset, "loader", None) is not None:
-            raise _NotReproducible("the dataset has a custom loader")
-        if not fastload_dataset and getattr(dataset, "transforms", None) is not None:
-            standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
-            if standard is None or not isinstance(dataset.transforms, standard):
-                raise _NotReproducible("the dataset has a joint transforms callable")
-        pipeline = _convert(transform)
-        if fastload_dataset:
-            view = copy.copy(dataset)
-        else:
-            view = _folder_view(dataset)
+            raise NotReproducible("the dataset has a target_transform")
+        view = folder_source(dataset)
+        pipeline: Any = _convert(transform)  # a fastload transform, which the dataset's type allows
         view.transform = pipeline
         return Recognition(view, None, True)
-    except _NotReproducible as e:
+    except NotReproducible as e:
         return Recognition(None, str(e), True)

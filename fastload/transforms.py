@@ -87,6 +87,7 @@ __all__ = [
     "RandomResizedCrop",
     "Resize",
     "Transform",
+    "decode_plan",
     "import_decode_modules",
 ]
 
@@ -493,6 +494,18 @@ def _pil_box_exact(plan: Plan) -> bool:
     return x1 - x0 >= plan.width and y1 - y0 >= plan.height
 
 
+def _one_resample(plan: Plan) -> bool:
+    """Whether the plan's chain is at most one crop, then at most one resize, then flips: one PIL
+    resample of the box then runs exactly torchvision's ops (a crop after the resize, as
+    ``Resize`` + ``CenterCrop``, folds into the box only within 1 level; see :meth:`Plan`)."""
+    ops = [op[0] for op in plan.ops]
+    while ops and ops[-1] == "hflip":
+        ops.pop()
+    if ops.count("crop") > 1 or ops.count("resize") > 1 or "hflip" in ops or "center_crop" in ops:
+        return False
+    return ops in ([], ["crop"], ["resize"], ["crop", "resize"])
+
+
 def _run_ops_pil(img: Image.Image, ops: Iterable[tuple[Any, ...]]) -> Image.Image:
     """Plan ops on a PIL image with torchvision's PIL semantics (PIL resamples always antialias)."""
     from torchvision.transforms import functional as F  # on first use: keeps the import cheap
@@ -522,6 +535,126 @@ def _copy_tensor_out(t: torch.Tensor, out: np.ndarray, flip: bool) -> None:
     if flip:
         src = src.flip(1)  # torch's flip + copy beat numpy's negative-stride copy by ~10x here
     torch.from_numpy(out).copy_(src)
+
+
+def decode_plan(
+    data: bytes | memoryview | np.ndarray,
+    img: Image.Image | None,
+    plan: Plan,
+    out: np.ndarray,
+    name: str,
+    pil: bool = False,
+    reduce: bool = True,
+    exact: bool = False,
+) -> None:
+    """Decodes an encoded image and runs ``plan`` (its random draws made), writing ``out``.
+
+    What :meth:`Transform.decode_into` runs once it has drawn the plan; public for pipelines that
+    draw their parameters elsewhere (:mod:`fastload.head` draws them with torchvision's own code).
+
+    Args:
+        data: The encoded file.
+        img: PIL's lazy open of ``data``, or ``None`` when :func:`fastload.decode.jpeg_header`
+            read its header (a JPEG the region decoder takes).
+        plan: The geometry, made for the image's size (``plan.source``).
+        out: A writable uint8 ``(plan.height, plan.width, 3)`` array.
+        name: How to name the sample in an error.
+        pil: Resize as PIL does (else torch's uint8 kernels; see :meth:`Transform.decode_and_apply`).
+        reduce: Allow reduced-size (DCT-scaled) JPEG decoding.
+        exact: With ``pil``: only fold the ops into one resample where that is what torchvision
+            runs (at most one crop, then at most one resize, then flips: RandomResizedCrop and
+            RandomHorizontalFlip, or a Resize alone); otherwise run them one by one as PIL
+            does. With ``reduce=False`` the pixels are then bit-identical to torchvision's ops on
+            the decoded PIL image (a ``Resize`` + ``CenterCrop`` folded into one resample differs
+            by up to 1 level on some pixels).
+
+    Raises:
+        DecodeError: Naming ``name`` when the file is not a decodable image.
+    """
+    if pil:
+        _decode_pil(data, img, plan, out, name, reduce, exact)
+        return
+    scale = 1
+    if reduce and plan.fusable and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
+        x0, y0, x1, y1 = plan.pixel_box()
+        scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+    if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
+        if _decode_region_planned(data, plan, scale, out):
+            return
+        img = open_image(data, name)  # libjpeg reported corrupt data: decode the reference way
+    is_jpeg = img.format in JPEG_FORMATS
+    try:
+        if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
+            # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and
+            # torch's uint8 resize kernels are faster than Pillow's; torchvision's own ops at the
+            # drawn parameters are the reference result.
+            t = decode_jpeg_tensor(data, name)
+            res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
+            _copy_tensor_out(res, out, _trailing_flip(plan.ops))
+            return
+        loaded, applied = load_reduced(img, scale, name, data)
+        _apply_loaded(loaded, plan, applied, out)
+    except DecodeError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+        raise decode_error(name, e, data) from None
+
+
+def _decode_pil(
+    data: bytes | memoryview | np.ndarray,
+    img: Image.Image | None,
+    plan: Plan,
+    out: np.ndarray,
+    name: str,
+    reduce: bool,
+    exact: bool = False,
+) -> None:
+    """``resampler="pil"``: the plan as torchvision runs it on a PIL RGB image.
+
+    One PIL resample of the box where that gives the same pixels as the chain (see
+    :func:`_pil_box_exact`; with ``exact``, only where the chain is itself one resample, see
+    :func:`_one_resample`), decoding only the region it reads (at ``1/scale`` if ``reduce``);
+    otherwise the ops one by one on the full decode, exactly as torchvision's PIL path.
+    """
+    box_exact = _pil_box_exact(plan) and (not exact or _one_resample(plan))
+    scale = 1
+    if reduce and box_exact and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
+        x0, y0, x1, y1 = plan.pixel_box()
+        scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+    try:
+        loaded: Image.Image | None = None
+        if img is None:
+            if box_exact:
+                if _decode_region_pil(data, plan, scale, out):
+                    return
+            else:
+                height, width = plan.source
+                full = decode_jpeg_region(data, 0, 0, width, height)
+                loaded = None if full is None else Image.fromarray(full)
+            if loaded is None:
+                img = open_image(data, name)  # libjpeg reported corrupt data: the reference way
+        if loaded is None:
+            assert img is not None
+            loaded, scale = load_reduced(img, scale, name, data)
+        if box_exact:
+            _copy_pil_out(_pil_fused(loaded, plan, scale), out)
+        else:
+            _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
+    except DecodeError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+        raise decode_error(name, e, data) from None
+
+
+def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:
+    """Runs a plan on a decoded PIL image (at ``1/scale``), writing HWC RGB into ``out``."""
+    if plan.fusable:
+        _copy_pil_out(_pil_fused(img, plan, scale), out)
+        return
+    rgb = img if img.mode == "RGB" else img.convert("RGB")
+    t = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)
+    res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
+    _copy_tensor_out(res, out, _trailing_flip(plan.ops))
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,7 +716,7 @@ class Transform:
         if isinstance(img, Image.Image):
             plan = self.plan(img.height, img.width)
             out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
-            self._apply_loaded(img, plan, 1, out)
+            _apply_loaded(img, plan, 1, out)
             return torch.from_numpy(out).permute(2, 0, 1)
         raise TypeError(f"img should be a torch.Tensor or a PIL Image, but got {type(img).__name__}")
 
@@ -622,7 +755,7 @@ class Transform:
         height, width, img = _open(data, name)
         plan = self.plan(height, width)
         out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
-        self._decode_planned(data, img, plan, out, name, pil, reduce)
+        decode_plan(data, img, plan, out, name, pil, reduce)
         return torch.from_numpy(out).permute(2, 0, 1)
 
     def decode_into(
@@ -633,6 +766,7 @@ class Transform:
         *,
         resampler: str = "auto",
         reduce: bool | None = None,
+        exact: bool = False,
     ) -> None:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
@@ -642,6 +776,8 @@ class Transform:
                 batch buffer in shared memory (a CPU uint8 tensor works too: written in place).
             name: How to name the sample in an error.
             resampler, reduce: As in :meth:`decode_and_apply`.
+            exact: With the PIL resampler, fold the ops into one resample only where torchvision's
+                chain is one (see :func:`decode_plan`).
 
         Raises:
             DecodeError: Naming ``name`` when the file is not a decodable image.
@@ -667,7 +803,7 @@ class Transform:
                 f"{self.output_size})"
             )
         pil, reduce = self._choose(resampler, reduce)
-        self._decode_planned(data, img, plan, out, name, pil, reduce)
+        decode_plan(data, img, plan, out, name, pil, reduce, exact)
 
     def _choose(self, resampler: str, reduce: bool | None) -> tuple[bool, bool]:
         """``(pil, reduce)`` for the ``resampler`` and ``reduce`` arguments (see decode_and_apply)."""
@@ -678,106 +814,6 @@ class Transform:
         else:
             pil = resampler == "pil"
         return pil, random if reduce is None else bool(reduce)
-
-    # -- the fused decode ---------------------------------------------------------------------------
-
-    def _decode_planned(
-        self,
-        data: bytes | memoryview | np.ndarray,
-        img: Image.Image | None,
-        plan: Plan,
-        out: np.ndarray,
-        name: str,
-        pil: bool = False,
-        reduce: bool = True,
-    ) -> None:
-        if pil:
-            self._decode_pil(data, img, plan, out, name, reduce)
-            return
-        scale = 1
-        if (
-            reduce
-            and plan.fusable
-            and plan.resample is not None
-            and (img is None or img.format in JPEG_FORMATS)
-        ):
-            x0, y0, x1, y1 = plan.pixel_box()
-            scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
-        if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
-            if _decode_region_planned(data, plan, scale, out):
-                return
-            img = open_image(data, name)  # libjpeg reported corrupt data: decode the reference way
-        is_jpeg = img.format in JPEG_FORMATS
-        try:
-            if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
-                # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and
-                # torch's uint8 resize kernels are faster than Pillow's; torchvision's own ops at the
-                # drawn parameters are the reference result.
-                t = decode_jpeg_tensor(data, name)
-                res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
-                _copy_tensor_out(res, out, _trailing_flip(plan.ops))
-                return
-            loaded, applied = load_reduced(img, scale, name, data)
-            self._apply_loaded(loaded, plan, applied, out)
-        except DecodeError:
-            raise
-        except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
-            raise decode_error(name, e, data) from None
-
-    @staticmethod
-    def _decode_pil(
-        data: bytes | memoryview | np.ndarray,
-        img: Image.Image | None,
-        plan: Plan,
-        out: np.ndarray,
-        name: str,
-        reduce: bool,
-    ) -> None:
-        """``resampler="pil"``: the plan as torchvision runs it on a PIL RGB image.
-
-        One PIL resample of the box where that gives the same pixels as the chain (see
-        :func:`_pil_box_exact`), decoding only the region it reads (at ``1/scale`` if ``reduce``);
-        otherwise the ops one by one on the full decode, exactly as torchvision's PIL path.
-        """
-        box_exact = _pil_box_exact(plan)
-        scale = 1
-        if reduce and box_exact and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
-            x0, y0, x1, y1 = plan.pixel_box()
-            scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
-        try:
-            loaded: Image.Image | None = None
-            if img is None:
-                if box_exact:
-                    if _decode_region_pil(data, plan, scale, out):
-                        return
-                else:
-                    height, width = plan.source
-                    full = decode_jpeg_region(data, 0, 0, width, height)
-                    loaded = None if full is None else Image.fromarray(full)
-                if loaded is None:
-                    img = open_image(data, name)  # libjpeg reported corrupt data: the reference way
-            if loaded is None:
-                assert img is not None
-                loaded, scale = load_reduced(img, scale, name, data)
-            if box_exact:
-                _copy_pil_out(_pil_fused(loaded, plan, scale), out)
-            else:
-                _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
-        except DecodeError:
-            raise
-        except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
-            raise decode_error(name, e, data) from None
-
-    @staticmethod
-    def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:
-        """Runs a plan on a decoded PIL image (at ``1/scale``), writing HWC RGB into ``out``."""
-        if plan.fusable:
-            _copy_pil_out(_pil_fused(img, plan, scale), out)
-            return
-        rgb = img if img.mode == "RGB" else img.convert("RGB")
-        t = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)
-        res = _run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
-        _copy_tensor_out(res, out, _trailing_flip(plan.ops))
 
 
 class Compose(Transform):

@@ -1,0 +1,568 @@
+"""Head acceleration: the decode-and-crop head of a torchvision pipeline fused with decoding, the
+rest of the user's pipeline run as written.
+
+The whole-pipeline fast path (:mod:`fastload.recognize`) needs every op to be one fastload
+reproduces. Most training scripts add something it does not (``TrivialAugmentWide``,
+``RandAugment``, ``RandomErasing``, a mixup/cutmix ``collate_fn``). For those,
+``fastload.DataLoader`` keeps torch's own iterator and workers, and serves torch's workers a view
+of the dataset whose ``__getitem__`` runs a :class:`HeadPipeline`::
+
+    user's pipeline:  [PILToTensor]  RandomResizedCrop  RandomHorizontalFlip  TrivialAugmentWide
+                       PILToTensor  ConvertImageDtype  Normalize  RandomErasing
+    HeadPipeline:     |------------- head: fused with decoding ---------------| as written
+                      |------------ conversion: one pass ------------------|  as written
+
+* **Head**: the leading ``RandomResizedCrop``, ``Resize``, ``CenterCrop`` and
+  ``RandomHorizontalFlip`` ops (v1 and v2; on PIL images, or on tensors after a leading
+  ``PILToTensor``/``ToImage``). Their random parameters are drawn by torchvision's own code
+  (``RandomResizedCrop.get_params`` / ``make_params``, ``torch.rand(1)`` for the flip) from
+  torch's global RNG, before any pixel is decoded, exactly as torchvision draws them: in torch's
+  workers that is the worker's seeded generator, so every op after the head makes the same draws
+  as in torch's pipeline. Then only what the head needs is decoded (the crop's region; at a
+  reduced DCT scale when the crop is at least twice the output and ``exact`` is off), and the
+  result is exactly the type the head would have returned: a PIL RGB image, a uint8 ``(3, H, W)``
+  tensor, or a ``tv_tensors.Image``.
+* **Conversions** (``ToTensor``, ``PILToTensor``, ``ToImage``, ``ConvertImageDtype``, ``ToDtype``,
+  ``Normalize``, ``ToPureTensor``) that follow one another run as one pass through a per-channel
+  table, bit-identical to torchvision's arithmetic (see :class:`fastload.recognize.Conversion`),
+  and return the same type (a ``tv_tensors.Image`` after a v2 ``ToImage`` until ``ToPureTensor``).
+  A conversion that receives something else than it was planned for (a PIL image that is not
+  RGB, after a ``Lambda``, say) runs as the user's ops instead.
+* **Everything else** -- any op, the dataset's ``target_transform`` and the loader's
+  ``collate_fn`` -- is the user's own object, called with what it would have received.
+
+Pixels. With ``exact=True`` (``fastload.DataLoader(exact_pixels=True)``) every image is decoded
+at full size and the head's resizes run as torchvision runs them (PIL's resample, reproduced
+byte for byte by the C extension, or torch's kernels through torchvision's functional ops), so
+the batches are bit-identical to torch's DataLoader for the same seed and order. By default a
+training head (one with a random op) may decode at 1/2, 1/4 or 1/8 of the size: the crop
+parameters, the labels and every later random draw are still torch's, the pixels differ a little
+(``bench/decode.py`` measures it; the tests bound it).
+
+A file fastload's decoder cannot read is loaded the reference way (PIL, as torchvision's loader
+does) with the same random draws, and the user's whole transform runs on it: a corrupt file
+raises PIL's own error, and one PIL can read (``ImageFile.LOAD_TRUNCATED_IMAGES``) gives the
+sample torch would.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from .decode import (
+    JPEG_FORMATS,
+    DecodeError,
+    dct_scale,
+    decode_jpeg_region,
+    decode_pil,
+    jpeg_header,
+    open_image,
+)
+from .folder import EncodedImageDataset
+from .recognize import (
+    CONVERSIONS,
+    Conversion,
+    NotReproducible,
+    conversion_step,
+    folder_source,
+    is_image_folder,
+    is_v2,
+    op_kind,
+    pipeline_ops,
+    resize_mode,
+    tensor_antialias,
+)
+from .transforms import Plan, decode_plan, resized_output_size
+
+__all__ = ["HeadPipeline", "head_view", "split_pipeline"]
+
+_CROPS = ("RandomResizedCrop", "Resize", "CenterCrop")
+
+
+@dataclass
+class _HeadOp:
+    """One op of the head: the user's object and how fastload plans it."""
+
+    kind: str  # "RandomResizedCrop" | "Resize" | "CenterCrop" | "RandomHorizontalFlip"
+    op: Any
+    v2: bool
+    interpolation: str = "bilinear"
+    antialias: bool = True
+
+
+@dataclass
+class _Convert:
+    """A run of conversion ops done in one pass (see the module docs)."""
+
+    ops: list[Any]  # the user's objects (run instead when the input is not what was planned)
+    source: str  # "pil" or "uint8": what the run expects
+    wrapped_in: bool  # a tv_tensors.Image expected (else a plain tensor), for "uint8"
+    wrapped_out: bool  # the result is a tv_tensors.Image
+    conversion: Conversion
+
+
+def _kind_name(op: Any) -> str:
+    return type(op).__name__
+
+
+def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
+    interpolation, antialias = "bilinear", True
+    if kind in ("RandomResizedCrop", "Resize"):
+        interpolation = resize_mode(op)  # raises for modes fastload does not resample
+        antialias = tensor_antialias(op, on_pil)
+    if kind == "Resize" and getattr(op, "size", None) is None and getattr(op, "max_size", None) is None:
+        raise NotReproducible(f"{_kind_name(op)} without a size")
+    return _HeadOp(kind, op, is_v2(op), interpolation, antialias)
+
+
+def _conversion_run(
+    ops: list[Any], start: int, state: str, wrapped: bool
+) -> tuple[_Convert | None, int, str, bool]:
+    """The longest run of conversions from ``ops[start]`` fastload fuses for an image in ``state``:
+    ``(run or None, next index, state after it, wrapped after it)``."""
+    steps: list[tuple[Any, ...]] = []
+    i, now, wrap = start, state, wrapped
+    while i < len(ops):
+        op = ops[i]
+        kind = op_kind(op)
+        if kind not in CONVERSIONS:
+            break
+        if wrap and not is_v2(op):
+            break  # a v1 op on a tv_tensors.Image returns a plain tensor at some point: run it as written
+        try:
+            now, more = conversion_step(op, kind, now)
+        except NotReproducible:
+            break
+        steps += more
+        if kind == "ToImage":
+            wrap = True
+        elif kind in ("ToPureTensor", "ToTensor", "PILToTensor"):
+            wrap = False
+        i += 1
+    if i == start or now == "pil":
+        return None, start, state, wrapped
+    run = _Convert(list(ops[start:i]), state, wrapped, wrap, Conversion(tuple(steps)))
+    return run, i, now, wrap
+
+
+def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = False) -> HeadPipeline:
+    """The :class:`HeadPipeline` of a torchvision pipeline.
+
+    Args:
+        transform: The dataset's ``transform``: a torchvision ``Compose`` (v1 or v2), one op, or a
+            wrapper :func:`fastload.recognize.see_through` sees through.
+        reduce: Allow reduced-size JPEG decoding; ``None``: when the head has a random op.
+        exact: Decode at full size and resize exactly as torchvision does (see the module docs).
+
+    Raises:
+        NotReproducible: If the pipeline does not begin with a crop or resize fastload fuses with
+            decoding (the message names the first op and why).
+    """
+    ops = pipeline_ops(transform)
+    i, state, wrapped = 0, "pil", False
+    while i < len(ops) and op_kind(ops[i]) in ("PILToTensor", "ToImage"):  # the tensor backend
+        if op_kind(ops[i]) == "PILToTensor" and state != "pil":
+            break
+        wrapped = op_kind(ops[i]) == "ToImage" or (wrapped and op_kind(ops[i]) != "PILToTensor")
+        state = "uint8"
+        i += 1
+    leading = list(ops[:i])
+    head: list[_HeadOp] = []
+    blocker: str | None = None
+    while i < len(ops):
+        kind = op_kind(ops[i])
+        if kind not in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"):
+            break
+        if wrapped and not is_v2(ops[i]):
+            blocker = f"a v1 {_kind_name(ops[i])} on a tv_tensors.Image"
+            break
+        try:
+            head.append(_head_op(ops[i], kind, state == "pil"))
+        except NotReproducible as e:
+            blocker = str(e)
+            break
+        i += 1
+    if not any(h.kind in _CROPS for h in head):
+        first = ops[len(leading)] if len(leading) < len(ops) else None
+        if blocker is not None and not head:
+            raise NotReproducible(f"the pipeline's first crop or resize is not one fastload fuses: {blocker}")
+        what = "nothing" if first is None else _kind_name(first)
+        raise NotReproducible(
+            f"the pipeline does not begin with a crop or resize fastload fuses with decoding "
+            f"(RandomResizedCrop, Resize, CenterCrop; it begins with {what})"
+        )
+    stages: list[Any] = []
+    while i < len(ops):
+        run = None
+        if state in ("pil", "uint8"):
+            run, nxt, new_state, new_wrap = _conversion_run(ops, i, state, wrapped)
+            if run is not None:
+                stages.append(run)
+                i, state, wrapped = nxt, new_state, new_wrap
+                continue
+        stages.append(ops[i])  # the user's op; it is planned to keep the image's kind (checked at run time)
+        i += 1
+    random = any(h.kind in ("RandomResizedCrop", "RandomHorizontalFlip") for h in head)
+    return HeadPipeline(
+        leading,
+        "pil" if not leading else "uint8",
+        wrapped_head(leading),
+        head,
+        stages,
+        reduce=(random if reduce is None else bool(reduce)) and not exact,
+        exact=exact,
+        transform=transform,
+    )
+
+
+def wrapped_head(leading: list[Any]) -> bool:
+    """Whether the ops before the head leave a ``tv_tensors.Image`` (a v2 ``ToImage`` last wins
+    over a ``PILToTensor`` before it)."""
+    wrapped = False
+    for op in leading:
+        wrapped = op_kind(op) == "ToImage" or (wrapped and op_kind(op) != "PILToTensor")
+    return wrapped
+
+
+_STAND_IN = torch.zeros(())
+
+
+def _stand_in(height: int, width: int) -> torch.Tensor:
+    """A ``(3, height, width)`` tensor without memory: what torchvision's parameter code measures."""
+    return _STAND_IN.expand(3, height, width)
+
+
+def _draw_crop(h: _HeadOp, height: int, width: int) -> tuple[int, int, int, int]:
+    """``(top, left, height, width)`` drawn by the user's RandomResizedCrop's own code, as its
+    ``forward`` draws them for an image of that size."""
+    image = _stand_in(height, width)
+    op = h.op
+    if h.v2:
+        make = getattr(op, "make_params", None) or op._get_params  # torchvision < 0.21 names it so
+        params = make([image])
+        return int(params["top"]), int(params["left"]), int(params["height"]), int(params["width"])
+    top, left, crop_h, crop_w = type(op).get_params(image, op.scale, op.ratio)
+    return int(top), int(left), int(crop_h), int(crop_w)
+
+
+def _draw_flip(h: _HeadOp) -> bool:
+    """The user's flip's own draw: v1 flips when ``torch.rand(1) < p``, v2 keeps the image when
+    ``torch.rand(1) >= p``."""
+    draw = torch.rand(1)
+    if h.v2:
+        return not bool(draw >= h.op.p)
+    return bool(draw < h.op.p)
+
+
+def _size_list(size: Any) -> list[int]:
+    return [int(size), int(size)] if isinstance(size, int) else [int(v) for v in size]
+
+
+class HeadPipeline:
+    """A torchvision pipeline with its head fused with decoding (see the module docs).
+
+    Built by :func:`split_pipeline`. A dataset whose ``transform`` it is calls
+    :meth:`decode_and_apply` with the encoded file (:func:`fastload.decode.load_sample`).
+
+    Attributes:
+        transform: The user's pipeline (run whole, on the reference decode, where fastload's
+            decoder cannot read a file).
+        reduce, exact: See :func:`split_pipeline`.
+        errors: ``"pil"``: a file no decoder reads raises PIL's error, as torchvision's loader
+            does; ``"fastload"``: :class:`fastload.decode.DecodeError`, as fastload's datasets do.
+    """
+
+    def __init__(
+        self,
+        leading: list[Any],
+        head_state: str,
+        head_wrapped: bool,
+        head: list[_HeadOp],
+        stages: list[Any],
+        *,
+        reduce: bool,
+        exact: bool,
+        transform: Any,
+        errors: str = "pil",
+    ) -> None:
+        self.leading = leading
+        self.head_state = head_state
+        self.head_wrapped = head_wrapped
+        self.head = head
+        self.stages = stages
+        self.reduce = reduce
+        self.exact = exact
+        self.transform = transform
+        self.errors = errors
+
+    # ---------------------------------------------------------------- description
+
+    @property
+    def fused_ops(self) -> list[str]:
+        """The names of the ops fastload runs itself (the rest are the user's objects)."""
+        names = [_kind_name(op) for op in self.leading] + [_kind_name(h.op) for h in self.head]
+        for stage in self.stages:
+            if isinstance(stage, _Convert):
+                names += [_kind_name(op) for op in stage.ops]
+        return names
+
+    @property
+    def user_ops(self) -> list[str]:
+        """The names of the ops that run as the user's objects."""
+        return [_kind_name(stage) for stage in self.stages if not isinstance(stage, _Convert)]
+
+    def describe(self) -> str:
+        """One line: what is fused and what runs as written, in pipeline order."""
+        parts = [" -> ".join([_kind_name(op) for op in self.leading] + [_kind_name(h.op) for h in self.head])]
+        parts[0] += " fused with decoding"
+        for stage in self.stages:
+            if isinstance(stage, _Convert):
+                parts.append(" -> ".join(_kind_name(op) for op in stage.ops) + " in one pass")
+            else:
+                parts.append(f"{_kind_name(stage)} as written")
+        return "; ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"HeadPipeline({self.describe()})"
+
+    # ---------------------------------------------------------------- running
+
+    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> Any:
+        """One sample: decode fused with the head, then the rest of the pipeline (see the module docs)."""
+        rng_state = torch.get_rng_state()
+        try:
+            image = self._head(data, name)
+        except DecodeError:
+            torch.set_rng_state(rng_state)  # the reference decode then draws what torchvision draws
+            return self.transform(self._reference(data, name))
+        first = True
+        for stage in self.stages:
+            if isinstance(stage, _Convert):
+                image = self._convert(stage, image)
+            else:
+                image = stage(self._materialize(image) if first else image)
+            first = False
+        return self._materialize(image) if first else image
+
+    def _reference(self, data: bytes | memoryview | np.ndarray, name: str) -> Image.Image:
+        """The image as the user's loader reads it (PIL, RGB)."""
+        if self.errors == "fastload":
+            return decode_pil(bytes(data) if isinstance(data, np.ndarray) else data, name)
+        raw = data.tobytes() if isinstance(data, np.ndarray) else data
+        try:
+            img = Image.open(io.BytesIO(raw))
+        except UnidentifiedImageError:
+            raise UnidentifiedImageError(f"cannot identify image file {name}") from None
+        return img.convert("RGB")
+
+    def _plan(self, height: int, width: int) -> tuple[Plan, list[tuple[_HeadOp, Any]]]:
+        """Draws the head's parameters (torchvision's draws, in order) and plans its geometry.
+
+        Returns the plan and the head's ops with their parameters (``(top, left, h, w)`` of a
+        crop, the flip decision, ``None`` otherwise) for the op-by-op tensor path.
+        """
+        plan = Plan(height, width)
+        drawn: list[tuple[_HeadOp, Any]] = []
+        for h in self.head:
+            if h.kind == "RandomResizedCrop":
+                box = _draw_crop(h, plan.height, plan.width)
+                out_h, out_w = _size_list(h.op.size)
+                plan.crop(*box)
+                plan.resize(out_h, out_w, h.interpolation, h.antialias)
+                drawn.append((h, box))
+            elif h.kind == "RandomHorizontalFlip":
+                flip = _draw_flip(h)
+                if flip:
+                    plan.hflip()
+                drawn.append((h, flip))
+            elif h.kind == "Resize":
+                target: Any = h.op.size
+                if isinstance(target, (list, tuple)):
+                    target = int(target[0]) if len(target) == 1 else (int(target[0]), int(target[1]))
+                rh, rw = resized_output_size(plan.height, plan.width, target, h.op.max_size)
+                plan.resize(rh, rw, h.interpolation, h.antialias)
+                drawn.append((h, None))
+            else:  # CenterCrop
+                ch, cw = _size_list(h.op.size)
+                if ch > plan.height or cw > plan.width:
+                    plan.center_crop_padded(ch, cw)
+                else:
+                    plan.crop(
+                        int(round((plan.height - ch) / 2.0)), int(round((plan.width - cw) / 2.0)), ch, cw
+                    )
+                drawn.append((h, None))
+        return plan, drawn
+
+    def _head(self, data: bytes | memoryview | np.ndarray, name: str) -> np.ndarray | torch.Tensor:
+        """The head's output: an HWC uint8 array, or a ``(3, H, W)`` uint8 tensor (tensor heads
+        run op by op)."""
+        header = jpeg_header(data)
+        img = None if header is not None else open_image(data, name)
+        height, width = (header[1], header[0]) if header is not None else (img.height, img.width)  # type: ignore[union-attr]
+        plan, drawn = self._plan(height, width)
+        is_jpeg = img is None or img.format in JPEG_FORMATS
+        if self.head_state == "uint8":
+            scale = 1
+            if self.reduce and plan.fusable and plan.resample is not None and is_jpeg:
+                x0, y0, x1, y1 = plan.pixel_box()
+                scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+            if scale == 1:
+                return self._tensor_head(data, img, drawn, name)
+        out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
+        decode_plan(data, img, plan, out, name, pil=True, reduce=self.reduce, exact=self.exact)
+        return out
+
+    def _tensor_head(
+        self,
+        data: bytes | memoryview | np.ndarray,
+        img: Image.Image | None,
+        drawn: list[tuple[_HeadOp, Any]],
+        name: str,
+    ) -> torch.Tensor:
+        """A head on tensors, op by op with the user's own functional ops (v1 resizes uint8 via
+        float, v2 with torch's uint8 kernels), on the decoded region of a leading crop."""
+        region = None
+        start = 0
+        if drawn and drawn[0][0].kind == "RandomResizedCrop" and img is None:
+            top, left, crop_h, crop_w = drawn[0][1]
+            region = decode_jpeg_region(data, left, top, crop_w, crop_h)
+            if region is not None:
+                start = 1
+        if region is None:
+            if img is None:
+                full = decode_jpeg_region(data, 0, 0, *(jpeg_header(data) or (0, 0))[:2])
+                if full is None:
+                    img = open_image(data, name)
+                else:
+                    region = full
+            if region is None:
+                assert img is not None
+                region = np.asarray(
+                    decode_pil(data.tobytes() if isinstance(data, np.ndarray) else data, name)
+                )
+        if not (region.flags.writeable and region.flags.c_contiguous):
+            region = np.array(region)  # the tail may write to what the head returns
+        t = torch.from_numpy(region).permute(2, 0, 1)  # pil_to_tensor's layout
+        for k, (h, params) in enumerate(drawn):
+            F = _functional(h.v2)
+            op = h.op
+            if h.kind == "RandomResizedCrop":
+                if k >= start:
+                    t = F.crop(t, *params)
+                t = F.resize(t, _size_list(op.size), interpolation=op.interpolation, antialias=op.antialias)
+            elif h.kind == "Resize":
+                t = F.resize(
+                    t, op.size, interpolation=op.interpolation, max_size=op.max_size, antialias=op.antialias
+                )
+            elif h.kind == "CenterCrop":
+                t = F.center_crop(t, op.size)
+            elif params:
+                t = F.horizontal_flip(t) if h.v2 else F.hflip(t)
+        return t
+
+    def _materialize(self, image: np.ndarray | torch.Tensor) -> Any:
+        """The head's output as the type the head returns."""
+        if isinstance(image, np.ndarray):
+            if self.head_state == "pil":
+                return Image.fromarray(image)
+            image = torch.from_numpy(image).permute(2, 0, 1)
+        return _wrap(image) if self.head_wrapped else image
+
+    def _convert(self, stage: _Convert, image: Any) -> Any:
+        """A fused conversion run, or the user's ops where the input is not what was planned."""
+        hwc: np.ndarray | None = None
+        chw: torch.Tensor | None = None
+        if isinstance(image, np.ndarray):  # straight from the head, planned for this run
+            hwc = image
+        elif stage.source == "pil":
+            if isinstance(image, Image.Image) and image.mode == "RGB":
+                hwc = np.asarray(image)
+        elif (
+            isinstance(image, torch.Tensor)
+            and _is_image_type(image) == stage.wrapped_in
+            and image.dtype == torch.uint8
+            and image.ndim == 3
+            and image.shape[0] == 3
+            and image.device.type == "cpu"
+        ):
+            chw = image.as_subclass(torch.Tensor)
+            if chw.permute(1, 2, 0).is_contiguous():
+                hwc = chw.permute(1, 2, 0).numpy()
+        if hwc is None and chw is None:
+            for op in stage.ops:
+                image = op(image)
+            return image
+        conversion = stage.conversion
+        if hwc is not None:
+            if conversion.dtype == torch.uint8:  # a copy, as pil_to_tensor makes (hwc may be PIL's)
+                out_t = torch.from_numpy(np.array(hwc)).permute(2, 0, 1)
+            else:
+                out = np.empty((3, hwc.shape[0], hwc.shape[1]), dtype=np.float32)
+                conversion.hwc(np.ascontiguousarray(hwc), out)
+                out_t = torch.from_numpy(out)
+        else:
+            assert chw is not None
+            out_t = chw if conversion.dtype == torch.uint8 and not conversion.steps else conversion.batch(chw)
+        return _wrap(out_t) if stage.wrapped_out else out_t
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _functional(v2: bool) -> Any:
+    if v2:
+        from torchvision.transforms.v2 import functional as F2
+
+        return F2
+    from torchvision.transforms import functional as F1
+
+    return F1
+
+
+def _is_image_type(t: torch.Tensor) -> bool:
+    if type(t) is torch.Tensor:
+        return False
+    from torchvision import tv_tensors
+
+    return isinstance(t, tv_tensors.Image)
+
+
+def _wrap(t: torch.Tensor) -> torch.Tensor:
+    from torchvision import tv_tensors
+
+    return tv_tensors.Image(t)
+
+
+def head_view(dataset: Any, *, exact: bool = False) -> tuple[EncodedImageDataset | None, str | None]:
+    """The dataset torch's iterator serves for a head-accelerated ``dataset``, or why there is none.
+
+    The view has ``dataset``'s samples, labels, classes and ``target_transform``; its
+    ``transform`` is the :class:`HeadPipeline` of ``dataset.transform``. For a torchvision
+    ``DatasetFolder`` it is a fastload ``ImageFolder`` over the samples' index (no Python list in
+    the workers, see :func:`fastload.recognize.worker_view`).
+
+    Returns:
+        ``(view, None)``, or ``(None, reason)`` naming the first thing that rules it out.
+    """
+    if not is_image_folder(dataset):
+        return None, (
+            f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "
+            "InMemoryImageFolder or torchvision's ImageFolder/DatasetFolder)"
+        )
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        return None, "the dataset has no transform: its samples are PIL images"
+    try:
+        view = folder_source(dataset)
+        pipeline = split_pipeline(transform, exact=exact)
+    except NotReproducible as e:
+        return None, str(e)
+    pipeline.errors = "fastload" if isinstance(dataset, EncodedImageDataset) else "pil"
+    view.transform = pipeline  # type: ignore[assignment]  # a callable with decode_and_apply
+    return view, None
