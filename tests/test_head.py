@@ -164,7 +164,9 @@ def test_target_transform_and_shuffle_with_workers(imagenet_root: Path) -> None:
     dataset = torchvision.datasets.ImageFolder(
         imagenet_root / "train", transform=_new_v2(), target_transform=lambda t: 10 * t + 1
     )
-    loader = fastload.DataLoader(dataset, batch_size=8, shuffle=True, seed=3, num_workers=2, exact_pixels=True)
+    loader = fastload.DataLoader(
+        dataset, batch_size=8, shuffle=True, seed=3, num_workers=2, exact_pixels=True
+    )
     assert loader.path == "head-accelerated" and "target_transform" in (loader.fast_path_reason or "")
     order = list(loader.sampler)  # epoch 0's order
     torch.manual_seed(1)
@@ -226,11 +228,18 @@ def _custom_loader(path: str) -> Any:
     return torchvision.datasets.folder.pil_loader(path)
 
 
-def test_paths_and_the_info_line_for_each_blocker(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_paths_and_the_info_line_for_each_blocker(
+    imagenet_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     val = imagenet_root / "val"
     sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(12)), 4, False)
     cases: list[tuple[Any, dict[str, Any], str, str]] = [
-        (torchvision.datasets.ImageFolder(val, transform=Preset(_new_v1())), {}, "head-accelerated", "Trivial"),
+        (
+            torchvision.datasets.ImageFolder(val, transform=Preset(_new_v1())),
+            {},
+            "head-accelerated",
+            "Trivial",
+        ),
         (
             torchvision.datasets.ImageFolder(val, transform=_new_v2()),
             {"collate_fn": MixupCutmix(4)},
@@ -244,7 +253,12 @@ def test_paths_and_the_info_line_for_each_blocker(imagenet_root: Path, caplog: p
             "batch_sampler",
         ),
         (_OwnGetItem(val, transform=_new_v1()), {}, "torch", "__getitem__"),
-        (torchvision.datasets.ImageFolder(val, transform=_new_v1(), loader=_custom_loader), {}, "torch", "loader"),
+        (
+            torchvision.datasets.ImageFolder(val, transform=_new_v1(), loader=_custom_loader),
+            {},
+            "torch",
+            "loader",
+        ),
         (
             torchvision.datasets.ImageFolder(val, transform=v1.Compose([v1.ColorJitter(0.1), v1.ToTensor()])),
             {},
