@@ -665,6 +665,138 @@ done:
     return status;
 }
 
+/* PIL's Image.resize((full_w, full_h)) of a whole image of full_in_w x full_in_h, then a crop of out_w x out_h at
+ * (win_x, win_y), computed for the window's pixels only: Pillow's coefficients of the full resize, so the bytes
+ * are those of resizing and then cropping (torchvision's Resize + CenterCrop), which one resample of the
+ * crop's box reproduces only within a level (its centres are computed from the box). src is a region of the
+ * decoded image, region_w x region_h at (origin_x, origin_y); every tap must lie in it. 0, -1 (out of
+ * memory), -2 (a tap outside the region: the caller resizes another way). */
+static int rs_resample_window(const unsigned char *src, int region_w, int region_h, int origin_x, int origin_y,
+                              int full_in_w, int full_in_h, int full_w, int full_h, int win_x, int win_y,
+                              unsigned char *dst, int out_w, int out_h, int bicubic, int flip, int pillow13) {
+    if (win_x < 0 || win_y < 0 || win_x + out_w > full_w || win_y + out_h > full_h) return -2;
+    int horizontal_first = !pillow13 || !((full_in_h - full_h) > 0 && (full_in_h - full_h) > (full_in_w - full_w) * 2);
+    int *bv = NULL, *kv = NULL, *bh = NULL, *kh = NULL;
+    unsigned char *tmp = NULL;
+    int status = -1;
+    if (full_w == full_in_w) { /* the width stays: Pillow runs the vertical pass alone, on every column */
+        int ks = rs_coeffs(full_in_h, 0.0f, (float)full_in_h, full_h, bicubic, &bv, &kv);
+        if (!ks) goto done;
+        int *wv = bv + (size_t)win_y * 2;
+        status = -2;
+        const int x0 = win_x - origin_x;
+        if (x0 < 0 || x0 + out_w > region_w) goto done;
+        for (int i = 0; i < out_h; i++) {
+            wv[i * 2] -= origin_y;
+            if (wv[i * 2 + 1] > 0 && (wv[i * 2] < 0 || wv[i * 2] + wv[i * 2 + 1] > region_h)) goto done;
+            if (wv[i * 2] < 0) wv[i * 2] = 0;
+        }
+        status = -1;
+        tmp = malloc((size_t)out_h * region_w * 3);
+        if (tmp == NULL) goto done;
+        rs_vertical(src, region_w * 3, tmp, out_h, ks, wv, kv + (size_t)win_y * ks);
+        for (int y = 0; y < out_h; y++)
+            memcpy(dst + (size_t)y * out_w * 3, tmp + ((size_t)y * region_w + x0) * 3, (size_t)out_w * 3);
+        if (flip) rs_flip(dst, out_w, out_h);
+        status = 0;
+        goto done;
+    }
+    int ks_h = rs_coeffs(full_in_w, 0.0f, (float)full_in_w, full_w, bicubic, &bh, &kh);
+    if (!ks_h) goto done;
+    int *wh = bh + (size_t)win_x * 2;
+    const int *qh = kh + (size_t)win_x * ks_h;
+    if (full_h == full_in_h) { /* the height stays: Pillow runs the horizontal pass alone, on every row */
+        status = -2;
+        const int first = win_y - origin_y;
+        if (first < 0 || first + out_h > region_h) goto done;
+        for (int i = 0; i < out_w; i++) {
+            wh[i * 2] -= origin_x;
+            if (wh[i * 2 + 1] > 0 && (wh[i * 2] < 0 || wh[i * 2] + wh[i * 2 + 1] > region_w)) goto done;
+            if (wh[i * 2] < 0) wh[i * 2] = 0;
+        }
+        status = -1;
+        if (rs_horizontal(src, region_w, first, out_h, dst, out_w, ks_h, wh, qh)) goto done;
+        if (flip) rs_flip(dst, out_w, out_h);
+        status = 0;
+        goto done;
+    }
+    int ks_v = rs_coeffs(full_in_h, 0.0f, (float)full_in_h, full_h, bicubic, &bv, &kv);
+    if (!ks_v) goto done;
+    int *wv = bv + (size_t)win_y * 2;
+    const int *qv = kv + (size_t)win_y * ks_v;
+    status = -2;
+    for (int i = 0; i < out_h; i++) { /* the taps, in the region's coordinates */
+        wv[i * 2] -= origin_y;
+        if (wv[i * 2 + 1] > 0 && (wv[i * 2] < 0 || wv[i * 2] + wv[i * 2 + 1] > region_h)) goto done;
+        if (wv[i * 2] < 0) wv[i * 2] = 0;
+    }
+    for (int i = 0; i < out_w; i++) {
+        wh[i * 2] -= origin_x;
+        if (wh[i * 2 + 1] > 0 && (wh[i * 2] < 0 || wh[i * 2] + wh[i * 2 + 1] > region_w)) goto done;
+        if (wh[i * 2] < 0) wh[i * 2] = 0;
+    }
+    status = -1;
+    int rows = out_h, cols = region_w, first = 0; /* the intermediate image: vertical first */
+    if (horizontal_first) {
+        first = wv[0];
+        rows = wv[out_h * 2 - 2] + wv[out_h * 2 - 1] - first;
+        cols = out_w;
+        for (int i = 0; i < out_h; i++) wv[i * 2] -= first;
+    }
+    tmp = malloc((size_t)rows * cols * 3);
+    if (tmp == NULL) goto done;
+    if (horizontal_first) {
+        if (rs_horizontal(src, region_w, first, rows, tmp, out_w, ks_h, wh, qh)) goto done;
+        rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, wv, qv);
+    } else {
+        rs_vertical(src, region_w * 3, tmp, out_h, ks_v, wv, qv);
+        if (rs_horizontal(tmp, region_w, 0, out_h, dst, out_w, ks_h, wh, qh)) goto done;
+    }
+    if (flip) rs_flip(dst, out_w, out_h);
+    status = 0;
+done:
+    free(bv);
+    free(kv);
+    free(bh);
+    free(kh);
+    free(tmp);
+    return status;
+}
+
+/* resample_window(src, region_w, region_h, origin_x, origin_y, full_in_w, full_in_h, full_w, full_h, win_x, win_y,
+ *                 dst, out_w, out_h, bicubic, flip, pillow13) -> bool: see rs_resample_window (False: -2) */
+static PyObject *jpeg_resample_window(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int rw, rh, ox, oy, fiw, fih, fw, fh, wx, wy, out_w, out_h, bicubic, flip, pillow13;
+    if (!PyArg_ParseTuple(args, "y*iiiiiiiiiiw*iippp:resample_window", &src, &rw, &rh, &ox, &oy, &fiw, &fih, &fw,
+                          &fh, &wx, &wy, &dst, &out_w, &out_h, &bicubic, &flip, &pillow13))
+        return NULL;
+    PyObject *result = NULL;
+    if (rw < 1 || rh < 1 || out_w < 1 || out_h < 1 || fiw < 1 || fih < 1 || fw < 1 || fh < 1 ||
+        src.len != (Py_ssize_t)rw * rh * 3 || dst.len != (Py_ssize_t)out_w * out_h * 3 ||
+        !PyBuffer_IsContiguous(&src, 'C') || !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyErr_Format(PyExc_ValueError,
+                     "resample_window: need contiguous RGB buffers of %dx%d and %dx%d pixels (got %zd and %zd bytes)",
+                     rw, rh, out_w, out_h, src.len, dst.len);
+        goto done;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = rs_resample_window((const unsigned char *)src.buf, rw, rh, ox, oy, fiw, fih, fw, fh, wx, wy,
+                                (unsigned char *)dst.buf, out_w, out_h, bicubic, flip, pillow13);
+    Py_END_ALLOW_THREADS
+    if (status == -1) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = status == 0 ? Py_True : Py_False;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13) */
 static PyObject *jpeg_resample(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
@@ -819,6 +951,11 @@ static PyMethodDef methods[] = {
      "resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's "
      "Image.resize((out_width, out_height), BICUBIC if bicubic else BILINEAR, box) of RGB bytes, bit for bit, "
      "written into dst (mirrored when flip); pillow13: Pillow >= 13's order of the two passes."},
+    {"resample_window", jpeg_resample_window, METH_VARARGS,
+     "resample_window(src, region_w, region_h, origin_x, origin_y, full_in_w, full_in_h, full_w, full_h, win_x, "
+     "win_y, dst, out_w, out_h, bicubic, flip, pillow13) -> bool: PIL's resize of the whole image to full_w x "
+     "full_h, then the crop of out_w x out_h at (win_x, win_y), bit for bit, computed for the crop only, from a "
+     "region of the decoded image at (origin_x, origin_y); False where it cannot (see the source)."},
     {"simd", jpeg_simd, METH_NOARGS, "simd() -> bool: whether resample runs its AVX2 kernel."},
     {"hwc_lut", hwc_lut, METH_VARARGS,
      "hwc_lut(src, dst, lut[, affine]): dst[c][i] = lut[c][src[i][c]] for interleaved RGB bytes, a float32 "

@@ -57,6 +57,7 @@ __all__ = [
     "open_image",
     "pil_resample",
     "pil_resample_available",
+    "pil_resample_window",
     "roi_decoder_available",
     "to_chw_by_table",
     "torchvision_jpeg_available",
@@ -407,6 +408,75 @@ def pil_resample(
     box = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
     _jpeg.resample(src, width, height, box, out, out.shape[1], out.shape[0], filter == "bicubic", flip, order)
     return True
+
+
+def pil_resample_window(
+    region: np.ndarray,
+    origin: tuple[int, int],
+    source: tuple[int, int],
+    size: tuple[int, int],
+    window: tuple[int, int],
+    filter: str,
+    flip: bool,
+    out: np.ndarray,
+) -> bool:
+    """PIL's resize of a whole image to ``size``, then the crop ``out`` takes at ``window``, bit for
+    bit, computing the crop's pixels only; ``False`` (nothing written) where it cannot promise that.
+
+    torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on a PIL image: one resample of the crop's
+    box gives those pixels only within 1 level (its sample positions are computed from the box),
+    this gives them exactly, at the same cost.
+
+    Args:
+        region: ``(h, w, 3)`` uint8: a region of the decoded image holding every pixel the window's
+            filter taps read (else ``False``).
+        origin: ``(x, y)`` of ``region`` in the image.
+        source: ``(width, height)`` of the whole image.
+        size: ``(width, height)`` of the resized image.
+        window: ``(x, y)`` of the crop in the resized image; its size is ``out``'s.
+        filter: ``"bilinear"`` or ``"bicubic"``.
+        flip: Mirror the result left-right.
+        out: ``(crop_h, crop_w, 3)`` uint8.
+    """
+    if (
+        _jpeg is None
+        or not hasattr(_jpeg, "resample_window")
+        or filter not in ("bilinear", "bicubic")
+        or region.ndim != 3
+        or region.shape[2] != 3
+        or out.ndim != 3
+        or out.shape[2] != 3
+        or region.dtype != np.uint8
+        or out.dtype != np.uint8
+        or not region.flags.c_contiguous
+        or not out.flags.c_contiguous
+    ):
+        return False
+    order = _pil_pass_order()
+    if order is None:
+        return False
+    rh, rw = region.shape[:2]
+    return bool(
+        _jpeg.resample_window(
+            region,
+            rw,
+            rh,
+            int(origin[0]),
+            int(origin[1]),
+            int(source[0]),
+            int(source[1]),
+            int(size[0]),
+            int(size[1]),
+            int(window[0]),
+            int(window[1]),
+            out,
+            out.shape[1],
+            out.shape[0],
+            filter == "bicubic",
+            flip,
+            order,
+        )
+    )
 
 
 def _ends_with_eoi(data: bytes | memoryview | np.ndarray) -> bool:

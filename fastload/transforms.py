@@ -73,6 +73,7 @@ from .decode import (
     open_image,
     pil_resample,
     pil_resample_available,
+    pil_resample_window,
     roi_decoder_available,
     torchvision_jpeg_available,
 )
@@ -393,10 +394,36 @@ def _fused_into(
     """:func:`_pil_fused` of a decoded RGB ``region``, written into ``out``: PIL's bytes, computed by
     the C resampler where it reproduces the installed Pillow (:func:`pil_resample`), else by PIL."""
     if plan.resample is not None:
+        if scale == 1 and _resampled_window(region, plan, out, origin):
+            return
         box, int_box = _fused_box(region.shape[1], region.shape[0], plan, scale, origin)
         if int_box is None and pil_resample(region, box, plan.resample[0], plan.flip, out):
             return
     _copy_pil_out(_pil_fused(Image.fromarray(region), plan, scale, origin), out)
+
+
+def _window(plan: Plan) -> tuple[int, int, int, int] | None:
+    """``(resized_h, resized_w, top, left)`` when the plan resizes the whole image and then crops
+    (``Resize`` + ``CenterCrop``; flips only at the end), else ``None``."""
+    ops = list(plan.ops)
+    while ops and ops[-1][0] == "hflip":
+        ops.pop()
+    if len(ops) < 2 or ops[0][0] != "resize" or any(op[0] != "crop" for op in ops[1:]):
+        return None
+    return ops[0][1], ops[0][2], sum(op[1] for op in ops[1:]), sum(op[2] for op in ops[1:])
+
+
+def _resampled_window(region: np.ndarray, plan: Plan, out: np.ndarray, origin: tuple[int, int]) -> bool:
+    """A resize-then-crop plan run by :func:`fastload.decode.pil_resample_window` on ``region`` (a
+    full-size decode starting at ``origin``): exactly PIL's resize and crop; ``False`` where it cannot."""
+    window = _window(plan)
+    if window is None or plan.resample is None:
+        return False
+    full_h, full_w, top, left = window
+    height, width = plan.source
+    return pil_resample_window(
+        region, origin, (width, height), (full_w, full_h), (left, top), plan.resample[0], plan.flip, out
+    )
 
 
 def _open(data: bytes | memoryview | np.ndarray, name: str) -> tuple[int, int, Image.Image | None]:
@@ -488,6 +515,8 @@ def _pil_box_exact(plan: Plan) -> bool:
         return plan.fusable
     if not plan.fusable:
         return False
+    if _window(plan) is not None and not pil_resample_available():
+        return False  # a resize then a crop: exactly only by the C extension's window (or op by op)
     if plan.resample[0] == "bilinear":
         return True
     x0, y0, x1, y1 = plan.pixel_box()
@@ -637,13 +666,23 @@ def _decode_pil(
             assert img is not None
             loaded, scale = load_reduced(img, scale, name, data)
         if box_exact:
-            _copy_pil_out(_pil_fused(loaded, plan, scale), out)
-        else:
+            if not (
+                scale == 1
+                and _window(plan) is not None
+                and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))
+            ):
+                _copy_pil_out(_pil_fused(loaded, plan, scale), out)
+        elif not (scale == 1 and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))):
             _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
     except DecodeError:
         raise
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
         raise decode_error(name, e, data) from None
+
+
+def _rgb_array(img: Image.Image) -> np.ndarray:
+    """The pixels of a loaded image as RGB (as torchvision's loader converts them), C-contiguous."""
+    return np.ascontiguousarray(np.asarray(img if img.mode == "RGB" else img.convert("RGB")))
 
 
 def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:

@@ -419,17 +419,20 @@ def test_c_resample_declines_what_it_does_not_reproduce(
     data = next(iter(samples.values()))
     used: list[bool] = []
 
-    def spy(*args: Any) -> bool:
-        used.append(fastload.decode.pil_resample(*args))
+    def spy(*args: Any) -> bool:  # the resize + crop: the C extension's window of the whole resize
+        used.append(fastload.decode.pil_resample_window(*args))
         return used[-1]
 
-    monkeypatch.setattr(fT, "pil_resample", spy)
+    monkeypatch.setattr(fT, "pil_resample_window", spy)
     fast = tf.decode_and_apply(data, resampler="pil", reduce=False)
     assert used == [True]  # the C resampler ran
     monkeypatch.setattr(fastload.decode, "_PIL_ORDER", [None])  # as with a Pillow it does not reproduce
     assert not fastload.decode.pil_resample(pixels, (0, 0, 12, 10), "bilinear", False, out)
+    assert not fastload.decode.pil_resample_window(
+        pixels, (0, 0), (12, 10), (6, 5), (0, 0), "bilinear", False, out
+    )
     assert torch.equal(tf.decode_and_apply(data, resampler="pil", reduce=False), fast)
-    assert used == [True, False]  # PIL ran, with the same pixels
+    assert used == [True, False]  # it declined; PIL ran (op by op), with the same pixels
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
@@ -437,8 +440,8 @@ def test_evaluation_pipelines_give_torchvisions_pil_pixels_by_default(
     samples: dict[str, bytes], interpolation: str
 ) -> None:
     """A deterministic pipeline (Resize + CenterCrop) decodes at full size and resizes as PIL does:
-    within 1 level of torchvision's pipeline on the PIL image (``ImageFolder``'s), large, gray,
-    CMYK and PNG files included."""
+    torchvision's pipeline on the PIL image (``ImageFolder``'s) bit for bit, large, gray, CMYK and
+    PNG files included."""
     import torchvision.transforms as v1
 
     assert not Compose([Resize(64), CenterCrop(56)]).random and Compose([RandomResizedCrop(8)]).random
@@ -450,7 +453,50 @@ def test_evaluation_pipelines_give_torchvisions_pil_pixels_by_default(
         reference = torchvision_val(decode_pil(data))
         got = pipe.decode_and_apply(data, name)
         worst = max(worst, int((got.int() - reference.int()).abs().max()))
-    assert worst <= 1
+    assert worst == 0
+
+
+@needs_c
+@pytest.mark.parametrize("filter", ["bilinear", "bicubic"])
+def test_resample_window_is_pils_resize_then_crop(filter: str) -> None:
+    """The whole resize's window, from the whole image or a region holding its taps; both passes, the
+    width or the height kept (one pass), flipped; a region missing taps is declined."""
+    rng = np.random.default_rng(0)
+    resample = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}[filter]
+    cases = [
+        ((500, 375), (341, 256)),
+        ((375, 500), (224, 298)),
+        ((343, 256), (343, 232)),
+        ((300, 400), (120, 400)),
+    ]
+    cases += [((60, 40), (150, 100))]  # an enlargement
+    for (w, h), (fw, fh) in cases:
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        full = np.asarray(Image.fromarray(pixels).resize((fw, fh), resample))
+        for cw, ch, flip in ((min(fw, 224), min(fh, 224), False), (min(fw, 50), min(fh, 30), True)):
+            left, top = (fw - cw) // 3, (fh - ch) // 2
+            want = full[top : top + ch, left : left + cw]
+            want = want[:, ::-1] if flip else want
+            out = np.empty((ch, cw, 3), dtype=np.uint8)
+            assert fastload.decode.pil_resample_window(
+                pixels, (0, 0), (w, h), (fw, fh), (left, top), filter, flip, out
+            )
+            assert np.array_equal(out, want), ((w, h), (fw, fh), (cw, ch))
+            x0, y0 = int(left * w / fw) - 8, int(top * h / fh) - 8
+            x0, y0 = max(0, x0), max(0, y0)
+            x1, y1 = min(w, int((left + cw) * w / fw) + 9), min(h, int((top + ch) * h / fh) + 9)
+            region = np.ascontiguousarray(pixels[y0:y1, x0:x1])
+            out[:] = 0
+            if fastload.decode.pil_resample_window(
+                region, (x0, y0), (w, h), (fw, fh), (left, top), filter, flip, out
+            ):
+                assert np.array_equal(out, want)
+            else:  # only where the region misses a tap (a filter wider than the margin)
+                assert w / fw > 3 or h / fh > 3
+    tight = np.ascontiguousarray(pixels[10:20, 10:20])
+    assert not fastload.decode.pil_resample_window(
+        tight, (10, 10), (60, 40), (150, 100), (0, 0), filter, False, out
+    )
 
 
 @needs_c

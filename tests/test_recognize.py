@@ -132,8 +132,11 @@ def test_eval_pipelines_match_torch(imagenet_root: Path, name: str, split: str) 
         assert torch.equal(ya, yb)  # same labels, same order (shuffle=False)
     normalized = name in ("v1 float", "v2 tensor ops", "v1 ConvertImageDtype")
     diff = (_levels(torch.cat(images), normalized) - _levels(torch.cat(torch_images), normalized)).abs()
-    assert diff.max().item() <= 1.0 + 1e-3, f"{name}: eval pixels differ by {diff.max().item():.3f} levels"
-    assert diff.mean().item() < 0.05
+    # On PIL images a resize then a crop is PIL's resize and crop exactly (the C extension computes
+    # the crop's window of the whole resize; without it, op by op). On tensors (v2 tensor ops) the
+    # fast path runs torch's uint8 kernel on channels-last memory: within 1 level.
+    limit = 1.0 + 1e-3 if name == "v2 tensor ops" else 0.0
+    assert diff.max().item() <= limit, f"{name}: eval pixels differ by {diff.max().item():.3f} levels"
 
 
 def test_dataset_and_transform_are_left_alone(imagenet_root: Path) -> None:
@@ -201,8 +204,7 @@ def test_fastload_datasets_with_torchvision_transforms(imagenet_root: Path) -> N
         assert loader.fast_path, loader.fast_path_reason
         got = torch.cat([x.clone() for x, _ in loader])
         assert got.dtype == torch.float32 and got.shape == want.shape
-        levels = ((got - want).abs() * torch.tensor(STD).view(1, 3, 1, 1) * 255).max().item()
-        assert levels <= 1.0 + 1e-3
+        assert torch.equal(got, want)  # torchvision's pixels, bit for bit
 
 
 def _lambda_pipeline() -> Any:
