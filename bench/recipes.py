@@ -19,9 +19,11 @@ on both sides), only the class differs. The rows:
 * ``tensor classic train`` / ``tensor new recipe train`` (v2, ``--backend tensor``):
   ``PILToTensor`` first, the crop on a uint8 tensor.
 
-Each loader is warmed up (its workers started, ``--warmup`` batches), then timed over
-``--batches`` batches ``--repeat`` times; the table shows the median images/s of each side, the
-ratio of the medians, and the path the swapped loader took (``loader.path``). ``--profile``
+Each loader is measured alone (torch's, then the swap's): warmed up (its workers started, at least
+``--warmup`` batches), then timed ``--repeat`` times over whole epochs of at least ``--batches``
+batches (an epoch left early would discard the batches decoded ahead). The table shows the
+median images/s of each side, the ratio of the medians, and the path the swapped loader took
+(``loader.path``). ``--profile``
 also prints where one image's time goes in the new recipe's train pipeline, stage by stage, in
 one process, torch's pipeline against the head-accelerated one.
 """
@@ -141,31 +143,29 @@ def _loader(cls: Any, recipe: str, data: Path, args: argparse.Namespace) -> Any:
 
 
 def _rate(loader: Any, batches: int) -> float:
-    """Images per second over ``batches`` batches (the loader is iterated again as needed)."""
+    """Images per second over whole epochs, at least ``batches`` batches (an epoch left early
+    would throw away the batches the workers decoded ahead)."""
     images, n = 0, 0
     t0 = time.perf_counter()
     while n < batches:
         for x, _ in loader:
             images += x.shape[0]
             n += 1
-            if n >= batches:
-                break
     return images / (time.perf_counter() - t0)
 
 
 def measure(recipe: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """torch's DataLoader and fastload's on ``recipe``, interleaved runs, medians."""
-    torch_loader = _loader(torch.utils.data.DataLoader, recipe, data, args)
-    swap = _loader(fastload.DataLoader, recipe, data, args)
-    for loader in (torch_loader, swap):
-        _rate(loader, args.warmup)
-    runs: dict[str, list[float]] = {"torch": [], "swap": []}
-    for _ in range(args.repeat):  # interleaved: a noisy moment hits both sides
-        runs["torch"].append(_rate(torch_loader, args.batches))
-        runs["swap"].append(_rate(swap, args.batches))
-    path = swap.path
-    swap.close()
-    del torch_loader
+    """torch's DataLoader, then fastload's, on ``recipe`` (one loader alive at a time), medians."""
+    runs: dict[str, list[float]] = {}
+    path = ""
+    for side, cls in (("torch", torch.utils.data.DataLoader), ("swap", fastload.DataLoader)):
+        loader = _loader(cls, recipe, data, args)
+        _rate(loader, args.warmup)  # the workers started, an epoch or more decoded
+        runs[side] = [_rate(loader, args.batches) for _ in range(args.repeat)]
+        if side == "swap":
+            path = loader.path
+            loader.close()
+        del loader
     torch_rate, swap_rate = statistics.median(runs["torch"]), statistics.median(runs["swap"])
     return {
         "recipe": recipe,

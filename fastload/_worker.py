@@ -63,7 +63,7 @@ import torch.multiprocessing as torch_mp
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
-from ._stream import drop_idle_ring
+from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
 from .device import cuda_available, register_pinned, unregister_pinned
@@ -583,12 +583,15 @@ class TorchWorkerInit:
     #: set when the loader batches and collates with torch's ``default_collate`` (it then runs
     #: :func:`fastload._stream.collate` instead; see ``fastload.loader._worker_init``).
     stream: bool = False
-    #: The ring table of the reused batch segments (:func:`fastload._stream.ring_table`), or ``None``.
+    #: The ring table of the reused batch segments (:func:`fastload._stream.ring_table`), or ``None``;
+    #: without ``stream``, for a user's ``collate_fn`` (:class:`fastload._stream.RingedCollate`).
     ring: torch.Tensor | None = field(default=None, compare=False)
 
     def __call__(self, worker_id: int) -> None:
         if self.stream:
             enable_streaming(self.ring, worker_id)
+        elif self.ring is not None:
+            enable_ring(self.ring, worker_id)  # a user's collate_fn sends in reused segments
         trim = _malloc_trim()
         if (trim is not None or self.ring is not None) and IDLE_TRIM_SECONDS is not None:
             threading.Thread(

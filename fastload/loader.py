@@ -78,7 +78,7 @@ from torch.utils.data import (
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
-from ._stream import MainRing, ring_supported, ring_table
+from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
     BatchDone,
@@ -734,6 +734,18 @@ def streams(loader: DataLoader[Any]) -> bool:
     return loader.batch_sampler is not None and loader.collate_fn is default_collate
 
 
+def rings_collate(loader: DataLoader[Any]) -> bool:
+    """Whether torch's workers of ``loader`` run its ``collate_fn`` (the user's, given at
+    construction) as :class:`fastload._stream.RingedCollate`: it batches with another collate
+    than ``default_collate``."""
+    return (
+        loader.batch_sampler is not None
+        and loader._given_collate
+        and loader.collate_fn is loader._user_collate
+        and loader.collate_fn is not default_collate
+    )
+
+
 @contextlib.contextmanager
 def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
@@ -745,13 +757,19 @@ def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator
     ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
     (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
     the batches of fastload datasets (see :mod:`fastload._stream`), into the reused segments of
-    the ring table ``ring``, if given.
+    the ring table ``ring``, if given. When it batches with the user's own ``collate_fn`` (given
+    at construction) and ``ring`` is given, ``loader.collate_fn`` is
+    :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
+    the workers' reused segments.
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
-    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream, ring=ring if stream else None)
+    ringed = ring is not None and not stream and rings_collate(loader)
+    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream, ring=ring if stream or ringed else None)
     if stream:
         loader.collate_fn = stream_collate
+    elif ringed:
+        loader.collate_fn = RingedCollate(user_collate)
     try:
         yield
     finally:
@@ -913,6 +931,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._own_sampler = own_sampler
         # torch's own default_collate passed explicitly (torchvision's reference script does) is no collate_fn
         self._given_collate = collate_fn is not None and collate_fn is not default_collate
+        self._user_collate = collate_fn
         self._given_batch_sampler = batch_sampler is not None
         super().__init__(
             dataset,
@@ -1193,7 +1212,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         table = None
         if (
             self.reuse_buffers
-            and streams(self)
+            and (streams(self) or rings_collate(self))
             and get_sharing_strategy() == "file_descriptor"
             and not _torch_pins(self)
             and ring_supported()

@@ -652,3 +652,64 @@ def test_a_batch_sent_on_to_another_process_is_never_written_over(
     finally:
         loader.close()
         keeper.join(timeout=30)
+
+
+# ------------------------------------------------------------------ a user's collate_fn (RingedCollate)
+
+
+class _Scaled:
+    """A collate_fn around default_collate, shaped like torchvision's reference
+    ``mixup_cutmix(*default_collate(batch))``: new tensors out (images scaled, labels one-hot)."""
+
+    def __init__(self, view: bool = False) -> None:
+        self.view = view
+
+    def __call__(self, batch: list[Any]) -> Any:
+        images, labels = default_collate(batch)
+        out = images * 0.5
+        if self.view:  # a view of a larger storage: torch sends the whole storage, so is it left alone
+            out = torch.cat([out, out])[: len(batch)]
+        return out, torch.nn.functional.one_hot(labels, 4).float()
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_a_user_collate_sends_its_batches_in_reused_segments(
+    float_set: torchvision.datasets.ImageFolder, never_idle: None, view: bool
+) -> None:
+    """The user's collate_fn runs as written (default_collate inside it, then its own tensors): the
+    batches are torch's, and its large output tensor travels in the worker's reused segments
+    (torch puts every batch in a new one); a view of a larger storage is sent as torch sends it."""
+    collate = _Scaled(view)
+    want = list(torch.utils.data.DataLoader(float_set, batch_size=10, num_workers=2, collate_fn=collate))
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=2, collate_fn=collate, multiprocessing_context="fork"
+    )
+    assert loader.path == "head-accelerated"
+    seen = []
+    for _ in range(3):
+        got = []
+        for batch in loader:
+            got.append(batch)
+            seen.append(_inode(batch[0]))
+        assert len(got) == len(want) == 4
+        for ours, theirs in zip(got, want, strict=True):
+            assert type(ours) is type(theirs)
+            for a, b in zip(ours, theirs, strict=True):
+                assert type(a) is type(b) and a.dtype == b.dtype and a.stride() == b.stride()
+                assert torch.equal(a, b) and a.is_shared() and b.is_shared()
+        del got, batch
+    loader.close()
+    full = [ino for k, ino in enumerate(seen) if k % 4 != 3]
+    if view:
+        assert len(set(full)) == len(full)  # torch's way: a new segment each batch
+    else:
+        assert len(set(full)) <= 4 < len(full), seen  # at most a segment or two per worker, reused
+
+
+def test_ringed_collate_outside_a_worker_only_calls_the_function() -> None:
+    collate = _stream.RingedCollate(_Scaled())
+    batch = [(torch.full((3, 8, 8), float(i)), i % 4) for i in range(4)]
+    images, labels = collate(batch)
+    want_images, want_labels = _Scaled()(batch)
+    assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    assert "_Scaled" in repr(collate)
