@@ -341,14 +341,11 @@ class HeadPipeline:
         except DecodeError:
             torch.set_rng_state(rng_state)  # the reference decode then draws what torchvision draws
             return self.transform(self._reference(data, name))
-        first = True
+        if isinstance(image, torch.Tensor) or not (self.stages and isinstance(self.stages[0], _Convert)):
+            image = self._materialize(image)  # a fused conversion takes the head's HWC array as it is
         for stage in self.stages:
-            if isinstance(stage, _Convert):
-                image = self._convert(stage, image)
-            else:
-                image = stage(self._materialize(image) if first else image)
-            first = False
-        return self._materialize(image) if first else image
+            image = self._convert(stage, image) if isinstance(stage, _Convert) else stage(image)
+        return image
 
     def _reference(self, data: bytes | memoryview | np.ndarray, name: str) -> Image.Image:
         """The image as the user's loader reads it (PIL, RGB)."""

@@ -425,3 +425,73 @@ def test_head_pipeline_pickles_and_describes_itself() -> None:
         "Normalize",
     ]
     assert head.user_ops == ["TrivialAugmentWide", "RandomErasing", "ToPureTensor"]
+
+
+class _RecordWorker:
+    """A worker_init_fn that writes what torch's worker sees into a file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        line = f"{info.id} {info.num_workers} {info.seed} {type(info.dataset).__name__} "
+        line += type(info.dataset.transform).__name__
+        (Path(self.folder) / f"w{worker_id}").write_text(line)
+
+
+def test_torchs_worker_contract_holds(imagenet_root: Path, tmp_path: Path) -> None:
+    """worker_init_fn runs in each worker, get_worker_info() is torch's (the view with the head
+    pipeline as its dataset), and the per-worker seeds are torch's (seed + worker id)."""
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=Preset(_new_v1()))
+    loader = fastload.DataLoader(
+        dataset, batch_size=4, num_workers=2, worker_init_fn=_RecordWorker(tmp_path), exact_pixels=True
+    )
+    torch.manual_seed(5)
+    got = [tuple(t.clone() for t in batch) for batch in loader]
+    loader.close()
+    lines = sorted(p.read_text().split() for p in tmp_path.iterdir())
+    assert [line[0] for line in lines] == ["0", "1"] and all(line[1] == "2" for line in lines)
+    assert all(line[3:] == ["ImageFolder", "HeadPipeline"] for line in lines)
+    assert int(lines[1][2]) == int(lines[0][2]) + 1  # torch's base seed + worker id
+    torch.manual_seed(5)
+    want = list(torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2))
+    for (a, ya), (b, yb) in zip(want, got, strict=True):
+        assert torch.equal(a, b) and torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [
+            v2.ToImage(),
+            v2.RandomResizedCrop(24),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+        ],
+        [v2.PILToTensor(), v2.Resize(30), v2.CenterCrop(24), v2.ToDtype(torch.float32, scale=True)],
+        [v1.Resize(30), v1.CenterCrop(24), v1.PILToTensor()],
+        [
+            v2.RandomResizedCrop(24),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ],
+    ],
+    ids=["ToImage head", "tensor eval", "uint8 out", "ToImage after"],
+)
+def test_the_types_torchvision_returns(imagenet_root: Path, ops: list[Any]) -> None:
+    """Head and conversions give what torchvision's ops give: tv_tensors.Image after a v2 ToImage,
+    plain tensors otherwise, the same dtype and values (a target_transform keeps the fast path off)."""
+    transform = (v2 if "v2" in type(ops[0]).__module__ else v1).Compose(ops)
+    dataset = torchvision.datasets.ImageFolder(
+        imagenet_root / "val", transform=transform, target_transform=int
+    )
+    loader = fastload.DataLoader(dataset, batch_size=None, num_workers=0, exact_pixels=True)
+    assert loader.path == "head-accelerated"
+    torch.manual_seed(0)
+    want = [image for image, _ in torch.utils.data.DataLoader(dataset, batch_size=None)]
+    torch.manual_seed(0)
+    got = [image for image, _ in loader]
+    for a, b in zip(want, got, strict=True):
+        assert type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b)
