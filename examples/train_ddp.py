@@ -14,9 +14,9 @@ Two machines (run on each, with its own --node_rank)::
 What it shows:
 
 * one class list for train and val (``ClassIndex``), scanned on rank 0 and broadcast;
-* ``fastload.DataLoader(..., distributed=True)``: the training sampler drops the ``N mod W`` tail so
-  every rank takes the same number of steps (no DDP hang); the validation sampler gives every
-  sample to exactly one rank (no padding, no duplicates);
+* ``fastload.DataLoader(..., distributed=True)``: the training sampler pads like torch's (every rank
+  takes the same number of steps: no DDP hang; every sample at least once per epoch); the
+  validation sampler gives every sample to exactly one rank (no padding, no duplicates);
 * uint8 batches normalized once per batch on the device (``gpu_transforms``);
 * validation top-1 reduced with one ``all_reduce`` of (correct, total): exactly the single-process
   accuracy, and ``total`` equals the size of the val set.

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -167,6 +168,21 @@ def _predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
     if type(sampler) is SequentialSampler:
         return np.arange(len(sampler), dtype=np.int64)
     return None
+
+
+def _pass_length(loader: DataLoader[Any]) -> int | None:
+    """``len(loader)`` as torch computes it (``None`` without one), without calling it for an
+    ``IterableDataset``: torch's ``len(loader)`` arms its check that warns when the dataset yields
+    more than its ``__len__`` said, which only the user's own call should do."""
+    if not isinstance(loader.dataset, IterableDataset):
+        return len(loader)
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:  # an IterableDataset without __len__
+        return None
+    if loader.batch_size is None:
+        return n
+    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
 
 
 def _batch_len(batch: Any) -> int:
@@ -589,10 +605,7 @@ class DataLoaderIterator:
         self._done = start
         self._ended = False
         self._generation: int | None = None
-        try:
-            self._length: int | None = len(loader)
-        except TypeError:  # an IterableDataset without __len__
-            self._length = None
+        self._length: int | None = _pass_length(loader)
         sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
         if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
             sampler_set_epoch(self.epoch)
@@ -811,9 +824,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
             give identical batches.
         distributed: Build a :class:`fastload.DistributedSampler` for this rank (from the process
-            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process: the whole dataset); with
-            ``shuffle=True`` a training sampler (``drop_last=True``: equal step counts on every
-            rank), else an evaluation sampler (every sample exactly once over all ranks).
+            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process: the whole dataset)
+            with the sampler's own rule: ``shuffle=True``, a training sampler that pads as torch's
+            does (every rank ``ceil(N / W)`` samples: equal step counts, every sample at least once
+            per epoch); ``shuffle=False``, an evaluation sampler (every sample exactly once over all
+            ranks). Example: 7 samples on 3 ranks, not shuffled: ``[0, 3, 6] / [1, 4] / [2, 5]``;
+            shuffled (epoch order ``[4, 0, 5, 3, 2, 6, 1]``): ``[4, 3, 1] / [0, 2, 4] / [5, 6, 0]``
+            (3 steps on every rank; 4 and 0 twice). The loader's ``drop_last`` drops short
+            *batches*, as torch's; for shards without repeats pass your own
+            ``DistributedSampler(..., drop_last=True)`` as ``sampler``.
         on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
             the sample is left out of its batch (which is then shorter), counted in
             ``stats.skipped``, and a warning names it.
@@ -919,8 +938,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 num_replicas=get_world_size(),  # the process group's, else torchrun's variables, else 1
                 rank=get_rank(),
                 shuffle=bool(shuffle),
-                seed=self._epochs.seed,
-                drop_last=bool(shuffle),
+                seed=self._epochs.seed,  # the sampler's own rule: pads when shuffling (see the docs)
             )
             shuffle = False
             own_sampler = True

@@ -483,7 +483,7 @@ def test_distributed_true_builds_the_right_sampler(train_set: ImageFolder, tmp_p
         train = DataLoader(train_set, batch_size=5, shuffle=True, distributed=True, seed=4, num_workers=0)
         val = DataLoader(train_set, batch_size=5, shuffle=False, distributed=True, num_workers=0)
         assert isinstance(train.sampler, DistributedSampler) and isinstance(val.sampler, DistributedSampler)
-        assert train.sampler.shuffle and train.sampler.drop_last and train.sampler.seed == 4
+        assert train.sampler.shuffle and not train.sampler.drop_last and train.sampler.seed == 4
         assert not val.sampler.shuffle and not val.sampler.drop_last
         train.set_epoch(3)
         assert train.sampler.epoch == 3

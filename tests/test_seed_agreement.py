@@ -83,9 +83,11 @@ def test_ranks_agree_on_the_shuffle_without_a_seed(tmp_path: Path, world: int) -
         assert "traceback" not in results[-1], results[-1]["traceback"]
     assert len({res["seeds"] for res in results}) == 1, [res["seeds"] for res in results]
     for epoch in range(EPOCHS):
-        # distributed=True with shuffle: a training sampler (drop_last: equal steps on every rank)
+        # distributed=True with shuffle: the sampler's training rule, torch's padding (equal steps
+        # on every rank, every sample seen), as DistributedSampler(shuffle=True) below
         union = [i for res in results for i in res["distributed"][epoch]]
-        assert len(union) == len(set(union)) == N // world * world
+        assert set(union) == set(range(N)) and len(union) == -(-N // world) * world
+        assert all(res["distributed"][epoch] == res["sampler"][epoch] for res in results)
         # fastload's DistributedSampler, shuffling: torch's padding (equal steps), every sample seen
         union = [i for res in results for i in res["sampler"][epoch]]
         assert set(union) == set(range(N)) and len(union) == -(-N // world) * world

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import warnings
 from typing import Any
 
 import numpy as np
@@ -308,6 +309,22 @@ def test_iterable_dataset_length_warning_is_torchs() -> None:
             list(loader)
         messages.append([str(w.message) for w in record if "IterableDataset" in str(w.message)])
     assert messages[0] and messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_iterable_dataset_length_warning_only_after_the_users_len(batch_size: int | None) -> None:
+    """torch warns that the stream yields more than its __len__ said only when the user called
+    len(loader); fastload's own pass must not arm that check (torch's test_iterable_style_dataset)."""
+    stream = _LongStream()
+    for cls in LOADERS:
+        loader = cls(stream, batch_size=batch_size, num_workers=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning at all without len(loader)
+            got = [item for item in loader]  # noqa: C416 - list() would call len(loader) itself
+        assert len(got) == (20 if batch_size is None else 7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len([item for item in loader]) == len(got)  # noqa: C416 - a second pass: still nothing armed
 
 
 def test_a_namedtuple_class_that_cannot_be_pickled() -> None:
