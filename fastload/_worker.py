@@ -76,6 +76,7 @@ __all__ = [
     "TorchWorkerInit",
     "WorkerPool",
     "ReportingQueue",
+    "UnsendableBatchError",
     "SHIP_MIN_BYTES",
     "ShippedDataset",
     "describe_sample",
@@ -426,6 +427,10 @@ def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+class UnsendableBatchError(RuntimeError):
+    """A torch worker could not send a batch to the main process (it cannot be pickled)."""
+
+
 class ReportingQueue(multiprocessing.queues.Queue):
     """A multiprocessing queue whose worker-side pickling failures reach the main process.
 
@@ -440,12 +445,13 @@ class ReportingQueue(multiprocessing.queues.Queue):
             traceback.print_exc()  # what multiprocessing does for anything else
             return
         try:
-            raise RuntimeError(
-                f"a DataLoader worker could not send batch {obj[0]} to the main process: {type(e).__name__}: "
-                f"{e}. With num_workers > 0 every sample must be picklable: return tensors, numbers, "
-                "strings and containers of them from the dataset (or use num_workers=0)."
+            raise UnsendableBatchError(
+                f"a DataLoader worker could not send batch {obj[0]} (a {type(obj[1]).__name__}) to the main "
+                f"process: {type(e).__name__}: {e}. With num_workers > 0 every sample must be picklable: "
+                "return tensors, numbers, strings and containers of them from the dataset (or use "
+                "num_workers=0)."
             ) from e
-        except RuntimeError:
+        except UnsendableBatchError:
             wrapper = ExceptionWrapper(sys.exc_info(), where="in a DataLoader worker process")
         self.put((obj[0], wrapper))
 

@@ -55,6 +55,7 @@ unchanged (with the seeded sampler when ``shuffle=True``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -87,6 +88,7 @@ from ._worker import (
     Report,
     Task,
     TorchWorkerInit,
+    UnsendableBatchError,
     WorkerPool,
     describe_sample,
     frozen_heap,
@@ -519,15 +521,41 @@ class _TorchPass:
     pass lets go of the ring's mappings (persistent workers) or of the ring (workers that stop).
     """
 
-    def __init__(self, torch_iter: Iterator[Any], start: int, ring: MainRing | None, keep_ring: bool) -> None:
+    def __init__(
+        self,
+        torch_iter: Iterator[Any],
+        start: int,
+        ring: MainRing | None,
+        keep_ring: bool,
+        fallback: Callable[[UnsendableBatchError, int], Iterator[Any]] | None = None,
+    ) -> None:
         self.it = torch_iter
         self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
         self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
         self.ring_pass = None if ring is None else ring.pass_number()
+        #: automatic workers: ``fallback(error, batch)`` gives the pass from ``batch`` on, loaded in
+        #: the main process, when a worker cannot send a batch (see ``DataLoader._load_in_process``)
+        self.fallback = fallback
+        self.batch = 0  # the number of the next batch of the pass
         for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
             next(self)
 
     def __next__(self) -> Any:
+        try:
+            batch = self._next()
+        except UnsendableBatchError as e:
+            fallback = self.fallback
+            if fallback is None:
+                self.batch += 1  # that batch is over (torch's iterator goes on after it)
+                raise
+            self.close()
+            self.ring, self.fallback = None, None
+            self.it = fallback(e, self.batch)
+            batch = next(self.it)
+        self.batch += 1
+        return batch
+
+    def _next(self) -> Any:
         if self.ring is None:
             return next(self.it)
         self.ring.poll()
@@ -624,8 +652,14 @@ class DataLoaderIterator:
             else:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
+                rng_state = torch.get_rng_state() if loader._auto_workers else None
                 torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
-                source = _TorchPass(torch_iter, start, loader._torch_ring, loader.persistent_workers)
+                fallback = None
+                if loader._auto_workers:
+                    fallback = functools.partial(loader._load_in_process, rng_state=rng_state, start=start)
+                source = _TorchPass(
+                    torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
+                )
             self._source = source
             it: Iterator[Any] = _HostIterator(source)
             if loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
@@ -899,7 +933,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         fast_path: bool = True,
         exact_pixels: bool = False,
     ) -> None:
-        if num_workers == "auto":
+        auto_workers = num_workers == "auto"
+        if auto_workers:
             # torch's default (0) for an IterableDataset: workers would each replay the whole
             # stream unless the dataset shards itself, which only the user can know.
             num_workers = 0 if isinstance(dataset, IterableDataset) else auto_num_workers()
@@ -981,6 +1016,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.decode = decode
         self._allow_fast = bool(fast_path)
         self.exact_pixels = bool(exact_pixels)
+        #: workers the user did not ask for (``num_workers="auto"``): a batch they cannot send
+        #: makes the loader load in the main process instead (see :meth:`_load_in_process`)
+        self._auto_workers = bool(auto_workers and self.num_workers > 0)
         self._fast_dataset: Any = None
         self._fast_reason: str | None = None
         self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -1248,6 +1286,37 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             if shipped is not None:
                 shipped.close()  # the workers have their copy of its descriptor
         self._torch_workers_started = True
+        return it
+
+    def _load_in_process(
+        self, error: UnsendableBatchError, batch: int, *, rng_state: torch.Tensor | None, start: int
+    ) -> Iterator[Any]:
+        """Workers the user did not ask for cannot send a batch: from now on this loader loads in
+        the main process, as torch's default (``num_workers=0``) does, and the pass goes on with
+        batch ``batch`` (the one that failed).
+
+        The pass's order is made again (a fastload sampler gives the same order for the epoch);
+        the batches before ``batch`` are loaded again and skipped. Failing at the pass's first batch
+        (the usual case: no sample of the dataset can be pickled), torch's RNG is set back to where
+        it was when the pass began, so random transforms draw what torch's default would.
+        """
+        lines = [line for line in str(error).splitlines() if "could not send batch" in line] or [str(error)]
+        reason = lines[-1].split("UnsendableBatchError: ")[-1].split(". With num_workers")[0].strip()
+        warnings.warn(
+            f"fastload.DataLoader started {self.num_workers} worker processes (num_workers='auto'), "
+            f"but they cannot send this dataset's batches to the main process ({reason}); this loader "
+            "now loads in the main process, as torch's default num_workers=0 does. Pass num_workers=0 "
+            "to skip the attempt, or return picklable samples to use workers.",
+            stacklevel=5,  # the loop's next(): through DataLoaderIterator, _HostIterator, _TorchPass
+        )
+        self.close()  # torch's workers stop
+        self.num_workers = 0
+        self._auto_workers = False
+        if batch == start and rng_state is not None:
+            torch.set_rng_state(rng_state)
+        it = self._torch_iter()
+        for _ in range(batch):  # the batches the consumer already has
+            next(it)
         return it
 
     def _get_prefetcher(self) -> CUDAPrefetcher:

@@ -345,3 +345,44 @@ def test_a_namedtuple_class_that_cannot_be_pickled() -> None:
     delivered, errors = _drain(loader)
     assert delivered == [] and len(errors) == 2
     assert all("could not send batch" in e and "picklable" in e for e in errors)
+
+
+class _NamedTupleDataset(torch.utils.data.Dataset[Any]):
+    """torch's own test (test_dataloader_with_namedtuple): namedtuple classes defined inside the
+    dataset class, which pickle cannot find, so a worker cannot send its batches."""
+
+    Batch = collections.namedtuple("Batch", ["data", "label"])
+    Data = collections.namedtuple("Data", ["positive", "negative"])
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return self.Batch(data=self.Data(positive=i, negative=-i), label=str(i))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_automatic_workers_fall_back_to_the_main_process_for_unsendable_batches(shuffle: bool) -> None:
+    """num_workers='auto' (fastload's default) must not change what a loop gets: when its workers
+    cannot send a batch, the loader warns once and loads in the main process, every batch as
+    torch's default (num_workers=0) gives it. An explicit num_workers keeps the named error."""
+    torch.manual_seed(0)
+    want = list(torch.utils.data.DataLoader(_NamedTupleDataset(), batch_size=2))
+    loader = fastload.DataLoader(_NamedTupleDataset(), batch_size=2, shuffle=shuffle, seed=1)
+    assert loader.num_workers > 0  # "auto" on this machine
+    with pytest.warns(UserWarning, match=r"cannot send .*Batch.*num_workers=0") as record:
+        got = [batch for batch in loader]
+    assert len([w for w in record if "cannot send" in str(w.message)]) == 1
+    assert record[0].filename == __file__  # the warning points at the loop
+    assert loader.num_workers == 0
+    if not shuffle:
+        assert all(_same(a, b) for a, b in zip(want, got, strict=True)) and len(got) == len(want)
+    assert all(type(b) is _NamedTupleDataset.Batch and type(b.data) is _NamedTupleDataset.Data for b in got)
+    assert sorted(int(x) for b in got for x in b.data.positive) == [0, 1, 2, 3]  # each sample once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the next pass: in the main process, nothing to say
+        again = [batch for batch in loader]
+    assert len(again) == 2
+    explicit = fastload.DataLoader(_NamedTupleDataset(), batch_size=2, num_workers=1, timeout=60)
+    delivered, errors = _drain(explicit)
+    assert delivered == [] and len(errors) == 2 and all("could not send batch" in e for e in errors)
