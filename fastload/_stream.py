@@ -49,6 +49,8 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
+from ._shm import shared_empty, shared_storage
+
 try:  # torch's documented way to extend default_collate (torch >= 1.13)
     from torch.utils.data._utils.collate import collate as _torch_collate
     from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
@@ -101,7 +103,7 @@ def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
     The segment is free for its worker when freed == sent; freed == ``_ABANDONED`` (-1): the main
     process sent it on to another process, and its worker drops it instead of reusing it.
     """
-    return torch.zeros((num_workers + 1, capacity, 4), dtype=torch.int64).share_memory_()
+    return shared_empty((num_workers + 1, capacity, 4), torch.int64).zero_()
 
 
 class WorkerRing:
@@ -168,8 +170,8 @@ class WorkerRing:
             )
             if empty is None:
                 return None
-        storage = torch.UntypedStorage._new_shared(nbytes)
-        rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino
+        storage = shared_storage(nbytes)  # memfd where it can: /dev/shm's size does not limit it
+        rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino  # type: ignore[attr-defined]
         self.storages[empty] = storage
         self.claimed[storage.data_ptr()] = empty
         return storage
@@ -321,21 +323,25 @@ _ROW = "_fastload_row"
 
 
 _RING: WorkerRing | None = None
+_IN_WORKER = False  # a torch worker fastload started (enable / enable_ring ran)
 
 
 def enable(ring: torch.Tensor | None = None, worker_id: int = 0) -> None:
     """Streams the batches of fastload datasets in this process (a worker's start calls it),
     into the segments of row ``worker_id`` of the ring table ``ring``, if given."""
-    global _ENABLED, _RING
+    global _ENABLED, _RING, _IN_WORKER
     _ENABLED = _CAN_STREAM
+    _IN_WORKER = True
     shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
     _RING = WorkerRing(ring, worker_id) if _ENABLED and ring is not None and shared_fd else None
 
 
 def enable_ring(ring: torch.Tensor | None, worker_id: int = 0) -> None:
-    """Sends the large tensors a user's ``collate_fn`` returns in the segments of row ``worker_id``
-    of the ring table ``ring`` (:class:`RingedCollate`), without streaming (a worker's start)."""
-    global _RING
+    """A worker's start, for a user's ``collate_fn`` (:class:`RingedCollate`): sends the large
+    tensors it returns in the segments of row ``worker_id`` of the ring table ``ring``, if given,
+    without streaming."""
+    global _RING, _IN_WORKER
+    _IN_WORKER = True
     shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
     _RING = WorkerRing(ring, worker_id) if _CAN_STREAM and ring is not None and shared_fd else None
 
@@ -371,11 +377,7 @@ def _batch_tensor(first: torch.Tensor, n: int) -> torch.Tensor:
             if segment is not None:
                 shape = (n, *first.shape)
                 return torch.empty(0, dtype=first.dtype).set_(segment, 0, shape, _contiguous_strides(shape))
-        try:
-            storage = first._typed_storage()._new_shared(n * first.numel(), device=first.device)
-            return first.new(storage).resize_(n, *first.shape)
-        except (AttributeError, RuntimeError):  # pragma: no cover - a torch without these helpers
-            return torch.empty((n, *first.shape), dtype=first.dtype).share_memory_()
+        return shared_empty((n, *first.shape), first.dtype)  # as default_collate's, not in /dev/shm
     return torch.empty((n, *first.shape), dtype=first.dtype)
 
 
@@ -440,6 +442,10 @@ def _collate_tensor(
         if wholes is not None:
             wholes.append(whole)
         return whole
+    elem = batch[0]
+    if _ENABLED and _streamable(elem) and torch.utils.data.get_worker_info() is not None:
+        # default_collate's stack into shared memory, in a memfd rather than /dev/shm
+        return torch.stack(list(batch), 0, out=shared_empty((len(batch), *elem.shape), elem.dtype))
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
@@ -532,9 +538,10 @@ class RingedCollate:
 
     def __call__(self, batch: list[Any]) -> Any:
         ring = _RING
-        if ring is None:
+        if not _IN_WORKER:
             return self.fn(batch)
-        ring.begin()
+        if ring is not None:
+            ring.begin()
         saved = default_collate_fn_map.get(torch.Tensor)
         default_collate_fn_map[torch.Tensor] = _stack_in_process
         try:
@@ -542,7 +549,7 @@ class RingedCollate:
         finally:
             if saved is not None:
                 default_collate_fn_map[torch.Tensor] = saved
-        return _into_ring(out, ring)
+        return out if ring is None else _into_ring(out, ring)
 
     def __repr__(self) -> str:
         return f"RingedCollate({self.fn!r})"

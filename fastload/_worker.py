@@ -63,6 +63,7 @@ import torch.multiprocessing as torch_mp
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
+from ._shm import send_through_memfd, shared_empty
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
@@ -594,10 +595,11 @@ class TorchWorkerInit:
     ring: torch.Tensor | None = field(default=None, compare=False)
 
     def __call__(self, worker_id: int) -> None:
+        send_through_memfd()  # batches this worker sends never need /dev/shm (fastload._shm)
         if self.stream:
             enable_streaming(self.ring, worker_id)
-        elif self.ring is not None:
-            enable_ring(self.ring, worker_id)  # a user's collate_fn sends in reused segments
+        else:
+            enable_ring(self.ring, worker_id)  # a user's collate_fn: RingedCollate, in reused segments
         trim = _malloc_trim()
         if (trim is not None or self.ring is not None) and IDLE_TRIM_SECONDS is not None:
             threading.Thread(
@@ -890,19 +892,20 @@ class WorkerPool:
         self.will_need: Callable[[np.ndarray], None] | None = getattr(dataset, "will_need", None)
         pin = pin and cuda_available()
         self.hwc = not channels_first
-        self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
-        self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
         self.pinned = False
         is_process = num_workers > 0 and kind == "process"
-        if is_process:
-            self.images.share_memory_()
-            self.labels.share_memory_()
+        if is_process:  # shared with the workers; memfd-backed, so /dev/shm's size does not limit it
+            self.images = shared_empty((num_slots, batch_size, *sample_shape), dtype)
+            self.labels = shared_empty((num_slots, batch_size), torch.int64)
             if pin:
                 self.pinned = register_pinned(self.images) and register_pinned(self.labels)
-        elif pin:
-            self.images = self.images.pin_memory()
-            self.labels = self.labels.pin_memory()
-            self.pinned = True
+        else:
+            self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
+            self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
+            if pin:
+                self.images = self.images.pin_memory()
+                self.labels = self.labels.pin_memory()
+                self.pinned = True
         self.num_slots = num_slots
         self.np_images = self.images.numpy()
         self.np_labels = self.labels.numpy()
@@ -990,11 +993,12 @@ class WorkerPool:
         if len(self.pending) >= self.depth:
             return None
         slot, self.next_extra = self.next_extra, self.next_extra + 1
-        images = torch.empty(self.slot_shape, dtype=self.dtype)
-        labels = torch.empty(self.slot_shape[:1], dtype=torch.int64)
         if self.share:
-            images.share_memory_()
-            labels.share_memory_()
+            images = shared_empty(self.slot_shape, self.dtype)
+            labels = shared_empty(self.slot_shape[:1], torch.int64)
+        else:
+            images = torch.empty(self.slot_shape, dtype=self.dtype)
+            labels = torch.empty(self.slot_shape[:1], dtype=torch.int64)
         self.extra[slot] = (images, labels)
         return slot
 

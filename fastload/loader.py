@@ -80,6 +80,7 @@ from torch.utils.data import (
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState
+from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
@@ -552,6 +553,12 @@ class _TorchPass:
             self.ring, self.fallback = None, None
             self.it = fallback(e, self.batch)
             batch = next(self.it)
+        except RuntimeError as e:
+            hint = shm_error(e)  # /dev/shm too small: say so, with the fix
+            if hint is None:
+                raise
+            self.batch += 1
+            raise hint from e
         self.batch += 1
         return batch
 
@@ -811,7 +818,7 @@ def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
-    ringed = ring is not None and not stream and rings_collate(loader)
+    ringed = not stream and rings_collate(loader)
     loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream, ring=ring if stream or ringed else None)
     if stream:
         loader.collate_fn = stream_collate

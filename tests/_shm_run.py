@@ -1,0 +1,81 @@
+"""Loads two epochs through each path and prints a JSON line of what it got (run by
+``tests/test_shm.py``, also inside a private mount namespace whose ``/dev/shm`` is a small tmpfs).
+
+Usage: ``python tests/_shm_run.py ROOT METHOD BATCH SIZE [torch]``: the synthetic tree at ROOT,
+multiprocessing start METHOD, batches of BATCH float32 images of SIZE px, 2 workers; ``torch``:
+torch's own DataLoader on the fast path's pipeline instead (the control, which fails there).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torchvision
+from torchvision import transforms as v1
+
+import fastload
+
+
+class _Tensors(torch.utils.data.Dataset[Any]):
+    """Not an image folder: torch's iterator inside fastload.DataLoader."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, self.size, self.size), float(i)), i
+
+
+class _Scale:
+    """A user collate_fn around default_collate (new tensors out, like mixup)."""
+
+    def __call__(self, batch: list[Any]) -> Any:
+        images, labels = torch.utils.data.default_collate(batch)
+        return images * 2, labels
+
+
+def _digest(loader: Any) -> list[list[float]]:
+    out = []
+    for _ in range(2):
+        for images, labels in loader:
+            out.append([float(images.double().sum()), float(labels.sum()), float(images.shape[0])])
+    return out
+
+
+def main() -> None:
+    root, method, batch, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    train = f"{root}/train"
+    norm = v1.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    fast = v1.Compose([v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ToTensor(), norm])
+    head = v1.Compose(
+        [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3), v1.ToTensor(), norm]
+    )
+    common: dict[str, Any] = {"batch_size": batch, "num_workers": 2, "multiprocessing_context": method}
+    if sys.argv[5:] == ["torch"]:
+        loader: Any = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(train, fast), **common)
+        print(json.dumps({"torch": _digest(loader)}))
+        return
+    cases: dict[str, Any] = {
+        "fast": fastload.DataLoader(torchvision.datasets.ImageFolder(train, fast), **common),
+        "head": fastload.DataLoader(torchvision.datasets.ImageFolder(train, head), **common),
+        "head+collate": fastload.DataLoader(
+            torchvision.datasets.ImageFolder(train, head), collate_fn=_Scale(), **common
+        ),
+        "torch": fastload.DataLoader(_Tensors(2 * batch + 3, size), **common),
+    }
+    result: dict[str, Any] = {}
+    for name, loader in cases.items():
+        torch.manual_seed(0)  # the head path's jitter: torch's worker seeds
+        result[name] = {"path": loader.path, "batches": _digest(loader)}
+        loader.close()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
