@@ -548,6 +548,9 @@ class _TorchPass:
             fallback = self.fallback
             if fallback is None:
                 self.batch += 1  # that batch is over (torch's iterator goes on after it)
+                hint = shm_error(e)  # it did not fit in /dev/shm: say so, with the fix
+                if hint is not None:
+                    raise hint from e
                 raise
             self.close()
             self.ring, self.fallback = None, None

@@ -57,6 +57,16 @@ def main() -> None:
         [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3), v1.ToTensor(), norm]
     )
     common: dict[str, Any] = {"batch_size": batch, "num_workers": 2, "multiprocessing_context": method}
+    if sys.argv[5:] == ["file_system"]:  # torch's sharing by name: fastload cannot use memfds
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        loader = fastload.DataLoader(_Tensors(2 * batch, size), **common)
+        try:
+            _digest(loader)
+        except RuntimeError as e:
+            print(json.dumps({"error": type(e).__name__, "message": str(e).splitlines()[0]}))
+            return
+        print(json.dumps({"error": None}))
+        return
     if sys.argv[5:] == ["torch"]:
         loader: Any = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(train, fast), **common)
         print(json.dumps({"torch": _digest(loader)}))

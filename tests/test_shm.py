@@ -86,6 +86,17 @@ def test_torchs_own_loader_fails_there(imagenet_root: Path, small_shm: None) -> 
     assert "shared memory" in done.stderr or "No space left" in done.stderr or "Bus error" in done.stderr
 
 
+def test_where_dev_shm_is_still_used_the_error_says_so(imagenet_root: Path, small_shm: None) -> None:
+    """torch's file_system sharing strategy shares by name, in /dev/shm: a batch that does not fit
+    is an error naming /dev/shm, its size and the fix, not torch's raw allocator error."""
+    done = _run(imagenet_root, "fork", True, "file_system")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["error"] == "RuntimeError", got
+    assert got["message"].startswith("shared memory ran out: /dev/shm is 16 MB"), got
+    assert "--shm-size" in got["message"]
+
+
 def test_shm_error_names_dev_shm_and_the_fix() -> None:
     error = RuntimeError(
         "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
