@@ -611,6 +611,32 @@ static void rs_flip(unsigned char *img, int w, int h) {
     }
 }
 
+/* Both passes of a resample whose coefficients are made: the horizontal pass first (into the rows the vertical
+ * pass reads) or the vertical one (every column). bv's row starts are changed. 0, -1 (out of memory). */
+static int rs_two_pass(const unsigned char *src, int src_w, unsigned char *dst, int out_w, int out_h,
+                       int horizontal_first, int ks_v, int *bv, const int *kv, int ks_h, const int *bh,
+                       const int *kh) {
+    int rows = out_h, cols = src_w, first = 0; /* the intermediate image: vertical first */
+    if (horizontal_first) {
+        first = bv[0];
+        rows = bv[out_h * 2 - 2] + bv[out_h * 2 - 1] - first;
+        cols = out_w;
+        for (int i = 0; i < out_h; i++) bv[i * 2] -= first;
+    }
+    unsigned char *tmp = malloc((size_t)rows * cols * 3);
+    if (tmp == NULL) return -1;
+    int status = 0;
+    if (horizontal_first) {
+        status = rs_horizontal(src, src_w, first, rows, tmp, out_w, ks_h, bh, kh);
+        if (!status) rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, bv, kv);
+    } else {
+        rs_vertical(src, src_w * 3, tmp, out_h, ks_v, bv, kv);
+        status = rs_horizontal(tmp, src_w, 0, out_h, dst, out_w, ks_h, bh, kh);
+    }
+    free(tmp);
+    return status ? -1 : 0;
+}
+
 /* 0, -1 (out of memory). pillow13: the pass order of Pillow >= 13, which runs the vertical pass first when
  * the height shrinks by more than twice as many pixels as the width (earlier Pillows: horizontal first). */
 static int rs_resample(const unsigned char *src, int in_w, int in_h, const float box[4], unsigned char *dst,
@@ -620,7 +646,6 @@ static int rs_resample(const unsigned char *src, int in_w, int in_h, const float
     int horizontal_first = !pillow13 || !((in_h - out_h) > 0 && (in_h - out_h) > (in_w - out_w) * 2);
     int *bv = NULL, *kv = NULL, *bh = NULL, *kh = NULL;
     int ks_v = 0, ks_h = 0;
-    unsigned char *tmp = NULL;
     int status = -1;
     if ((need_h && horizontal_first) || need_v) {
         ks_v = rs_coeffs(in_h, box[1], box[3], out_h, bicubic, &bv, &kv);
@@ -631,22 +656,7 @@ static int rs_resample(const unsigned char *src, int in_w, int in_h, const float
         if (!ks_h) goto done;
     }
     if (need_h && need_v) {
-        int rows = out_h, cols = in_w, first = 0; /* the intermediate image: vertical first */
-        if (horizontal_first) {
-            first = bv[0];
-            rows = bv[out_h * 2 - 2] + bv[out_h * 2 - 1] - first;
-            cols = out_w;
-            for (int i = 0; i < out_h; i++) bv[i * 2] -= first;
-        }
-        tmp = malloc((size_t)rows * cols * 3);
-        if (tmp == NULL) goto done;
-        if (horizontal_first) {
-            if (rs_horizontal(src, in_w, first, rows, tmp, out_w, ks_h, bh, kh)) goto done;
-            rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, bv, kv);
-        } else {
-            rs_vertical(src, in_w * 3, tmp, out_h, ks_v, bv, kv);
-            if (rs_horizontal(tmp, in_w, 0, out_h, dst, out_w, ks_h, bh, kh)) goto done;
-        }
+        if (rs_two_pass(src, in_w, dst, out_w, out_h, horizontal_first, ks_v, bv, kv, ks_h, bh, kh)) goto done;
     } else if (need_h) {
         if (rs_horizontal(src, in_w, 0, out_h, dst, out_w, ks_h, bh, kh)) goto done;
     } else if (need_v) {
@@ -661,7 +671,6 @@ done:
     free(kv);
     free(bh);
     free(kh);
-    free(tmp);
     return status;
 }
 
@@ -736,22 +745,7 @@ static int rs_resample_window(const unsigned char *src, int region_w, int region
         if (wh[i * 2] < 0) wh[i * 2] = 0;
     }
     status = -1;
-    int rows = out_h, cols = region_w, first = 0; /* the intermediate image: vertical first */
-    if (horizontal_first) {
-        first = wv[0];
-        rows = wv[out_h * 2 - 2] + wv[out_h * 2 - 1] - first;
-        cols = out_w;
-        for (int i = 0; i < out_h; i++) wv[i * 2] -= first;
-    }
-    tmp = malloc((size_t)rows * cols * 3);
-    if (tmp == NULL) goto done;
-    if (horizontal_first) {
-        if (rs_horizontal(src, region_w, first, rows, tmp, out_w, ks_h, wh, qh)) goto done;
-        rs_vertical(tmp, out_w * 3, dst, out_h, ks_v, wv, qv);
-    } else {
-        rs_vertical(src, region_w * 3, tmp, out_h, ks_v, wv, qv);
-        if (rs_horizontal(tmp, region_w, 0, out_h, dst, out_w, ks_h, wh, qh)) goto done;
-    }
+    if (rs_two_pass(src, region_w, dst, out_w, out_h, horizontal_first, ks_v, wv, qv, ks_h, wh, qh)) goto done;
     if (flip) rs_flip(dst, out_w, out_h);
     status = 0;
 done:

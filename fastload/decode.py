@@ -367,6 +367,22 @@ def pil_resample_available() -> bool:
     return _jpeg is not None and _pil_pass_order() is not None
 
 
+def _resample_order(src: np.ndarray, filter: str, out: np.ndarray) -> bool | None:
+    """The C resampler's pass order for the installed Pillow, or ``None`` where it cannot promise
+    Pillow's bytes: no C extension, a filter other than bilinear/bicubic, arrays that are not
+    contiguous uint8 RGB, a Pillow whose resample it does not reproduce."""
+    if (
+        _jpeg is None
+        or filter not in ("bilinear", "bicubic")
+        or any(
+            a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8 or not a.flags.c_contiguous
+            for a in (src, out)
+        )
+    ):
+        return None
+    return _pil_pass_order()
+
+
 def pil_resample(
     src: np.ndarray,
     box: tuple[float, float, float, float],
@@ -388,21 +404,8 @@ def pil_resample(
         flip: Mirror the result left-right.
         out: ``(out_h, out_w, 3)`` uint8.
     """
-    if (
-        _jpeg is None
-        or filter not in ("bilinear", "bicubic")
-        or src.ndim != 3
-        or src.shape[2] != 3
-        or out.ndim != 3
-        or out.shape[2] != 3
-        or src.dtype != np.uint8
-        or out.dtype != np.uint8
-        or not src.flags.c_contiguous
-        or not out.flags.c_contiguous
-    ):
-        return False
-    order = _pil_pass_order()
-    if order is None:
+    order = _resample_order(src, filter, out)
+    if order is None or _jpeg is None:
         return False
     height, width = src.shape[:2]
     box = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
@@ -438,22 +441,8 @@ def pil_resample_window(
         flip: Mirror the result left-right.
         out: ``(crop_h, crop_w, 3)`` uint8.
     """
-    if (
-        _jpeg is None
-        or not hasattr(_jpeg, "resample_window")
-        or filter not in ("bilinear", "bicubic")
-        or region.ndim != 3
-        or region.shape[2] != 3
-        or out.ndim != 3
-        or out.shape[2] != 3
-        or region.dtype != np.uint8
-        or out.dtype != np.uint8
-        or not region.flags.c_contiguous
-        or not out.flags.c_contiguous
-    ):
-        return False
-    order = _pil_pass_order()
-    if order is None:
+    order = _resample_order(region, filter, out)
+    if order is None or _jpeg is None or not hasattr(_jpeg, "resample_window"):
         return False
     rh, rw = region.shape[:2]
     return bool(
