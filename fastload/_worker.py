@@ -447,10 +447,10 @@ class ReportingQueue(multiprocessing.queues.Queue):
             return
         try:
             raise UnsendableBatchError(
-                f"a DataLoader worker could not send batch {obj[0]} (a {type(obj[1]).__name__}) to the main "
-                f"process: {type(e).__name__}: {e}. With num_workers > 0 every sample must be picklable: "
-                "return tensors, numbers, strings and containers of them from the dataset (or use "
-                "num_workers=0)."
+                f"a DataLoader worker could not send batch {obj[0]} to the main process (a "
+                f"{type(obj[1]).__name__}): {type(e).__name__}: {e}. With num_workers > 0 every sample "
+                "must be picklable: return tensors, numbers, strings and containers of them from the "
+                "dataset (or use num_workers=0)."
             ) from e
         except UnsendableBatchError:
             wrapper = ExceptionWrapper(sys.exc_info(), where="in a DataLoader worker process")
