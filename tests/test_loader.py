@@ -117,6 +117,7 @@ def test_last_batch_and_drop_last(imagenet_root: Path) -> None:
 @pytest.mark.parametrize(
     "num_workers, worker_type", [(1, "process"), (2, "process"), (3, "process"), (2, "thread"), (3, "thread")]
 )
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 CPUs: torch's advice
 def test_same_batches_for_any_workers(train_set: ImageFolder, num_workers: int, worker_type: str) -> None:
     reference = _collect(DataLoader(train_set, batch_size=5, shuffle=True, seed=7, num_workers=0))
     loader = DataLoader(

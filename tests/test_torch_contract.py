@@ -160,6 +160,7 @@ def test_errors_inside_a_pass_like_torch(workers: int) -> None:
 
 @pytest.mark.parametrize("kind", ["tuple", "dict", "namedtuple", "numpy", "str", "nested"])
 @pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # torch's prototype notice
 def test_batches_of_every_structure(kind: str, ctx: str) -> None:
     collate = _nested_collate if kind == "nested" else None
     ours, theirs = (
