@@ -98,7 +98,8 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fastload", description=__doc__)
+    # the module docstring without its reST markup (``x`` reads as x in a terminal)
+    parser = argparse.ArgumentParser(prog="python -m fastload", description=(__doc__ or "").replace("``", ""))
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

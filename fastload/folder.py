@@ -462,6 +462,7 @@ class _Scan:
         self.repeated: list[tuple[str, str]] = []  # (link or folder, the path it was first scanned at)
         self.skipped = dict.fromkeys(SKIP_REASONS, 0)
         self.hidden_example: str | None = None
+        self.other_example: str | None = None  # a file without an image extension, for the log
 
     def mark_seen(self, path: bytes) -> bool:
         """Records a directory; ``False`` if the same directory (device, inode) was seen before."""
@@ -499,7 +500,11 @@ class _Scan:
                     elif self.mark_seen(e.path):
                         stack.append((e.path, folder_rel + b"/" + e.name))
             files = [n for n in names if n.lower().endswith(self.extensions)]
-            skipped["other_files"] += len(names) - len(files)
+            if len(files) < len(names):
+                skipped["other_files"] += len(names) - len(files)
+                if self.other_example is None:
+                    other = min(n for n in names if not n.lower().endswith(self.extensions))
+                    self.other_example = os.fsdecode(folder_rel + b"/" + other)
             joined = b"/" + b"/".join(files)
             if b"/." in joined:  # hidden image-named files: torchvision would list (and fail on) them
                 hidden = [n for n in files if n.startswith(b".")]
@@ -682,6 +687,14 @@ def scan_folder(
             root,
             scan.skipped["hidden_files"],
             scan.hidden_example,
+        )
+    if scan.skipped["other_files"]:
+        _log.info(
+            "scan_folder(%r): skipped %d file(s) without an image extension such as %r (extensions: %s)",
+            root,
+            scan.skipped["other_files"],
+            scan.other_example,
+            ", ".join(exts),
         )
     if not total and not allow_empty:
         looked_in = [name for name in class_index if name in present] or list(class_index)

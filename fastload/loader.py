@@ -953,6 +953,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             raise TypeError(
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
             )
+        elif num_workers < 0:  # torch's ValueError, naming fastload's "auto" too
+            raise ValueError(
+                f"num_workers should be a non-negative integer or 'auto' (0: load in the main process), "
+                f"but got num_workers={num_workers}"
+            )
         # Other values, batch_size and every torch argument: torch's own checks and messages
         # (in super().__init__ below).
         check_choice(worker_type, "worker_type", ("process", "thread"))

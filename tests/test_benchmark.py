@@ -286,6 +286,13 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return captured.out
 
 
+def test_the_commands_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m fastload --help`` in a terminal: no reST markup (it showed raw double backticks)."""
+    text = _cli(capsys, "--help")
+    assert text.startswith("usage: python -m fastload ")
+    assert "``" not in text and "python -m fastload {synth,scan,pack,bench,info}" in " ".join(text.split())
+
+
 def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_columns(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -297,7 +297,9 @@ def test_hidden_entries_are_skipped_and_counted(tmp_path: Path, caplog: pytest.L
     assert ds.index.skipped is ds.skipped
     assert len(ds) == 4 and ds.classes == ["a", "b"]
     logged = [r.getMessage() for r in caplog.records if r.name == "fastload.folder"]
-    assert len(logged) == 1 and "skipped 3 hidden image-named file(s) such as 'a/._a_0.jpg'" in logged[0]
+    assert len(logged) == 2 and "skipped 3 hidden image-named file(s) such as 'a/._a_0.jpg'" in logged[0]
+    # the non-image files: one line per scan, a count and an example (none disappears unsaid)
+    assert "skipped 2 file(s) without an image extension such as 'b/.DS_Store'" in logged[1]
     tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
     # torchvision: 3 resource forks + the file in the hidden folder are samples, and a hidden class.
     assert len(tv) == len(ds) + 3 + 1 and ".ipynb_checkpoints" in tv.classes

@@ -273,7 +273,7 @@ def test_state_dict_errors(train_set: ImageFolder, imagenet_root: Path) -> None:
             ValueError,
             "batch_size should be a positive integer value, but got batch_size=0",
         ),
-        ({"num_workers": -1}, ValueError, "num_workers option should be non-negative"),
+        ({"num_workers": -1}, ValueError, "num_workers should be a non-negative integer or 'auto'"),
         ({"num_workers": "many"}, TypeError, "num_workers should be a non-negative integer or 'auto'"),
         ({"worker_type": "fiber"}, ValueError, "worker_type"),
         ({"on_error": "ignore"}, ValueError, "on_error"),

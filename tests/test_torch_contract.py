@@ -96,7 +96,6 @@ def _nested_collate(batch: list[torch.Tensor]) -> torch.Tensor:
 # ------------------------------------------------------------------------------ constructor errors
 
 BAD_ARGS: list[dict[str, Any]] = [
-    {"num_workers": -1},
     {"batch_size": 0},
     {"batch_size": -3},
     {"timeout": -1},
@@ -120,6 +119,13 @@ def test_constructor_errors_are_torchs(kwargs: dict[str, Any]) -> None:
     ours = _outcome(lambda: fastload.DataLoader(_Range(), **kwargs))
     assert theirs[0] != "ok"
     assert ours == theirs
+
+
+def test_a_negative_num_workers_is_torchs_error_type_naming_auto() -> None:
+    theirs = _outcome(lambda: torch.utils.data.DataLoader(_Range(), num_workers=-1))
+    ours = _outcome(lambda: fastload.DataLoader(_Range(), num_workers=-1))
+    assert theirs[0] == ours[0] == "ValueError"
+    assert "'auto'" in ours[1] and "num_workers=-1" in ours[1]
 
 
 def test_a_non_integer_num_workers_is_a_type_error_like_torchs() -> None:
