@@ -48,8 +48,10 @@ also changes the order every epoch, exactly like an explicit ``set_epoch(epoch)`
 left early (``break``) also counts as an epoch. ``state_dict()`` taken inside a pass records the
 epoch and the batches handed out; taken between passes, it records what the next pass will do.
 
-Any other dataset / ``collate_fn`` / ``batch_sampler`` goes through torch's own iterator
-unchanged (with the seeded sampler when ``shuffle=True``).
+Any other dataset / ``collate_fn`` / ``batch_sampler`` goes through torch's own iterator (with the
+seeded sampler when ``shuffle=True``): a torchvision pipeline that begins with a crop or resize
+gets that head fused with decoding (:mod:`fastload.head`, ``loader.path ==
+"head-accelerated"``), anything else runs unchanged (``"torch"``).
 """
 
 from __future__ import annotations

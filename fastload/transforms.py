@@ -773,7 +773,8 @@ class Transform:
             data: The encoded file (JPEG, PNG or anything PIL reads).
             name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
             resampler: ``"pil"``: bilinear/bicubic resizes the way PIL runs them, the same pixels
-                (within 1 level) as the torchvision pipeline run on the PIL image
+                (bit for bit: a resize then a crop is the C extension's window of the whole resize,
+                or op by op without it) as the torchvision pipeline run on the PIL image
                 (``torchvision.datasets.ImageFolder``'s images); ``"torch"``: torch's uint8 kernels,
                 which differ from PIL's resample by up to 2 levels on a few pixels; ``"auto"``:
                 ``"pil"`` when the C extension's copy of PIL's resample is there (about as fast as
