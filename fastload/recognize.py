@@ -31,10 +31,11 @@ scale=True/False)`` (v2)                   cast without ``scale``
 Pixels. The user's resizes run on PIL images (that is what the dataset yields), so fastload runs
 them the way PIL does (``resampler="pil"``; a training pipeline without the C extension: torch's
 uint8 kernels, faster than Pillow's own). A pipeline without random ops (evaluation:
-``Resize`` + ``CenterCrop``) decodes at full size: its pixels are torchvision's, bit for bit where
-the C extension runs (it computes the crop's window of the whole resize with Pillow's
-coefficients; resizes on tensors: within 1 level). A training pipeline (random ops) also uses reduced-size JPEG decoding for crops at least
-twice the output, which filters slightly differently (``bench/decode.py`` measures it); its crops
+``Resize`` + ``CenterCrop``) decodes at full size: on PIL images its pixels are torchvision's bit
+for bit (the C extension computes the crop's window of the whole resize with Pillow's
+coefficients; without it, op by op), on tensors within 1 level. A training pipeline (random ops)
+also uses reduced-size JPEG decoding for crops at least twice the output, which filters slightly
+differently (``bench/decode.py`` measures it); its crops
 follow torchvision's parameter distribution, drawn from fastload's ``(seed, epoch, index)`` streams.
 
 Not recognised (``loader.fast_path_reason`` names the first op or property that stopped it; a
