@@ -25,6 +25,7 @@ _LAZY = {
     "DistributedSampler": ("fastload.sampler", "DistributedSampler"),
     "shard_indices": ("fastload.sampler", "shard_indices"),
     "DecodeError": ("fastload.decode", "DecodeError"),
+    "ResumeError": ("fastload._epoch", "ResumeError"),
     "InMemoryImageFolder": ("fastload.memory", "InMemoryImageFolder"),
     "write_pack": ("fastload.pack", "write_pack"),
     "open_pack": ("fastload.pack", "open_pack"),

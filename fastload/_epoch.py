@@ -8,25 +8,44 @@ Epoch rule: a pass uses the epoch given to ``set_epoch``; a pass without a ``set
 uses the previous pass's epoch + 1 (starting at 0), also after a pass left early, so a loop
 that breaks after N steps does not see the same N batches every epoch.
 
-State rule: taken inside a pass, the state is that pass's epoch and the batches the consumer
-received (a batch whose loading raised counts as received: the pass went on past it); taken
-between passes, it is what the next pass will do. Example: 10 batches per epoch, a process
-saves after receiving 4 batches of epoch 2 -> ``{"epoch": 2, "batches": 4}``; a new loader that
-loads it yields batches 4..9 of epoch 2, then epoch 3 from its start.
+State rule: taken inside a pass, the state is that pass's epoch and how far the consumer got
+(a batch whose loading raised counts as received: the pass went on past it); taken between
+passes, it is what the next pass will do. Example: 10 batches per epoch, a process saves after
+receiving 4 batches of epoch 2 -> ``{"epoch": 2, "batches": 4, "position": 20, ...}`` (batches
+of 5 on one rank); a new loader that loads it yields batches 4..9 of epoch 2, then epoch 3 from
+its start.
+
+Global positions (:mod:`fastload._position`): a loader whose sampler fastload knows (its own
+shuffle, ``shuffle=False``, ``distributed=True``, a fastload or torch ``DistributedSampler``)
+records ``position``, the prefix of the epoch's *global* order that every rank has handed out,
+with the sharding rule it was made with (:class:`Plan`). A loader with any number of ranks and
+any batch size resumes from it exactly: the rest of the global order, sharded over its ranks.
+A loader whose order fastload cannot derive (a custom sampler or ``batch_sampler``, an
+``IterableDataset``) records batches only, and resumes only with the same sizes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._checks import check_int
+from ._position import consumed
 from .distributed import get_world_size
 
-__all__ = ["DefaultSeed", "EpochState", "resolve_seed"]
+__all__ = ["DefaultSeed", "EpochState", "Plan", "ResumeError", "Resume", "resolve_seed"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+
+
+class ResumeError(ValueError):
+    """A resume state this loader cannot continue exactly: another dataset, another order, a
+    malformed field, or ranks that stopped at points no single position describes. The message
+    names the field and both values. Nothing about the loader changed."""
 
 
 class DefaultSeed:
@@ -57,6 +76,76 @@ def resolve_seed(seed: int | DefaultSeed) -> int:
     return seed.value if isinstance(seed, DefaultSeed) else seed
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How a loader hands out an epoch: what its state records, and what a resume must agree with.
+
+    Attributes:
+        num_samples: The dataset's size (``None``: an ``IterableDataset`` without one).
+        batch_size: Samples per batch (``None``: no batching).
+        drop_last: The loader drops each rank's last incomplete batch.
+        num_replicas, rank: The ranks sharing each epoch, and this one.
+        order: The global order's kind: ``"shuffle"`` (fastload's), ``"randperm"`` (torch's
+            ``DistributedSampler``; the same permutation unless the dataset shuffles blockwise),
+            ``"blocks"`` (blockwise), ``"sequence"``; ``None``: an order fastload cannot derive.
+        order_seed: The seed of a sampler the user built (``None``: the loader's own sampler,
+            which takes the state's seed).
+        pad, drop_tail: The sampler's sharding rule (:func:`fastload._position.rest_of_epoch`).
+    """
+
+    num_samples: int | None
+    batch_size: int | None
+    drop_last: bool = False
+    num_replicas: int = 1
+    rank: int = 0
+    order: str | None = None
+    order_seed: int | None = None
+    pad: bool = False
+    drop_tail: bool = False
+
+    @property
+    def global_order(self) -> bool:
+        """The loader's batches are a sharding of a global order fastload can derive."""
+        return self.order is not None and self.num_samples is not None and self.batch_size is not None
+
+    def position(self, start: int, batches: Any) -> tuple[int, bool, bool]:
+        """``(position, finished, prefix)`` after ``batches`` of a pass that began at ``start``."""
+        assert self.num_samples is not None and self.batch_size is not None  # global_order
+        taken, finished, prefix = consumed(
+            self.num_samples - start,
+            self.num_replicas,
+            self.batch_size,
+            batches,
+            self.pad,
+            self.drop_tail,
+            self.drop_last,
+        )
+        return start + taken, finished, prefix
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where the next pass of a loaded state begins: a global ``position``, and the batches of
+    the epoch before it (``None`` unless this loader made them itself: same ranks, batch size and
+    sharding, from the epoch's start), for a path that must load them again (torch's)."""
+
+    position: int
+    batches: int | None
+
+
+_PLAN_FIELDS = tuple(Plan.__dataclass_fields__)
+_WORDS = {
+    "num_samples": "{} samples",
+    "batch_size": "batches of {}",
+    "num_replicas": "{} ranks",
+    "drop_last": "drop_last={}",
+    "order": "order {!r}",
+    "order_seed": "sampler seed {}",
+    "pad": "pad={}",
+    "drop_tail": "sampler drop_last={}",
+}
+
+
 class EpochState:
     """Where a loader is in its epochs.
 
@@ -71,8 +160,11 @@ class EpochState:
         self._seed = seed
         self.epoch = 0  # of the next (or current) pass
         self.epoch_set = False  # set_epoch() was called for the next pass
-        self.resume_at = 0  # batches of `epoch` the next pass skips (load_state_dict)
+        self.resume: Resume | None = None  # where the next pass of `epoch` begins (load_state_dict)
+        #: a loaded state that ended its epoch: (that epoch, the resume that yields nothing of it)
+        self.completed: tuple[int, Resume] | None = None
         self.pass_epoch: int | None = None  # epoch of the pass in progress
+        self.pass_start = 0  # global position the pass in progress began at
         self.done = 0  # batches of the pass in progress handed to the consumer
 
     @property
@@ -91,19 +183,32 @@ class EpochState:
         return self._seed
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is ``epoch``, from its first batch."""
-        self.epoch = check_int(epoch, "epoch", low=0)
+        """The next pass is ``epoch``, from its first batch -- unless a loaded state resumes that
+        very epoch: a loop that calls ``set_epoch(epoch)`` at the top of every epoch, the resumed
+        one included, gets the rest of it."""
+        epoch = check_int(epoch, "epoch", low=0)
+        if self.resume is not None and epoch != self.epoch:
+            self.resume = None
+        if self.completed is not None and epoch == self.completed[0]:
+            self.resume = self.completed[1]  # the loaded state's epoch was over: nothing of it is left
+        self.epoch = epoch
         self.epoch_set = True
-        self.resume_at = 0
         self.pass_epoch = None
 
-    def begin_pass(self) -> tuple[int, int]:
-        """Starts a pass; returns ``(epoch, first batch)``."""
-        epoch, start = self.epoch, self.resume_at
-        self.resume_at = 0
-        self.done = start
+    def begin_pass(self) -> tuple[int, Resume | None]:
+        """Starts a pass; returns its epoch and where a loaded state resumes it (``None``: its start).
+
+        The loader then says where the pass begins with :meth:`start_at`.
+        """
+        epoch, resume = self.epoch, self.resume
+        self.resume = self.completed = None
         self.pass_epoch = epoch
-        return epoch, start
+        self.pass_start = self.done = 0
+        return epoch, resume
+
+    def start_at(self, position: int, batches: int) -> None:
+        """The pass in progress begins at global ``position`` and counts ``batches`` as handed out."""
+        self.pass_start, self.done = position, batches
 
     def handed_out(self, epoch: int, done: int) -> None:
         """The consumer has received ``done`` batches of the pass of ``epoch``."""
@@ -117,68 +222,196 @@ class EpochState:
         if self.epoch == epoch:
             self.epoch = epoch + 1
             self.epoch_set = False
-            self.resume_at = 0
+            self.resume = None
 
-    def state_dict(self, **shape: Any) -> dict[str, Any]:
-        """The state: seed, epoch, batches handed out, and ``shape`` (the sizes a resume must match)."""
+    def state_dict(self, plan: Plan) -> dict[str, Any]:
+        """The state: seed, epoch, how far the consumer got, and ``plan`` (see the module docs)."""
         if self.pass_epoch is not None:
-            epoch, done = self.pass_epoch, self.done
+            epoch, start, done = self.pass_epoch, self.pass_start, self.done
+        elif self.resume is not None:
+            epoch, start, done = self.epoch, self.resume.position, 0
+            if self.resume.batches is not None:
+                start, done = 0, self.resume.batches
         else:
-            epoch, done = self.epoch, self.resume_at
+            epoch, start, done = self.epoch, 0, 0
+        position = plan.position(start, done)[0] if plan.global_order else None
         return {
             "format": self.kind,
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
+            "position": position,
             "batches": done,
-            **shape,
+            "pass_start": start,
+            **asdict(plan),
         }
 
-    def load_state_dict(self, state: Any, num_batches: int, **shape: Any) -> None:
+    def load_state_dict(self, state: Any, plan: Plan, num_batches: int | None) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
         Args:
-            state: A state from a loader of the same kind.
-            num_batches: Batches per epoch of this loader (a state at the end of an epoch
-                resumes at the start of the next one).
-            shape: The sizes the state must have been saved with (samples, batch size, ranks).
+            state: A state from a loader of the same kind, on any rank; or a list with the state of
+                every rank of the saving job (ranks that stopped at different points).
+            plan: How this loader hands out an epoch.
+            num_batches: Batches per epoch of this loader (for a state without a position).
 
         Raises:
-            ValueError: Not a state of this kind or version, saved with other sizes, or a field
-                out of range (named, with the valid range).
+            ResumeError: Not a state of this kind or version, a field missing or out of range, or
+                a state this loader cannot continue exactly (the message names what differs).
         """
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        if not states:
+            raise ResumeError(f"state should come from {self.kind}.state_dict(), but got an empty list")
+        checked = [self._checked(s, plan) for s in states]
+        first = checked[0]
+        if len(checked) > 1:
+            first = _merge(checked)
+        epoch, seed = first["epoch"], first["seed"]
+        if plan.global_order and first["position"] is not None:
+            resume = self._global_resume(first, plan)
+        else:
+            resume = self._batch_resume(first, plan, num_batches)
+        self.seed = seed
+        self.completed = None
+        if resume is None:  # the saved epoch was over: the next pass is the next epoch, and
+            # set_epoch(epoch) -- a loop that resumes at the saved epoch -- yields nothing of it
+            if plan.global_order and first["position"] is not None:
+                end = Resume(plan.num_samples or 0, None)
+            else:
+                end = Resume(0, num_batches)
+            self.set_epoch(epoch + 1)
+            self.completed = (epoch, end)
+        else:
+            self.set_epoch(epoch)
+            self.resume = resume
+
+    # -------------------------------------------------------------- load_state_dict's steps
+
+    def _checked(self, state: Any, plan: Plan) -> dict[str, Any]:
+        """The fields of one state, type-checked, with the sizes this loader must share."""
         if not isinstance(state, dict) or state.get("format") != self.kind:
-            raise ValueError(f"state should come from {self.kind}.state_dict(), but got {_brief(state)}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"unsupported {self.kind} state version {state.get('version')!r} "
+            raise ResumeError(f"state should come from {self.kind}.state_dict(), but got {_brief(state)}")
+        version = state.get("version")
+        if version == 1:
+            raise ResumeError(
+                f"this {self.kind} state (version 1) was saved by an earlier fastload, which did not "
+                "record the number of ranks: it cannot be continued exactly. Start its epoch over with "
+                "loader.set_epoch(state['epoch'])"
+            )
+        if version != STATE_VERSION:
+            raise ResumeError(
+                f"unsupported {self.kind} state version {version!r} "
                 f"(this fastload reads version {STATE_VERSION})"
             )
-        saved = {key: state.get(key) for key in shape}
-        if saved != shape:
-            raise ValueError(
-                f"the state was saved for {_sizes(saved)}, but this loader has {_sizes(shape)}: "
-                "the remaining batches would differ"
-            )
-        for key in ("seed", "epoch", "batches"):
+        for key in ("seed", "epoch", "batches", "position", "pass_start", *_PLAN_FIELDS):
             if key not in state:
-                raise ValueError(f"the state has no {key!r} field: it is not a complete {self.kind} state")
-        seed = check_int(state["seed"], "state['seed']")
-        epoch = check_int(state["epoch"], "state['epoch']", low=0)
-        done = check_int(state["batches"], "state['batches']", low=0, high=num_batches)
-        self.seed = seed
-        if done == num_batches:
-            epoch, done = epoch + 1, 0
-        self.set_epoch(epoch)
-        self.resume_at = done
+                raise ResumeError(f"the state has no {key!r} field: it is not a complete {self.kind} state")
+        fields = dict(state)
+        for key, low in (("seed", None), ("epoch", 0), ("batches", 0), ("pass_start", 0)):
+            fields[key] = _state_int(state, key, low)
+        if state["num_samples"] != plan.num_samples:
+            raise ResumeError(
+                f"the state was saved for {_sizes(state, ('num_samples',))}, but this loader has "
+                f"{_sizes(asdict(plan), ('num_samples',))}: it is another dataset"
+            )
+        if state["position"] is not None:
+            fields["position"] = _state_int(state, "position", 0, state["num_samples"])
+            for key, low in (("batch_size", 1), ("num_replicas", 1), ("rank", 0)):
+                fields[key] = _state_int(state, key, low)
+            taken, fields["finished"], _ = Plan(**{k: fields[k] for k in _PLAN_FIELDS}).position(
+                fields["pass_start"], fields["batches"]
+            )
+            if fields["pass_start"] > fields["position"] or taken != fields["position"]:
+                raise ResumeError(
+                    f"the state's position {fields['position']} does not follow from its batches "
+                    f"({fields['batches']} from position {fields['pass_start']}): it was changed by hand"
+                )
+        return fields
+
+    def _global_resume(self, state: dict[str, Any], plan: Plan) -> Resume | None:
+        """The resume of a state with a position, on a loader with a global order."""
+        if state["order"] != plan.order:
+            raise ResumeError(
+                f"the state was saved by a loader with {_sizes(state, ('order',))}, but this loader has "
+                f"{_sizes(asdict(plan), ('order',))} (shuffle, or the sampler, changed): the rest of "
+                "the epoch would be another set of samples"
+            )
+        if plan.order_seed is not None and state["order_seed"] not in (None, plan.order_seed):
+            raise ResumeError(
+                f"the state's order was shuffled with seed {state['order_seed']}, but this loader's "
+                f"sampler has seed {plan.order_seed}: build the sampler with seed={state['order_seed']}"
+            )
+        if state["finished"]:
+            return None
+        same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k != "rank")
+        own = same and state["pass_start"] == 0 and state["batches"] is not None
+        batches = state["batches"] if own else None
+        return Resume(state["position"], batches)
+
+    def _batch_resume(self, state: dict[str, Any], plan: Plan, num_batches: int | None) -> Resume | None:
+        """The resume of a loader (or a state) without a global order: the same sizes, batches skipped."""
+        keys = ("order", "batch_size", "num_replicas", "drop_last")
+        if any(state[k] != getattr(plan, k) for k in keys):
+            raise ResumeError(
+                f"the state was saved for {_sizes(state, keys)}, but this loader has "
+                f"{_sizes(asdict(plan), keys)}: where fastload cannot derive the epoch's order (a custom "
+                "sampler or batch_sampler, or an IterableDataset), a state resumes only with the same "
+                "sampler, batch size and ranks"
+            )
+        high = num_batches if num_batches is not None else None
+        done = _state_int(state, "batches", 0, high)
+        if high is not None and done == high:
+            return None
+        return Resume(0, done)
 
 
-_SIZE_WORDS = {"num_samples": "{} samples", "batch_size": "batches of {}", "num_replicas": "{} ranks"}
+def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One state from the states of every rank of a job (refused unless they describe one position)."""
+    first = states[0]
+    for key in ("epoch", "seed", "pass_start", *(k for k in _PLAN_FIELDS if k != "rank")):
+        values = {s["rank"]: s[key] for s in states}
+        if len(set(map(repr, values.values()))) > 1:
+            raise ResumeError(
+                f"the ranks' states differ in {key!r} ("
+                + ", ".join(f"rank {r}: {v!r}" for r, v in sorted(values.items()))
+                + "): they are not from one job at one time"
+            )
+    ranks = sorted(s["rank"] for s in states)
+    if ranks != list(range(first["num_replicas"])):
+        raise ResumeError(
+            f"a list of states should hold the state of each of the {first['num_replicas']} ranks once, "
+            f"but holds ranks {ranks}"
+        )
+    if first["position"] is None:
+        raise ResumeError(
+            "a list of states needs states with a position (a loader whose order fastload derives); "
+            "these record batches only: load one rank's state"
+        )
+    saved = Plan(**{k: first[k] for k in _PLAN_FIELDS})
+    by_rank = np.array([s["batches"] for s in sorted(states, key=lambda s: s["rank"])], dtype=np.int64)
+    position, finished, prefix = saved.position(first["pass_start"], by_rank)
+    if not prefix:
+        raise ResumeError(
+            "the ranks stopped at different points ("
+            + ", ".join(f"rank {r}: {int(b)} batches" for r, b in enumerate(by_rank))
+            + "), so the samples they handed out are not the start of the epoch's order: no single "
+            "resume continues them exactly. Save every rank's state at the same step"
+        )
+    uniform = bool(np.all(by_rank == by_rank[0]))
+    batches = first["batches"] if uniform else None
+    return {**first, "position": position, "finished": finished, "batches": batches}
 
 
-def _sizes(shape: dict[str, Any]) -> str:
-    """``{"num_samples": 12, "batch_size": 5}`` -> ``"12 samples, batches of 5"``."""
-    return ", ".join(_SIZE_WORDS.get(key, key + "={}").format(value) for key, value in shape.items())
+def _state_int(state: dict[str, Any], key: str, low: int | None, high: int | None = None) -> int:
+    try:
+        return check_int(state[key], f"state[{key!r}]", low=low, high=high)
+    except ValueError as e:
+        raise ResumeError(str(e)) from None
+
+
+def _sizes(values: dict[str, Any], keys: Sequence[str]) -> str:
+    """``({"num_samples": 12, "batch_size": 5}, keys)`` -> ``"12 samples, batches of 5"``."""
+    return ", ".join(_WORDS.get(key, key + "={}").format(values.get(key)) for key in keys)
 
 
 def _brief(state: Any) -> str:

@@ -116,13 +116,13 @@ import torch
 
 from . import transforms as T
 from ._checks import check_int
-from ._epoch import EpochState
+from ._epoch import EpochState, Plan
 from .decode import DecodeError, open_image
 from .device import auto_num_workers, cuda_available, default_device
 from .distributed import get_rank, get_world_size
 from .folder import FolderIndex
 from .rng import SampleRNG, batch_uniform
-from .sampler import DistributedSampler
+from .sampler import DistributedSampler, sampler_plan
 from .stats import LoaderStats
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -550,27 +550,35 @@ class DALILoader:
         return order[: len(self) * self.batch_size] if self.drop_last else order
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: seed, epoch and batches already handed out in that epoch."""
-        return self._epochs.state_dict(**self._state_shape())
+        """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
 
-    def _state_shape(self) -> dict[str, Any]:
-        return {
-            "num_samples": len(self.index),
-            "batch_size": self.batch_size,
-            "num_replicas": self.num_replicas,
-        }
+        As ``fastload.DataLoader.state_dict``: ``position`` is the prefix of the epoch's global
+        order every rank has handed out, so a ``DALILoader`` with another number of ranks or
+        batch size continues it exactly.
+        """
+        return self._epochs.state_dict(self._plan())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _plan(self) -> Plan:
+        return Plan(
+            num_samples=len(self.index),
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            **sampler_plan(self.sampler, self.index, own=True),
+        )
+
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
-        The skipped batches are not read or decoded. A state saved at the end of an epoch resumes
-        at the start of the next one.
+        The state may come from a ``DALILoader`` with any number of ranks and batch size: the
+        rest of the epoch's global order is sharded over this loader's ranks (every remaining
+        sample once for evaluation; equal steps for training). The skipped samples are not read
+        or decoded. A state saved at the end of an epoch resumes at the start of the next one.
 
         Raises:
-            ValueError: The state is not a ``DALILoader`` state, or it was saved for another
-                dataset size, batch size or number of ranks (the remaining batches would differ).
+            fastload.ResumeError: (a ``ValueError``) The state is not a ``DALILoader`` state, is for
+                another dataset size or order (``shuffle``), or has a field out of range.
         """
-        self._epochs.load_state_dict(state, len(self), **self._state_shape())
+        self._epochs.load_state_dict(state, self._plan(), len(self))
         self.sampler.seed = self._epochs.seed
         self._feed.seed = self._epochs.seed
 
@@ -587,8 +595,9 @@ class DALILoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self._run_pass()
 
-    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        order = np.asarray(self.sampler.indices(epoch), dtype=np.int64)
+    def _epoch_batches(self, epoch: int, start: int = 0) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` from global position ``start`` (a resume)."""
+        order = np.asarray(self.sampler.indices(epoch, start), dtype=np.int64)
         b = self.batch_size
         n = len(order) // b * b if self.drop_last else len(order)
         return [order[k : k + b] for k in range(0, n, b)]
@@ -718,13 +727,15 @@ class DALILoader:
             self._generation += 1
             self._end_pass(complete=False)
             self._finish_epoch(self._active_epoch)
-        epoch, start = self._epochs.begin_pass()
-        done = start
+        epoch, resume = self._epochs.begin_pass()
+        position = 0 if resume is None else resume.position
+        self._epochs.start_at(position, 0)
+        done = 0
         if self._pipe is None:
             self._pipe = self._build()
         pipe = self._pipe
         generation = self._generation
-        self._feed.start(epoch, self._epoch_batches(epoch)[start:])
+        self._feed.start(epoch, self._epoch_batches(epoch, position))
         self._active, self._active_epoch = True, epoch
         self.stats.start()
         complete = False

@@ -62,6 +62,7 @@ import logging
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ from torch.utils.data import (
 )
 
 from ._checks import check_choice, check_int
-from ._epoch import DefaultSeed, EpochState
+from ._epoch import DefaultSeed, EpochState, Plan, Resume
+from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
@@ -106,7 +108,7 @@ from .gpu import BatchTransform, apply_transform
 from .head import head_view
 from .prefetch import CUDAPrefetcher
 from .recognize import is_image_folder, recognize, worker_view
-from .sampler import DistributedSampler, EpochRandomSampler
+from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
 
@@ -353,11 +355,7 @@ class _FastPass:
         self.engine = engine
         self.epoch = epoch
         self.seed = seed
-        self.batches = _split(
-            np.fromiter((int(i) for i in loader.sampler), dtype=np.int64),
-            loader.batch_size or 1,
-            loader.drop_last,
-        )
+        self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
         self.next_batch = start
         self.issued = start
         self.pool = engine.get_pool(loader, seed)
@@ -475,8 +473,7 @@ class _EncodedPass:
     def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
         self.loader = loader
         self.device = loader.device if loader.device is not None else torch.device("cpu")
-        order = np.fromiter((int(i) for i in loader.sampler), dtype=np.int64)
-        self.batches = _split(order, loader.batch_size or 1, loader.drop_last)
+        self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
         self.next_batch = start
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
@@ -641,14 +638,20 @@ class DataLoaderIterator:
         self._engine = engine
         self._epochs = loader._epochs
         self.seed = self._epochs.seed
-        self.epoch, start = self._epochs.begin_pass()
-        self._done = start
+        self.epoch, resume = self._epochs.begin_pass()
         self._ended = False
         self._generation: int | None = None
-        self._length: int | None = _pass_length(loader)
         sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
         if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
             sampler_set_epoch(self.epoch)
+        start, rest = loader._resume_pass(self.epoch, resume)
+        self._done = start
+        self._rest: np.ndarray | None = None
+        self._length: int | None = _pass_length(loader)
+        if rest is not None:
+            batch_size = loader.batch_size or 1
+            self._length = len(rest) // batch_size if loader.drop_last else -(-len(rest) // batch_size)
+        loader._rest = self._rest = rest  # until the pass ends
         self.stats = loader.stats
         self.stats.start()
         loader._refresh_path()
@@ -668,7 +671,9 @@ class DataLoaderIterator:
                 torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
                 fallback = None
                 if loader._auto_workers:
-                    fallback = functools.partial(loader._load_in_process, rng_state=rng_state, start=start)
+                    fallback = functools.partial(
+                        loader._load_in_process, rng_state=rng_state, start=start, rest=rest
+                    )
                 source = _TorchPass(
                     torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
                 )
@@ -745,6 +750,8 @@ class DataLoaderIterator:
             prefetcher.loader = []  # no cycle through the finished pass: the loader is freed at once
         self._epochs.end_pass(self.epoch)
         loader = self._loader
+        if loader._rest is self._rest:
+            loader._rest = None
         if (
             self._generation is not None
             and not loader.persistent_workers
@@ -757,6 +764,32 @@ class DataLoaderIterator:
             self._end()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+class _PassIndices:
+    """torch's index sampler for a :class:`DataLoader` (its ``_index_sampler``): the rest of a
+    resumed epoch once, in batches, else the loader's own ``batch_sampler`` (or ``sampler``)."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self._loader = weakref.ref(loader)  # no cycle: the loader is freed (and its workers stop) at once
+
+    def _base(self, loader: DataLoader[Any]) -> Any:
+        return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self._loader()
+        assert loader is not None  # torch's iterator holds the loader while it draws indices
+        rest = loader._rest  # torch's iterator may call iter() twice as it starts: no pop
+        if rest is None:
+            return iter(self._base(loader))
+        if loader.batch_sampler is None:
+            return iter(rest.tolist())
+        return iter([b.tolist() for b in _split(rest, loader.batch_size or 1, loader.drop_last)])
+
+    def __len__(self) -> int:
+        loader = self._loader()
+        assert loader is not None
+        return len(self._base(loader))
 
 
 @contextlib.contextmanager
@@ -1045,6 +1078,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._path = "torch"
         self._torch_workers_started = False  # torch's persistent workers are running
         self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
+        self._rest: np.ndarray | None = None  # a resumed pass's indices, until its iterator takes them
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
         self._engine = _Engine()
@@ -1177,34 +1211,105 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             set_sampler_epoch(self._epochs.epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: seed, epoch and batches handed to the consumer in that epoch.
+        """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
 
         Taken inside a pass: that pass's epoch and the batches the consumer received (with
         ``device``/``gpu_transforms`` the prefetcher is one batch ahead; the batch it holds is
         not counted, so a resume neither skips nor repeats a batch). Taken between passes: what
         the next pass will do.
+
+        With a sampler fastload knows (``shuffle``, ``distributed=True``, a fastload or torch
+        ``DistributedSampler``) the state also holds ``position``: the prefix of the epoch's
+        global order (the order every rank derives from ``(seed, epoch)`` before sharding) that
+        every rank has handed out, assuming the ranks step together, as DDP does. Any loader --
+        another number of ranks, another batch size -- continues from it exactly (see
+        :meth:`load_state_dict`). The other fields record the sharding it was made with.
+
+        Example: 64 samples, 4 ranks, batches of 4, each rank received 2 batches:
+        ``{"epoch": 0, "position": 32, "batches": 2, "num_replicas": 4, "batch_size": 4, ...}``.
         """
-        return self._epochs.state_dict(**self._state_shape())
+        return self._epochs.state_dict(self._plan())
 
-    def _state_shape(self) -> dict[str, Any]:
+    def _plan(self) -> Plan:
+        """How this loader hands out an epoch (what its state records)."""
         n = None if isinstance(self.dataset, IterableDataset) else len(self.dataset)  # type: ignore[arg-type]
-        return {"batch_size": self.batch_size, "num_samples": n}
+        fields: dict[str, Any] = {}
+        if n is not None and self.batch_size is not None and not self._given_batch_sampler:
+            fields = sampler_plan(self.sampler, self.dataset, self._own_sampler)
+        if "num_replicas" not in fields:
+            fields["num_replicas"] = get_world_size()  # a custom sampler: its ranks must not change
+            fields["rank"] = get_rank()
+        return Plan(num_samples=n, batch_size=self.batch_size, drop_last=bool(self.drop_last), **fields)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
+        A state with a ``position`` continues on a loader with any number of ranks and any batch
+        size: the rest of the epoch's global order, sharded over this job's ranks by this
+        loader's rule -- evaluation (``shuffle=False``): every remaining sample exactly once;
+        training: every rank the same number of steps, padded only at the end. Each sample keeps
+        the augmentation it would have had (a function of ``(seed, epoch, index)``). The usual
+        loop's ``set_epoch(epoch)`` for the resumed epoch keeps the resume. A state saved at the
+        end of an epoch resumes at the start of the next one.
+
+        Args:
+            state: The state of one rank (every rank steps together, as in DDP), or a list of the
+                states of every rank of the saving job.
+
         Raises:
-            ValueError: If the state is not a fastload loader state, describes another dataset
-                size or batch size (the remaining batches would be wrong), or holds a field out
-                of range (e.g. ``batches`` beyond the epoch's length).
+            fastload.ResumeError: (a ``ValueError``) The state is not a fastload loader state, is
+                for another dataset size, another order (``shuffle``, the sampler or its seed), has
+                a field out of range, was saved by ranks that stopped at different points, or --
+                for a loader whose order fastload cannot derive (a custom sampler or
+                ``batch_sampler``, an ``IterableDataset``) -- another batch size or number of ranks.
         """
-        self._epochs.load_state_dict(state, len(self), **self._state_shape())
+        plan = self._plan()
+        n = None if isinstance(self.dataset, IterableDataset) and _pass_length(self) is None else len(self)
+        self._epochs.load_state_dict(state, plan, n)
         seed = self._epochs.seed
         if self._own_sampler and hasattr(self.sampler, "seed"):
             self.sampler.seed = seed
         set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_sampler_epoch):
             set_sampler_epoch(self._epochs.epoch)
+
+    def _resume_pass(self, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
+        """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
+
+        ``None`` indices: the sampler's own order. A resume this loader made itself (same ranks,
+        batch size and sharding) skips batches on torch's path, loading them as an uninterrupted
+        run did (its random draws go on from there); any other resume -- and every resume on
+        fastload's own paths, whose draws are per sample -- runs this rank's share of the rest of
+        the global order.
+        """
+        if resume is None:
+            return 0, None
+        torch_path = not self.fast_path and self.decode != "device"
+        plan = self._plan()
+        if resume.batches is not None and (torch_path or not plan.global_order):
+            self._epochs.start_at(0, resume.batches)
+            return resume.batches, None
+        order = global_order(self.sampler, self.dataset, epoch, self.seed)
+        assert order is not None  # a resume with a position comes with a plan with a global order
+        self._epochs.start_at(resume.position, 0)
+        rest = rest_of_epoch(order, resume.position, plan.num_replicas, plan.rank, plan.pad, plan.drop_tail)
+        return 0, rest
+
+    def _pass_order(self) -> np.ndarray:
+        """This pass's indices: a resumed epoch's rest, or the sampler's order."""
+        rest = self._rest
+        if rest is not None:
+            return rest
+        return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+
+    @property
+    def _index_sampler(self) -> Any:
+        """What torch's iterator draws batches of indices from: one object for the loader's life
+        (persistent workers keep it), serving a resumed epoch's rest once, else torch's own."""
+        indices = self.__dict__.get("_pass_indices")
+        if indices is None:
+            indices = self.__dict__["_pass_indices"] = _PassIndices(self)
+        return indices
 
     def close(self) -> None:
         """Stops the workers now (fastload's, and torch's persistent ones on torch's path) and
@@ -1306,7 +1411,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return it
 
     def _load_in_process(
-        self, error: UnsendableBatchError, batch: int, *, rng_state: torch.Tensor | None, start: int
+        self,
+        error: UnsendableBatchError,
+        batch: int,
+        *,
+        rng_state: torch.Tensor | None,
+        start: int,
+        rest: np.ndarray | None = None,
     ) -> Iterator[Any]:
         """Workers the user did not ask for cannot send a batch: from now on this loader loads in
         the main process, as torch's default (``num_workers=0``) does, and the pass goes on with
@@ -1331,6 +1442,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._auto_workers = False
         if batch == start and rng_state is not None:
             torch.set_rng_state(rng_state)
+        self._rest = rest  # a resumed epoch: the same rest of it
         it = self._torch_iter()
         for _ in range(batch):  # the batches the consumer already has
             next(it)

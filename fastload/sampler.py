@@ -16,19 +16,18 @@ Example:
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator, Sized
 from typing import Any, cast
 
 import numpy as np
-import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from ._checks import check_int
 from ._epoch import DefaultSeed, resolve_seed
+from ._position import consumed, rest_of_epoch
 from .rng import epoch_permutation
 
 __all__ = [
@@ -36,6 +35,8 @@ __all__ = [
     "EpochRandomSampler",
     "blockwise_permutation",
     "epoch_order",
+    "global_order",
+    "sampler_plan",
     "shard_indices",
 ]
 
@@ -340,6 +341,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._set_epoch_called = False
         self._last_iter_epoch: int | None = None
         self._warned = False
+        self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
 
     def __repr__(self) -> str:
         return (
@@ -348,7 +350,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             f"pad={self.pad}, epoch={self.epoch})"
         )
 
-    def indices(self, epoch: int | None = None) -> list[int]:
+    def indices(self, epoch: int | None = None, start: int = 0) -> list[int]:
         """This rank's indices for an epoch, in order (what iterating the sampler yields).
 
         Unlike iterating, this does not count as using the epoch (no :meth:`set_epoch` warning),
@@ -357,30 +359,43 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
         Args:
             epoch: The epoch. Default: the current one (``self.epoch``).
+            start: Positions of the epoch's global order already handed out on every rank (by
+                this job or by one with another number of ranks): this rank's share of the rest,
+                by the same rule (padded, exact or dropped). Default ``0``: the whole epoch.
 
         Returns:
-            A list of ints of length ``len(self)``.
+            A list of ints (``len(self)`` of them for the whole epoch).
         """
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
+        start = check_int(start, "start", low=0, high=self._len)
+        return rest_of_epoch(
+            self.global_order(epoch),
+            start,
+            self.num_replicas,
+            self.rank,
+            self.pad and not self.drop_last,
+            self.drop_last,
+        ).tolist()
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order before it is sharded, the same on every rank: ``int64[len(dataset)]``."""
         n = len(self.dataset)  # type: ignore[arg-type]
         if n != self._len:
             raise RuntimeError(
                 f"the dataset size changed from {self._len} to {n} since the sampler was created; "
                 "create a new DistributedSampler for the new dataset"
             )
-        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
         if self.shuffle:
-            order = torch.from_numpy(epoch_order(self.dataset, n, self.seed, epoch))
-        else:
-            order = torch.arange(n)
-        if self.drop_last:
-            order = order[: self.total_size]
-        elif self.pad and self.total_size > n:
-            # torch: extend by the order itself, repeated as often as needed (W > N repeats it).
-            repeats = math.ceil((self.total_size - n) / n)
-            order = torch.cat([order, order.repeat(repeats)[: self.total_size - n]])
-        return order[self.rank :: self.num_replicas].tolist()
+            return epoch_order(self.dataset, n, self.seed, epoch)
+        return np.arange(n, dtype=np.int64)
 
     def __iter__(self) -> Iterator[int]:
+        start = 0
+        if self._resume is not None:
+            epoch, start = self._resume
+            self._resume = None
+            if epoch != self.epoch:
+                start = 0
         if (
             self.shuffle
             and not self._set_epoch_called
@@ -395,9 +410,12 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 stacklevel=2,
             )
         self._last_iter_epoch = self.epoch
-        return iter(self.indices())
+        return iter(self.indices(start=start))
 
     def __len__(self) -> int:
+        """Indices the next iteration yields: ``num_samples``, or fewer for a resumed epoch."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return len(self.indices(start=self._resume[1]))
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
@@ -409,18 +427,42 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self.epoch = check_int(epoch, "epoch", type_error=True)
         self._set_epoch_called = True
 
-    def state_dict(self) -> dict[str, int]:
-        """The sampler's state: ``{"epoch": ..., "seed": ...}`` (the order is a function of them).
+    def state_dict(self, taken: int = 0) -> dict[str, Any]:
+        """The sampler's state: its epoch and seed, and how far the epoch has gone.
 
-        The position inside the epoch is not part of it: the DataLoader tracks that.
+        Args:
+            taken: Indices this rank has taken from the current epoch's iteration (with a
+                ``DataLoader``: ``batches * batch_size``, every rank having taken as many). The
+                state records the *global* position this means, so a sampler with any
+                ``num_replicas`` continues the epoch with exactly the indices not yet taken.
+                ``fastload.DataLoader.state_dict()`` does this count itself.
+
+        Returns:
+            ``{"epoch", "seed", "position", "num_samples", "shuffle"}``.
         """
-        return {"epoch": self.epoch, "seed": self.seed}
+        start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+        remaining = self._len - start
+        taken = check_int(taken, "taken", low=0, high=len(self.indices(start=start)))
+        position, _, _ = consumed(
+            remaining, self.num_replicas, 1, taken, self.pad and not self.drop_last, self.drop_last, False
+        )
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "position": start + position,
+            "num_samples": self._len,
+            "shuffle": self.shuffle,
+        }
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Restores ``epoch`` and ``seed`` from :meth:`state_dict` (counts as calling :meth:`set_epoch`).
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`: the epoch, the seed, and the rest of the epoch.
+
+        The next iteration of that epoch yields this rank's share of the epoch's global order
+        after ``position`` (whatever ``num_replicas`` the state was saved with); later epochs are
+        whole. Counts as calling :meth:`set_epoch`.
 
         Raises:
-            ValueError: A key is missing.
+            ValueError: A key is missing, or the state is for another dataset size or shuffle.
             TypeError: A value is not an integer.
         """
         missing = [k for k in ("epoch", "seed") if k not in state_dict]
@@ -429,5 +471,73 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 f"state_dict should have the keys 'epoch' and 'seed', but got keys {sorted(state_dict)}"
             )
         seed = check_int(state_dict["seed"], "seed", type_error=True)
-        self.set_epoch(state_dict["epoch"])
+        epoch = check_int(state_dict["epoch"], "epoch", type_error=True)
+        position = check_int(state_dict.get("position", 0), "position", low=0, high=self._len)
+        for key, mine in (("num_samples", self._len), ("shuffle", self.shuffle)):
+            if key in state_dict and state_dict[key] != mine:
+                raise ValueError(
+                    f"the state was saved by a sampler with {key}={state_dict[key]!r}, but this one has "
+                    f"{key}={mine!r}: the rest of the epoch would be other samples"
+                )
+        self.set_epoch(epoch)
         self.seed = seed
+        self._resume = (epoch, position) if position else None
+
+
+def global_order(sampler: Any, dataset: Any, epoch: int, seed: int) -> np.ndarray | None:
+    """The global order of ``epoch`` behind a sampler fastload knows (``None`` for any other).
+
+    Args:
+        sampler: A loader's sampler.
+        dataset: The loader's dataset.
+        epoch: The epoch.
+        seed: The loader's seed (the order of its own shuffling sampler).
+    """
+    if isinstance(sampler, DistributedSampler):
+        return sampler.global_order(epoch)
+    if type(sampler) is _TorchDistributedSampler:
+        n = len(dataset)
+        if sampler.shuffle:
+            return epoch_permutation(n, sampler.seed, epoch).numpy()
+        return np.arange(n, dtype=np.int64)
+    if type(sampler) is EpochRandomSampler:
+        return sampler.indices(epoch)
+    if type(sampler) is SequentialSampler:
+        return np.arange(len(sampler), dtype=np.int64)
+    return None
+
+
+def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
+    """The sharding fields of a :class:`fastload._epoch.Plan` for a loader's sampler.
+
+    Args:
+        sampler: The loader's sampler.
+        dataset: Its dataset.
+        own: The loader made the sampler (then it takes a loaded state's seed).
+    """
+    if isinstance(sampler, DistributedSampler):
+        blocks = sampler.shuffle and _shuffle_blocks(dataset, sampler._len) is not None
+        order = ("blocks" if blocks else "shuffle") if sampler.shuffle else "sequence"
+        return {
+            "num_replicas": sampler.num_replicas,
+            "rank": sampler.rank,
+            "order": order,
+            "order_seed": None if own or not sampler.shuffle else sampler.seed,
+            "pad": sampler.pad and not sampler.drop_last,
+            "drop_tail": sampler.drop_last,
+        }
+    if type(sampler) is _TorchDistributedSampler:
+        return {
+            "num_replicas": sampler.num_replicas,
+            "rank": sampler.rank,
+            "order": "randperm" if sampler.shuffle else "sequence",
+            "order_seed": sampler.seed if sampler.shuffle else None,
+            "pad": not sampler.drop_last,
+            "drop_tail": sampler.drop_last,
+        }
+    if type(sampler) is EpochRandomSampler:
+        blocks = _shuffle_blocks(dataset, len(sampler)) is not None
+        return {"order": "blocks" if blocks else "shuffle"}
+    if type(sampler) is SequentialSampler:
+        return {"order": "sequence"}
+    return {}

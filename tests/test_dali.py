@@ -310,8 +310,14 @@ def test_mid_epoch_resume_gives_the_rest_of_the_epoch(dali: Any, train_index: Fo
     again = make()
     again.load_state_dict(done)  # saved at the end of epoch 1: resumes at the start of epoch 2
     assert again.state_dict()["epoch"] == 2 and again.state_dict()["batches"] == 0
-    with pytest.raises(ValueError, match="batches of 4"):
-        DALILoader(train_index, 8, train=True, size=32, device="cpu", num_threads=1).load_state_dict(state)
+    # another batch size: the same rest of the epoch (each sample with its own crop and flip), in
+    # batches of 8: 20 samples left, 2 whole batches (train drops the last incomplete one)
+    eights = DALILoader(train_index, 8, train=True, size=32, device="cpu", num_threads=1)
+    eights.load_state_dict(state)
+    rest8 = collect(eights)
+    assert len(rest8[1]) == 2
+    assert torch.equal(torch.cat(rest8[1]), torch.cat(expected[1][3:])[:16])
+    assert torch.equal(torch.cat(rest8[0]), torch.cat(expected[0][3:])[:16])
 
 
 @pytest.mark.dali

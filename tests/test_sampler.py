@@ -254,7 +254,7 @@ def test_state_dict_round_trip() -> None:
     sampler = DistributedSampler(range(40), num_replicas=3, rank=2, seed=11)
     sampler.set_epoch(4)
     state = sampler.state_dict()
-    assert state == {"epoch": 4, "seed": 11}
+    assert state == {"epoch": 4, "seed": 11, "position": 0, "num_samples": 40, "shuffle": True}
     fresh = DistributedSampler(range(40), num_replicas=3, rank=2)
     fresh.load_state_dict(state)
     assert list(fresh) == list(sampler)
@@ -262,6 +262,37 @@ def test_state_dict_round_trip() -> None:
         fresh.load_state_dict({"epoch": 1})
     with pytest.raises(TypeError, match="epoch should be an integer, but got epoch=1.5"):
         fresh.load_state_dict({"epoch": 1.5, "seed": 0})
+    with pytest.raises(ValueError, match="num_samples=41, but this one has num_samples=40"):
+        fresh.load_state_dict(state | {"num_samples": 41})
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (4, 3), (2, 4)])
+@pytest.mark.parametrize("taken", [0, 1, 5, 9])
+def test_sampler_state_resumes_on_another_number_of_ranks(
+    shuffle: bool, before: int, after: int, taken: int
+) -> None:
+    """4 ranks take ``taken`` indices each; the state of one continues on 2, 3 or 4 ranks: every
+    index of the epoch exactly once (evaluation) / at least once with equal lengths (training)."""
+    n = 38
+    old = [DistributedSampler(range(n), before, r, shuffle=shuffle, seed=3) for r in range(before)]
+    for s in old:
+        s.set_epoch(2)
+    shards = [s.indices()[:taken] for s in old]
+    state = old[0].state_dict(taken=len(shards[0]))
+    new = [DistributedSampler(range(n), after, r, shuffle=shuffle, seed=0) for r in range(after)]
+    for s in new:
+        s.load_state_dict(state)
+    lengths = [len(s) for s in new]  # what the next iteration yields: the rest
+    rest = [list(s) for s in new]
+    assert lengths == [len(r) for r in rest]
+    seen = [i for shard in shards + rest for i in shard]
+    if shuffle:  # padded: equal lengths, every index at least once, repeats only to pad
+        assert len({len(r) for r in rest}) == 1 and set(seen) == set(range(n))
+        assert len(seen) - n < before + after
+    else:
+        assert sorted(seen) == list(range(n))
+    assert [list(s) for s in new] == [s.indices(2) for s in new]  # the epoch after the rest: whole
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from fastload import ResumeError
 from fastload import transforms as T
 from fastload.folder import ImageFolder
 from fastload.loader import DataLoader
@@ -41,9 +42,11 @@ BAD_STATES = [
         ValueError,
         r"should come from fastload.DataLoader.state_dict\(\), but got NoneType",
     ),
-    (lambda s: list(s.items()), ValueError, "but got list"),
+    (lambda s: list(s.items()), ValueError, "but got tuple"),
+    (lambda s: [], ValueError, "but got an empty list"),
     (lambda s: s | {"format": "torchdata"}, ValueError, "but got a dict with format='torchdata'"),
     (lambda s: s | {"version": 99}, ValueError, "unsupported fastload.DataLoader state version 99"),
+    (lambda s: s | {"version": 1}, ResumeError, r"version 1.*did not record the number of ranks"),
     (lambda s: {k: v for k, v in s.items() if k != "seed"}, ValueError, "no 'seed' field"),
     (lambda s: {k: v for k, v in s.items() if k != "batches"}, ValueError, "no 'batches' field"),
     (lambda s: s | {"seed": "zero"}, ValueError, r"state\['seed'\] should be an integer, but got .*'zero'"),
@@ -54,18 +57,24 @@ BAD_STATES = [
         r"state\['epoch'\] should be a non-negative integer, but got .*=-1",
     ),
     (lambda s: s | {"epoch": None}, ValueError, r"state\['epoch'\]"),
-    (lambda s: s | {"batches": 99}, ValueError, r"state\['batches'\] should be an integer in \[0, 8\].*99"),
-    (lambda s: s | {"batches": -3}, ValueError, r"state\['batches'\] should be an integer in \[0, 8\]"),
-    (lambda s: s | {"batches": True}, ValueError, r"state\['batches'\] should be an integer"),
+    (lambda s: s | {"position": 99}, ResumeError, r"state\['position'\] should be an integer in \[0, 32\]"),
+    (lambda s: s | {"position": 8}, ResumeError, "position 8 does not follow from its batches"),
+    (lambda s: s | {"batches": -3}, ResumeError, r"state\['batches'\] should be a non-negative integer"),
+    (lambda s: s | {"batches": True}, ResumeError, r"state\['batches'\] should be a non-negative integer.*True"),
     (
         lambda s: s | {"num_samples": 1000},
-        ValueError,
-        "saved for batches of 4, 1000 samples, but this loader has .*32 samples",
+        ResumeError,
+        "saved for 1000 samples, but this loader has 32 samples: it is another dataset",
     ),
     (
-        lambda s: s | {"batch_size": 8},
-        ValueError,
-        "batches of 8.*the remaining batches would differ",
+        lambda s: s | {"order": "shuffle"},
+        ResumeError,
+        "with order 'shuffle', but this loader has order 'sequence'.*another set of samples",
+    ),
+    (
+        lambda s: [s, s | {"rank": 1}],
+        ResumeError,
+        r"a list of states should hold the state of each of the 1 ranks once, but holds ranks \[0, 1\]",
     ),
 ]
 

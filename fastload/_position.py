@@ -1,0 +1,109 @@
+"""Where an epoch stands in its global order, for any number of ranks and any batch size.
+
+Every fastload sampler derives one *global order* of the epoch from ``(seed, epoch)`` and shards
+it by stride: rank ``r`` of ``W`` takes positions ``r, r + W, r + 2W, ...``. So when every rank
+has taken ``c`` samples, the samples handed out are exactly the first ``c * W`` positions of the
+global order: a prefix. That prefix's length (the *position*) is what a resume state records; a
+job with another number of ranks or batch size continues with the rest of the global order,
+sharded over its own ranks by the same rules (:func:`rest_of_epoch`).
+
+The sharding rules, for ``M`` samples on ``W`` ranks (``M`` is the epoch's size, or what is left
+of it after a resume):
+
+* **exact** (evaluation): rank ``r`` takes ``range(r, M, W)``; nothing repeated or dropped;
+* **pad** (training): every rank takes ``ceil(M / W)``; the ``W - M mod W`` positions past the
+  end repeat the epoch's order from its start, as torch's ``DistributedSampler`` pads;
+* **drop tail** (the sampler's ``drop_last``): the last ``M mod W`` positions are dropped.
+
+A loader with ``drop_last=True`` also drops each rank's last incomplete batch.
+
+Example (``M = 10`` on ``W = 4`` ranks, exact, batches of 1): after 2 steps every rank has taken
+2 samples and the position is 8; a restart on 3 ranks continues with positions 8 and 9, one on
+rank 0 and one on rank 1 (rank 2 gets none).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["consumed", "rest_of_epoch", "shard_lengths"]
+
+
+def shard_lengths(remaining: int, num_replicas: int, pad: bool, drop_tail: bool) -> np.ndarray:
+    """Samples each rank takes from ``remaining`` positions: ``int64[num_replicas]``."""
+    w = num_replicas
+    if drop_tail:
+        return np.full(w, remaining // w, dtype=np.int64)
+    if pad:
+        return np.full(w, -(-remaining // w), dtype=np.int64)
+    return _below(remaining, np.arange(w, dtype=np.int64), w)
+
+
+def rest_of_epoch(
+    order: np.ndarray, start: int, num_replicas: int, rank: int, pad: bool, drop_tail: bool
+) -> np.ndarray:
+    """One rank's samples of the rest of an epoch: the global ``order`` from position ``start``.
+
+    Args:
+        order: The epoch's global order (``int64[N]``).
+        start: Positions already handed out on every rank (``0``: the whole epoch).
+        num_replicas: Ranks sharing the rest.
+        rank: This rank.
+        pad: Repeat samples so that every rank takes the same number (the training rule); the
+            repeats are the epoch's order from its start (torch's ``DistributedSampler`` rule).
+        drop_tail: Drop the last ``(N - start) mod num_replicas`` positions instead.
+
+    Returns:
+        ``int64`` indices, in the order the rank takes them.
+    """
+    rest = np.asarray(order, dtype=np.int64)[start:]
+    m, w = len(rest), num_replicas
+    if drop_tail:
+        rest = rest[: m // w * w]
+    elif pad and m % w and m:
+        rest = np.concatenate([rest, np.resize(np.asarray(order, dtype=np.int64), w - m % w)])
+    return rest[rank::w]
+
+
+def consumed(
+    remaining: int,
+    num_replicas: int,
+    batch_size: int,
+    batches: np.ndarray | int,
+    pad: bool,
+    drop_tail: bool,
+    drop_last: bool,
+) -> tuple[int, bool, bool]:
+    """How far the ranks have taken a pass over ``remaining`` positions.
+
+    Args:
+        remaining: Positions of the global order the pass covers.
+        num_replicas: Ranks of the pass.
+        batch_size: Samples per batch on each rank.
+        batches: Batches each rank has received (one count for every rank, or one per rank).
+        pad, drop_tail: The sharding rule (see :func:`rest_of_epoch`).
+        drop_last: Each rank drops its last incomplete batch.
+
+    Returns:
+        ``(position, finished, prefix)``: the length of the prefix of the pass's order that every
+        rank has handed out; whether every rank has received all its batches (the epoch is over);
+        and whether what was handed out is exactly that prefix (ranks that stopped at different
+        points leave samples handed out past it).
+    """
+    lengths = shard_lengths(remaining, num_replicas, pad, drop_tail)
+    ranks = np.arange(num_replicas, dtype=np.int64)
+    per_rank = lengths // batch_size if drop_last else -(-lengths // batch_size)
+    counts = np.broadcast_to(np.asarray(batches, dtype=np.int64), lengths.shape)
+    finished = bool(np.all(counts >= per_rank))
+    taken = np.minimum(np.minimum(counts, per_rank) * batch_size, lengths)
+    unique = remaining // num_replicas * num_replicas if drop_tail else remaining
+    position = int(min(unique, int(np.min(ranks + taken * num_replicas))))
+    # handed out exactly [0, position): each rank's unique samples are its positions below it
+    unique_taken = np.minimum(taken, _below(unique, ranks, num_replicas))
+    prefix = bool(np.all(unique_taken == _below(position, ranks, num_replicas)))
+    return position, finished, prefix
+
+
+def _below(position: int, ranks: np.ndarray, num_replicas: int) -> np.ndarray:
+    """How many of each rank's positions (``r, r + W, ...``) are below ``position``."""
+    return np.maximum(0, (position - ranks + num_replicas - 1) // num_replicas)
