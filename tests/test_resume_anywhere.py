@@ -1,0 +1,181 @@
+"""Resume on another number of ranks or another batch size, under torchrun with real gloo groups.
+
+A job of 4 ranks (``torch.distributed.run --nproc-per-node 4``) runs ``k`` steps of epoch 1 and
+saves rank 0's ``state_dict()``; a fresh job of 2 and one of 3 ranks (and a job of 2 saving for
+one of 4) load it, call ``set_epoch(1)`` as a loop does, and finish the epoch. Over the whole
+epoch every sample comes exactly once (evaluation, ``shuffle=False``) or at least once with the
+same number of steps on every rank (training). Cases: fastload's fast path (an ``ImageFolder``,
+whose resumed samples must have the very pixels a single-process run gives them) and torch's path
+(a list), shuffle on and off, ``k`` = 0, 1, the last step but one and the last step, the batch size
+kept or changed. Every case of a job runs inside one launch, so the file takes a few launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fastload
+
+TIMEOUT_S = 240
+LIST_SIZE = 67  # no number of ranks here divides it
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import fastload
+    from fastload import transforms as T
+
+    out_dir, mode, root, list_size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tf = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+    images = fastload.ImageFolder(root, transform=tf)
+    data = {"images": images, "list": list(range(list_size))}
+    BATCH = {"images": 2, "list": 4}
+
+    def loader(kind, shuffle, batch_size):
+        return fastload.DataLoader(
+            data[kind], batch_size=batch_size, shuffle=shuffle, distributed=True, seed=7, num_workers=0
+        )
+
+    def indices(kind, batch):
+        return (batch.indices if kind == "images" else batch).tolist()
+
+    def cases():
+        for kind in ("images", "list"):
+            for shuffle in (False, True):
+                steps = torch.tensor(len(loader(kind, shuffle, BATCH[kind])))
+                dist.all_reduce(steps, op=dist.ReduceOp.MAX)  # exact shards: rank 0 may have one more
+                steps = int(steps)
+                for k in sorted({0, 1, steps - 1, steps}):
+                    yield kind, shuffle, k
+
+    results = {}
+    if mode == "save":
+        for kind, shuffle, k in cases():
+            lo = loader(kind, shuffle, BATCH[kind])
+            lo.set_epoch(1)
+            it, seen = iter(lo), []
+            for _ in range(min(k, len(lo))):  # exact shards: a rank may have one batch fewer
+                seen += indices(kind, next(it))
+            results[f"{kind} {shuffle} {k}"] = {"seen": seen, "state": lo.state_dict()}
+    else:
+        saved = json.load(open(os.path.join(out_dir, "save-rank0.json")))  # rank 0's checkpoint
+        reference = {}  # one process, no resume: the pixels of every sample of epoch 1
+        for shuffle in (False, True):
+            ref = fastload.DataLoader(images, batch_size=4, shuffle=shuffle, seed=7, num_workers=0)
+            ref.set_epoch(1)
+            for batch in ref:
+                for i, img in zip(batch.indices.tolist(), batch[0]):
+                    reference[(shuffle, i)] = img
+        for name, case in saved.items():
+            kind, shuffle = name.split()[0], name.split()[1] == "True"
+            for batch_size in (BATCH[kind], BATCH[kind] + 1):
+                lo = loader(kind, shuffle, batch_size)
+                lo.load_state_dict(case["state"])
+                lo.set_epoch(1)  # the usual loop: keeps the resume
+                seen, steps, same_pixels = [], 0, True
+                for batch in lo:
+                    seen += indices(kind, batch)
+                    steps += 1
+                    if kind == "images":
+                        for i, img in zip(batch.indices.tolist(), batch[0]):
+                            same_pixels &= torch.equal(img, reference[(shuffle, i)])
+                after = lo.state_dict()
+                results[f"{name} {batch_size}"] = {
+                    "seen": seen, "steps": steps, "same_pixels": same_pixels, "next_epoch": after["epoch"],
+                }
+    with open(os.path.join(out_dir, f"{mode}-rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(script: Path, ranks: int, args: list[str], cwd: Path) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    repo = str(Path(fastload.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out = proc.communicate(timeout=TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun with {ranks} ranks did not finish within {TIMEOUT_S} s")
+    assert proc.returncode == 0, out
+
+
+def _job(tmp_path: Path, name: str, mode: str, ranks: int, root: Path, saved: Path | None = None) -> list[Any]:
+    out = tmp_path / name
+    out.mkdir()
+    if saved is not None:
+        (out / "save-rank0.json").write_text((saved / "save-rank0.json").read_text())
+    script = tmp_path / "resume_job.py"
+    script.write_text(SCRIPT)
+    _torchrun(script, ranks, [str(out), mode, str(root), str(LIST_SIZE)], tmp_path)
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before", "afters"), [(4, (2, 3)), (2, (4,))])
+def test_resume_on_another_number_of_ranks_and_batch_size(
+    imagenet_root: Path, tmp_path: Path, before: int, afters: tuple[int, ...]
+) -> None:
+    saves = _job(tmp_path, "save", "save", before, imagenet_root / "train")
+    sizes = {"images": 32, "list": LIST_SIZE}
+    checked = 0
+    for after in afters:
+        loads = _job(tmp_path, f"load{after}", "load", after, imagenet_root / "train", tmp_path / "save")
+        for name, case in saves[0].items():
+            kind, shuffle, k = name.split()[0], name.split()[1] == "True", int(name.split()[2])
+            before_seen = [i for rank in saves for i in rank[name]["seen"]]
+            for resumed in (key for key in loads[0] if key.startswith(name + " ")):
+                where = f"{before} -> {after} ranks, {resumed}"
+                runs = [rank[resumed] for rank in loads]
+                seen = Counter(before_seen + [i for run in runs for i in run["seen"]])
+                assert set(seen) == set(range(sizes[kind])), where  # nothing left out
+                if shuffle:  # training: the same number of steps on every rank, repeats only to pad
+                    assert len({run["steps"] for run in runs}) == 1, where
+                    assert sum(seen.values()) - sizes[kind] < before + after, where
+                else:  # evaluation: every sample exactly once over the whole epoch
+                    assert max(seen.values()) == 1, where
+                assert all(run["same_pixels"] for run in runs), where  # each sample's own augmentation
+                assert all(run["next_epoch"] == 2 for run in runs), where
+                if k == 0:  # nothing done yet: the new job runs the whole epoch
+                    assert not before_seen
+                checked += 1
+    assert checked == sum(2 * len(saves[0]) for _ in afters)
