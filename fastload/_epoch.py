@@ -131,6 +131,7 @@ class Resume:
 
     position: int
     batches: int | None
+    sampler_epoch: int | None = None  # a user's DistributedSampler: the epoch its order was made for
 
 
 _PLAN_FIELDS = tuple(Plan.__dataclass_fields__)
@@ -224,8 +225,12 @@ class EpochState:
             self.epoch_set = False
             self.resume = None
 
-    def state_dict(self, plan: Plan) -> dict[str, Any]:
-        """The state: seed, epoch, how far the consumer got, and ``plan`` (see the module docs)."""
+    def state_dict(self, plan: Plan, sampler_epoch: int | None = None) -> dict[str, Any]:
+        """The state: seed, epoch, how far the consumer got, and ``plan`` (see the module docs).
+
+        ``sampler_epoch``: the epoch of a sampler the user built and sets the epoch of (its order
+        is that epoch's): a resume applies only while the sampler is at that epoch again.
+        """
         if self.pass_epoch is not None:
             epoch, start, done = self.pass_epoch, self.pass_start, self.done
         elif self.resume is not None:
@@ -243,6 +248,7 @@ class EpochState:
             "position": position,
             "batches": done,
             "pass_start": start,
+            "sampler_epoch": sampler_epoch,
             **asdict(plan),
         }
 
@@ -284,6 +290,7 @@ class EpochState:
         else:
             self.set_epoch(epoch)
             self.resume = resume
+        self.epoch_set = False  # the loader sets a user's sampler's epoch itself, once, on loading
 
     # -------------------------------------------------------------- load_state_dict's steps
 
@@ -314,6 +321,8 @@ class EpochState:
                 f"the state was saved for {_sizes(state, ('num_samples',))}, but this loader has "
                 f"{_sizes(asdict(plan), ('num_samples',))}: it is another dataset"
             )
+        if state.get("sampler_epoch") is not None:
+            fields["sampler_epoch"] = _state_int(state, "sampler_epoch", 0)
         if state["position"] is not None:
             fields["position"] = _state_int(state, "position", 0, state["num_samples"])
             for key, low in (("batch_size", 1), ("num_replicas", 1), ("rank", 0)):
@@ -336,17 +345,18 @@ class EpochState:
                 f"{_sizes(asdict(plan), ('order',))} (shuffle, or the sampler, changed): the rest of "
                 "the epoch would be another set of samples"
             )
-        if plan.order_seed is not None and state["order_seed"] not in (None, plan.order_seed):
+        saved_seed = state["seed"] if state["order_seed"] is None else state["order_seed"]
+        if plan.order_seed is not None and saved_seed != plan.order_seed:
             raise ResumeError(
-                f"the state's order was shuffled with seed {state['order_seed']}, but this loader's "
-                f"sampler has seed {plan.order_seed}: build the sampler with seed={state['order_seed']}"
+                f"the state's order was shuffled with seed {saved_seed}, but this loader's "
+                f"sampler has seed {plan.order_seed}: build the sampler with seed={saved_seed}"
             )
         if state["finished"]:
             return None
         same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k != "rank")
         own = same and state["pass_start"] == 0 and state["batches"] is not None
         batches = state["batches"] if own else None
-        return Resume(state["position"], batches)
+        return Resume(state["position"], batches, state.get("sampler_epoch"))
 
     def _batch_resume(self, state: dict[str, Any], plan: Plan, num_batches: int | None) -> Resume | None:
         """The resume of a loader (or a state) without a global order: the same sizes, batches skipped."""
@@ -362,13 +372,13 @@ class EpochState:
         done = _state_int(state, "batches", 0, high)
         if high is not None and done == high:
             return None
-        return Resume(0, done)
+        return Resume(0, done, state.get("sampler_epoch"))
 
 
 def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     """One state from the states of every rank of a job (refused unless they describe one position)."""
     first = states[0]
-    for key in ("epoch", "seed", "pass_start", *(k for k in _PLAN_FIELDS if k != "rank")):
+    for key in ("epoch", "seed", "pass_start", "sampler_epoch", *(k for k in _PLAN_FIELDS if k != "rank")):
         values = {s["rank"]: s[key] for s in states}
         if len(set(map(repr, values.values()))) > 1:
             raise ResumeError(

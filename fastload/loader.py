@@ -80,6 +80,7 @@ from torch.utils.data import (
     SequentialSampler,
     default_collate,
 )
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from ._checks import check_choice, check_int
 from ._epoch import DefaultSeed, EpochState, Plan, Resume
@@ -1228,7 +1229,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         Example: 64 samples, 4 ranks, batches of 4, each rank received 2 batches:
         ``{"epoch": 0, "position": 32, "batches": 2, "num_replicas": 4, "batch_size": 4, ...}``.
         """
-        return self._epochs.state_dict(self._plan())
+        return self._epochs.state_dict(self._plan(), self._sampler_epoch())
+
+    def _sampler_epoch(self) -> int | None:
+        """The epoch of a ``DistributedSampler`` the user passed (and sets the epoch of): its order's."""
+        if self._own_sampler or not isinstance(self.sampler, TorchDistributedSampler):
+            return None
+        return int(self.sampler.epoch)
 
     def _plan(self) -> Plan:
         """How this loader hands out an epoch (what its state records)."""
@@ -1271,7 +1278,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self.sampler.seed = seed
         set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_sampler_epoch):
-            set_sampler_epoch(self._epochs.epoch)
+            resume = self._epochs.resume
+            sampler_epoch = None if resume is None else resume.sampler_epoch
+            set_sampler_epoch(self._epochs.epoch if sampler_epoch is None else sampler_epoch)
 
     def _resume_pass(self, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
         """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
@@ -1284,12 +1293,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """
         if resume is None:
             return 0, None
+        sampler_epoch = self._sampler_epoch()
+        if resume.sampler_epoch is not None and sampler_epoch != resume.sampler_epoch:
+            return 0, None  # the user's sampler went on to another epoch: it is whole
         torch_path = not self.fast_path and self.decode != "device"
         plan = self._plan()
         if resume.batches is not None and (torch_path or not plan.global_order):
             self._epochs.start_at(0, resume.batches)
             return resume.batches, None
-        order = global_order(self.sampler, self.dataset, epoch, self.seed)
+        order = global_order(self.sampler, self.dataset, epoch if sampler_epoch is None else sampler_epoch)
         assert order is not None  # a resume with a position comes with a plan with a global order
         self._epochs.start_at(resume.position, 0)
         rest = rest_of_epoch(order, resume.position, plan.num_replicas, plan.rank, plan.pad, plan.drop_tail)

@@ -484,14 +484,13 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._resume = (epoch, position) if position else None
 
 
-def global_order(sampler: Any, dataset: Any, epoch: int, seed: int) -> np.ndarray | None:
+def global_order(sampler: Any, dataset: Any, epoch: int) -> np.ndarray | None:
     """The global order of ``epoch`` behind a sampler fastload knows (``None`` for any other).
 
     Args:
         sampler: A loader's sampler.
         dataset: The loader's dataset.
         epoch: The epoch.
-        seed: The loader's seed (the order of its own shuffling sampler).
     """
     if isinstance(sampler, DistributedSampler):
         return sampler.global_order(epoch)

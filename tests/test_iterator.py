@@ -169,7 +169,7 @@ def test_state_after_a_failing_batch_resumes_after_it(broken_root: Path) -> None
 def test_resume_state_out_of_range_is_an_error(train_set: ImageFolder, batches: int) -> None:
     loader = DataLoader(train_set, batch_size=8, num_workers=0, seed=0)
     state = loader.state_dict() | {"batches": batches}
-    message = r"state\['batches'\] should be a non-negative integer|position 0 does not follow from its batches"
+    message = r"state\['batches'\] should be a non-negative integer|position 0 does not follow from"
     with pytest.raises(ValueError, match=message):
         loader.load_state_dict(state)
 

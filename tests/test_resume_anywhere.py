@@ -139,7 +139,9 @@ def _torchrun(script: Path, ranks: int, args: list[str], cwd: Path) -> None:
     assert proc.returncode == 0, out
 
 
-def _job(tmp_path: Path, name: str, mode: str, ranks: int, root: Path, saved: Path | None = None) -> list[Any]:
+def _job(
+    tmp_path: Path, name: str, mode: str, ranks: int, root: Path, saved: Path | None = None
+) -> list[Any]:
     out = tmp_path / name
     out.mkdir()
     if saved is not None:
@@ -160,7 +162,7 @@ def test_resume_on_another_number_of_ranks_and_batch_size(
     checked = 0
     for after in afters:
         loads = _job(tmp_path, f"load{after}", "load", after, imagenet_root / "train", tmp_path / "save")
-        for name, case in saves[0].items():
+        for name in saves[0]:
             kind, shuffle, k = name.split()[0], name.split()[1] == "True", int(name.split()[2])
             before_seen = [i for rank in saves for i in rank[name]["seen"]]
             for resumed in (key for key in loads[0] if key.startswith(name + " ")):
@@ -179,3 +181,144 @@ def test_resume_on_another_number_of_ranks_and_batch_size(
                     assert not before_seen
                 checked += 1
     assert checked == sum(2 * len(saves[0]) for _ in afters)
+
+
+# ------------------------------------------------------------- one process, ranks by sampler
+
+
+def _ranks(n: int, world: int, batch_size: int, **kw: Any) -> list[fastload.DataLoader]:
+    """The loaders of ``world`` ranks over ``range(n)``, each with torch's own DistributedSampler
+    (as torchvision's reference script builds it), in one process."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    return [
+        fastload.DataLoader(
+            list(range(n)),
+            batch_size=batch_size,
+            sampler=TorchSampler(list(range(n)), num_replicas=world, rank=r, **kw),
+            num_workers=0,
+        )
+        for r in range(world)
+    ]
+
+
+def _take(loader: fastload.DataLoader, k: int) -> tuple[list[int], dict[str, Any]]:
+    it, seen = iter(loader), []
+    for _ in range(k):
+        seen += next(it).tolist()
+    return seen, loader.state_dict()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_torch_distributed_sampler_reshards(shuffle: bool) -> None:
+    """The reference script's sampler (torch's DistributedSampler, which pads): 3 ranks -> 2."""
+    old = _ranks(50, 3, 4, shuffle=shuffle, seed=9)
+    for lo in old:
+        lo.sampler.set_epoch(2)  # the script sets the sampler's epoch, not the loader's
+    taken = [_take(lo, 2) for lo in old]
+    state = taken[0][1]
+    assert (state["order"], state["position"], state["pad"]) == (
+        "randperm" if shuffle else "sequence",
+        24,
+        True,
+    )
+    new = _ranks(50, 2, 5, shuffle=shuffle, seed=9)
+    rest = []
+    for lo in new:
+        lo.load_state_dict(state)
+        lo.sampler.set_epoch(2)
+        rest.append([i for b in lo for i in b.tolist()])
+    assert len({len(r) for r in rest}) == 1  # torch's rule pads: equal steps
+    seen = Counter([i for s, _ in taken for i in s] + [i for r in rest for i in r])
+    assert set(seen) == set(range(50)) and sum(seen.values()) - 50 < 3 + 2
+    if shuffle:
+        with pytest.raises(
+            fastload.ResumeError, match="shuffled with seed 9, but this loader's sampler has seed 1"
+        ):
+            _ranks(50, 2, 5, shuffle=True, seed=1)[0].load_state_dict(state)
+
+
+def test_states_of_every_rank_and_ranks_that_stopped_apart() -> None:
+    """Exact shards of 10 on 4 ranks (3, 3, 2, 2 samples), batches of 1: after 2 steps ranks 2 and 3
+    have finished; a list of all four states resumes exactly; states 1 step apart are refused."""
+    import os
+
+    def rank_loaders(world: int) -> list[fastload.DataLoader]:
+        out = []
+        for r in range(world):
+            os.environ.update(WORLD_SIZE=str(world), RANK=str(r))
+            out.append(fastload.DataLoader(list(range(10)), batch_size=1, distributed=True, num_workers=0))
+        return out
+
+    env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    try:
+        old = rank_loaders(4)
+        taken = [_take(lo, min(2, len(lo))) for lo in old]
+        states = [s for _, s in taken]
+        new = rank_loaders(3)
+        new[0].load_state_dict(states)
+        assert [b.tolist() for b in new[0]] == [[8]]
+        new[1].load_state_dict(states[::-1])  # any order
+        assert [b.tolist() for b in new[1]] == [[9]]
+        apart = rank_loaders(4)
+        ahead = list(states)
+        ahead[0] = _take(apart[0], 3)[1]  # rank 0 one step further: {0, 4, 8} ... {3, 7}: still a prefix
+        new[2].load_state_dict(ahead)
+        assert [b.tolist() for b in new[2]] == []  # the rest is [9]: rank 0's of 3
+        ahead[0], ahead[1] = states[0], _take(apart[1], 3)[1]  # rank 1 took 9 before 8 was handed out
+        with pytest.raises(fastload.ResumeError, match=r"rank 0: 2 batches, rank 1: 3 batches.*same step"):
+            new[2].load_state_dict(ahead)
+        with pytest.raises(fastload.ResumeError, match="differ in 'epoch'"):
+            new[2].load_state_dict([states[0] | {"epoch": 5}, *states[1:]])
+    finally:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_a_custom_sampler_resumes_only_with_the_same_sizes() -> None:
+    data = list(range(20))
+    make = lambda b: fastload.DataLoader(data, batch_size=b, sampler=list(reversed(data)), num_workers=0)  # noqa: E731
+    seen, state = _take(make(4), 2)
+    assert state["position"] is None and state["order"] is None
+    same = make(4)
+    same.load_state_dict(state)
+    assert seen + [i for b in same for i in b.tolist()] == list(reversed(data))
+    with pytest.raises(
+        fastload.ResumeError, match="batches of 4.*but this loader has.*batches of 5.*same sampler"
+    ):
+        make(5).load_state_dict(state)
+    shuffled = fastload.DataLoader(data, batch_size=4, shuffle=True, num_workers=0)
+    with pytest.raises(fastload.ResumeError, match="order None"):
+        shuffled.load_state_dict(state)
+
+
+def test_set_epoch_of_the_resumed_epoch_keeps_the_resume() -> None:
+    """The usual loop calls set_epoch(epoch) at the top of every epoch, the resumed one too; a state
+    saved at the last batch of an epoch leaves nothing of it (set_epoch of it: an empty pass)."""
+    make = lambda: fastload.DataLoader(list(range(12)), batch_size=4, shuffle=True, seed=3, num_workers=0)  # noqa: E731
+    full = make()
+    full.set_epoch(5)
+    order = [b.tolist() for b in full]
+    seen, state = _take(make(), 0)
+    lo = make()
+    lo.set_epoch(5)
+    seen, state = _take(lo, 1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(5)
+    assert [b.tolist() for b in resumed] == order[1:]
+    resumed.load_state_dict(state)
+    resumed.set_epoch(6)  # another epoch: from its start
+    assert len(list(resumed)) == 3
+    lo.set_epoch(5)
+    _, last = _take(lo, 3)  # saved inside the pass, after its last batch
+    assert last["epoch"] == 5 and last["position"] == 12
+    ended = make()
+    ended.load_state_dict(last)
+    assert ended.epoch == 6  # a loop without set_epoch goes on with the next epoch
+    ended.set_epoch(5)
+    assert list(ended) == []  # ... and one that resumes at epoch 5 gets nothing more of it
+    assert len(list(ended)) == 3 and ended.epoch == 7

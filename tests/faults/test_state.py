@@ -60,7 +60,7 @@ BAD_STATES = [
     (lambda s: s | {"position": 99}, ResumeError, r"state\['position'\] should be an integer in \[0, 32\]"),
     (lambda s: s | {"position": 8}, ResumeError, "position 8 does not follow from its batches"),
     (lambda s: s | {"batches": -3}, ResumeError, r"state\['batches'\] should be a non-negative integer"),
-    (lambda s: s | {"batches": True}, ResumeError, r"state\['batches'\] should be a non-negative integer.*True"),
+    (lambda s: s | {"batches": True}, ResumeError, r"state\['batches'\] should be a non-negative.*True"),
     (
         lambda s: s | {"num_samples": 1000},
         ResumeError,
