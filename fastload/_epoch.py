@@ -365,8 +365,10 @@ class EpochState:
             raise ResumeError(
                 f"the state was saved for {_sizes(state, keys)}, but this loader has "
                 f"{_sizes(asdict(plan), keys)}: where fastload cannot derive the epoch's order (a custom "
-                "sampler or batch_sampler, or an IterableDataset), a state resumes only with the same "
-                "sampler, batch size and ranks"
+                "sampler or batch_sampler, a framework's sampler wrapper, or an IterableDataset), a state "
+                "resumes only with the same sampler, batch size and ranks. To resume on another number "
+                "of ranks, build the loader with distributed=True (with Lightning: and "
+                "Trainer(use_distributed_sampler=False))"
             )
         high = num_batches if num_batches is not None else None
         done = _state_int(state, "batches", 0, high)

@@ -321,6 +321,43 @@ def test_mid_epoch_resume_gives_the_rest_of_the_epoch(dali: Any, train_index: Fo
 
 
 @pytest.mark.dali
+def test_resume_on_another_number_of_ranks(dali: Any, train_index: FolderIndex) -> None:
+    """Evaluation on 4 ranks (batches of 3) stopped after 1 step, finished on 3 ranks (batches of
+    2): every image of the epoch exactly once; its pixels those the uninterrupted run gives it."""
+
+    def make(world: int, rank: int, batch: int) -> DALILoader:
+        return DALILoader(
+            train_index, batch, train=False, size=32, device="cpu", num_threads=1,
+            num_replicas=world, rank=rank,
+        )  # fmt: skip
+
+    whole = {}
+    for x, i in zip(collect(make(1, 0, 4))[0], _chunks(list(range(32)), 4), strict=True):
+        whole.update(zip(i, x, strict=True))
+    seen, state = [], None
+    for rank in range(4):
+        lo = make(4, rank, 3)
+        it = iter(lo)
+        images = next(it)[0]
+        seen += lo.indices(0)[:3]
+        state = state or lo.state_dict()  # rank 0's, inside the pass
+        assert all(torch.equal(a, whole[i]) for a, i in zip(images, lo.indices(0)[:3], strict=True))
+    assert state is not None and state["position"] == 12
+    for rank in range(3):
+        lo = make(3, rank, 2)
+        lo.load_state_dict(state)
+        rest = lo.sampler.indices(0, start=12)
+        images = torch.cat(collect(lo)[0]) if rest else torch.empty(0)
+        assert all(torch.equal(a, whole[i]) for a, i in zip(images, rest, strict=True))
+        seen += rest
+    assert sorted(seen) == list(range(32))
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[k : k + size] for k in range(0, len(items), size)]
+
+
+@pytest.mark.dali
 def test_abandoned_pass_does_not_leak_into_the_next(dali: Any, val_index: FolderIndex) -> None:
     from fastload.device import auto_num_workers, default_device
 
