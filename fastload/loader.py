@@ -883,9 +883,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     Args:
         dataset: Any map-style or iterable dataset.
-        batch_size, shuffle, sampler, batch_sampler, collate_fn, drop_last, timeout,
-            worker_init_fn, multiprocessing_context, generator, prefetch_factor,
-            pin_memory_device, in_order: As in torch.
+        batch_size: As in torch, and so are ``shuffle``, ``sampler``, ``batch_sampler``,
+            ``collate_fn``, ``drop_last``, ``timeout``, ``worker_init_fn``,
+            ``multiprocessing_context``, ``generator``, ``prefetch_factor``, ``pin_memory_device``
+            and ``in_order``.
         num_workers: Worker count, or ``"auto"``. ``0`` decodes in this process, as torch does; on
             the fast path a batch's samples are split over ``torch.get_num_threads()`` threads, as
             torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a

@@ -11,7 +11,7 @@ same code runs with a no-op stream context, so training scripts need no ``if``::
             ...
 
 Stream protocol (per prefetcher; ``S`` is the side stream, ``C`` the consumer's current stream)
-----------------------------------------------------------------------------------------------
+-----------------------------------------------------------------------------------------------
 1. ``S`` is created once, at the first iteration, and reused for every epoch.
 2. Preparing batch ``k + 1`` (issued before batch ``k`` is handed out, inside ``with S``): copy
    every tensor to the device, record an event ("host memory read"), then ``S.wait_stream(C)``
