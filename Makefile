@@ -15,10 +15,20 @@ DALI_STAMP := -dali
 DALI_NOTE := , NVIDIA DALI
 TEST_ENV := FASTLOAD_REQUIRE_DALI=1
 endif
+# CPU-only torch (TORCH=cpu): torch's CPU build instead of PyPI's default CUDA build (about 1 GB
+# of venv instead of 5.7 GB, see docs/getting-started.md). Installed first, so that fastload's
+# own install finds torch already there. TORCH_CPU_ARGS says where pip takes it from.
+TORCH ?= default
+TORCH_CPU_ARGS ?= --index-url https://download.pytorch.org/whl/cpu torch torchvision
+ifeq ($(TORCH),cpu)
+TORCH_FIRST = $(PY) -m pip install $(TORCH_CPU_ARGS)
+else
+TORCH_FIRST = true
+endif
 # The one-line set-up summary both targets end with: versions, C extension built or not, DALI.
 SUMMARY = echo "==> set-up: $$($(PY) -m fastload info)"
 
-.PHONY: bench test venv clean-data
+.PHONY: bench test docs venv clean-data
 
 $(PY):
 	@echo "==> set-up: creating the virtual environment $(VENV) with $$($(PYTHON) --version)"
@@ -26,14 +36,17 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # One stamp per extra set, re-made when pyproject.toml or the C extension changes (or WITH_DALI).
-# pip prints its own progress: the first install downloads about 1 GB (torch) and takes minutes.
+# pip prints its own progress: the first install downloads torch (about 2.6 GB with its CUDA
+# packages; TORCH=cpu: about 200 MB) and takes minutes.
 $(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c | $(PY)
 	@echo "==> set-up: installing fastload, torch, torchvision, the test tools$(DALI_NOTE) into $(VENV)"
+	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[test,bench$(DALI_EXTRA)]'
 	touch $@
 
 $(VENV)/.installed-bench$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c | $(PY)
 	@echo "==> set-up: installing fastload, torch, torchvision, matplotlib$(DALI_NOTE) into $(VENV)"
+	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[bench$(DALI_EXTRA)]'
 	touch $@
 
@@ -52,8 +65,15 @@ test: $(VENV)/.installed-test$(DALI_STAMP)
 	@echo "==> checks: ruff check, ruff format --check, mypy"
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy \
 		|| { status=$$?; $(SUMMARY); exit $$status; }
+	@echo "==> docs: sphinx-build -W (warnings are errors) docs -> docs/_build/html"
+	@$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html || { status=$$?; $(SUMMARY); exit $$status; }
 	@echo "==> tests: $(TEST_ENV) pytest"
 	@$(TEST_ENV) $(PY) -m pytest; status=$$?; $(SUMMARY); exit $$status
+
+# The documentation site: open docs/_build/html/index.html
+docs: $(VENV)/.installed-test$(DALI_STAMP)
+	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+	@echo "==> docs: file://$(CURDIR)/docs/_build/html/index.html"
 
 venv: $(VENV)/.installed-test$(DALI_STAMP) $(VENV)/.installed-bench$(DALI_STAMP)
 
