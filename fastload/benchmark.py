@@ -62,7 +62,7 @@ from . import gpu
 from . import transforms as T
 from .dali import DALILoader, dali_unavailable_reason
 from .decode import roi_decoder_available
-from .device import available_cpus, cuda_available, device_is_cuda
+from .device import auto_num_workers, available_cpus, cuda_available, device_is_cuda
 from .folder import ClassIndex, ImageFolder, scan_folder
 from .info import environment
 from .loader import DataLoader
@@ -83,12 +83,18 @@ __all__ = [
     "register_backend",
     "run",
     "main",
+    "verdict",
+    "STORY",
 ]
 
 #: The pipelines every backend implements (``pipeline_split`` gives the folder each reads).
 PIPELINES = ("train", "val")
 #: The name of the reference row (see the module docstring); accepted in ``--backends``.
 REFERENCE = "full-decode"
+#: What ``make bench`` measures by default: torch's loader, the one-line swap, fastload's own.
+STORY = ("torchvision", "swap", "fastload")
+#: Where the records (and the plot, beside them) go unless ``--json`` says otherwise.
+DEFAULT_JSON = Path("bench/results/throughput.json")
 
 
 @dataclass
@@ -115,13 +121,15 @@ class Backend:
         build: ``build(config, pipeline, num_workers)`` returns an iterable of ``(images, labels)``
             batches (images normalized float on ``config.device``); iterated again for each epoch.
         unavailable: ``unavailable()`` returns why the backend cannot run here, or ``None``.
-        description: One line for ``--help``.
+        description: One line for ``--help`` and the legend.
+        gpu_only: Measures a GPU pipeline (``--all`` leaves it out without CUDA).
     """
 
     name: str
     build: Callable[[BenchConfig, str, int], Iterable[Any]]
     unavailable: Callable[[], str | None] = lambda: None
     description: str = ""
+    gpu_only: bool = False  # a GPU pipeline: --all leaves it out on a machine without CUDA
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -324,6 +332,7 @@ register_backend(
         "device-decode",
         _build_device_decode,
         description="decode='device' (nvJPEG on CUDA; on a CPU device: in the main process)",
+        gpu_only=True,
     )
 )
 
@@ -359,6 +368,7 @@ def dali_backend() -> Backend:
         _build_dali,
         dali_unavailable_reason,
         description="fastload.dali.DALILoader (NVIDIA DALI; its CPU pipeline without CUDA)",
+        gpu_only=True,
     )
 
 
@@ -593,7 +603,8 @@ def run(
         if reason:
             log(f"skipping {name}: {reason}")
             skipped.add(name)
-    header = _header(bool(config.step_ms))
+    decode = REFERENCE in backends
+    header = _header(bool(config.step_ms), decode)
     log(header)
     log("-" * len(header))
 
@@ -601,7 +612,7 @@ def run(
         record["settings"] = settings
         record["environment"] = env
         records.append(record)
-        log(_row(record))
+        log(_row(record, decode))
 
     def decode_passes(pipeline: str, w: int, when: str) -> list[float]:
         with _bar(progress, max(1, config.repeat), f"{pipeline} workers={w} {REFERENCE} ({when})") as bar:
@@ -727,17 +738,87 @@ PSS MB       memory of the benchmark process and its workers: proportional set s
              vs decode), the reference row (CPU %, PSS MB)"""
 
 
-def legend(stall: bool = True) -> str:
-    """:data:`LEGEND`, without the ``stall`` entry for a table that has no stall column."""
-    if stall:
-        return LEGEND
-    return "\n".join(line for line in LEGEND.splitlines() if not line.startswith("stall "))
+def legend(stall: bool = True, records: Sequence[dict[str, Any]] | None = None) -> str:
+    """:data:`LEGEND`, without the ``stall`` entry for a table that has no stall column.
+
+    Given ``records``, the legend of that table only: what each printed row is, then the columns
+    it has (no ``vs decode`` entry without a reference row).
+    """
+    lines = LEGEND.splitlines()
+    if not stall:
+        lines = _without_entry(lines, "stall ")
+    if records is None:
+        return "\n".join(lines)
+    names = list(dict.fromkeys(r["backend"] for r in records))
+    lines = _without_entry(lines, f"{REFERENCE:<12} ")
+    if REFERENCE not in names:
+        lines = _without_entry(_without_entry(lines, "vs decode "), "-            ")
+        lines.append("-            no value: one run (min-max), no torchvision row in this run (vs tv)")
+    rows = [
+        f"  {name:<16} "
+        + (
+            BACKENDS[name].description
+            if name in BACKENDS
+            else "reference, not a pipeline: full-size PIL decode rate x cores (see --help)"
+        )
+        for name in names
+    ]
+    return "\n".join(["rows:", *rows, "columns:", *("  " + line for line in lines)])
 
 
-def _header(stall: bool) -> str:
+def _without_entry(lines: list[str], key: str) -> list[str]:
+    """``lines`` without the legend entry that starts with ``key`` (and its indented continuation)."""
+    out, skipping = [], False
+    for line in lines:
+        if line.startswith(key):
+            skipping = True
+            continue
+        if skipping and line.startswith(" "):
+            continue
+        skipping = False
+        out.append(line)
+    return out
+
+
+def verdict(records: Sequence[dict[str, Any]]) -> str | None:
+    """The one line ``make bench`` answers with: the one-line swap's (and fastload's own pipeline's)
+    images/s over torch's, at the largest worker count measured, per pipeline.
+
+    Example: ``the one-line swap: 3.0x torch's images/s on this machine (train, 2 workers); val
+    3.1x. fastload's own pipeline: 3.4x (train), 3.3x (val)``.
+    """
+    by_key = {(r["backend"], r["pipeline"], r["num_workers"]): r for r in records}
+    workers = max((r["num_workers"] for r in records), default=None)
+    pipelines = list(dict.fromkeys(r["pipeline"] for r in records))
+
+    def ratios(backend: str) -> list[tuple[str, float]]:
+        out = []
+        for p in pipelines:
+            r = by_key.get((backend, p, workers))
+            if r is not None and r["ratio_vs_torchvision"] is not None:
+                out.append((p, r["ratio_vs_torchvision"]))
+        return out
+
+    swap, own = ratios("swap"), ratios("fastload")
+    if not swap and not own:
+        return None
+    parts = []
+    if swap:
+        (p0, r0), rest = swap[0], swap[1:]
+        parts.append(
+            f"the one-line swap: {r0:.1f}x torch's images/s on this machine ({p0}, {workers} workers)"
+            + "".join(f"; {p} {r:.1f}x" for p, r in rest)
+        )
+    if own:
+        parts.append("fastload's own pipeline: " + ", ".join(f"{r:.1f}x ({p})" for p, r in own))
+    return ". ".join(parts)
+
+
+def _header(stall: bool, decode: bool = True) -> str:
     return (
         f"{'backend':<16} {'pipeline':<8} {'workers':>7} {'images/s':>9} {'min-max':>11} "
-        f"{'vs tv':>6} {'vs decode':>10}"
+        f"{'vs tv':>6}"
+        + (f" {'vs decode':>10}" if decode else "")
         + (f" {'stall':>6}" if stall else "")
         + f" {'CPU %':>6} {'PSS MB':>7}"
     )
@@ -751,7 +832,7 @@ def _ratio(value: float | None, noisy: bool | None) -> str:
     return "-" if value is None else f"{value:.2f}" + ("?" if noisy else " ")
 
 
-def _row(r: dict[str, Any]) -> str:
+def _row(r: dict[str, Any], decode: bool = True) -> str:
     pss = None if r["pss_bytes"] is None else r["pss_bytes"] / 2**20
     runs = r["images_per_s_runs"]
     spread = f"{r['images_per_s_min']:.0f}-{r['images_per_s_max']:.0f}" if len(runs) > 1 else "-"
@@ -759,15 +840,17 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"{r['backend']:<16} {r['pipeline']:<8} {r['num_workers']:>7} {r['images_per_s']:>9.1f} "
         f"{spread:>11} {_ratio(r['ratio_vs_torchvision'], r['within_noise_vs_torchvision']):>7}"
-        f"{_ratio(r['ratio_vs_full_decode'], r['within_noise_vs_full_decode']):>10}{stall} "
+        + (f"{_ratio(r['ratio_vs_full_decode'], r['within_noise_vs_full_decode']):>10}" if decode else "")
+        + f"{stall} "
         f"{_fmt(r['cpu_percent'], '.0f'):>6} {_fmt(pss, '.0f'):>7}"
     )
 
 
 def format_table(records: Sequence[dict[str, Any]]) -> str:
     """The records as the printed table (with a stall column when they were run with ``step_ms``)."""
-    header = _header(any(r["step_ms"] for r in records))
-    return "\n".join([header, "-" * len(header), *(_row(r) for r in records)])
+    decode = any(r["backend"] == REFERENCE for r in records)
+    header = _header(any(r["step_ms"] for r in records), decode)
+    return "\n".join([header, "-" * len(header), *(_row(r, decode) for r in records)])
 
 
 def plot(records: Sequence[dict[str, Any]], path: str) -> None:
@@ -867,10 +950,18 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
         "--workers",
         type=_ints,
         default=None,
-        help="num_workers values, e.g. 0,1,2 (default 0,1,2; --quick: 0,2)",
+        help="num_workers values, e.g. 0,1,2 (default: 0 and this machine's CPUs, e.g. 0,2)",
     )
     p.add_argument(
-        "--backends", type=_names, default=None, help="comma-separated backends (default: all, see above)"
+        "--backends",
+        type=_names,
+        default=None,
+        help="comma-separated backends (default: " + ",".join(STORY) + "; --all: every one, see above)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every backend and the full-decode reference row (GPU-only rows only where CUDA is)",
     )
     p.add_argument(
         "--pipelines", type=_names, default=list(PIPELINES), help="train, val or train,val (default)"
@@ -903,7 +994,7 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a short configuration (make bench): --workers 0,2 --batch-size 32 --batches 8 --warmup 2",
+        help="a short configuration (make bench): --batch-size 32 --batches 8 --warmup 2",
     )
     p.add_argument(
         "--gpu-transforms",
@@ -912,9 +1003,15 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
     p.add_argument(
-        "--json", metavar="PATH", help="write one record per measurement, with settings and versions, here"
+        "--json",
+        metavar="PATH",
+        help=f"write one record per measurement, with settings and versions, here (default {DEFAULT_JSON})",
     )
-    p.add_argument("--plot", metavar="PATH.png", help="plot images/s vs num_workers (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="PATH.png",
+        help="plot images/s vs num_workers here (default: beside the JSON, .png; needs matplotlib)",
+    )
     return p
 
 
@@ -963,7 +1060,7 @@ def _busy_machine_note(env: dict[str, Any], threads: int, workers: Sequence[int]
     if not load or threads < 2 or 0 not in workers:
         return None
     cpus = env["available_cpus"]
-    if load[0] + threads <= cpus + 0.5:  # the threads find free cores
+    if load[0] < 1.0 or load[0] + threads <= cpus + 0.5:  # no other program holds a core
         return None
     return (
         f"note: load average {load[0]:.1f} on {cpus} CPUs, and torch runs {threads} threads in this process: "
@@ -1001,7 +1098,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     threads = args.torch_threads
     if threads is not None and threads < 1:
         return _error(f"--torch-threads should be a positive integer, but got --torch-threads={threads}")
-    backends = args.backends or ["torchvision", *[b for b in BACKENDS if b != "torchvision"], REFERENCE]
+    if args.backends:
+        backends = list(args.backends)
+    elif args.all:
+        backends = ["torchvision", *[b for b in BACKENDS if b != "torchvision"], REFERENCE]
+    else:
+        backends = list(STORY)
     if "decode-ceiling" in backends:  # its earlier name: it is a reference, not a ceiling
         print(f"note: the decode-ceiling row is now called {REFERENCE}", file=sys.stderr)
         backends = [REFERENCE if b == "decode-ceiling" else b for b in backends]
@@ -1016,7 +1118,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
                 f"{data / pipeline_split(pipeline)} not found. Make a dataset first: "
                 f"python -m fastload synth {data}"
             )
-    workers = args.workers or ([0, 2] if q else [0, 1, 2])
+    workers = args.workers or sorted({0, auto_num_workers()})
+    if args.all and not args.backends and not device_is_cuda(config.device):
+        gpu_rows = [b for b in backends if b in BACKENDS and BACKENDS[b].gpu_only]
+        backends = [b for b in backends if b not in gpu_rows]
+        if gpu_rows:
+            print(f"skipping {', '.join(gpu_rows)}: GPU pipelines, and this run has no CUDA device")
     if threads is not None:
         torch.set_num_threads(threads)
     env = environment()
@@ -1034,13 +1141,23 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     except ValueError as e:
         return _error(str(e))
     print()
-    print(legend(stall=bool(config.step_ms)))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot(records, args.plot)
-        print(f"wrote {args.plot}")
+    print(legend(stall=bool(config.step_ms), records=records))
+    out = Path(args.json) if args.json else DEFAULT_JSON
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(records, f, indent=1)
+    wrote = [str(out)]
+    plot_path = args.plot or str(out.with_suffix(".png"))
+    try:
+        if records:
+            plot(records, plot_path)
+            wrote.append(plot_path)
+    except ImportError as e:
+        if args.plot:
+            raise
+        wrote.append(f"no plot ({e})")
+    print("wrote " + ", ".join(wrote))
+    line = verdict(records)
+    if line:
+        print(f"==> {line}")
     return 0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import PIL
 import pytest
@@ -20,6 +21,13 @@ from fastload import benchmark, info
 from fastload.__main__ import main as cli_main
 from fastload.decode import roi_decoder_available
 from fastload.device import available_cpus
+
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --json the benchmark writes bench/results/throughput.json (and .png) in the working
+    directory: here, in the test's own folder."""
+    monkeypatch.setattr(benchmark, "DEFAULT_JSON", tmp_path / "results" / "throughput.json")
 
 
 def _bench_args(root: Path, *extra: str) -> list[str]:
@@ -138,9 +146,11 @@ def test_throughput_bench_writes_records_and_table(
         assert cells[5] == ratio
     # The legend under the table explains every column and the reference row.
     legend = "\n".join(lines[header + 2 + len(records) :])
-    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "full-decode", "-"):
-        assert f"\n{word} " in legend or legend.startswith(word), word
-    assert "\nstall " not in legend  # no stall column, so no entry for it
+    for word in ("images/s", "min-max", "vs tv", "vs decode", "?", "CPU %", "PSS MB", "-"):
+        assert f"\n  {word} " in legend, word
+    for row in ("torchvision", "fastload", "full-decode"):  # and names each row it printed
+        assert f"\n  {row} " in legend, row
+    assert "\n  stall " not in legend  # no stall column, so no entry for it
     assert "fastload " + fastload.__version__ in printed and "load average" in printed
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -158,7 +168,7 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
     assert 0 <= r["stall_fraction"] < 0.9
     printed = capsys.readouterr().out
     assert "stall" in next(line for line in printed.splitlines() if line.startswith("backend"))
-    assert "model step 200 ms" in printed and "\nstall        (with --step-ms)" in printed
+    assert "model step 200 ms" in printed and "\n  stall        (with --step-ms)" in printed
 
 
 def test_an_unavailable_backend_is_named_once_before_the_table(
@@ -300,7 +310,14 @@ def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_column
     assert text.startswith("usage: python -m fastload bench ")
     for name in [*benchmark.BACKENDS, "full-decode", *benchmark.PIPELINES]:
         assert f"\n  {name} " in text, name
-    for default in ("default 0,1,2", "default 64", "default 20", "default 3", "default: cuda if available"):
+    for default in (
+        "default: 0 and this machine's CPUs",
+        "default 64",
+        "default 20",
+        "default 3",
+        "default: cuda if available",
+        "default: torchvision,swap,fastload; --all: every one",
+    ):
         assert default in " ".join(text.split()), default
     assert benchmark.LEGEND in text
 
@@ -459,3 +476,53 @@ def test_full_decode_reference_brackets_the_rows_it_is_compared_with(
             assert r["ratio_vs_full_decode"] == pytest.approx(
                 r["images_per_s"] / refs[r["num_workers"] // 2]["images_per_s"]
             )
+
+
+def test_default_run_tells_its_story(
+    imagenet_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --backends: torch's loader, the one-line swap and fastload's own pipeline, on 0 workers and
+    this machine's CPUs; a legend naming exactly those rows; the records and a plot beside them; and
+    last, the verdict: the swap's images/s over torch's, with the number the table shows."""
+    assert benchmark.main(_bench_args(imagenet_root, "--repeat", "1")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    out = tmp_path / "results" / "throughput.json"
+    records = json.loads(out.read_text())
+    workers = sorted({0, benchmark.auto_num_workers()})
+    assert [(r["backend"], r["pipeline"], r["num_workers"]) for r in records] == [
+        (b, p, w) for p in ("train", "val") for w in workers for b in benchmark.STORY
+    ]
+    assert (tmp_path / "results" / "throughput.png").stat().st_size > 10_000
+    header = next(line for line in lines if line.startswith("backend"))
+    assert "vs decode" not in header  # no reference row, no column for it
+    rows = lines[lines.index("rows:") + 1 : lines.index("columns:")]
+    assert [r.split()[0] for r in rows] == list(benchmark.STORY)
+    assert lines[-2] == f"wrote {out}, {out.with_suffix('.png')}"
+    swap = next(
+        r
+        for r in records
+        if (r["backend"], r["pipeline"], r["num_workers"]) == ("swap", "train", workers[-1])
+    )
+    assert lines[-1].startswith(
+        f"==> the one-line swap: {swap['ratio_vs_torchvision']:.1f}x torch's images/s on this machine "
+        f"(train, {workers[-1]} workers); val "
+    ), lines[-1]
+    assert "fastload's own pipeline: " in lines[-1]
+
+
+def test_all_leaves_gpu_rows_out_without_cuda(
+    imagenet_root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[str] = []
+
+    def fake_run(config: Any, backends: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        measured.extend(backends)
+        return []
+
+    monkeypatch.setattr(benchmark, "run", fake_run)
+    assert benchmark.main(_bench_args(imagenet_root, "--all", "--device", "cpu")) == 0
+    gpu_rows = [name for name, b in benchmark.BACKENDS.items() if b.gpu_only]
+    assert sorted(gpu_rows) == ["dali", "device-decode"]
+    assert not set(gpu_rows) & set(measured)
+    assert set(measured) == {*benchmark.BACKENDS, "full-decode"} - set(gpu_rows)
+    assert f"skipping {', '.join(gpu_rows)}: GPU pipelines" in capsys.readouterr().out
