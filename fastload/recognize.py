@@ -14,17 +14,18 @@ Recognised ops (the classes themselves, not subclasses, which may change what th
 =========================================  =====================================================
 torchvision op                             reproduced as
 =========================================  =====================================================
-``RandomResizedCrop(size, scale, ratio,     :class:`fastload.transforms.RandomResizedCrop`
-interpolation, antialias)``                 (same crop-parameter distribution)
-``Resize(size, interpolation, max_size,    :class:`fastload.transforms.Resize`
-antialias)``
+``RandomResizedCrop``                      :class:`fastload.transforms.RandomResizedCrop` (its size,
+                                           scale, ratio, interpolation, antialias; the same
+                                           crop-parameter distribution)
+``Resize``                                 :class:`fastload.transforms.Resize` (size, interpolation, max_size,
+                                           antialias)
 ``CenterCrop(size)``                       :class:`fastload.transforms.CenterCrop`
 ``RandomHorizontalFlip(p)``                :class:`fastload.transforms.RandomHorizontalFlip`
 ``ToTensor()``                             ``x.to(float32).div(255)`` (torchvision's arithmetic)
 ``PILToTensor()``, ``ToImage()``           uint8 ``(3, H, W)``
 ``ConvertImageDtype(float32)`` (v1)        ``x.to(float32) / 255``
-``ConvertImageDtype``/``ToDtype(float32,   ``x.to(float32).mul_(1 / 255)`` (v2), or only the
-scale=True/False)`` (v2)                   cast without ``scale``
+``ConvertImageDtype``, ``ToDtype`` (v2)    ``x.to(float32).mul_(1 / 255)`` (v2, with ``scale``),
+                                           or only the cast without it
 ``Normalize(mean, std)``                   ``x.sub_(mean).div_(std)``
 =========================================  =====================================================
 
