@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ._checks import check_int
-from ._position import consumed
+from ._position import consumed, shard_lengths
 from .distributed import get_world_size
 
 __all__ = ["DefaultSeed", "EpochState", "Plan", "ResumeError", "Resume", "resolve_seed"]
@@ -85,9 +85,9 @@ class Plan:
         batch_size: Samples per batch (``None``: no batching).
         drop_last: The loader drops each rank's last incomplete batch.
         num_replicas, rank: The ranks sharing each epoch, and this one.
-        order: The global order's kind: ``"shuffle"`` (fastload's), ``"randperm"`` (torch's
-            ``DistributedSampler``; the same permutation unless the dataset shuffles blockwise),
-            ``"blocks"`` (blockwise), ``"sequence"``; ``None``: an order fastload cannot derive.
+        order: The global order's kind: ``"shuffle"`` (``torch.randperm`` seeded by ``seed + epoch``:
+            fastload's and torch's samplers), ``"blocks"`` (fastload's blockwise order of a pack
+            larger than RAM), ``"sequence"``; ``None``: an order fastload cannot derive.
         order_seed: The seed of a sampler the user built (``None``: the loader's own sampler,
             which takes the state's seed).
         pad, drop_tail: The sampler's sharding rule (:func:`fastload._position.rest_of_epoch`).
@@ -252,7 +252,9 @@ class EpochState:
             **asdict(plan),
         }
 
-    def load_state_dict(self, state: Any, plan: Plan, num_batches: int | None) -> None:
+    def load_state_dict(
+        self, state: Any, plan: Plan, num_batches: int | None, sampler_epoch: int | None = None
+    ) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
         Args:
@@ -260,6 +262,8 @@ class EpochState:
                 every rank of the saving job (ranks that stopped at different points).
             plan: How this loader hands out an epoch.
             num_batches: Batches per epoch of this loader (for a state without a position).
+            sampler_epoch: The epoch of a ``DistributedSampler`` the user passed to this loader
+                (``None``: the loader's own sampler, whose epoch is the loader's).
 
         Raises:
             ResumeError: Not a state of this kind or version, a field missing or out of range, or
@@ -274,7 +278,7 @@ class EpochState:
             first = _merge(checked)
         epoch, seed = first["epoch"], first["seed"]
         if plan.global_order and first["position"] is not None:
-            resume = self._global_resume(first, plan)
+            resume = self._global_resume(first, plan, sampler_epoch)
         else:
             resume = self._batch_resume(first, plan, num_batches)
         self.seed = seed
@@ -337,7 +341,7 @@ class EpochState:
                 )
         return fields
 
-    def _global_resume(self, state: dict[str, Any], plan: Plan) -> Resume | None:
+    def _global_resume(self, state: dict[str, Any], plan: Plan, sampler_epoch: int | None) -> Resume | None:
         """The resume of a state with a position, on a loader with a global order."""
         if state["order"] != plan.order:
             raise ResumeError(
@@ -345,18 +349,32 @@ class EpochState:
                 f"{_sizes(asdict(plan), ('order',))} (shuffle, or the sampler, changed): the rest of "
                 "the epoch would be another set of samples"
             )
+        shuffled = state["order"] != "sequence"
         saved_seed = state["seed"] if state["order_seed"] is None else state["order_seed"]
-        if plan.order_seed is not None and saved_seed != plan.order_seed:
+        if shuffled and plan.order_seed is not None and saved_seed != plan.order_seed:
             raise ResumeError(
                 f"the state's order was shuffled with seed {saved_seed}, but this loader's "
                 f"sampler has seed {plan.order_seed}: build the sampler with seed={saved_seed}"
+            )
+        saved_epoch = state.get("sampler_epoch")
+        order_epoch = state["epoch"] if saved_epoch is None else saved_epoch
+        if (
+            shuffled
+            and plan.order_seed is None
+            and (saved_seed, order_epoch) != (state["seed"], state["epoch"])
+        ):
+            raise ResumeError(
+                f"the state's order was shuffled by a sampler the user built (seed {saved_seed}, epoch "
+                f"{order_epoch}) while its loader's augmentations used seed {state['seed']}, epoch "
+                f"{state['epoch']}: this loader's own sampler cannot continue both. Pass that sampler "
+                f"again: sampler=DistributedSampler(dataset, seed={saved_seed}) at epoch {order_epoch}"
             )
         if state["finished"]:
             return None
         same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k != "rank")
         own = same and state["pass_start"] == 0 and state["batches"] is not None
         batches = state["batches"] if own else None
-        return Resume(state["position"], batches, state.get("sampler_epoch"))
+        return Resume(state["position"], batches, order_epoch if sampler_epoch is not None else None)
 
     def _batch_resume(self, state: dict[str, Any], plan: Plan, num_batches: int | None) -> Resume | None:
         """The resume of a loader (or a state) without a global order: the same sizes, batches skipped."""
@@ -379,6 +397,28 @@ class EpochState:
 
 def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     """One state from the states of every rank of a job (refused unless they describe one position)."""
+    epochs = {s["epoch"] for s in states}
+    if len(epochs) == 2 and all(s["position"] is not None for s in states):
+        # Ranks whose shard ran out (exact shards are uneven) ended their pass: their state is the
+        # start of the next epoch. Those count as having taken every batch of the other ranks' epoch.
+        epoch = min(epochs)
+        inside = [s for s in states if s["epoch"] == epoch]
+        moved_on = [
+            s for s in states if s["epoch"] == epoch + 1 and s["batches"] == 0 and s["pass_start"] == 0
+        ]
+        if inside and len(inside) + len(moved_on) == len(states):
+            ref = inside[0]
+            saved = Plan(**{k: ref[k] for k in _PLAN_FIELDS})
+            lengths = shard_lengths(
+                saved.num_samples - ref["pass_start"], saved.num_replicas, saved.pad, saved.drop_tail
+            )
+            batch = saved.batch_size
+            per_rank = lengths // batch if saved.drop_last else -(-lengths // batch)
+            states = inside + [
+                {**s, "epoch": epoch, "pass_start": ref["pass_start"], "batches": int(per_rank[s["rank"]]),
+                 "sampler_epoch": ref.get("sampler_epoch")}
+                for s in moved_on
+            ]  # fmt: skip
     first = states[0]
     for key in ("epoch", "seed", "pass_start", "sampler_epoch", *(k for k in _PLAN_FIELDS if k != "rank")):
         values = {s["rank"]: s[key] for s in states}
@@ -402,7 +442,7 @@ def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     saved = Plan(**{k: first[k] for k in _PLAN_FIELDS})
     by_rank = np.array([s["batches"] for s in sorted(states, key=lambda s: s["rank"])], dtype=np.int64)
     position, finished, prefix = saved.position(first["pass_start"], by_rank)
-    if not prefix:
+    if not prefix and not finished:
         raise ResumeError(
             "the ranks stopped at different points ("
             + ", ".join(f"rank {r}: {int(b)} batches" for r, b in enumerate(by_rank))

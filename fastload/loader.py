@@ -652,6 +652,8 @@ class DataLoaderIterator:
         if rest is not None:
             batch_size = loader.batch_size or 1
             self._length = len(rest) // batch_size if loader.drop_last else -(-len(rest) // batch_size)
+        elif self._length is not None:
+            self._length = max(0, self._length - start)  # len(): the batches this pass yields
         loader._rest = self._rest = rest  # until the pass ends
         self.stats = loader.stats
         self.stats.start()
@@ -690,7 +692,7 @@ class DataLoaderIterator:
                 it = iter(
                     tqdm(
                         it,
-                        total=None if self._length is None else self._length - start,
+                        total=self._length,
                         desc=f"epoch {self.epoch}",
                         unit="batch",
                     )
@@ -1244,8 +1246,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         fields: dict[str, Any] = {}
         if n is not None and self.batch_size is not None and not self._given_batch_sampler:
             fields = sampler_plan(self.sampler, self.dataset, self._own_sampler)
-        if "num_replicas" not in fields:
-            fields["num_replicas"] = get_world_size()  # a custom sampler: its ranks must not change
+        if "order" not in fields:  # a custom sampler: its ranks must not change
+            fields["num_replicas"] = get_world_size()
             fields["rank"] = get_rank()
         return Plan(num_samples=n, batch_size=self.batch_size, drop_last=bool(self.drop_last), **fields)
 
@@ -1273,7 +1275,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """
         plan = self._plan()
         n = None if isinstance(self.dataset, IterableDataset) and _pass_length(self) is None else len(self)
-        self._epochs.load_state_dict(state, plan, n)
+        self._epochs.load_state_dict(state, plan, n, self._sampler_epoch())
         seed = self._epochs.seed
         if self._own_sampler and hasattr(self.sampler, "seed"):
             self.sampler.seed = seed
@@ -1292,10 +1294,24 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         fastload's own paths, whose draws are per sample -- runs this rank's share of the rest of
         the global order.
         """
+        sampler = self.sampler
+        pending = sampler._resume if isinstance(sampler, DistributedSampler) else None
         if resume is None:
+            if (
+                isinstance(sampler, DistributedSampler)
+                and pending is not None
+                and pending[0] == sampler.epoch
+            ):
+                self._epochs.start_at(pending[1], 0)  # the sampler's own state: it yields the rest
             return 0, None
+        if isinstance(sampler, DistributedSampler):
+            sampler._resume = None  # the loader's state says where the epoch stands
         sampler_epoch = self._sampler_epoch()
-        if resume.sampler_epoch is not None and sampler_epoch != resume.sampler_epoch:
+        if (
+            sampler_epoch is not None
+            and resume.sampler_epoch is not None
+            and sampler_epoch != resume.sampler_epoch
+        ):
             return 0, None  # the user's sampler went on to another epoch: it is whole
         torch_path = not self.fast_path and self.decode != "device"
         plan = self._plan()

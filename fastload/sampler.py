@@ -342,6 +342,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._last_iter_epoch: int | None = None
         self._warned = False
         self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
+        self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
 
     def __repr__(self) -> str:
         return (
@@ -396,6 +397,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             self._resume = None
             if epoch != self.epoch:
                 start = 0
+        self._iter_start = (self.epoch, start)  # where this iteration began (state_dict counts from it)
         if (
             self.shuffle
             and not self._set_epoch_called
@@ -440,7 +442,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         Returns:
             ``{"epoch", "seed", "position", "num_samples", "shuffle"}``.
         """
-        start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            start = self._resume[1]  # not iterated yet
+        else:
+            start = self._iter_start[1] if self._iter_start[0] == self.epoch else 0
         remaining = self._len - start
         taken = check_int(taken, "taken", low=0, high=len(self.indices(start=start)))
         position, _, _ = consumed(
@@ -526,17 +531,17 @@ def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
             "drop_tail": sampler.drop_last,
         }
     if type(sampler) is _TorchDistributedSampler:
-        return {
+        return {  # its permutation is fastload's (epoch_permutation), whatever the dataset
             "num_replicas": sampler.num_replicas,
             "rank": sampler.rank,
-            "order": "randperm" if sampler.shuffle else "sequence",
+            "order": "shuffle" if sampler.shuffle else "sequence",
             "order_seed": sampler.seed if sampler.shuffle else None,
             "pad": not sampler.drop_last,
             "drop_tail": sampler.drop_last,
         }
     if type(sampler) is EpochRandomSampler:
         blocks = _shuffle_blocks(dataset, len(sampler)) is not None
-        return {"order": "blocks" if blocks else "shuffle"}
+        return {"order": "blocks" if blocks else "shuffle", "order_seed": None if own else sampler.seed}
     if type(sampler) is SequentialSampler:
         return {"order": "sequence"}
     return {}

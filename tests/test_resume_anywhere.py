@@ -218,7 +218,7 @@ def test_torch_distributed_sampler_reshards(shuffle: bool) -> None:
     taken = [_take(lo, 2) for lo in old]
     state = taken[0][1]
     assert (state["order"], state["position"], state["pad"]) == (
-        "randperm" if shuffle else "sequence",
+        "shuffle" if shuffle else "sequence",
         24,
         True,
     )
@@ -322,3 +322,149 @@ def test_set_epoch_of_the_resumed_epoch_keeps_the_resume() -> None:
     ended.set_epoch(5)
     assert list(ended) == []  # ... and one that resumes at epoch 5 gets nothing more of it
     assert len(list(ended)) == 3 and ended.epoch == 7
+
+
+def _env(world: int, rank: int) -> None:
+    import os
+
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank))
+
+
+@pytest.fixture
+def clean_env() -> Any:
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_loader_without_distributed_in_a_multi_rank_job_resumes_its_whole_rest(
+    clean_env: Any, shuffle: bool
+) -> None:
+    """Each rank of a torchrun job may run a plain loader over the whole dataset (no sharding)."""
+    _env(2, 1)
+
+    def make(b: int) -> fastload.DataLoader:
+        return fastload.DataLoader(list(range(20)), batch_size=b, shuffle=shuffle, seed=4, num_workers=0)
+
+    seen, state = _take(make(4), 2)
+    assert (state["position"], state["num_replicas"]) == (8, 1)
+    resumed = make(3)
+    resumed.load_state_dict(state)
+    assert sorted(seen + [i for b in resumed for i in b.tolist()]) == list(range(20))
+
+
+def test_a_state_of_a_users_sampler_on_a_loader_with_its_own() -> None:
+    """Saved with torch's DistributedSampler passed by the user, resumed with shuffle=False (one rank):
+    the same order, so the rest; shuffled by a sampler whose seed is not the loader's: refused."""
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    data = list(range(10))
+    ranks = [
+        fastload.DataLoader(
+            data, batch_size=2, sampler=TorchSampler(data, 2, r, shuffle=False), num_workers=0
+        )
+        for r in range(2)
+    ]
+    taken = [_take(lo, 2) for lo in ranks]
+    seen, state = [i for t in taken for i in t[0]], taken[0][1]
+    assert state["sampler_epoch"] == 0
+    one = fastload.DataLoader(data, batch_size=2, shuffle=False, num_workers=0)
+    one.load_state_dict(state)
+    assert sorted(seen + [i for b in one for i in b.tolist()]) == data
+    shuffled = fastload.DataLoader(
+        data, batch_size=2, seed=42, sampler=TorchSampler(data, 2, 0, seed=5), num_workers=0
+    )
+    _, state = _take(shuffled, 1)
+    own = fastload.DataLoader(data, batch_size=2, seed=42, shuffle=True, num_workers=0)
+    with pytest.raises(fastload.ResumeError, match="seed 5, epoch 0.*seed 42.*Pass that sampler again"):
+        own.load_state_dict(state)
+    from fastload.sampler import EpochRandomSampler
+
+    _, state = _take(
+        fastload.DataLoader(data, batch_size=2, sampler=EpochRandomSampler(data, seed=5), num_workers=0), 2
+    )
+    other = fastload.DataLoader(data, batch_size=3, sampler=EpochRandomSampler(data, seed=6), num_workers=0)
+    with pytest.raises(
+        fastload.ResumeError, match="shuffled with seed 5, but this loader's sampler has seed 6"
+    ):
+        other.load_state_dict(state)
+
+
+def test_sampler_state_twice_in_one_epoch_and_with_the_loaders() -> None:
+    from fastload import DistributedSampler
+
+    data = list(range(12))
+    two = [DistributedSampler(data, 2, r, shuffle=False) for r in range(2)]
+    state = two[0].state_dict(taken=2)  # each of 2 ranks took 2: position 4
+    three = [DistributedSampler(data, 3, r, shuffle=False) for r in range(3)]
+    for sm in three:
+        sm.load_state_dict(state)
+    taken = [list(sm)[:2] for sm in three]  # each takes 2 of the rest: positions 4..9
+    again = three[0].state_dict(taken=2)
+    assert again["position"] == 10
+    one = DistributedSampler(data, 1, 0, shuffle=False)
+    one.load_state_dict(again)
+    assert list(one) == [10, 11] and sorted(sum(taken, [])) == list(range(4, 10))
+
+    # the loader's state and its sampler's, both restored: the loader's says where the epoch is
+    def make() -> tuple[fastload.DataLoader, DistributedSampler]:
+        sm = DistributedSampler(data, 1, 0, shuffle=False)
+        return fastload.DataLoader(data, batch_size=2, sampler=sm, num_workers=0), sm
+
+    lo, sm = make()
+    _, loader_state = _take(lo, 2)
+    sampler_state = sm.state_dict(taken=4)
+    lo, sm = make()
+    lo.load_state_dict(loader_state)
+    sm.load_state_dict(sampler_state)
+    assert [b.tolist() for b in lo] == [[4, 5], [6, 7], [8, 9], [10, 11]]
+
+
+def test_states_of_every_rank_when_the_epoch_is_over(clean_env: Any) -> None:
+    """drop_last on 5 samples, 2 ranks, batches of 3: rank 1 has no batch, rank 0 took its one; and
+    exact shards where ranks 2 and 3 ran out and moved on to the next epoch: both lists load as the
+    epoch's end."""
+
+    def ranks(world: int, n: int, batch: int, drop_last: bool) -> list[fastload.DataLoader]:
+        out = []
+        for r in range(world):
+            _env(world, r)
+            out.append(
+                fastload.DataLoader(
+                    list(range(n)),
+                    batch_size=batch,
+                    drop_last=drop_last,
+                    distributed=True,
+                    seed=0,
+                    num_workers=0,
+                )
+            )
+        return out
+
+    los = ranks(2, 5, 3, True)
+    its = [iter(lo) for lo in los]
+    next(its[0])
+    states = [lo.state_dict() for lo in los]
+    fresh = fastload.DataLoader(list(range(5)), batch_size=3, shuffle=False, num_workers=0)
+    fresh.load_state_dict(states)
+    assert fresh.epoch == 1
+    los = ranks(4, 10, 1, False)
+    its = [iter(lo) for lo in los]
+    for r, it in enumerate(its):
+        for _ in range(3 if r < 2 else 2):
+            next(it)
+        if r >= 2:
+            with pytest.raises(StopIteration):
+                next(it)
+    states = [lo.state_dict() for lo in los]
+    assert [s["epoch"] for s in states] == [0, 0, 1, 1]
+    fresh = fastload.DataLoader(list(range(10)), batch_size=1, shuffle=False, num_workers=0)
+    fresh.load_state_dict(states)
+    assert fresh.epoch == 1 and len(list(fresh)) == 10
