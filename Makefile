@@ -15,8 +15,8 @@ DALI_STAMP := -dali
 DALI_NOTE := , NVIDIA DALI
 TEST_ENV := FASTLOAD_REQUIRE_DALI=1
 endif
-# CPU-only torch (TORCH=cpu): torch's CPU build instead of PyPI's default CUDA build (about 1 GB
-# of venv instead of 5.7 GB, see docs/getting-started.md). Installed first, so that fastload's
+# CPU-only torch (TORCH=cpu): torch's CPU build instead of PyPI's default CUDA build (a 1.4 GB
+# venv instead of 5.7 GB, see docs/getting-started.md). Installed first, so that fastload's
 # own install finds torch already there. TORCH_CPU_ARGS says where pip takes it from.
 TORCH ?= default
 TORCH_CPU_ARGS ?= --index-url https://download.pytorch.org/whl/cpu torch torchvision
@@ -55,10 +55,11 @@ $(DATA)/.complete: | $(VENV)/.installed-bench$(DALI_STAMP)
 	$(PY) -m fastload synth $(DATA) --classes 10 --per-class 100 --val-per-class 30 --seed 0
 	touch $@
 
-# The summary is printed even when the benchmark fails (e.g. on a bad BENCH_ARGS value).
+# The set-up summary first (so it is there even when the benchmark fails); the verdict is last.
 bench: $(VENV)/.installed-bench$(DALI_STAMP) $(DATA)/.complete
+	@$(SUMMARY)
 	@echo "==> benchmark: $(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS)"
-	@$(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS); status=$$?; $(SUMMARY); exit $$status
+	@$(PY) bench/throughput.py --data $(DATA) $(BENCH_ARGS)
 
 # The summary is printed even when a step fails (it says, e.g., whether the C extension was built).
 test: $(VENV)/.installed-test$(DALI_STAMP)

@@ -791,12 +791,17 @@ def verdict(records: Sequence[dict[str, Any]]) -> str | None:
     workers = max((r["num_workers"] for r in records), default=None)
     pipelines = list(dict.fromkeys(r["pipeline"] for r in records))
 
-    def ratios(backend: str) -> list[tuple[str, float]]:
+    noisy = False
+
+    def ratios(backend: str) -> list[tuple[str, str]]:
+        nonlocal noisy
         out = []
         for p in pipelines:
             r = by_key.get((backend, p, workers))
             if r is not None and r["ratio_vs_torchvision"] is not None:
-                out.append((p, r["ratio_vs_torchvision"]))
+                flag = "?" if r["within_noise_vs_torchvision"] else ""
+                noisy |= bool(flag)
+                out.append((p, f"{r['ratio_vs_torchvision']:.1f}x{flag}"))
         return out
 
     swap, own = ratios("swap"), ratios("fastload")
@@ -806,12 +811,15 @@ def verdict(records: Sequence[dict[str, Any]]) -> str | None:
     if swap:
         (p0, r0), rest = swap[0], swap[1:]
         parts.append(
-            f"the one-line swap: {r0:.1f}x torch's images/s on this machine ({p0}, {workers} workers)"
-            + "".join(f"; {p} {r:.1f}x" for p, r in rest)
+            f"the one-line swap: {r0} torch's images/s on this machine ({p0}, {workers} workers)"
+            + "".join(f"; {p} {r}" for p, r in rest)
         )
     if own:
-        parts.append("fastload's own pipeline: " + ", ".join(f"{r:.1f}x ({p})" for p, r in own))
-    return ". ".join(parts)
+        parts.append("fastload's own pipeline: " + ", ".join(f"{r} ({p})" for p, r in own))
+    line = ". ".join(parts)
+    if noisy:
+        line += " (?: within the run-to-run noise of this machine; more --repeat or a quieter machine)"
+    return line
 
 
 def _header(stall: bool, decode: bool = True) -> str:

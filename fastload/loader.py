@@ -1122,8 +1122,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def _choose_path(self, log: bool = False) -> None:
         """Decides between the fast path, head acceleration and torch's iterator for the dataset as
-        it is now, and says why not a faster one (``fast_path_reason``; an INFO line on the
-        ``fastload`` logger for an image-folder dataset, when ``log``)."""
+        it is now, and says which it runs (``path``) and why not a faster one
+        (``fast_path_reason``). When ``log``, for an image-folder dataset: one line on the
+        ``fastload`` logger, INFO for the fast path, WARNING (shown by default) for the others."""
         dataset = self.dataset
         self._source_key = _source_key(dataset)
         self._device_conversion = None
@@ -1137,6 +1138,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         structural = _structural_reason(self)
         if structural is None and _is_fast_dataset(dataset):
             self._take_fast(dataset)
+            if log:
+                _log.info("fastload.DataLoader runs the fast path for this %s", type(dataset).__name__)
             return
         if not self._allow_fast:
             self._fast_reason = "fast_path=False"
@@ -1150,6 +1153,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 if self.exact_pixels:
                     view.transform.exact = True
                 self._take_fast(view)
+                if log:
+                    _log.info(
+                        "fastload.DataLoader runs the fast path for this %s: its whole pipeline is "
+                        "fused with decoding",
+                        type(dataset).__name__,
+                    )
                 return
             self._fast_reason = (
                 "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
@@ -1166,7 +1175,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 self._head_dataset = self._worker_dataset = head
                 self._path = "head-accelerated"
                 if log:
-                    _log.info(
+                    _log.warning(
                         "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
                         "(%s); not the fast path: %s",
                         type(dataset).__name__,
@@ -1175,7 +1184,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     )
                 return
         if log and image_folder:
-            _log.info(
+            _log.warning(
                 "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s; "
                 "no head acceleration: %s",
                 type(dataset).__name__,

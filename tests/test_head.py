@@ -275,7 +275,7 @@ def test_paths_and_the_info_line_for_each_blocker(
             loader = fastload.DataLoader(dataset, num_workers=0, **args)
         records = [r for r in caplog.records if r.name == "fastload"]
         assert loader.path == path, (word, loader.fast_path_reason)
-        assert len(records) == 1 and records[0].levelno == logging.INFO, word
+        assert len(records) == 1 and records[0].levelno == logging.WARNING, word
         message = records[0].getMessage()
         assert word in message, message
         assert (loader.fast_path_reason or "") in message

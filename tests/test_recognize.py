@@ -273,7 +273,7 @@ def test_unrecognized_pipelines_run_torchs_path_and_say_why(
     assert not loader.fast_path
     assert loader.fast_path_reason is not None and word in loader.fast_path_reason
     records = [r for r in caplog.records if r.name == "fastload"]
-    assert len(records) == 1 and records[0].levelno == logging.INFO
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
     assert loader.fast_path_reason in records[0].getMessage()
     torch_error = {"PIL output": TypeError, "no fixed size": RuntimeError}.get(case)
     if torch_error is not None:  # torch's own error: default_collate cannot batch these
@@ -589,3 +589,15 @@ def test_torch_workers_follow_a_changed_sample_list(imagenet_root: Path) -> None
     assert labels() == [t for _, t in dataset.samples]
     dataset.samples.extend(dataset.samples[:3])  # changed in place
     assert labels() == [t for _, t in dataset.samples]
+
+
+def test_the_fast_path_says_so_at_info(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One line per loader on the ``fastload`` logger: INFO for the fast path (the other paths
+    warn, see test_unrecognized_pipelines_run_torchs_path_and_say_why)."""
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=_val_v1())
+    with caplog.at_level(logging.INFO, logger="fastload"):
+        loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+    records = [r for r in caplog.records if r.name == "fastload"]
+    assert loader.path == "fast"
+    assert len(records) == 1 and records[0].levelno == logging.INFO
+    assert "runs the fast path for this ImageFolder" in records[0].getMessage()
