@@ -1304,17 +1304,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         the global order.
         """
         sampler = self.sampler
-        pending = sampler._resume if isinstance(sampler, DistributedSampler) else None
         if resume is None:
-            if (
-                isinstance(sampler, DistributedSampler)
-                and pending is not None
-                and pending[0] == sampler.epoch
-            ):
-                self._epochs.start_at(pending[1], 0)  # the sampler's own state: it yields the rest
+            start = sampler.resume_point() if isinstance(sampler, DistributedSampler) else None
+            if start is not None:
+                self._epochs.start_at(start, 0)  # the sampler's own state: it yields the rest
             return 0, None
         if isinstance(sampler, DistributedSampler):
-            sampler._resume = None  # the loader's state says where the epoch stands
+            sampler.forget_resume()  # the loader's state says where the epoch stands
         sampler_epoch = self._sampler_epoch()
         if (
             sampler_epoch is not None

@@ -416,9 +416,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
     def __len__(self) -> int:
         """Indices the next iteration yields: ``num_samples``, or fewer for a resumed epoch."""
-        if self._resume is not None and self._resume[0] == self.epoch:
-            return len(self.indices(start=self._resume[1]))
-        return self.num_samples
+        start = self.resume_point()
+        return self.num_samples if start is None else len(self.indices(start=start))
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch, which (with ``seed``) selects the order when ``shuffle=True``.
@@ -428,6 +427,17 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         """
         self.epoch = check_int(epoch, "epoch", type_error=True)
         self._set_epoch_called = True
+
+    def resume_point(self) -> int | None:
+        """The global position the next iteration of the current epoch starts at, after a
+        :meth:`load_state_dict` that left the epoch part-way; ``None`` otherwise."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1]
+        return None
+
+    def forget_resume(self) -> None:
+        """The next iteration yields the whole epoch again (a loader's own state takes over)."""
+        self._resume = None
 
     def state_dict(self, taken: int = 0) -> dict[str, Any]:
         """The sampler's state: its epoch and seed, and how far the epoch has gone.
@@ -442,8 +452,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         Returns:
             ``{"epoch", "seed", "position", "num_samples", "shuffle"}``.
         """
-        if self._resume is not None and self._resume[0] == self.epoch:
-            start = self._resume[1]  # not iterated yet
+        pending = self.resume_point()
+        if pending is not None:
+            start = pending  # not iterated yet
         else:
             start = self._iter_start[1] if self._iter_start[0] == self.epoch else 0
         remaining = self._len - start

@@ -527,3 +527,11 @@ def test_all_leaves_gpu_rows_out_without_cuda(
     assert not set(gpu_rows) & set(measured)
     assert set(measured) == {*benchmark.BACKENDS, "full-decode"} - set(gpu_rows)
     assert f"skipping {', '.join(gpu_rows)}: GPU pipelines" in capsys.readouterr().out
+
+
+def test_the_load_note_needs_another_program_on_a_core() -> None:
+    """Load below 1 (nothing else holds a core, e.g. 0.7 on 2 CPUs with torch's 2 threads): no note."""
+    env = {"load_average": [0.7, 0.7, 0.7], "available_cpus": 2}
+    assert benchmark._busy_machine_note(env, 2, [0, 2]) is None
+    env["load_average"] = [1.2, 1.0, 1.0]
+    assert (benchmark._busy_machine_note(env, 2, [0, 2]) or "").startswith("note: load average 1.2 on 2 CPUs")

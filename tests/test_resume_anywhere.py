@@ -285,7 +285,9 @@ def test_a_custom_sampler_resumes_only_with_the_same_sizes() -> None:
     assert state["position"] is None and state["order"] is None
     same = make(4)
     same.load_state_dict(state)
-    assert seen + [i for b in same for i in b.tolist()] == list(reversed(data))
+    it = iter(same)
+    assert len(it) == 3 and len(same) == 5  # the pass's own batches; the loader's whole epoch
+    assert seen + [i for b in it for i in b.tolist()] == list(reversed(data))
     with pytest.raises(
         fastload.ResumeError, match="batches of 4.*but this loader has.*batches of 5.*same sampler"
     ):
@@ -468,3 +470,29 @@ def test_states_of_every_rank_when_the_epoch_is_over(clean_env: Any) -> None:
     fresh = fastload.DataLoader(list(range(10)), batch_size=1, shuffle=False, num_workers=0)
     fresh.load_state_dict(states)
     assert fresh.epoch == 1 and len(list(fresh)) == 10
+
+
+def test_resharded_resume_through_torchs_persistent_workers(clean_env: Any) -> None:
+    """torch's iterator with persistent process workers: a state from 3 ranks continues on 2 with
+    another batch size (the rest once, len() of the pass), and the next epoch is whole again
+    through the same workers (the loader's index sampler serves the rest once only)."""
+    data = list(range(23))
+    old = []
+    for r in range(3):
+        _env(3, r)
+        old.append(_take(fastload.DataLoader(data, batch_size=2, distributed=True, num_workers=0), 2))
+    seen = [i for s, _ in old for i in s]
+    state = old[0][1]
+    rest, steps = [], []
+    for r in range(2):
+        _env(2, r)
+        lo = fastload.DataLoader(data, batch_size=3, distributed=True, num_workers=2, persistent_workers=True)
+        lo.load_state_dict(state)
+        it = iter(lo)
+        steps.append(len(it))
+        got = [b.tolist() for b in it]
+        assert len(got) == steps[-1]
+        rest += [i for b in got for i in b]
+        assert sorted(i for b in lo for i in b.tolist()) == sorted(lo.sampler.indices(1))  # epoch 1: whole
+        lo.close()
+    assert sorted(seen + rest) == data  # shuffle=False: evaluation shards, each sample once
