@@ -15,8 +15,9 @@
  *
  * Functions (all take any contiguous bytes-like object and release the GIL while decoding):
  *   header(data) -> (width, height, components, colorspace)
- *   decode(data, left, top, width, height, scale=1) -> bytearray of height*width*3 RGB bytes
- *       The region is given in the coordinates of the image decoded at 1/scale.
+ *   decode(data, left, top, width, height, scale=1, eighths=0, fancy=True) -> bytearray of height*width*3
+ *       RGB bytes. The region is given in the coordinates of the image decoded at 1/scale; fancy=False
+ *       upsamples chroma by replication, as GPU decoders (nvJPEG) do.
  *   resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's
  *       bilinear or bicubic Image.resize with a box, bit for bit, on RGB bytes (see below).
  *   hwc_lut(src, dst, lut[, affine]): interleaved RGB bytes -> channels-first float32 through per-channel
@@ -106,7 +107,7 @@ static PyObject *jpeg_header(PyObject *self, PyObject *args) {
 /* The decode proper, without the GIL.  Returns 0 on success, -1 on a libjpeg error/warning
  * (message in err), -2 on a region outside the image (message set here). */
 static int decode_region(const unsigned char *buf, size_t len, unsigned left, unsigned top, unsigned width,
-                         unsigned height, int scale, unsigned char *out, error_mgr *err) {
+                         unsigned height, int scale, int fancy, unsigned char *out, error_mgr *err) {
     struct jpeg_decompress_struct cinfo;
     JSAMPARRAY rows;
     init_errors(&cinfo, err);
@@ -125,7 +126,7 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
     }
     cinfo.out_color_space = JCS_RGB;
     cinfo.dct_method = JDCT_ISLOW;
-    cinfo.do_fancy_upsampling = TRUE;
+    cinfo.do_fancy_upsampling = fancy ? TRUE : FALSE;
     cinfo.scale_num = scale > 0 ? 1 : (unsigned)-scale;
     cinfo.scale_denom = scale > 0 ? (unsigned)scale : 8;
     jpeg_start_decompress(&cinfo);
@@ -187,12 +188,12 @@ static int decode_region(const unsigned char *buf, size_t len, unsigned left, un
 }
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", "eighths", NULL};
+    static char *keywords[] = {"data", "left", "top", "width", "height", "scale", "eighths", "fancy", NULL};
     Py_buffer data;
     unsigned int left, top, width, height;
-    int scale = 1, eighths = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|ii:decode", keywords, &data, &left, &top, &width,
-                                     &height, &scale, &eighths))
+    int scale = 1, eighths = 0, fancy = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIII|iip:decode", keywords, &data, &left, &top, &width,
+                                     &height, &scale, &eighths, &fancy))
         return NULL;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
         PyBuffer_Release(&data);
@@ -219,7 +220,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = decode_region((const unsigned char *)data.buf, (size_t)data.len, left, top, width, height, scale,
-                           (unsigned char *)PyByteArray_AS_STRING(out), &err);
+                           fancy, (unsigned char *)PyByteArray_AS_STRING(out), &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     if (status != 0) {
@@ -938,9 +939,10 @@ static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace): reads the JPEG header only."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(data, left, top, width, height, scale=1, eighths=0) -> bytearray: RGB pixels (HWC) of a region of "
-     "the image decoded at 1/scale (or at eighths/8: libjpeg-turbo's other DCT scales), decoding only that region "
-     "at full scale."},
+     "decode(data, left, top, width, height, scale=1, eighths=0, fancy=True) -> bytearray: RGB pixels (HWC) of a "
+     "region of the image decoded at 1/scale (or at eighths/8: libjpeg-turbo's other DCT scales), decoding only "
+     "that region at full scale; fancy=False: chroma upsampled by replication (nvJPEG's way) instead of "
+     "libjpeg-turbo's default smooth (\"fancy\") upsampling."},
     {"resample", jpeg_resample, METH_VARARGS,
      "resample(src, width, height, box, dst, out_width, out_height, bicubic, flip, pillow13): PIL's "
      "Image.resize((out_width, out_height), BICUBIC if bicubic else BILINEAR, box) of RGB bytes, bit for bit, "
