@@ -6,8 +6,9 @@ DATA ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fastload/synthetic-imagenet
 BENCH_ARGS ?= --quick
 
 # NVIDIA DALI (GPU JPEG decoding; the benchmark's `dali` row; a 0.8 GB wheel) is installed where
-# nvidia-smi finds an NVIDIA driver, or with WITH_DALI=1 (CI sets it in .ci/run, and then the DALI
-# tests fail instead of skipping if DALI cannot be imported); WITH_DALI=0: never.
+# nvidia-smi finds an NVIDIA driver, or with WITH_DALI=1 (then the DALI tests fail instead of
+# skipping if DALI cannot be imported); WITH_DALI=0: never. `make test-dali` (which CI runs after
+# `make test`) installs it and runs the tests that need it.
 WITH_DALI ?= $(if $(shell command -v nvidia-smi 2>/dev/null),1,0)
 ifeq ($(WITH_DALI),1)
 DALI_EXTRA := ,dali
@@ -28,7 +29,7 @@ endif
 # The one-line set-up summary both targets end with: versions, C extension built or not, DALI.
 SUMMARY = echo "==> set-up: $$($(PY) -m fastload info)"
 
-.PHONY: bench test docs venv clean-data
+.PHONY: bench test test-dali docs venv clean-data
 
 $(PY):
 	@echo "==> set-up: creating the virtual environment $(VENV) with $$($(PYTHON) --version)"
@@ -70,6 +71,15 @@ test: $(VENV)/.installed-test$(DALI_STAMP)
 	@$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html || { status=$$?; $(SUMMARY); exit $$status; }
 	@echo "==> tests: $(TEST_ENV) pytest"
 	@$(TEST_ENV) $(PY) -m pytest; status=$$?; $(SUMMARY); exit $$status
+
+# The tests that need NVIDIA DALI (marked `dali`), with DALI installed and required: they fail
+# instead of skipping if it cannot be imported. CI runs it after `make test` (see .ci/run).
+test-dali:
+	@$(MAKE) --no-print-directory _test-dali WITH_DALI=1
+
+_test-dali: $(VENV)/.installed-test$(DALI_STAMP)
+	@echo "==> tests that need DALI: FASTLOAD_REQUIRE_DALI=1 pytest -m dali"
+	@FASTLOAD_REQUIRE_DALI=1 $(PY) -m pytest -m dali; status=$$?; $(SUMMARY); exit $$status
 
 # The documentation site: open docs/_build/html/index.html
 docs: $(VENV)/.installed-test$(DALI_STAMP)

@@ -244,7 +244,7 @@ class MainRing:
         """Notes the segments ``batch`` (as torch's iterator returned it) arrived in."""
         items = [batch] if type(batch) is torch.Tensor else batch if type(batch) in (tuple, list) else ()
         for value in items:
-            if type(value) is not torch.Tensor or value.device.type != "cpu":
+            if not _plain(value):  # a ring segment holds a dense tensor: nothing else has a storage
                 continue
             storage = value.untyped_storage()
             if storage.nbytes() < RING_MIN_BYTES:
@@ -351,13 +351,21 @@ def enabled() -> bool:
     return _ENABLED
 
 
-def _streamable(value: Any) -> bool:
+def _plain(value: Any) -> bool:
+    """A tensor fastload may allocate a batch for from its shape: exactly ``torch.Tensor``, dense
+    (strided, not nested: a nested tensor has no sizes), on the CPU. Everything else -- nested,
+    sparse or other layouts, tensor subclasses, other devices -- goes to torch's own code
+    unchanged, which batches it or raises its own error."""
     return (
         type(value) is torch.Tensor
         and value.layout == torch.strided
+        and not value.is_nested
         and value.device.type == "cpu"
-        and not value.requires_grad
     )
+
+
+def _streamable(value: Any) -> bool:
+    return _plain(value) and not value.requires_grad
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -469,7 +477,7 @@ def _stack_in_process(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
     """``collate_tensor_fn`` with its output in this process's memory instead of a new shared
     segment (same values, shape, dtype and contiguous layout): for plain strided CPU tensors."""
     elem = batch[0]
-    if type(elem) is not torch.Tensor or elem.layout != torch.strided or elem.device.type != "cpu":
+    if not _plain(elem):
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
     out = torch.empty((len(batch), *elem.shape), dtype=elem.dtype)
     return torch.stack(list(batch), 0, out=out)
@@ -479,9 +487,7 @@ def _ringable(value: Any) -> bool:
     """A tensor that is its whole, contiguous storage in this process's memory (what torch would
     move into a new shared segment to send it)."""
     return bool(
-        type(value) is torch.Tensor
-        and value.layout == torch.strided
-        and value.device.type == "cpu"
+        _plain(value)
         and not value.requires_grad
         and value.nbytes >= RING_MIN_BYTES
         and value.is_contiguous()

@@ -51,6 +51,7 @@ import threading
 import time
 import traceback
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,7 +68,7 @@ from ._shm import send_through_memfd, shared_empty
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
-from .device import cuda_available, register_pinned, unregister_pinned
+from .device import PageLock, host_memory
 
 __all__ = [
     "WATCHDOG_SECONDS",
@@ -861,7 +862,9 @@ class WorkerPool:
         num_workers: 0: no workers (the caller decodes with :func:`run_task`).
         kind: ``"process"`` or ``"thread"``.
         context: A multiprocessing context (process workers), or ``None`` for torch's default.
-        pin: Page-lock the slots (only with CUDA).
+        pin: Hand out every batch in pinned memory (where memory can be pinned: with CUDA): the
+            ring page-locked in place (process workers: its shared memory, locked while they start;
+            thread workers and ``num_workers=0``: allocated pinned), a pinned copy otherwise.
         base_seed, skip, worker_init_fn: Passed to each worker.
         preload: Imports what decoding needs (e.g. :func:`fastload.transforms.import_decode_modules`):
             run here before process workers start (forked ones inherit the modules) and by each
@@ -890,22 +893,27 @@ class WorkerPool:
         #: ``dataset.will_need(indices)``, if it has one: a read-ahead hint for each issued batch
         #: (e.g. a pack served from its map, see ``InMemoryImageFolder.will_need``).
         self.will_need: Callable[[np.ndarray], None] | None = getattr(dataset, "will_need", None)
-        pin = pin and cuda_available()
+        host = host_memory()
+        self.host = host
+        #: every batch handed out is in pinned memory (for asynchronous copies to a CUDA device)
+        self.pin = pin and host.can_pin()
+        #: the ring's memory is page-locked in place: ``None`` until known (see :meth:`_in_place`)
+        self.locked: bool | None = None
+        self.page_lock: PageLock | None = None
         self.hwc = not channels_first
-        self.pinned = False
         is_process = num_workers > 0 and kind == "process"
         if is_process:  # shared with the workers; memfd-backed, so /dev/shm's size does not limit it
             self.images = shared_empty((num_slots, batch_size, *sample_shape), dtype)
             self.labels = shared_empty((num_slots, batch_size), torch.int64)
-            if pin:
-                self.pinned = register_pinned(self.images) and register_pinned(self.labels)
+            if self.pin:  # locked in place while the workers start (cudaHostRegister)
+                self.page_lock = PageLock([self.images, self.labels], host)
         else:
             self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
             self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
-            if pin:
-                self.images = self.images.pin_memory()
-                self.labels = self.labels.pin_memory()
-                self.pinned = True
+            if self.pin:
+                self.images = host.pin(self.images)
+                self.labels = host.pin(self.labels)
+                self.locked = True
         self.num_slots = num_slots
         self.np_images = self.images.numpy()
         self.np_labels = self.labels.numpy()
@@ -1030,10 +1038,31 @@ class WorkerPool:
         """A slot's images as ``(N, 3, H, W)``: channels-last memory for HWC slots, else as stored."""
         return images.permute(0, 3, 1, 2) if self.hwc else images
 
+    def _in_place(self, slot: int) -> bool:
+        """Whether ``slot``'s memory is pinned as it is (else :meth:`hand_out` hands out pinned
+        copies): the ring once its page lock holds (waited for once, by the first batch), never an
+        extra slot (locking one costs more than copying it: about 3.4 ms per MB, measured)."""
+        if slot in self.extra:
+            return False
+        if self.locked is None:
+            assert self.page_lock is not None  # pinned process slots start their lock at once
+            self.locked = self.page_lock.wait()
+            if not self.locked:
+                warnings.warn(
+                    "fastload could not page-lock its batch buffers in place (cudaHostRegister failed): "
+                    "each batch is copied into pinned memory before it is handed out instead, which "
+                    "costs a copy per batch in this thread",
+                    stacklevel=4,
+                )
+        return self.locked
+
     def hand_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``filled`` images (N, 3, H, W; channels-last memory for HWC slots) and labels of
         ``slot``, as tensors whose storage tells the pool when they, and everything made from them,
-        are gone."""
+        are gone. With ``pin``, in pinned memory: the slot's own (page-locked), or a pinned copy
+        (an extra slot, or a ring that could not be locked; the slot is then free again at once)."""
+        if self.pin and not self._in_place(slot):
+            return self.copy_out(slot, filled)
         self.pending.discard(slot)
         images, labels = self.arrays(slot)
         images, labels = images[:], labels[:]  # new array objects: only these storages hold them
@@ -1041,6 +1070,24 @@ class WorkerPool:
         weakref.finalize(images, self.returned.append, slot)
         weakref.finalize(labels, self.returned.append, slot)
         return self.batch_view(torch.from_numpy(images)[:filled]), torch.from_numpy(labels)[:filled]
+
+    def copy_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of ``slot``'s first ``filled`` images and labels (``reuse_buffers=False``), pinned
+        with ``pin``; the slot is free again at once."""
+        self.pending.discard(slot)
+        out, lab = self.arrays(slot)
+        images = self.batch_view(torch.from_numpy(out[:filled]))
+        labels = torch.from_numpy(lab[:filled])
+        if self.pin:
+            images, labels = self.host.pin(images), self.host.pin(labels)
+        else:
+            images, labels = images.clone(memory_format=torch.preserve_format), labels.clone()
+        self.release(slot)
+        return images, labels
+
+    def pin_small(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a batch's indices, say) in pinned memory with ``pin``, else ``t`` itself."""
+        return self.host.pin(t) if self.pin else t
 
     def release(self, slot: int) -> None:
         """Makes ``slot`` free again (unless a task is still writing into it or it is out)."""
@@ -1183,7 +1230,7 @@ class WorkerPool:
                 if q is not None:
                     q.cancel_join_thread()  # never block exit on undelivered messages
                     q.close()
-        if self.pinned and self.kind == "process":
-            unregister_pinned(self.images)
-            unregister_pinned(self.labels)
+        if self.page_lock is not None:
+            self.page_lock.release()
+            self.page_lock = None
         self.workers = []

@@ -72,12 +72,13 @@ class IndexedBatch(tuple[Any, Any]):
         return (IndexedBatch, (self[0], self[1], self.indices))
 
     def pin_memory(self) -> IndexedBatch:
-        """Returns a copy whose CPU tensors are in pinned memory (indices stay as they are)."""
+        """Returns a copy whose CPU tensors -- the indices too, which a prefetcher moves along with
+        the batch -- are in pinned memory (torch's ``pin_memory`` thread calls it)."""
 
         def pin(x: Any) -> Any:
             return x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
 
-        return IndexedBatch(pin(self[0]), pin(self[1]), self.indices)
+        return IndexedBatch(pin(self[0]), pin(self[1]), pin(self.indices))
 
     def __repr__(self) -> str:
         return f"IndexedBatch(images={self[0]!r}, labels={self[1]!r}, indices={self.indices!r})"

@@ -103,7 +103,7 @@ from ._worker import (
 )
 from .batch import IndexedBatch
 from .decode import decode_batch
-from .device import auto_num_workers, available_cpus, cuda_available
+from .device import auto_num_workers, available_cpus, cuda_available, host_memory
 from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, apply_transform
 from .head import head_view
@@ -459,13 +459,8 @@ class _FastPass:
         if self.loader.reuse_buffers:  # reused once nothing refers to this batch any more
             images, labels = pool.hand_out(slot, filled)
         else:
-            out, lab = pool.arrays(slot)
-            images = pool.batch_view(torch.from_numpy(out[:filled])).clone(
-                memory_format=torch.preserve_format
-            )
-            labels = torch.from_numpy(lab[:filled]).clone()
-            pool.release(slot)
-        return IndexedBatch(images, labels, torch.from_numpy(indices))
+            images, labels = pool.copy_out(slot, filled)
+        return IndexedBatch(images, labels, pool.pin_small(torch.from_numpy(indices)))
 
 
 class _EncodedPass:
@@ -479,6 +474,8 @@ class _EncodedPass:
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
+        self.host = host_memory()
+        self.pin = bool(loader.pin_memory) and self.host.can_pin()
         self.pending: Any = self._read(start)
 
     def __len__(self) -> int:
@@ -507,7 +504,10 @@ class _EncodedPass:
         targets = [int(dataset.targets[int(i)]) for i in indices]
         if target_transform is not None:
             targets = [int(target_transform(t)) for t in targets]
-        return IndexedBatch(images, torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices))
+        labels, order = torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices)
+        if self.pin:  # the prefetcher moves them to the device along with the images
+            labels, order = self.host.pin(labels), self.host.pin(order)
+        return IndexedBatch(images, labels, order)
 
     def close(self) -> None:
         self.readers.shutdown(wait=False, cancel_futures=True)
@@ -628,6 +628,12 @@ class DataLoaderIterator:
       records ``loader.stats`` at the consumer, and ends the pass (the next pass is the next
       epoch) when it is exhausted, when :meth:`close` is called, or when it is dropped.
     - Without persistent workers, the workers of the pass stop at its end.
+    - The few attributes of torch's iterator that tools and tests read: ``_workers`` (the worker
+      processes: torch's on its iterator, fastload's own on the fast path; thread workers are
+      ``threading.Thread`` objects), ``_pin_memory_thread`` (torch's iterator only: fastload's
+      engine pins its batch buffers in place, with no thread) and ``_shutdown_workers()`` (stops
+      the workers, persistent ones too). Where torch's iterator has no such attribute
+      (``num_workers=0``), neither has this one.
 
     Attributes:
         epoch: The epoch of this pass.
@@ -727,6 +733,45 @@ class DataLoaderIterator:
         self.stats.record_batch(_batch_len(batch), time.perf_counter() - t0)
         self._count_handed_out()
         return batch
+
+    # torch's iterator attributes (see the class docs) -------------------------------------------
+
+    def _torch_iterator(self) -> Any:
+        source = getattr(self, "_source", None)
+        return source.it if isinstance(source, _TorchPass) else None
+
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes of this pass, as torch's iterator lists them."""
+        torch_it = self._torch_iterator()
+        if torch_it is not None:
+            return torch_it._workers  # AttributeError without workers, as torch's
+        source = getattr(self, "_source", None)
+        if isinstance(source, _FastPass) and source.pool.num_workers > 0:
+            return source.pool.workers
+        raise AttributeError(
+            f"'{type(self).__name__}' object has no attribute '_workers' "
+            "(this pass loads in the main process)"
+        )
+
+    @property
+    def _pin_memory_thread(self) -> Any:
+        """torch's pin-memory thread, on torch's iterator (fastload's engine has none)."""
+        torch_it = self._torch_iterator()
+        if torch_it is not None:
+            return torch_it._pin_memory_thread
+        raise AttributeError(
+            f"'{type(self).__name__}' object has no attribute '_pin_memory_thread' (fastload's engine "
+            "page-locks its batch buffers in place, without a pin-memory thread)"
+        )
+
+    def _shutdown_workers(self) -> None:
+        """Stops the workers of this pass now (persistent ones too) and ends the pass."""
+        torch_it = self._torch_iterator()
+        if torch_it is not None:
+            torch_it._shutdown_workers()
+        self._end()
+        self._loader.close()  # persistent workers too: the next pass starts new ones
 
     def _count_handed_out(self) -> None:
         self._done += 1
@@ -992,9 +1037,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             raise TypeError(
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
             )
-        elif num_workers < 0:  # torch's ValueError, naming fastload's "auto" too
+        elif num_workers < 0:  # torch's ValueError and words (its tests match them), then "auto"
             raise ValueError(
-                f"num_workers should be a non-negative integer or 'auto' (0: load in the main process), "
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
+                f"fastload.DataLoader also takes num_workers='auto' (a share of this machine's CPUs), "
                 f"but got num_workers={num_workers}"
             )
         # Other values, batch_size and every torch argument: torch's own checks and messages

@@ -18,9 +18,10 @@ def imagenet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
+    cuda = torch.cuda.is_available()
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in items:
-        if "cuda" in item.keywords:
+        if "dali" in getattr(item, "fixturenames", ()):  # needs DALI: `make test-dali` runs `-m dali`
+            item.add_marker(pytest.mark.dali)
+        if not cuda and "cuda" in item.keywords:
             item.add_marker(skip)

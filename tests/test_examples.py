@@ -20,6 +20,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The examples run as two torchrun ranks with gloo on the CPU, on a GPU machine too: their checks
+#: are the counting (every val sample once, equal steps), and a machine with one GPU cannot give
+#: each of two ranks its own (``torch.cuda.set_device(1)``: "invalid device ordinal").
+CPU_ONLY = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
 @pytest.mark.slow
 def test_train_ddp_example_counts_every_val_sample_once(imagenet_root: Path, tmp_path: Path) -> None:
     cmd = [
@@ -42,7 +48,7 @@ def test_train_ddp_example_counts_every_val_sample_once(imagenet_root: Path, tmp
         "--arch",
         "resnet18",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **CPU_ONLY}
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = re.findall(
@@ -72,7 +78,7 @@ def odd_val_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **CPU_ONLY}
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout

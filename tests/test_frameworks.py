@@ -56,7 +56,8 @@ def test_batches_survive_framework_transfer_utilities(imagenet_root: Path, devic
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # CPU ranks (gloo), on a GPU machine too: one GPU cannot serve two ranks of their own
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout

@@ -273,7 +273,7 @@ def test_state_dict_errors(train_set: ImageFolder, imagenet_root: Path) -> None:
             ValueError,
             "batch_size should be a positive integer value, but got batch_size=0",
         ),
-        ({"num_workers": -1}, ValueError, "num_workers should be a non-negative integer or 'auto'"),
+        ({"num_workers": -1}, ValueError, "num_workers option should be non-negative"),
         ({"num_workers": "many"}, TypeError, "num_workers should be a non-negative integer or 'auto'"),
         ({"worker_type": "fiber"}, ValueError, "worker_type"),
         ({"on_error": "ignore"}, ValueError, "on_error"),
@@ -334,8 +334,9 @@ def test_inline_decode_splits_a_batch_over_torchs_threads(tmp_path: Path, train_
     loader = DataLoader(train_set, batch_size=8, num_workers=0, shuffle=True, seed=3)
     it = iter(loader)
     first = next(it)
-    # the batch was split over torch's threads (the loader caps those at the CPU count)
-    assert len(_decode_threads()) == torch.get_num_threads() >= 2
+    # the batch was split over torch's threads (the loader caps those at the CPU count; a thread
+    # that finished its part early may take another part, so there may be fewer of them)
+    assert 2 <= len(_decode_threads()) <= torch.get_num_threads()
     assert _same([(first[0].clone(), first[1].clone()), *_collect(it)], one)
     del it, first
     loader.close()

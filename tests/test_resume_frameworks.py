@@ -120,6 +120,7 @@ def _env() -> dict[str, str]:
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
     }
     env["OMP_NUM_THREADS"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks (gloo), on a GPU machine too: one GPU per rank is not there
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         env["MASTER_PORT"] = str(s.getsockname()[1])  # Lightning's DDP reads it

@@ -31,6 +31,16 @@ class _Identity:
         return x
 
 
+@pytest.fixture(autouse=True)
+def _unpinned_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring carries batches torch's iterator does not copy into pinned memory: these tests
+    run with ``pin_memory``'s default of a machine without CUDA (``False``) on a GPU machine too;
+    ``test_no_ring_when_torchs_pin_memory_thread_copies_the_batches`` covers pinning."""
+    import fastload.loader
+
+    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: False)
+
+
 def _tv_pipeline() -> tv.Compose:
     return tv.Compose([tv.RandomResizedCrop(32), tv.RandomHorizontalFlip(), tv.PILToTensor(), _Identity()])
 

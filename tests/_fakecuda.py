@@ -1,0 +1,116 @@
+"""Stand-ins for CUDA on a machine without a GPU: pinned host memory that remembers what it pinned,
+and stream operations that record every host-to-device copy and whether its source was pinned.
+
+Installed with :func:`fastload.device.simulate_cuda`, they let a CPU test fail on a pageable copy
+anywhere on a loader's path to the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class FakeHost:
+    """``HostMemory`` on the CPU: ``pin`` copies (keeping sizes and strides), ``register`` locks in
+    place; both remember the address ranges, which ``is_pinned`` checks. ``register_ok=False``:
+    locking in place fails, as ``cudaHostRegister`` can."""
+
+    def __init__(self, register_ok: bool = True) -> None:
+        self.register_ok = register_ok
+        self.ranges: list[tuple[int, int]] = []
+        self.kept: list[Any] = []  # pinned storages stay alive: their addresses are not reused
+        self.registered: list[int] = []
+        self.unregistered: list[int] = []
+        self.copies = 0
+
+    def can_pin(self) -> bool:
+        return True
+
+    def _remember(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        self.kept.append(storage)
+        self.ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+
+    def register(self, t: torch.Tensor) -> bool:
+        if not self.register_ok:
+            return False
+        self._remember(t)
+        self.registered.append(t.untyped_storage().data_ptr())
+        return True
+
+    def unregister(self, t: torch.Tensor) -> None:
+        start = t.untyped_storage().data_ptr()
+        self.unregistered.append(start)
+        self.ranges = [r for r in self.ranges if r[0] != start]
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+        out.copy_(t)
+        self._remember(out)
+        self.copies += 1
+        return out
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        ptr = t.data_ptr()
+        return t.numel() == 0 or any(a <= ptr < b for a, b in self.ranges)
+
+
+class CopyRecorder:
+    """A ``StreamBackend`` whose every stream operation is a no-op and which records each copy to
+    the device: ``(shape, dtype, source pinned)``."""
+
+    is_cuda = True  # the prefetcher checks (and warns about) pageable sources, as on a GPU
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+        self.copies: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+
+    def new_stream(self, device: torch.device) -> Any:
+        return "side"
+
+    def current_stream(self, device: torch.device) -> Any:
+        return "consumer"
+
+    def stream_context(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def wait_stream(self, waiter: Any, waitee: Any) -> None:
+        pass
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        pass
+
+    def record_event(self, stream: Any) -> None:
+        return None
+
+    def synchronize_event(self, event: Any) -> None:
+        pass
+
+    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        self.copies.append((tuple(tensor.shape), tensor.dtype, self.host.is_pinned(tensor)))
+        return tensor.clone()
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return self.host.is_pinned(tensor)
+
+    def synchronize(self, device: torch.device) -> None:
+        pass
+
+    def pageable(self) -> list[tuple[tuple[int, ...], torch.dtype, bool]]:
+        """The copies whose source was not pinned."""
+        return [c for c in self.copies if not c[2]]
+
+
+@contextlib.contextmanager
+def fake_cuda(register_ok: bool = True) -> Iterator[tuple[CopyRecorder, FakeHost]]:
+    """Inside the block, loaders and prefetchers use the stand-ins (see the module docs)."""
+    from fastload.device import simulate_cuda
+
+    host = FakeHost(register_ok)
+    streams = CopyRecorder(host)
+    with simulate_cuda(streams, host):
+        yield streams, host

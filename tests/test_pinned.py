@@ -1,0 +1,157 @@
+"""Every host batch bound for the device is in pinned memory, on every path (a CPU test: the
+stand-ins of ``tests/_fakecuda.py`` record each copy's source and fail on a pageable one)."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _fakecuda import FakeHost, fake_cuda
+
+import fastload
+from fastload import gpu
+from fastload import transforms as T
+from fastload.batch import IndexedBatch
+
+
+def _train(root: Path) -> fastload.ImageFolder:
+    return fastload.ImageFolder(root / "train", transform=T.Compose([T.RandomResizedCrop(16)]))
+
+
+def _run(loader: Any, keep: bool = False) -> list[Any]:
+    """Two passes; ``keep``: every batch of the first kept alive (the loader then needs extra slots)."""
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "pageable memory" warning either
+        for epoch in range(2):
+            for images, labels in loader:
+                assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+                if keep and epoch == 0:
+                    kept.append((images, labels))
+    return kept
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": 2},
+        {"num_workers": 2, "reuse_buffers": False},
+        {"num_workers": 2, "worker_type": "thread"},
+        {"num_workers": 0},
+    ],
+    ids=["process", "process-copies", "thread", "inline"],
+)
+@pytest.mark.parametrize("keep", [False, True], ids=["consume", "keep"])
+def test_fast_path_copies_only_pinned_memory(imagenet_root: Path, kwargs: dict[str, Any], keep: bool) -> None:
+    with fake_cuda() as (streams, host):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=5, device="cpu", pin_memory=True, shuffle=True, seed=0, **kwargs
+        )
+        assert loader.path == "fast"
+        _run(loader, keep)
+        loader.close()
+    # 8 batches a pass (32 images), each copied as images, labels, indices
+    assert len(streams.copies) == 2 * 7 * 3 and streams.pageable() == []
+    if kwargs.get("worker_type", "process") == "process" and kwargs["num_workers"]:
+        assert len(host.registered) == 2  # the ring (images, labels) locked in place ...
+        assert sorted(host.unregistered) == sorted(host.registered)  # ... and unlocked by close()
+
+
+def test_extra_slots_of_kept_batches_are_pinned_copies(imagenet_root: Path) -> None:
+    """A consumer that keeps every batch makes the loader decode into extra buffers (not locked:
+    locking costs more than copying); those batches come out as pinned copies, the others in place."""
+    with fake_cuda() as (streams, host):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=4, num_workers=1, pin_memory=True, prefetch_factor=1
+        )
+        batches = list(loader)  # kept: the ring (3 slots) cannot hold them all
+        assert len(batches) == 8 and all(host.is_pinned(x) and host.is_pinned(y) for x, y in batches)
+        assert host.copies >= 8 - 3  # extra slots: pinned copies (images, labels, indices)
+        loader.close()
+
+
+def test_a_ring_that_cannot_be_locked_warns_once_and_copies_into_pinned_memory(imagenet_root: Path) -> None:
+    with fake_cuda(register_ok=False) as (streams, host):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=5, device="cpu", pin_memory=True, num_workers=2
+        )
+        with pytest.warns(UserWarning, match="could not page-lock its batch buffers") as record:
+            for _ in range(2):
+                list(loader)
+        assert len([w for w in record if "page-lock" in str(w.message)]) == 1
+        assert not [w for w in record if "pageable" in str(w.message)]
+        loader.close()
+    assert streams.copies and streams.pageable() == []
+
+
+def test_without_pin_memory_the_prefetcher_says_the_copies_are_synchronous(imagenet_root: Path) -> None:
+    """The control: a pageable batch is seen, and named once."""
+    with fake_cuda() as (streams, _):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=5, device="cpu", pin_memory=False, num_workers=0
+        )
+        with pytest.warns(UserWarning, match="pageable memory: the host-to-device copy is synchronous"):
+            list(loader)
+    assert len(streams.pageable()) == len(streams.copies) > 0
+
+
+def test_device_loaders_pin_by_default_where_cuda_is(
+    monkeypatch: pytest.MonkeyPatch, imagenet_root: Path
+) -> None:
+    import fastload.loader
+
+    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: True)
+    assert fastload.DataLoader(_train(imagenet_root), batch_size=4, num_workers=0).pin_memory is True
+    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: False)
+    assert fastload.DataLoader(_train(imagenet_root), batch_size=4, num_workers=0).pin_memory is False
+
+
+def test_indexed_batch_pins_all_it_carries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's pin-memory thread calls ``IndexedBatch.pin_memory()`` (a collate_fn's batches on
+    torch's path): the indices, which the prefetcher moves too, are pinned with the rest."""
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
+
+    host = FakeHost()
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: host.pin(t))
+    batch = IndexedBatch(
+        torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([7, 9])
+    )
+    pinned = torch_pin(batch)  # what torch's pin-memory thread does with it
+    assert isinstance(pinned, IndexedBatch) and pinned.indices.tolist() == [7, 9]
+    assert all(host.is_pinned(t) for t in (pinned[0], pinned[1], pinned.indices))
+    assert not host.is_pinned(batch.indices)
+
+
+def test_prefetcher_over_a_pinned_loader_copies_nothing_pageable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's loader with ``pin_memory=True`` and a collate_fn yielding IndexedBatch (pinned by
+    torch's iterator), through CUDAPrefetcher."""
+    with fake_cuda() as (streams, host):
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: host.pin(t))
+        batches = [
+            IndexedBatch(
+                torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([k, k]), torch.tensor([k, k + 1])
+            )
+            for k in range(3)
+        ]
+        from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
+
+        p = fastload.CUDAPrefetcher(
+            [torch_pin(b) for b in batches], device="cpu", transforms=gpu.Normalize([0.5], [0.5])
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(p)) == 3
+    assert len(streams.copies) == 9 and streams.pageable() == []
+
+
+def test_the_page_lock_is_undone_when_a_loader_is_dropped(imagenet_root: Path) -> None:
+    with fake_cuda() as (_, host):
+        loader = fastload.DataLoader(_train(imagenet_root), batch_size=4, pin_memory=True, num_workers=1)
+        next(iter(loader))
+        del loader
+        gc.collect()
+        assert len(host.registered) == 2 and sorted(host.unregistered) == sorted(host.registered)
