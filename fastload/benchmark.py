@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,58 @@ class BenchConfig:
     seed: int = 0
     gpu_transforms: bool = False
     step_ms: float = 0.0  # a simulated model step after each batch (sleep: the CPU stays free)
+    #: ``batches`` and ``warmup`` are floors, raised per worker count so that the timed batches are
+    #: never served from what the workers prefetched (see :func:`steady_counts`); ``False``: exact
+    steady: bool = True
+
+
+#: torch's (and fastload's) default ``prefetch_factor``: batches each worker decodes ahead.
+PREFETCH_FACTOR = 2
+#: Timed batches per run at least this many times the batches the workers hold decoded ahead.
+STEADY_FACTOR = 3
+
+
+def ring_batches(num_workers: int) -> int:
+    """The batches a loader with ``num_workers`` workers holds decoded ahead of the consumer."""
+    return max(1, num_workers) * PREFETCH_FACTOR
+
+
+def steady_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
+    """``(warm-up batches, timed batches per run)`` that measure the steady state, not the ring.
+
+    The workers start decoding as soon as the loader does, and hold up to
+    :func:`ring_batches` batches ahead: a run of fewer batches than that is served from the ring
+    (measured on 16 CPUs with 14 workers, 15 timed batches after 28 prefetched: 20,255 images/s,
+    min-max 10,819-43,916, for a loader that sustains about 7,000). So the warm-up takes the
+    ring and one more batch, and each timed run :data:`STEADY_FACTOR` times the ring (the
+    config's values are floors). Example: 14 workers -> warm-up 29, runs of 84 batches; 2 workers
+    with ``--quick`` (8 batches, 2 warm-up) -> 5 and 12.
+    """
+    if not config.steady:
+        return config.warmup, config.batches
+    ring = ring_batches(num_workers)
+    return max(config.warmup, ring + 1), max(config.batches, STEADY_FACTOR * ring)
+
+
+def split_too_small(config: BenchConfig, pipeline: str, num_workers: int) -> str | None:
+    """Why the split of ``pipeline`` cannot measure ``num_workers`` workers, or ``None``.
+
+    An epoch of fewer batches than the workers hold decoded ahead (:func:`ring_batches`) measures
+    the epoch boundary -- the workers' ring drained and refilled, for torch's loader its workers
+    idle -- rather than the loader: the val split of 600 images at batch 128 (4.7 batches) gave
+    torch's loader 715 images/s at 14 workers. Such a row is not measured, and this says why.
+    """
+    files = len(scan_folder(config.data / pipeline_split(pipeline)))
+    per_epoch = files // config.batch_size if pipeline == "train" else -(-files // config.batch_size)
+    ring = ring_batches(num_workers)
+    if per_epoch >= ring:
+        return None
+    return (
+        f"not measured: {pipeline} at {num_workers} workers: its split holds {per_epoch} batches of "
+        f"{config.batch_size} ({files} images), fewer than the {ring} batches {num_workers} workers decode "
+        "ahead, so every epoch boundary would be timed rather than the loader. Use a larger split "
+        "(python -m fastload synth ROOT --per-class N), a smaller --batch-size or fewer --workers"
+    )
 
 
 @dataclass
@@ -620,6 +672,12 @@ def run(
 
     for pipeline in pipelines:
         for w in workers:
+            too_small = split_too_small(config, pipeline, w)
+            if too_small is not None:
+                log(too_small)
+                continue
+            warmup, batches = steady_counts(config, w)
+            steady = replace(config, warmup=warmup, batches=batches)
             # The reference brackets the rows it is compared with (measured before and after them):
             # a machine whose speed drifts during a run moves it along with the rows.
             before = decode_passes(pipeline, w, "before") if REFERENCE in backends else None
@@ -628,11 +686,11 @@ def run(
                 if name == REFERENCE or name in skipped:
                     continue
                 backend = BACKENDS[name]
-                total = config.warmup + config.repeat * config.batches
+                total = warmup + config.repeat * batches
                 with _bar(progress, total, f"{pipeline} workers={w} {name}") as bar:
                     loader = backend.build(config, pipeline, w)
                     try:
-                        result = measure(loader, config, on_batch=bar.update)
+                        result = measure(loader, steady, on_batch=bar.update)
                     finally:
                         _shutdown(loader)
                         del loader
@@ -644,7 +702,7 @@ def run(
                 reference = {"images_per_s": statistics.median(runs), "images_per_s_runs": runs}
             base = next((result for name, result in measured if name == "torchvision"), None)
             for name, result in measured:
-                add(_record(name, pipeline, w, config, result, base, reference))
+                add(_record(name, pipeline, w, steady, result, base, reference))
             if reference is not None:
                 rec = _record(REFERENCE, pipeline, w, config, reference, base, reference)
                 rec["reference_cores"] = reference_cores(w)
@@ -708,14 +766,17 @@ def _record(
         "pss_bytes": result.get("pss_bytes"),
         "device": config.device,
         "step_ms": config.step_ms,
+        "warmup_batches": config.warmup,
+        "timed_batches": config.batches,
     }
 
 
 # --------------------------------------------------------------------------- the table
 
 LEGEND = f"""\
-images/s     median of --repeat timed runs of --batches batches each; the time ends when a batch
-             is a normalized float tensor on the device
+images/s     median of --repeat timed runs of --batches batches each (by default 3x the batches
+             the workers hold prefetched, after a warm-up that drains them: the steady state);
+             the time ends when a batch is a normalized float tensor on the device
 min-max      the slowest and the fastest of those runs (one run: -)
 vs tv        images/s divided by the torchvision row's (same pipeline and workers, same run)
 vs decode    images/s divided by the {REFERENCE} row's: above 1.00 the pipeline is faster than
@@ -975,8 +1036,20 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
         "--pipelines", type=_names, default=list(PIPELINES), help="train, val or train,val (default)"
     )
     p.add_argument("--batch-size", type=int, default=None, help="default 64 (--quick: 32)")
-    p.add_argument("--batches", type=int, default=None, help="batches per timed run (default 20; --quick: 8)")
-    p.add_argument("--warmup", type=int, default=None, help="batches before timing (default 3; --quick: 2)")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help=f"batches per timed run (default: {STEADY_FACTOR}x the batches the workers prefetch, "
+        "num_workers x 2, and at least 20; --quick: at least 8). Given: exactly this many",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="batches before timing (default: the batches the workers prefetch and one more, at least 3; "
+        "--quick: at least 2). Given: exactly this many",
+    )
     p.add_argument(
         "--repeat", type=int, default=3, help="timed runs per setting; the median is reported (default 3)"
     )
@@ -1091,6 +1164,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
         repeat=args.repeat,
         gpu_transforms=args.gpu_transforms,
         step_ms=args.step_ms,
+        steady=args.batches is None and args.warmup is None,  # given: exactly those counts
     )
     for name, value, low in (
         ("batch-size", config.batch_size, 1),
@@ -1139,9 +1213,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     note = _busy_machine_note(env, torch.get_num_threads(), workers)
     if note:
         print(note)
+    counts = (
+        f"{config.batches} batches x {config.repeat} runs (median, min-max), {config.warmup} warm-up batches"
+        if not config.steady
+        else f"{config.repeat} runs (median, min-max) of {STEADY_FACTOR}x the batches the workers prefetch "
+        f"(at least {config.batches}), after a warm-up of those and one more (at least {config.warmup})"
+    )
     print(
-        f"data {data}, device {config.device}, batch size {config.batch_size}, {config.batches} batches x "
-        f"{config.repeat} runs (median, min-max), {config.warmup} warm-up batches, workers {workers}"
+        f"data {data}, device {config.device}, batch size {config.batch_size}, {counts}, workers {workers}"
         + (f", model step {config.step_ms:g} ms" if config.step_ms else "")
     )
     try:

@@ -31,7 +31,7 @@ def _results_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _bench_args(root: Path, *extra: str) -> list[str]:
-    return ["--data", str(root), "--batch-size", "4", "--batches", "2", "--warmup", "1", *extra]
+    return ["--data", str(root), "--batch-size", "2", "--batches", "2", "--warmup", "1", *extra]
 
 
 def test_throughput_bench_writes_records_and_table(
@@ -72,7 +72,7 @@ def test_throughput_bench_writes_records_and_table(
         # The run settings and the machine travel with every record.
         assert r["settings"] == {
             "data": str(imagenet_root),
-            "batch_size": 4,
+            "batch_size": 2,
             "batches": 2,
             "warmup": 1,
             "repeat": 3,
@@ -313,8 +313,8 @@ def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_column
     for default in (
         "default: 0 and this machine's CPUs",
         "default 64",
-        "default 20",
-        "default 3",
+        "at least 20",
+        "at least 3",
         "default: cuda if available",
         "default: torchvision,swap,fastload; --all: every one",
     ):
@@ -456,7 +456,9 @@ def test_full_decode_reference_brackets_the_rows_it_is_compared_with(
 
     monkeypatch.setattr(benchmark, "full_decode_rates", fake_decode)
     monkeypatch.setattr(benchmark, "measure", counted_measure)
-    config = benchmark.BenchConfig(data=imagenet_root, batch_size=4, batches=1, warmup=0, repeat=2)
+    config = benchmark.BenchConfig(
+        data=imagenet_root, batch_size=2, batches=1, warmup=0, repeat=2, steady=False
+    )
     records = benchmark.run(
         config,
         ["torchvision", "fastload", "full-decode"],
@@ -488,10 +490,20 @@ def test_default_run_tells_its_story(
     lines = capsys.readouterr().out.splitlines()
     out = tmp_path / "results" / "throughput.json"
     records = json.loads(out.read_text())
-    workers = sorted({0, benchmark.auto_num_workers()})
+    # every worker count the test tree's splits can measure (on many CPUs, not all: see below)
+    config = benchmark.BenchConfig(data=imagenet_root, batch_size=2)
+    measurable = {
+        p: [
+            w
+            for w in sorted({0, benchmark.auto_num_workers()})
+            if not benchmark.split_too_small(config, p, w)
+        ]
+        for p in ("train", "val")
+    }
     assert [(r["backend"], r["pipeline"], r["num_workers"]) for r in records] == [
-        (b, p, w) for p in ("train", "val") for w in workers for b in benchmark.STORY
+        (b, p, w) for p in ("train", "val") for w in measurable[p] for b in benchmark.STORY
     ]
+    workers = measurable["train"]
     assert (tmp_path / "results" / "throughput.png").stat().st_size > 10_000
     header = next(line for line in lines if line.startswith("backend"))
     assert "vs decode" not in header  # no reference row, no column for it
@@ -535,3 +547,33 @@ def test_the_load_note_needs_another_program_on_a_core() -> None:
     assert benchmark._busy_machine_note(env, 2, [0, 2]) is None
     env["load_average"] = [1.2, 1.0, 1.0]
     assert (benchmark._busy_machine_note(env, 2, [0, 2]) or "").startswith("note: load average 1.2 on 2 CPUs")
+
+
+def test_timed_runs_are_never_served_from_the_prefetched_batches(imagenet_root: Path) -> None:
+    """By default the warm-up takes what the workers decoded ahead and each timed run is several
+    times that; counts given on the command line are taken as they are."""
+    config = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2)
+    assert benchmark.steady_counts(config, 0) == (3, 8)
+    assert benchmark.steady_counts(config, 2) == (5, 12)
+    assert benchmark.steady_counts(config, 14) == (29, 84)
+    assert benchmark.steady_counts(benchmark.BenchConfig(data=imagenet_root, batches=200), 14) == (29, 200)
+    exact = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False)
+    assert benchmark.steady_counts(exact, 14) == (2, 8)
+
+
+def test_a_split_too_small_for_the_workers_says_so_instead_of_a_number(
+    imagenet_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test tree's val split holds 12 images: 3 batches of 4, fewer than the 4 that 2 workers
+    decode ahead. The row is not measured, and the output says why and what to do."""
+    config = benchmark.BenchConfig(data=imagenet_root, batch_size=4)
+    assert benchmark.split_too_small(config, "val", 1) is None  # 3 batches >= 2
+    reason = benchmark.split_too_small(config, "val", 2)
+    assert reason is not None and "3 batches of 4 (12 images)" in reason and "fewer than the 4" in reason
+    assert benchmark.main(
+        ["--data", str(imagenet_root), "--batch-size", "4", "--workers", "2", "--pipelines", "val",
+         "--backends", "fastload", "--repeat", "1", "--json", str(imagenet_root.parent / "small.json")]
+    ) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "not measured: val at 2 workers" in out and "--per-class" in out
+    assert json.loads((imagenet_root.parent / "small.json").read_text()) == []
