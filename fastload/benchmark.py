@@ -67,6 +67,15 @@ from .folder import ClassIndex, ImageFolder, scan_folder
 from .info import environment
 from .loader import DataLoader
 from .memory import InMemoryImageFolder
+from .modelbench import (
+    TrainStep,
+    build_model,
+    format_model_table,
+    model_label,
+    model_verdict,
+    resident_batches,
+    time_steps,
+)
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -76,13 +85,19 @@ __all__ = [
     "PIPELINES",
     "REFERENCE",
     "dali_backend",
+    "endless",
     "format_table",
     "legend",
     "full_decode_rates",
     "pipeline_split",
     "register_backend",
+    "ring_batches",
     "run",
+    "run_model",
     "main",
+    "shutdown",
+    "split_too_small",
+    "steady_counts",
     "verdict",
     "STORY",
 ]
@@ -472,7 +487,7 @@ class _ProcessTree:
         return total
 
 
-def _endless(loader: Iterable[Any]) -> Iterator[Any]:
+def endless(loader: Iterable[Any]) -> Iterator[Any]:
     """Batches of ``loader`` across epoch boundaries (an epoch restart is part of the cost)."""
     while True:
         empty = True
@@ -507,7 +522,7 @@ def measure(
         ``stall_fraction`` and ``cpu_percent`` (CPU time of the process tree per wall second,
         100 = one core), and ``pss_bytes``: the largest PSS of the process tree read after a run.
     """
-    it = _endless(loader)
+    it = endless(loader)
     step = config.step_ms / 1000
     tree = _ProcessTree()
     for batch in islice(it, config.warmup):
@@ -585,7 +600,7 @@ def reference_cores(num_workers: int) -> int:
     return min(max(1, num_workers), available_cpus())
 
 
-def _shutdown(loader: Any) -> None:
+def shutdown(loader: Any) -> None:
     inner = getattr(loader, "loader", loader)
     close = getattr(inner, "close", None)
     if callable(close):
@@ -692,7 +707,7 @@ def run(
                     try:
                         result = measure(loader, steady, on_batch=bar.update)
                     finally:
-                        _shutdown(loader)
+                        shutdown(loader)
                         del loader
                 measured.append((name, result))
             reference = None
@@ -708,6 +723,172 @@ def run(
                 rec["reference_cores"] = reference_cores(w)
                 add(rec)
     return records
+
+
+# --------------------------------------------------------------------------- --model: does the GPU wait?
+
+#: The model mode's legend (printed under its table).
+MODEL_LEGEND = """\
+ceiling      the same training step on one batch already on the device: how fast this device
+             trains the model when data costs nothing (measured before and after the loaders)
+images/s     median of --repeat timed runs of training steps (each run at least one ring of
+             prefetched batches, after a warm-up that drains it)
+of ceiling   images/s divided by the ceiling's: how busy the loader keeps the device
+waiting      share of the wall time the loop waited in next() for a batch; each step ends
+             synchronised (as a loop that logs its loss does), so the device was idle meanwhile"""
+
+
+def model_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
+    """``(warm-up steps, timed steps per run)`` of the model mode: a warm-up that drains the
+    prefetched ring (:func:`ring_batches`) and runs of at least one ring. Example: 14 workers,
+    ``--warmup 30 --batches 25`` floors -> 30 and 28."""
+    if not config.steady:
+        return config.warmup, config.batches
+    ring = ring_batches(num_workers)
+    return max(config.warmup, ring + 1), max(config.batches, ring)
+
+
+def run_model(
+    config: BenchConfig,
+    model: str,
+    backends: Sequence[str],
+    workers: Sequence[int],
+    log: Callable[[str], None] = print,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """The ``--model`` mode: ``model``'s training step fed by each backend's train pipeline at
+    each worker count, and on data already on the device (the ceiling, measured before and after
+    the backends of each worker count). One record per row (see :mod:`fastload.modelbench`).
+    """
+    device = torch.device(config.device)
+    classes = len(ClassIndex.from_folder(config.data / pipeline_split("train")))
+    net = build_model(model, classes, device)
+    step = TrainStep(net, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # one input size: let cuDNN pick its kernels once
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    env = environment()
+    records: list[dict[str, Any]] = []
+    usable = []
+    for name in backends:
+        reason = BACKENDS[name].unavailable()
+        if reason:
+            log(f"skipping {name}: {reason}")
+        else:
+            usable.append(name)
+
+    def record(name: str, w: int | None, result: dict[str, Any], warmup: int, steps: int) -> dict[str, Any]:
+        rec = {
+            "mode": "model",
+            "backend": name,
+            "feeding": "ceiling (data on the device)" if name == "ceiling" else name,
+            "model": model,
+            "num_workers": w,
+            "batch_size": config.batch_size,
+            "images_per_s": result["images_per_s"],
+            "images_per_s_runs": result["images_per_s_runs"],
+            "share_of_ceiling": None,
+            "waiting": result["waiting"],
+            "device": config.device,
+            "device_name": device_name,
+            "warmup_steps": warmup,
+            "timed_steps": steps,
+            "repeat": config.repeat,
+            "environment": env,
+        }
+        return rec
+
+    for w in workers:
+        too_small = split_too_small(config, "train", w)
+        if too_small is not None:
+            log(too_small)
+            continue
+        warmup, steps = model_counts(config, w)
+        total = warmup + config.repeat * steps
+        with _bar(progress, total, f"{model} ceiling (before)") as bar:
+            resident = resident_batches(config.batch_size, classes, device)
+            before = time_steps(resident, step, warmup, steps, config.repeat, on_step=bar.update)
+        rows = []
+        for name in usable:
+            with _bar(progress, total, f"{model} workers={w} {name}") as bar:
+                loader = BACKENDS[name].build(config, "train", w)
+                try:
+                    result = time_steps(
+                        endless(loader), step, warmup, steps, config.repeat, on_step=bar.update
+                    )
+                finally:
+                    shutdown(loader)
+                    del loader
+            rows.append(record(name, w, result, warmup, steps))
+        with _bar(progress, total, f"{model} ceiling (after)") as bar:
+            resident = resident_batches(config.batch_size, classes, device)
+            after = time_steps(resident, step, warmup, steps, config.repeat, on_step=bar.update)
+        runs = before["images_per_s_runs"] + after["images_per_s_runs"]
+        top = record(
+            "ceiling",
+            None,
+            {
+                "images_per_s": statistics.median(runs),
+                "images_per_s_runs": runs,
+                "waiting": statistics.median([before["waiting"], after["waiting"]]),
+            },
+            warmup,
+            steps,
+        )
+        top["share_of_ceiling"] = 1.0
+        for rec in rows:
+            rec["share_of_ceiling"] = rec["images_per_s"] / top["images_per_s"]
+        records += [top, *rows]
+    return records
+
+
+def _main_model(
+    args: argparse.Namespace, config: BenchConfig, backends: list[str], workers: list[int]
+) -> int:
+    """``--model``: the training-step table, its legend, the records, and the verdict last."""
+    config.gpu_transforms = True  # fastload's own pipeline: flip + normalize on the device
+    env = environment()
+    print(_environment_line(env))
+    counts = (
+        f"{config.batches} steps x {config.repeat} runs after {config.warmup} warm-up steps"
+        if not config.steady
+        else f"{config.repeat} runs of one ring of prefetched batches or more (at least {config.batches} "
+        f"steps), after a warm-up that drains it (at least {config.warmup})"
+    )
+    on = (
+        "bf16 autocast, channels_last, SGD"
+        if device_is_cuda(config.device)
+        else "float32, channels_last, SGD"
+    )
+    print(
+        f"model {model_label(args.model)} ({on}) on {config.device}, data {config.data} (train), batch size "
+        f"{config.batch_size}, {counts}, workers {workers}"
+    )
+    if not device_is_cuda(config.device):
+        print(
+            "note: no CUDA device in this run: the model trains on the CPU, beside the loader's workers "
+            "on the same cores. These figures are not a GPU's"
+        )
+    try:
+        records = run_model(
+            config, args.model, backends, workers, progress=False if args.no_progress else None
+        )
+    except ValueError as e:
+        return _error(str(e))
+    print(format_model_table(records))
+    print()
+    print("rows: ceiling, then each backend (--help lists them)")
+    print("columns:")
+    print("\n".join("  " + line for line in MODEL_LEGEND.splitlines()))
+    out = Path(args.json) if args.json else DEFAULT_JSON.with_name("model.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"wrote {out}")
+    line = model_verdict(records)
+    if line:
+        print(f"==> {line}")
+    return 0
 
 
 def _within_noise(runs: Sequence[float], other: Sequence[float]) -> bool | None:
@@ -1082,6 +1263,15 @@ def build_parser(prog: str = "bench/throughput.py") -> argparse.ArgumentParser:
         action="store_true",
         help="fastload backends: flip + normalize on the device (gpu transforms) instead of in the workers",
     )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="does the GPU wait for data? Train this torchvision classification model (resnet50, "
+        "resnet18, ...; 'tiny': a one-convolution model for a CPU) on the train pipeline of each backend "
+        "and on data already on the device (the ceiling): images/s, share of the ceiling, time waiting. "
+        "Batch size default 256; workers default this machine's CPUs; fastload's own pipeline flips and "
+        "normalizes on the device",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (default: on a terminal)")
     p.add_argument(
         "--json",
@@ -1156,11 +1346,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     args = build_parser(prog).parse_args(argv)
     q = args.quick
     data = args.data or default_data()
+    model = args.model is not None
     config = BenchConfig(
         data=data,
-        batch_size=args.batch_size if args.batch_size is not None else (32 if q else 64),
-        batches=args.batches if args.batches is not None else (8 if q else 20),
-        warmup=args.warmup if args.warmup is not None else (2 if q else 3),
+        batch_size=args.batch_size if args.batch_size is not None else (256 if model else 32 if q else 64),
+        batches=args.batches if args.batches is not None else (25 if model else 8 if q else 20),
+        warmup=args.warmup if args.warmup is not None else (30 if model else 2 if q else 3),
         repeat=args.repeat,
         gpu_transforms=args.gpu_transforms,
         step_ms=args.step_ms,
@@ -1200,6 +1391,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
                 f"{data / pipeline_split(pipeline)} not found. Make a dataset first: "
                 f"python -m fastload synth {data}"
             )
+    if model:
+        if REFERENCE in backends:
+            return _error(f"--model measures loaders feeding a model: {REFERENCE} is no loader")
+        return _main_model(args, config, backends, args.workers or [auto_num_workers()])
     workers = args.workers or sorted({0, auto_num_workers()})
     if args.all and not args.backends and not device_is_cuda(config.device):
         gpu_rows = [b for b in backends if b in BACKENDS and BACKENDS[b].gpu_only]

@@ -577,3 +577,67 @@ def test_a_split_too_small_for_the_workers_says_so_instead_of_a_number(
     out = capsys.readouterr().out
     assert "not measured: val at 2 workers" in out and "--per-class" in out
     assert json.loads((imagenet_root.parent / "small.json").read_text()) == []
+
+
+# --------------------------------------------------------------------------- --model: does the GPU wait?
+
+
+def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
+    imagenet_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a CPU the mode runs (a tiny model) and says its figures are not a GPU's; the ceiling row
+    comes first, every loader's share of it is its images/s over the ceiling's, and the verdict,
+    last, quotes those shares."""
+    out = tmp_path / "model.json"
+    args = ["--data", str(imagenet_root), "--model", "tiny", "--batch-size", "2", "--workers", "1"]
+    args += ["--warmup", "2", "--batches", "3", "--repeat", "2", "--device", "cpu", "--json", str(out)]
+    assert benchmark.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    records = json.loads(out.read_text())
+    assert [r["backend"] for r in records] == ["ceiling", *benchmark.STORY]
+    ceiling = records[0]
+    assert ceiling["share_of_ceiling"] == 1.0 and len(ceiling["images_per_s_runs"]) == 4  # before + after
+    for r in records[1:]:
+        assert r["num_workers"] == 1 and r["batch_size"] == 2 and r["timed_steps"] == 3
+        assert r["share_of_ceiling"] == pytest.approx(r["images_per_s"] / ceiling["images_per_s"])
+        assert 0.0 <= r["waiting"] < 1.0 and len(r["images_per_s_runs"]) == 2
+    assert any("These figures are not a GPU's" in line for line in lines)
+    shares = [f"{100 * r['share_of_ceiling']:.0f} %" for r in records[1:]]
+    assert lines[-1] == (
+        f"==> tiny on this machine's CPU: torch's loader keeps it busy {shares[0]} of the time, the one-line "
+        f"swap {shares[1]}, fastload's own pipeline {shares[2]} (1 workers, batch 2). Not a GPU's figures: "
+        "without CUDA the model shares the CPUs with the loader's workers"
+    )
+
+
+def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
+    from fastload.modelbench import model_verdict
+
+    def rec(backend: str, share: float) -> dict[str, Any]:
+        return {
+            "backend": backend,
+            "model": "resnet50",
+            "share_of_ceiling": share,
+            "device": "cuda",
+            "device_name": "NVIDIA H200",
+            "num_workers": 14,
+            "batch_size": 256,
+        }
+
+    records = [rec("ceiling", 1.0), rec("torchvision", 0.251), rec("swap", 0.946), rec("fastload", 0.976)]
+    assert model_verdict(records) == (
+        "ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time, the one-line "
+        "swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256)"
+    )
+
+
+def test_model_mode_counts_drain_the_ring_and_bad_models_are_named(
+    imagenet_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = benchmark.BenchConfig(data=imagenet_root, batches=25, warmup=30)
+    assert benchmark.model_counts(config, 14) == (30, 28) and benchmark.model_counts(config, 20) == (41, 40)
+    args = ["--data", str(imagenet_root), "--device", "cpu", "--batch-size", "2", "--workers", "1"]
+    assert benchmark.main([*args, "--model", "resnet51"]) == 2
+    assert "--model should be a torchvision classification model" in capsys.readouterr().err
+    assert benchmark.main([*args, "--model", "tiny", "--backends", "full-decode"]) == 2
+    assert "full-decode is no loader" in capsys.readouterr().err

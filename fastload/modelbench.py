@@ -1,0 +1,245 @@
+"""Does the GPU wait for data? A real training step, fed by a loader and by data already on the device.
+
+The question a GPU user asks of a data loader is not its images/s but how much of the time the
+model waits for it. This module holds the model side of ``bench/throughput.py --model NAME``
+(:func:`fastload.benchmark.run_model` feeds it each backend's batches):
+
+- :func:`build_model` and :class:`TrainStep`: a torchvision classification model (any name
+  ``torchvision.models.get_model`` knows, or :data:`TINY`), trained by SGD in ``channels_last``
+  memory, under bf16 autocast on CUDA -- the usual fast recipe;
+- :func:`time_steps`: warm-up steps, then timed runs of steps; each step ends with a
+  synchronisation (as a loop that logs its loss every step does), so while the loop waits in
+  ``next()`` the device has nothing to do: the share of the wall time spent there is the
+  device's idle time due to data (``waiting``);
+- :func:`resident_batches`: the same batch, already on the device, forever: fed with it, the step
+  runs at the *ceiling*, the rate at which this device trains the model when data costs nothing.
+
+A loader's ``share of the ceiling`` (its images/s over the ceiling's, same run) says how busy it
+keeps the device. Measured on one H200 with 16 CPUs (ResNet-50, batch 256, 14 workers): torch's
+loader 25 %, the one-line swap 95 %, fastload's own pipeline 98 % (see docs/performance.md).
+
+On a machine without CUDA the model runs on the CPU, where it competes with the loader's workers
+for the same cores: the figures are then not a GPU's, and :func:`model_verdict` says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torchvision
+from torch import nn
+
+__all__ = [
+    "TINY",
+    "TrainStep",
+    "build_model",
+    "format_model_table",
+    "model_label",
+    "model_verdict",
+    "resident_batches",
+    "time_steps",
+]
+
+#: A one-convolution model (``--model tiny``): the mode runs in seconds on a CPU (tests, a first try).
+TINY = "tiny"
+
+_LABELS = {
+    "resnet18": "ResNet-18",
+    "resnet34": "ResNet-34",
+    "resnet50": "ResNet-50",
+    "resnet101": "ResNet-101",
+    "resnet152": "ResNet-152",
+    "vit_b_16": "ViT-B/16",
+    "efficientnet_b0": "EfficientNet-B0",
+    "mobilenet_v3_large": "MobileNetV3-Large",
+    "convnext_tiny": "ConvNeXt-T",
+}
+
+
+def model_label(name: str) -> str:
+    """How the verdict names a model: ``resnet50`` -> ``ResNet-50``; unknown names as given."""
+    return _LABELS.get(name, name)
+
+
+def _classification_models() -> list[str]:
+    list_models = getattr(torchvision.models, "list_models", None)  # torchvision >= 0.14
+    if list_models is None:  # pragma: no cover - older torchvision
+        return sorted(_LABELS)
+    return sorted(list_models(module=torchvision.models))
+
+
+def build_model(name: str, num_classes: int, device: torch.device) -> nn.Module:
+    """A freshly initialised classification model with ``num_classes`` outputs, on ``device``, in
+    ``channels_last`` memory.
+
+    Raises:
+        ValueError: ``name`` is neither :data:`TINY` nor a torchvision classification model.
+    """
+    model: nn.Module
+    if name == TINY:
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, kernel_size=7, stride=4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, num_classes),
+        )
+    else:
+        known = _classification_models()
+        if name not in known:
+            raise ValueError(
+                f"--model should be a torchvision classification model (e.g. resnet50, resnet18, "
+                f"vit_b_16; {len(known)} in torchvision.models.list_models()) or {TINY!r}, but got "
+                f"--model={name!r}"
+            )
+        model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    return model.to(device=device).to(memory_format=torch.channels_last)
+
+
+class TrainStep:
+    """One training step of ``model``: forward (bf16 autocast on CUDA), cross-entropy, backward, SGD.
+
+    Args:
+        model: From :func:`build_model`.
+        device: Where it runs.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model.train()
+        self.device = device
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+        labels = labels.to(self.device, non_blocking=True)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            loss = nn.functional.cross_entropy(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def resident_batches(
+    batch_size: int, num_classes: int, device: torch.device, size: int = 224
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One normalized-looking float batch and its labels, already on ``device``, forever."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch_size, 3, size, size, generator=generator).to(device)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
+    return itertools.repeat((images.contiguous(memory_format=torch.channels_last), labels))
+
+
+def _synchronize(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def time_steps(
+    batches: Iterator[Any],
+    step: TrainStep,
+    warmup: int,
+    steps: int,
+    repeat: int,
+    on_step: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """Runs ``warmup`` steps, then ``repeat`` timed runs of ``steps`` steps on ``batches``.
+
+    Returns:
+        ``images_per_s`` (median of the runs) and ``images_per_s_runs``; ``waiting``: the median
+        share of a run's wall time spent in ``next(batches)`` (each step ends synchronised, so the
+        device is idle meanwhile).
+    """
+    sync = _synchronize(step.device)
+    for _ in range(warmup):
+        images, labels = next(batches)
+        step(images, labels)
+        sync()
+        if on_step is not None:
+            on_step()
+    rates, waits = [], []
+    for _ in range(repeat):
+        samples, waited = 0, 0.0
+        start = time.perf_counter()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            images, labels = next(batches)
+            waited += time.perf_counter() - t0
+            step(images, labels)
+            sync()
+            samples += len(images)
+            del images, labels
+            if on_step is not None:
+                on_step()
+        wall = time.perf_counter() - start
+        rates.append(samples / wall)
+        waits.append(waited / wall)
+    return {
+        "images_per_s": statistics.median(rates),
+        "images_per_s_runs": rates,
+        "waiting": statistics.median(waits),
+    }
+
+
+_HEADER = (
+    f"{'feeding the step':<34} {'workers':>7} {'images/s':>9} {'min-max':>13} "
+    f"{'of ceiling':>10} {'waiting':>8}"
+)
+
+
+def _row(r: dict[str, Any]) -> str:
+    runs = r["images_per_s_runs"]
+    spread = f"{min(runs):.0f}-{max(runs):.0f}" if len(runs) > 1 else "-"
+    share = "-" if r["share_of_ceiling"] is None else f"{100 * r['share_of_ceiling']:.0f} %"
+    workers = "-" if r["num_workers"] is None else str(r["num_workers"])
+    return (
+        f"{r['feeding']:<34} {workers:>7} {r['images_per_s']:>9.0f} {spread:>13} {share:>10} "
+        f"{100 * r['waiting']:>6.0f} %"
+    )
+
+
+def format_model_table(records: Sequence[dict[str, Any]]) -> str:
+    """The model mode's table: one row per way of feeding the step, the ceiling first."""
+    return "\n".join([_HEADER, "-" * len(_HEADER), *(_row(r) for r in records)])
+
+
+#: How the verdict names each backend.
+_VERDICT_NAMES = {
+    "torchvision": "torch's loader",
+    "swap": "the one-line swap",
+    "fastload": "fastload's own pipeline",
+    "device-decode": "decode='device'",
+    "dali": "DALI",
+}
+
+
+def model_verdict(records: Sequence[dict[str, Any]]) -> str | None:
+    """One line: how busy each loader keeps the device, as a share of the ceiling.
+
+    Example: ``ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time,
+    the one-line swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256)``.
+    """
+    fed = [r for r in records if r["backend"] != "ceiling" and r["share_of_ceiling"] is not None]
+    if not fed:
+        return None
+    first = fed[0]
+    on_gpu = first["device"].startswith("cuda")
+    where = f"on this GPU ({first['device_name']})" if on_gpu else "on this machine's CPU"
+    shares = [
+        (_VERDICT_NAMES.get(r["backend"], r["backend"]), f"{100 * r['share_of_ceiling']:.0f} %") for r in fed
+    ]
+    (name0, share0), rest = shares[0], shares[1:]
+    line = (
+        f"{model_label(first['model'])} {where}: {name0} keeps it busy {share0} of the time"
+        + "".join(f", {name} {share}" for name, share in rest)
+        + f" ({first['num_workers']} workers, batch {first['batch_size']})"
+    )
+    if not on_gpu:
+        line += ". Not a GPU's figures: without CUDA the model shares the CPUs with the loader's workers"
+    return line
