@@ -923,6 +923,8 @@ class WorkerPool:
         self.out: dict[int, int] = {}  # handed out: slot -> finalizers still to run
         self.returned: collections.deque[int] = collections.deque()  # appended by finalizers (any thread)
         self.extra: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: free slots that copies queued on the device may still read: slot -> the host's fence
+        self.fences: dict[int, Any] = {}
         self.next_extra = num_slots
         self.depth = max(1, num_slots - 2)  # pending slots the pipeline keeps (the ring less 2 in use)
         self.slot_shape = (batch_size, *sample_shape)
@@ -991,13 +993,35 @@ class WorkerPool:
             if slot in self.extra:
                 del self.extra[slot]  # extras are used once: their memory goes back to the OS
             elif slot not in self.busy and slot not in self.free_slots:
+                if self.locked:
+                    # An asynchronous copy out of it may still be queued on the device (the usual
+                    # `images.cuda(non_blocking=True)` returns at once, and the batch is dropped
+                    # right after): no worker writes into it before the copies queued so far are done
+                    self.fences[slot] = self.host.fence()
                 self.free_slots.append(slot)
 
+    def _unfenced_slot(self) -> int | None:
+        """A free slot no queued copy still reads, if there is one."""
+        for k, slot in enumerate(self.free_slots):
+            fence = self.fences.get(slot)
+            if fence is None or self.host.done(fence):
+                self.fences.pop(slot, None)
+                return self.free_slots.pop(k)
+        return None
+
     def take_slot(self) -> int | None:
-        """A free slot, an extra one if the consumer keeps batches, or ``None`` (the pipeline is full)."""
+        """A free slot, an extra one if the consumer keeps batches, or ``None`` (the pipeline is full,
+        or its free slots are still being copied from and a task in flight will report first)."""
         self.collect_returned()
+        slot = self._unfenced_slot()
+        if slot is not None:
+            return slot
         if self.free_slots:
-            return self.free_slots.pop(0)
+            if self.pending:
+                return None  # try again after the next report: the copies will be done by then
+            slot = self.free_slots.pop(0)  # nothing else to wait for: wait for the device
+            self.host.wait(self.fences.pop(slot))
+            return slot
         if len(self.pending) >= self.depth:
             return None
         slot, self.next_extra = self.next_extra, self.next_extra + 1

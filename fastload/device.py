@@ -204,6 +204,21 @@ class HostMemory(Protocol):
         """Whether ``t`` is in pinned memory."""
         ...
 
+    def fence(self) -> Any:
+        """A mark after every copy queued so far on the current device stream (``None``: none can
+        be pending). Pinned memory that is reused -- fastload's batch buffers -- must not be
+        written until the asynchronous copies out of it are done, which torch's caching pinned
+        allocator ensures for its own blocks, but not for memory locked in place."""
+        ...
+
+    def done(self, fence: Any) -> bool:
+        """Whether the copies before ``fence`` are done (without waiting)."""
+        ...
+
+    def wait(self, fence: Any) -> None:
+        """Waits until the copies before ``fence`` are done."""
+        ...
+
 
 def _runtime() -> Any:
     """CUDA's runtime API as the ``cuda-bindings`` package exposes it (a dependency of torch's CUDA
@@ -264,6 +279,20 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         return bool(t.is_pinned())
+
+    def fence(self) -> Any:
+        if not torch.cuda.is_initialized():
+            return None  # nothing was ever queued on a device
+        event = torch.cuda.Event()
+        event.record()  # the current device's current stream: where `tensor.cuda()` copies
+        return event
+
+    def done(self, fence: Any) -> bool:
+        return fence is None or bool(fence.query())
+
+    def wait(self, fence: Any) -> None:
+        if fence is not None:
+            fence.synchronize()
 
 
 _CUDA_HOST = _CudaHost()

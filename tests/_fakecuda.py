@@ -19,8 +19,12 @@ class FakeHost:
     place; both remember the address ranges, which ``is_pinned`` checks. ``register_ok=False``:
     locking in place fails, as ``cudaHostRegister`` can."""
 
-    def __init__(self, register_ok: bool = True) -> None:
+    def __init__(self, register_ok: bool = True, hold_fences: bool = False) -> None:
         self.register_ok = register_ok
+        self.hold_fences = hold_fences
+        self.fences_made = 0
+        self.released_to = 0
+        self.waited: list[int] = []
         self.ranges: list[tuple[int, int]] = []
         self.kept: list[Any] = []  # pinned storages stay alive: their addresses are not reused
         self.registered: list[int] = []
@@ -57,6 +61,22 @@ class FakeHost:
     def is_pinned(self, t: torch.Tensor) -> bool:
         ptr = t.data_ptr()
         return t.numel() == 0 or any(a <= ptr < b for a, b in self.ranges)
+
+    # Fences are numbered 1, 2, ...: done at once, or with ``hold_fences`` once waited for (as if
+    # the device had copies queued until then); ``released_to`` is the last one done.
+
+    def fence(self) -> int:
+        self.fences_made += 1
+        if not self.hold_fences:
+            self.released_to = self.fences_made
+        return self.fences_made
+
+    def done(self, fence: int) -> bool:
+        return fence <= self.released_to
+
+    def wait(self, fence: int) -> None:
+        self.waited.append(fence)
+        self.released_to = max(self.released_to, fence)
 
 
 class CopyRecorder:
@@ -106,11 +126,11 @@ class CopyRecorder:
 
 
 @contextlib.contextmanager
-def fake_cuda(register_ok: bool = True) -> Iterator[tuple[CopyRecorder, FakeHost]]:
+def fake_cuda(register_ok: bool = True, hold_fences: bool = False) -> Iterator[tuple[CopyRecorder, FakeHost]]:
     """Inside the block, loaders and prefetchers use the stand-ins (see the module docs)."""
     from fastload.device import simulate_cuda
 
-    host = FakeHost(register_ok)
+    host = FakeHost(register_ok, hold_fences)
     streams = CopyRecorder(host)
     with simulate_cuda(streams, host):
         yield streams, host

@@ -155,3 +155,98 @@ def test_the_page_lock_is_undone_when_a_loader_is_dropped(imagenet_root: Path) -
         del loader
         gc.collect()
         assert len(host.registered) == 2 and sorted(host.unregistered) == sorted(host.registered)
+
+
+# ------------------------------------------------------------------------------ on a GPU
+
+
+class _Identity:
+    """An op fastload does not reproduce: the pipeline stays on torch's iterator."""
+
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+class _Square32:
+    """A transform that is no torchvision pipeline at all: torch's iterator, no head acceleration."""
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        from torchvision.transforms.functional import pil_to_tensor
+
+        return pil_to_tensor(image.convert("RGB").resize((32, 32)))
+
+
+def _gpu_loader(root: Path, path: str) -> fastload.DataLoader[Any]:
+    import torchvision
+    from torchvision import transforms as tv
+
+    normalize = gpu.Normalize([0.5] * 3, [0.25] * 3)
+    common: dict[str, Any] = {"batch_size": 6, "device": "cuda", "shuffle": True, "seed": 0}
+    if path in ("fast", "fast-copies", "thread", "inline"):
+        kwargs: dict[str, Any] = {
+            "fast": {"num_workers": 2},
+            "fast-copies": {"num_workers": 2, "reuse_buffers": False},
+            "thread": {"num_workers": 2, "worker_type": "thread"},
+            "inline": {"num_workers": 0},
+        }[path]
+        return fastload.DataLoader(_train(root), gpu_transforms=normalize, **common, **kwargs)
+    if path == "device-decode":
+        ds = fastload.InMemoryImageFolder(root / "train")
+        pipeline = gpu.Compose([gpu.RandomResizedCrop(16), normalize])
+        return fastload.DataLoader(ds, decode="device", gpu_transforms=pipeline, num_workers=2, **common)
+    if path == "head":
+        tf: Any = tv.Compose([tv.RandomResizedCrop(16), tv.PILToTensor(), _Identity()])
+    else:
+        tf = _Square32()
+    ds = torchvision.datasets.ImageFolder(str(root / "train"), transform=tf)
+    return fastload.DataLoader(ds, num_workers=2, **common)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "path", ["fast", "fast-copies", "thread", "inline", "head", "torch", "device-decode"]
+)
+def test_no_pageable_copy_on_a_gpu(imagenet_root: Path, path: str) -> None:  # pragma: no cover - needs CUDA
+    """With CUDA, every path's batches reach the GPU from pinned memory (default ``pin_memory``):
+    the prefetcher's pageable-memory warning would fail this test."""
+    loader = _gpu_loader(imagenet_root, path)
+    assert loader.path == {
+        "head": "head-accelerated",
+        "torch": "torch",
+        "device-decode": "device-decode",
+    }.get(path, "fast")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*pageable memory.*")
+        warnings.filterwarnings("error", message=".*could not page-lock.*")
+        for _ in range(2):
+            for images, labels in loader:
+                assert images.device.type == "cuda" and labels.device.type == "cuda"
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [1, 0])
+def test_a_buffer_is_not_rewritten_while_a_copy_out_of_it_may_be_queued(
+    imagenet_root: Path, workers: int
+) -> None:
+    """The one-line swap's loop moves each batch itself (``images.cuda(non_blocking=True)``): the
+    copy is queued on the device and the batch dropped at once. The pinned buffer it came from is
+    not decoded into again until the copies queued before it was given back are done (here: the
+    stand-in holds them until the loader has nothing else to wait for and waits for them)."""
+    import ctypes
+
+    with fake_cuda(hold_fences=True) as (_, host):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=2, num_workers=workers, pin_memory=True
+        )
+        it = iter(loader)
+        images, _ = next(it)
+        ptr, size = images.data_ptr(), images.numel()
+        queued = ctypes.string_at(ptr, size)  # what the queued copy will read
+        del images  # the loop drops the batch after queueing its copy
+        for _ in range(len(loader) - 1):
+            next(it)
+            if host.released_to == 0:  # fence 1 (the first buffer's) not done: its bytes unchanged
+                assert ctypes.string_at(ptr, size) == queued
+        assert host.fences_made >= len(loader) - 1  # every given-back buffer was fenced
+        assert host.waited  # with every free buffer fenced and nothing decoding, it waited
+        loader.close()
