@@ -20,12 +20,21 @@ says so: the mount, its size and free space, and the fixes.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any
 
 import torch
 
-__all__ = ["describe", "memfd_available", "send_through_memfd", "shared_empty", "shared_storage", "shm_error"]
+__all__ = [
+    "describe",
+    "memfd_available",
+    "send_through_memfd",
+    "shared_empty",
+    "shared_slots",
+    "shared_storage",
+    "shm_error",
+]
 
 _FD_CONSTRUCTOR = "_new_shared_fd_cpu"  # torch >= 2.0 (reductions.rebuild_storage_fd)
 _ok: bool | None = None
@@ -79,6 +88,28 @@ def shared_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> tor
         strides.append(step)
         step *= s
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, tuple(reversed(strides)))
+
+
+PAGE = mmap.PAGESIZE
+
+
+def shared_slots(num_slots: int, slot_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A ``(num_slots, *slot_shape)`` tensor in shared memory (see :func:`shared_empty`) whose
+    slots each start on a page of their own (the stride between slots is rounded up to whole
+    pages), so that each slot can be page-locked for the GPU on its own. Example: slots of
+    ``(5, 32, 32, 3)`` uint8 (15,360 bytes) lie 16,384 bytes apart."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    numel = 1
+    for size in slot_shape:
+        numel *= int(size)
+    stride = -(-max(1, numel * itemsize) // PAGE) * PAGE  # bytes between slot starts
+    storage = shared_storage(num_slots * stride)
+    inner, step = [], 1
+    for size in reversed(slot_shape):
+        inner.append(step)
+        step *= int(size)
+    strides = (stride // itemsize, *reversed(inner))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (num_slots, *slot_shape), strides)
 
 
 _torch_reduce_storage: Any = None

@@ -64,7 +64,7 @@ import torch.multiprocessing as torch_mp
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
 from . import rng
-from ._shm import send_through_memfd, shared_empty
+from ._shm import send_through_memfd, shared_empty, shared_slots
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
@@ -897,23 +897,23 @@ class WorkerPool:
         self.host = host
         #: every batch handed out is in pinned memory (for asynchronous copies to a CUDA device)
         self.pin = pin and host.can_pin()
-        #: the ring's memory is page-locked in place: ``None`` until known (see :meth:`_in_place`)
-        self.locked: bool | None = None
+        #: process slots page-locked in place, slot by slot, while the workers start (``None``:
+        #: pinned as allocated, or not pinned); see :meth:`_in_place`
         self.page_lock: PageLock | None = None
+        self.warned_lock = False
         self.hwc = not channels_first
         is_process = num_workers > 0 and kind == "process"
         if is_process:  # shared with the workers; memfd-backed, so /dev/shm's size does not limit it
-            self.images = shared_empty((num_slots, batch_size, *sample_shape), dtype)
+            self.images = shared_slots(num_slots, (batch_size, *sample_shape), dtype)  # a page each
             self.labels = shared_empty((num_slots, batch_size), torch.int64)
-            if self.pin:  # locked in place while the workers start (cudaHostRegister)
-                self.page_lock = PageLock([self.images, self.labels], host)
+            if self.pin:  # cudaHostRegister: labels first, then the slots in the order they are used
+                self.page_lock = PageLock([self.labels, *self.images.unbind(0)], host)
         else:
             self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
             self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
             if self.pin:
                 self.images = host.pin(self.images)
                 self.labels = host.pin(self.labels)
-                self.locked = True
         self.num_slots = num_slots
         self.np_images = self.images.numpy()
         self.np_labels = self.labels.numpy()
@@ -993,7 +993,7 @@ class WorkerPool:
             if slot in self.extra:
                 del self.extra[slot]  # extras are used once: their memory goes back to the OS
             elif slot not in self.busy and slot not in self.free_slots:
-                if self.locked:
+                if self.pin:
                     # An asynchronous copy out of it may still be queued on the device (the usual
                     # `images.cuda(non_blocking=True)` returns at once, and the batch is dropped
                     # right after): no worker writes into it before the copies queued so far are done
@@ -1064,21 +1064,23 @@ class WorkerPool:
 
     def _in_place(self, slot: int) -> bool:
         """Whether ``slot``'s memory is pinned as it is (else :meth:`hand_out` hands out pinned
-        copies): the ring once its page lock holds (waited for once, by the first batch), never an
-        extra slot (locking one costs more than copying it: about 3.4 ms per MB, measured)."""
+        copies): a ring slot once its page lock holds (the first use of each slot may wait for
+        it), never an extra slot (locking one costs more than copying it: about 3.4 ms per MB,
+        measured)."""
         if slot in self.extra:
             return False
-        if self.locked is None:
-            assert self.page_lock is not None  # pinned process slots start their lock at once
-            self.locked = self.page_lock.wait()
-            if not self.locked:
-                warnings.warn(
-                    "fastload could not page-lock its batch buffers in place (cudaHostRegister failed): "
-                    "each batch is copied into pinned memory before it is handed out instead, which "
-                    "costs a copy per batch in this thread",
-                    stacklevel=4,
-                )
-        return self.locked
+        if self.page_lock is None:  # allocated pinned
+            return True
+        locked = self.page_lock.wait(1 + slot) and self.page_lock.wait(0)  # the slot and the labels
+        if not locked and not self.warned_lock:
+            self.warned_lock = True
+            warnings.warn(
+                "fastload could not page-lock its batch buffers in place (cudaHostRegister failed): "
+                "each batch is copied into pinned memory before it is handed out instead, which "
+                "costs a copy per batch in this thread",
+                stacklevel=4,
+            )
+        return locked
 
     def hand_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``filled`` images (N, 3, H, W; channels-last memory for HWC slots) and labels of

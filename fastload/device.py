@@ -189,7 +189,7 @@ class HostMemory(Protocol):
         ...
 
     def register(self, t: torch.Tensor) -> bool:
-        """Page-locks the memory of ``t`` (its whole storage) in place; ``False`` if it cannot."""
+        """Page-locks the memory of ``t`` (contiguous) in place; ``False`` if it cannot."""
         ...
 
     def unregister(self, t: torch.Tensor) -> None:
@@ -264,15 +264,14 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
         return ok
 
     def register(self, t: torch.Tensor) -> bool:
-        storage = t.untyped_storage()
-        if storage.nbytes() == 0:
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
             return True
-        return self._call("cudaHostRegister", storage.data_ptr(), storage.nbytes(), 0)
+        return t.is_contiguous() and self._call("cudaHostRegister", t.data_ptr(), nbytes, 0)
 
     def unregister(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage.nbytes() > 0:
-            self._call("cudaHostUnregister", storage.data_ptr())
+        if t.numel() > 0:
+            self._call("cudaHostUnregister", t.data_ptr())
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory()
@@ -318,49 +317,69 @@ def simulate_cuda(streams: StreamBackend, host: HostMemory) -> Iterator[None]:
 
 
 class PageLock:
-    """Page-locks the memory of ``tensors`` in place (:meth:`HostMemory.register`), in a background
-    thread, so that a large batch ring is locked while the workers start and decode the first
-    batches (measured on an H200 machine: 130 ms for one 38.5 MB slot; a 30-slot ring 4 s).
+    """Page-locks the memory of each of ``tensors`` in place (:meth:`HostMemory.register`), in
+    order, in a background thread: a batch ring is locked while the workers start and decode, and
+    the consumer waits only for the slot it hands out (:meth:`wait`). Measured on an H200 machine:
+    130 ms for one 38.5 MB slot, so a 30-slot ring of float32 batches of 256 (4.6 GB) takes 16 s
+    to lock in all, and the first batch would wait that long for a lock of the whole ring.
 
-    The lock is undone by :meth:`release` or when this object is garbage-collected (never at
-    interpreter exit, nor in a forked child: the system frees it with the process). The tensors
-    stay referenced until then, so their memory is not unmapped while it is locked.
+    Each tensor must be contiguous and start on a page of its own (see
+    :func:`fastload._shm.shared_slots`): two locks must not share a page. A tensor that cannot be
+    locked ends the locking there (the later ones are not tried). The locks are undone by
+    :meth:`release` or when this object is garbage-collected (never at interpreter exit, nor in a
+    forked child: the system frees them with the process); the tensors stay referenced until
+    then, so their memory is not unmapped while it is locked.
     """
 
     def __init__(self, tensors: list[torch.Tensor], host: HostMemory | None = None) -> None:
-        self._host = host if host is not None else host_memory()
-        self._done = threading.Event()
-        self._ok = False
-        self._locked: list[torch.Tensor] = []
-        self._finalizer = weakref.finalize(self, PageLock._undo, self._host, self._locked, self._done)
+        state = self._state = _LockState(host if host is not None else host_memory(), len(tensors))
+        self._finalizer = weakref.finalize(self, state.undo)  # the state, not this object: no cycle
         self._finalizer.atexit = False
-        threading.Thread(target=self._run, args=(tensors,), name="fastload-pagelock", daemon=True).start()
+        threading.Thread(target=state.run, args=(tensors,), name="fastload-pagelock", daemon=True).start()
 
-    def _run(self, tensors: list[torch.Tensor]) -> None:
-        try:
-            for t in tensors:
-                if not self._host.register(t):
-                    return
-                self._locked.append(t)
-            self._ok = True
-        finally:
-            self._done.set()
-
-    def wait(self) -> bool:
-        """Waits for the lock; whether every tensor's memory is now page-locked."""
-        self._done.wait()
-        return self._ok
+    def wait(self, index: int | None = None) -> bool:
+        """Waits until tensor ``index`` (default: the last) was tried; whether it is locked."""
+        state = self._state
+        index = state.count - 1 if index is None else index
+        with state.progress:
+            state.progress.wait_for(lambda: state.tried > index)
+            return state.failed is None or index < state.failed
 
     def release(self) -> None:
         """Unlocks what was locked (waits for the locking thread first)."""
         self._finalizer()
 
-    @staticmethod
-    def _undo(host: HostMemory, locked: list[torch.Tensor], done: threading.Event) -> None:
-        done.wait()
-        for t in locked:
-            host.unregister(t)
-        locked.clear()
+
+class _LockState:
+    """What :class:`PageLock`'s thread and its finalizer share."""
+
+    def __init__(self, host: HostMemory, count: int) -> None:
+        self.host = host
+        self.count = count
+        self.progress = threading.Condition()
+        self.tried = 0  # tensors tried so far (all of them once one failed)
+        self.failed: int | None = None  # the index of the tensor that could not be locked
+        self.locked: list[torch.Tensor] = []
+
+    def run(self, tensors: list[torch.Tensor]) -> None:
+        for k, t in enumerate(tensors):
+            ok = self.host.register(t)
+            with self.progress:
+                if ok:
+                    self.locked.append(t)
+                else:
+                    self.failed = k
+                self.tried = k + 1 if ok else self.count
+                self.progress.notify_all()
+            if not ok:
+                return
+
+    def undo(self) -> None:
+        with self.progress:
+            self.progress.wait_for(lambda: self.tried >= self.count)
+        for t in self.locked:
+            self.host.unregister(t)
+        self.locked.clear()
 
 
 def register_pinned(t: torch.Tensor) -> bool:

@@ -35,26 +35,33 @@ class FakeHost:
         return True
 
     def _remember(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        self.kept.append(storage)
-        self.ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        assert t.is_contiguous()
+        self.kept.append(t.untyped_storage())
+        self.ranges.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
 
     def register(self, t: torch.Tensor) -> bool:
         if not self.register_ok:
             return False
+        page = 4096  # two locks never share a page (cudaHostRegister refuses the second)
+        start, end = t.data_ptr() // page, (t.data_ptr() + t.numel() * t.element_size() - 1) // page
+        for a, b in self.ranges:
+            if a // page <= end and start <= (b - 1) // page:
+                raise AssertionError("a lock shares a page with another pinned range")
         self._remember(t)
-        self.registered.append(t.untyped_storage().data_ptr())
+        self.registered.append(t.data_ptr())
         return True
 
     def unregister(self, t: torch.Tensor) -> None:
-        start = t.untyped_storage().data_ptr()
+        start = t.data_ptr()
         self.unregistered.append(start)
         self.ranges = [r for r in self.ranges if r[0] != start]
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
         out.copy_(t)
-        self._remember(out)
+        storage = out.untyped_storage()
+        self.kept.append(storage)
+        self.ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
         self.copies += 1
         return out
 
