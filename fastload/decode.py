@@ -47,6 +47,8 @@ __all__ = [
     "DecodeError",
     "affine_for_table",
     "decode_batch",
+    "device_decoder",
+    "device_routes",
     "decode_error",
     "describe_unknown",
     "decode_jpeg_tensor",
@@ -632,10 +634,57 @@ def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
     return image.to(device)
 
 
+def device_decoder(device: torch.device | str | None) -> str:
+    """Which decoder :func:`decode_batch` runs on ``device`` for baseline JPEGs, in words (the
+    loader's log line, ``python -m fastload info``)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if not torchvision_jpeg_available():
+        return "PIL on the CPU (torchvision.io.decode_jpeg is not available)"
+    if device.type == "cuda":
+        return "nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29)"
+    return "libjpeg-turbo on the CPU through torchvision.io.decode_jpeg (no GPU decoder on a CPU device)"
+
+
+#: :func:`device_routes` values: not known yet, the device's JPEG decoder, the CPU's decoders.
+ROUTE_UNKNOWN, ROUTE_DEVICE, ROUTE_CPU = 0, 1, 2
+
+
+def _route(data: bytes | memoryview | np.ndarray) -> int:
+    """Where an image is decoded: a JPEG in YCbCr, RGB or grayscale by the device's decoder (read
+    from its header by the C extension, without decoding), anything else by the CPU's (PNG, CMYK,
+    a truncated or too large file, whose error the CPU decoder names)."""
+    if not torchvision_jpeg_available():
+        return ROUTE_CPU
+    if _jpeg is not None:
+        return ROUTE_DEVICE if jpeg_header(data) is not None else ROUTE_CPU
+    try:  # no C extension: PIL reads the header (it does not decode either)
+        img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return ROUTE_CPU
+    return ROUTE_DEVICE if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") else ROUTE_CPU
+
+
+def device_routes(
+    encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor], indices: np.ndarray, routes: np.ndarray
+) -> list[bool]:
+    """For :func:`decode_batch`'s ``on_device``: whether the device decodes each image, read from
+    ``routes[indices[k]]`` (a column kept across epochs) and, for a sample not seen yet, from its
+    header, which is then recorded there."""
+    out = []
+    for k, i in enumerate(indices):
+        route = routes[i]
+        if route == ROUTE_UNKNOWN:
+            data = encoded[k]
+            route = routes[i] = _route(data.numpy() if isinstance(data, torch.Tensor) else data)
+        out.append(route == ROUTE_DEVICE)
+    return out
+
+
 def decode_batch(
     encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor],
     device: torch.device | str | None = None,
     names: Sequence[str] | None = None,
+    on_device: Sequence[bool] | None = None,
 ) -> list[torch.Tensor]:
     """Decodes a batch of encoded images to a list of uint8 RGB tensors ``(3, H, W)`` on ``device``.
 
@@ -649,6 +698,8 @@ def decode_batch(
         encoded: The encoded files (``bytes``, ``memoryview``, 1-D uint8 arrays or tensors).
         device: Where the decoded images go.
         names: How to name each sample in a :class:`DecodeError` (default ``"sample k of the batch"``).
+        on_device: Whether each image goes to the batched JPEG decoder (see :func:`device_routes`);
+            default: decided from each image's header, opened with PIL.
 
     Returns:
         One ``(3, H, W)`` uint8 tensor per input, in order; sizes may differ.
@@ -666,8 +717,12 @@ def decode_batch(
     jpeg_slots: list[int] = []
     raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
     for k, raw in enumerate(raws):
-        img = open_image(raw, label(k))
-        if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") and torchvision_jpeg_available():
+        if on_device is not None:
+            batched = on_device[k] and torchvision_jpeg_available()
+        else:
+            img = open_image(raw, label(k))
+            batched = img.format in JPEG_FORMATS and img.mode in ("RGB", "L") and torchvision_jpeg_available()
+        if batched:
             jpeg_slots.append(k)
         else:
             blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw

@@ -81,6 +81,7 @@ class StreamBackend(Protocol):
     def current_stream(self, device: torch.device) -> Any: ...
     def stream_context(self, stream: Any) -> contextlib.AbstractContextManager[Any]: ...
     def wait_stream(self, waiter: Any, waitee: Any) -> None: ...
+    def wait_event(self, waiter: Any, event: Any) -> None: ...
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None: ...
     def record_event(self, stream: Any) -> Any: ...
     def synchronize_event(self, event: Any) -> None: ...
@@ -104,6 +105,9 @@ class _NoStreams:
         return contextlib.nullcontext()
 
     def wait_stream(self, waiter: Any, waitee: Any) -> None:
+        pass
+
+    def wait_event(self, waiter: Any, event: Any) -> None:
         pass
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
@@ -141,6 +145,9 @@ class _CudaStreams:
 
     def wait_stream(self, waiter: torch.cuda.Stream, waitee: torch.cuda.Stream) -> None:
         waiter.wait_stream(waitee)
+
+    def wait_event(self, waiter: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        waiter.wait_event(event)
 
     def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
         if tensor.device.type == "cuda":

@@ -30,6 +30,7 @@ import torch
 import torchvision
 
 from . import __version__
+from .decode import device_decoder
 from .device import available_cpus, cuda_available
 
 __all__ = ["C_EXTENSION_HINT", "dali_version", "environment", "summary_line"]
@@ -73,7 +74,8 @@ def environment() -> dict[str, Any]:
     Keys: ``python``, ``platform``, ``fastload``, ``torch``, ``torchvision``, ``pillow``,
     ``dali`` (version or ``None``), ``c_extension`` (see :func:`summary_line`), ``cpu_count``
     (``os.cpu_count()``, the machine), ``available_cpus`` (this process's affinity), ``cuda``
-    (device name or ``None``), ``load_average`` (1, 5, 15 minutes; ``None`` where unknown).
+    (device name or ``None``), ``device_decoder`` (what ``decode="device"`` decodes JPEGs with
+    here), ``load_average`` (1, 5, 15 minutes; ``None`` where unknown).
     """
     cuda = None
     if cuda_available():
@@ -90,6 +92,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "available_cpus": available_cpus(),
         "cuda": cuda,
+        "device_decoder": device_decoder("cuda" if cuda else "cpu"),
         "load_average": _load_average(),
     }
 
@@ -114,8 +117,9 @@ def summary_line(env: dict[str, Any] | None = None) -> str:
         else "DALI: not installed (optional: GPU JPEG decoding, the benchmark's dali row; "
         "pip install 'fastload[dali]'; in a source checkout: make ... WITH_DALI=1)"
     )
+    decoder = env.get("device_decoder")
     return (
         f"fastload {env['fastload']}, torch {env['torch']} ({device}), torchvision {env['torchvision']}, "
         f"Pillow {env['pillow']}, Python {env['python']} | C extension (region JPEG decoding): {c_ext} | "
-        f"{dali}"
+        f"{dali}" + (f' | decode="device": {decoder}' if decoder else "")
     )

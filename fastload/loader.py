@@ -63,10 +63,10 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 import torch
@@ -102,9 +102,10 @@ from ._worker import (
     ship_dataset,
 )
 from .batch import IndexedBatch
-from .decode import decode_batch
+from .decode import decode_batch, device_decoder, device_routes
 from .device import auto_num_workers, available_cpus, cuda_available, host_memory
 from .distributed import get_rank, get_world_size
+from .feeder import DeviceFeeder
 from .gpu import BatchTransform, apply_transform
 from .head import head_view
 from .prefetch import CUDAPrefetcher
@@ -463,53 +464,92 @@ class _FastPass:
         return IndexedBatch(images, labels, pool.pin_small(torch.from_numpy(indices)))
 
 
-class _EncodedPass:
-    """decode='device': batches of still-encoded images, read ahead by threads, decoded on the device."""
+class _Names(Sequence[str]):
+    """How errors name the samples of a batch, made only when an error needs one."""
 
-    def __init__(self, loader: DataLoader[Any], epoch: int, start: int) -> None:
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[str]: ...
+    def __getitem__(self, k: int | slice) -> str | Sequence[str]:
+        if isinstance(k, slice):
+            return [describe_sample(self.dataset, int(i)) for i in self.indices[k]]
+        return describe_sample(self.dataset, int(self.indices[k]))
+
+
+#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.feeder).
+FEEDER_DEPTH = 2
+
+
+class _EncodedPass:
+    """decode='device': each batch read, decoded on the device and transformed there by a feeder
+    thread with a stream of its own (:class:`fastload.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
+    batches ahead; the training thread's ``next()`` takes a finished batch and queues a wait for
+    its event. Reader threads (``num_workers`` of them) fetch the next batch's bytes meanwhile.
+    Which decoder takes an image (the device's JPEG decoder, or the CPU's for PNG, CMYK, ...)
+    comes from its JPEG header, read once per sample and kept in the loader's routes column.
+    """
+
+    def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
         self.loader = loader
+        self.epoch, self.seed = epoch, seed
         self.device = loader.device if loader.device is not None else torch.device("cpu")
         self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
-        self.next_batch = start
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
+        self.reads: dict[int, Any] = {}
+        self.routes = loader._decode_routes()
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
-        self.pending: Any = self._read(start)
+        self.feeder = DeviceFeeder(
+            self._prepare, len(self.batches), start, self.device, depth=FEEDER_DEPTH, timeout=loader.timeout
+        )
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def _read(self, k: int) -> Any:
-        if k >= len(self.batches):
-            return None
-        dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
-        return self.readers.map(dataset.get_bytes, self.batches[k].tolist())
+    def _read(self, k: int) -> None:
+        if k < len(self.batches) and k not in self.reads:
+            dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
+            self.reads[k] = self.readers.map(dataset.get_bytes, self.batches[k].tolist())
 
-    def __next__(self) -> IndexedBatch:
-        k = self.next_batch
-        if k >= len(self.batches):
-            self.close()
-            raise StopIteration
-        pending, self.pending = self.pending, None
-        self.next_batch += 1
-        self.pending = self._read(k + 1)
+    def _prepare(self, k: int) -> IndexedBatch:
+        """Batch ``k`` on the device: in the feeder thread, on its stream."""
+        self._read(k)
+        self._read(k + 1)  # the next batch's bytes arrive while this one decodes
         dataset: Any = self.loader.dataset
         indices = self.batches[k]
-        encoded = list(pending)
-        names = [describe_sample(dataset, int(i)) for i in indices]
-        images = decode_batch(encoded, self.device, names)
+        encoded = list(self.reads.pop(k))
+        on_device = device_routes(encoded, indices, self.routes)
+        images = decode_batch(encoded, self.device, _Names(dataset, indices), on_device=on_device)
         target_transform = getattr(dataset, "target_transform", None)
         targets = [int(dataset.targets[int(i)]) for i in indices]
         if target_transform is not None:
             targets = [int(target_transform(t)) for t in targets]
         labels, order = torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices)
-        if self.pin:  # the prefetcher moves them to the device along with the images
+        if self.pin:
             labels, order = self.host.pin(labels), self.host.pin(order)
+        non_blocking = self.pin
+        labels = labels.to(self.device, non_blocking=non_blocking)
+        order = order.to(self.device, non_blocking=non_blocking)
+        transforms = self.loader.gpu_transforms
+        if transforms is not None:
+            images = apply_transform(transforms, images, indices, self.epoch, self.seed)
         return IndexedBatch(images, labels, order)
 
+    def __next__(self) -> IndexedBatch:
+        batch: IndexedBatch = next(self.feeder)
+        return batch
+
     def close(self) -> None:
+        self.feeder.close()
         self.readers.shutdown(wait=False, cancel_futures=True)
 
 
@@ -667,7 +707,7 @@ class DataLoaderIterator:
         try:
             source: Any
             if loader.decode == "device":
-                source = _EncodedPass(loader, self.epoch, start)
+                source = _EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.fast_path:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
@@ -688,7 +728,9 @@ class DataLoaderIterator:
                 )
             self._source = source
             it: Iterator[Any] = _HostIterator(source)
-            if loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
+            if loader.decode == "device":
+                pass  # the feeder hands out finished device batches (transformed, labels moved)
+            elif loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = loader._get_prefetcher()
                 prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
                 it = iter(prefetcher)
@@ -1157,6 +1199,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return self._fast_reason
 
     @property
+    def decoder(self) -> str:
+        """What decodes the images: for ``decode="device"`` the device's JPEG decoder (e.g.
+        ``"nvJPEG through torchvision.io.decode_jpeg ..."``), else the workers' CPU decoding."""
+        if self.decode == "device":
+            return device_decoder(self.device)
+        return "libjpeg-turbo and PIL in the workers (CPU)"
+
+    @property
     def path(self) -> str:
         """Which path runs: ``"fast"`` (fastload's engine runs the whole pipeline),
         ``"head-accelerated"`` (torch's iterator; decoding fused with the pipeline's crop/resize/flip
@@ -1180,6 +1230,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if self.decode != "cpu":
             self._fast_reason = "decode='device' decodes on the device"
             self._path = "device-decode"
+            if log:
+                _log.info(
+                    "fastload.DataLoader decodes this %s on %s with %s, in a feeder thread %d batches "
+                    "ahead of the loop",
+                    type(dataset).__name__,
+                    self.device if self.device is not None else "cpu",
+                    self.decoder,
+                    FEEDER_DEPTH,
+                )
             return
         structural = _structural_reason(self)
         if structural is None and _is_fast_dataset(dataset):
@@ -1527,6 +1586,18 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         for _ in range(batch):  # the batches the consumer already has
             next(it)
         return it
+
+    def _decode_routes(self) -> np.ndarray:
+        """``decode="device"``: which decoder takes each sample, one int8 per sample (0: not seen
+        yet, 1: the device's JPEG decoder, 2: the CPU's), filled in from each image's header the
+        first time it is read and kept for the loader's life (1.3 MB for ImageNet's 1.28M images):
+        no image is opened to be routed in later epochs."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        routes = self.__dict__.get("_routes")
+        if routes is None or len(routes) != n or self.__dict__.get("_routes_source") is not self.dataset:
+            routes = self._routes = np.zeros(n, dtype=np.int8)
+            self._routes_source = self.dataset
+        return routes
 
     def _get_prefetcher(self) -> CUDAPrefetcher:
         """One prefetcher (one side stream) for the loader's lifetime."""

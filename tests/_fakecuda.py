@@ -95,6 +95,8 @@ class CopyRecorder:
     def __init__(self, host: FakeHost) -> None:
         self.host = host
         self.copies: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+        self.events = 0
+        self.waited_events: list[tuple[Any, int]] = []
 
     def new_stream(self, device: torch.device) -> Any:
         return "side"
@@ -108,11 +110,15 @@ class CopyRecorder:
     def wait_stream(self, waiter: Any, waitee: Any) -> None:
         pass
 
+    def wait_event(self, waiter: Any, event: Any) -> None:
+        self.waited_events.append((waiter, event))
+
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         pass
 
-    def record_event(self, stream: Any) -> None:
-        return None
+    def record_event(self, stream: Any) -> int:
+        self.events += 1
+        return self.events
 
     def synchronize_event(self, event: Any) -> None:
         pass

@@ -1,0 +1,223 @@
+"""The device feeder (decode="device"): batches prepared by a thread of their own, beside the
+training loop, handed over by event; on CPU with the recording stand-in for CUDA streams."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _fakecuda import fake_cuda
+
+import fastload
+import fastload.decode
+import fastload.loader
+from fastload import gpu
+from fastload.feeder import DeviceFeeder
+
+
+def _feeder(
+    prepare: Any, n: int, start: int = 0, depth: int = 2, timeout: float = 0
+) -> tuple[DeviceFeeder, Any]:
+    with fake_cuda() as (streams, _):
+        feeder = DeviceFeeder(
+            prepare, n, start, torch.device("cpu"), depth=depth, backend=streams, timeout=timeout
+        )
+    return feeder, streams
+
+
+def test_batches_are_made_in_their_own_thread_and_handed_over_by_event_in_order() -> None:
+    threads = []
+
+    def prepare(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        threads.append(threading.current_thread().name)
+        return torch.full((2, 3), k), torch.tensor([k, k])
+
+    feeder, streams = _feeder(prepare, 5)
+    got = [int(x[0, 0]) for x, _ in feeder]
+    assert got == [0, 1, 2, 3, 4] and set(threads) == {"fastload-feeder"}
+    # the consumer stream waits on each batch's own event (not on the whole side stream)
+    assert [event for _, event in streams.waited_events] == [1, 2, 3, 4, 5]
+    assert len(feeder) == 5
+    feeder.close()
+
+
+def test_the_feeder_runs_at_most_depth_batches_ahead() -> None:
+    made: list[int] = []
+
+    def prepare(k: int) -> torch.Tensor:
+        made.append(k)
+        return torch.zeros(1)
+
+    feeder, _ = _feeder(prepare, 20, depth=3)
+    for taken in range(1, 6):
+        next(feeder)
+        time.sleep(0.3)  # a slow model step: the feeder fills its queue meanwhile
+        assert taken + 3 <= len(made) <= taken + 4  # depth ready, and at most one being made
+    feeder.close()
+    assert len(made) <= 10
+
+
+def test_an_error_surfaces_from_its_batch_and_the_next_batch_follows() -> None:
+    def prepare(k: int) -> torch.Tensor:
+        if k == 2:
+            raise fastload.DecodeError("sample 7 (x.JPEG): not a JPEG")
+        return torch.full((1,), k)
+
+    feeder, _ = _feeder(prepare, 5)
+    assert [int(next(feeder)) for _ in range(2)] == [0, 1]
+    with pytest.raises(fastload.DecodeError, match=r"sample 7 \(x.JPEG\)"):
+        next(feeder)
+    assert [int(x) for x in feeder] == [3, 4]
+
+
+def test_a_resumed_pass_starts_at_its_first_batch_not_handed_out() -> None:
+    feeder, _ = _feeder(lambda k: torch.full((1,), k), 6, start=4)
+    assert [int(x) for x in feeder] == [4, 5]
+
+
+def test_close_stops_the_thread_and_a_stuck_batch_times_out() -> None:
+    feeder, _ = _feeder(lambda k: torch.zeros(1), 1000, depth=1)
+    next(feeder)
+    feeder.close()
+    assert not feeder._thread.is_alive()
+    release = threading.Event()
+    slow, _ = _feeder(lambda k: release.wait(10), 3, timeout=0.5)
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
+        next(slow)
+    release.set()
+    slow.close()
+
+
+# ------------------------------------------------------------------------------ decode="device"
+
+
+def _device_loader(root: Path, **kwargs: Any) -> fastload.DataLoader[Any]:
+    pipeline = gpu.Compose(
+        [gpu.RandomResizedCrop(16), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])]
+    )
+    ds = fastload.InMemoryImageFolder(root / "train")
+    return fastload.DataLoader(
+        ds,
+        batch_size=5,
+        shuffle=True,
+        seed=3,
+        decode="device",
+        gpu_transforms=pipeline,
+        device="cpu",
+        **kwargs,
+    )
+
+
+def test_device_decode_runs_beside_the_training_thread(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's next() does no decoding, header parsing or transform: those run in the feeder
+    thread; the batches are those of decoding each sample and transforming it with its own keys."""
+    where: list[str] = []
+    real_decode = fastload.loader.decode_batch
+
+    def recording_decode(*args: Any, **kwargs: Any) -> Any:
+        where.append(threading.current_thread().name)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(fastload.loader, "decode_batch", recording_decode)
+    with fake_cuda() as (streams, _):
+        loader = _device_loader(imagenet_root, num_workers=2, pin_memory=True)
+        assert loader.path == "device-decode"
+        batches = [(x.clone(), y.clone(), b.indices.clone()) for x, y, b in ((*b, b) for b in loader)]
+        loader.close()
+    assert set(where) == {"fastload-feeder"} and len(where) == len(batches) == 7
+    assert streams.waited_events and streams.pageable() == []  # labels and indices: pinned copies
+    ds = fastload.InMemoryImageFolder(imagenet_root / "train")
+    order = fastload.rng.epoch_permutation(len(ds), 3, 0)
+    tf = gpu.Compose([gpu.RandomResizedCrop(16), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])])
+    for k, (images, labels, indices) in enumerate(batches):
+        idx = order[5 * k : 5 * k + 5]
+        assert indices.tolist() == idx.tolist() and labels.tolist() == [int(ds.targets[i]) for i in idx]
+        decoded = fastload.decode.decode_batch([ds.get_bytes(int(i)) for i in idx])
+        assert torch.equal(images, tf(decoded, indices=idx, epoch=0, seed=3))
+
+
+def test_headers_are_read_once_per_sample_not_every_epoch(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    headers: list[int] = []
+    real_header = fastload.decode.jpeg_header
+
+    def counting_header(data: Any) -> Any:
+        headers.append(1)
+        return real_header(data)
+
+    def no_pil_open(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an image was opened with PIL to route it")
+
+    monkeypatch.setattr(fastload.decode, "jpeg_header", counting_header)
+    monkeypatch.setattr(fastload.decode, "open_image", no_pil_open)
+    loader = _device_loader(imagenet_root, num_workers=1, drop_last=False)
+    for _ in range(3):
+        assert sum(len(y) for _, y in loader) == 32
+    routes = loader._decode_routes()
+    assert len(headers) == 32 if fastload.decode.roi_decoder_available() else len(headers) == 0
+    assert set(np.unique(routes)) <= {1, 2} and (routes > 0).all()  # every sample routed, once
+    loader.close()
+
+
+def test_a_corrupt_image_is_named_by_its_batch_and_the_next_batch_follows(tmp_path: Path) -> None:
+    from fastload.synthetic import make_imagenet_like
+
+    make_imagenet_like(tmp_path, classes=2, per_class=5, val_per_class=0, seed=1, num_workers=1)
+    bad = sorted((tmp_path / "train").rglob("*.JPEG"))[3]
+    bad.write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
+    ds = fastload.ImageFolder(tmp_path / "train")
+    loader = fastload.DataLoader(
+        ds, batch_size=2, decode="device", gpu_transforms=gpu.Resize((8, 8)), device="cpu"
+    )
+    it = iter(loader)
+    outcomes = []
+    for _ in range(len(loader)):
+        try:
+            outcomes.append(len(next(it)[1]))
+        except fastload.DecodeError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == 2 and outcomes[2:] == [2, 2, 2]
+    assert isinstance(outcomes[1], str) and bad.name in outcomes[1]  # batch 1: samples 2 and 3
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_a_pass_resumed_from_a_state_yields_exactly_the_rest(imagenet_root: Path) -> None:
+    whole = [(x.clone(), y.clone()) for x, y in _device_loader(imagenet_root, num_workers=1)]
+    first = _device_loader(imagenet_root, num_workers=1)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    first.close()
+    again = _device_loader(imagenet_root, num_workers=1)
+    again.load_state_dict(state)
+    rest = [(x.clone(), y.clone()) for x, y in again]
+    assert len(rest) == len(whole) - 2
+    assert all(
+        torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(rest, whole[2:], strict=True)
+    )
+
+
+def test_the_loader_names_its_decoder(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="fastload"):
+        loader = _device_loader(imagenet_root, num_workers=0)
+    assert loader.path == "device-decode"
+    assert loader.decoder == fastload.decode.device_decoder("cpu") and "on the CPU" in loader.decoder
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastload"]
+    assert lines == [
+        f"fastload.DataLoader decodes this InMemoryImageFolder on cpu with {loader.decoder}, in a feeder "
+        "thread 2 batches ahead of the loop"
+    ]
+    assert (
+        "nvJPEG" in fastload.decode.device_decoder("cuda") or not fastload.decode.torchvision_jpeg_available()
+    )
