@@ -204,7 +204,8 @@ class HostMemory(Protocol):
         ...
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of ``t`` in pinned memory, with the same sizes and strides."""
+        """A copy of ``t`` in pinned memory, with the same sizes and strides -- a copy also when
+        ``t`` is pinned already (unlike ``Tensor.pin_memory()``, which then returns ``t``)."""
         ...
 
     def is_pinned(self, t: torch.Tensor) -> bool:
@@ -281,7 +282,12 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
             self._call("cudaHostUnregister", t.data_ptr())
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        return t.pin_memory()
+        # Always a copy: ``t.pin_memory()`` returns ``t`` itself when it is pinned already -- a
+        # view of a page-locked batch buffer, which the pool hands back to the workers next
+        if 0 in t.stride():
+            return t.contiguous().pin_memory() if not t.is_pinned() else t.clone().pin_memory()
+        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=True)
+        return out.copy_(t)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         return bool(t.is_pinned())
@@ -328,7 +334,8 @@ class PageLock:
     order, in a background thread: a batch ring is locked while the workers start and decode, and
     the consumer waits only for the slot it hands out (:meth:`wait`). Measured on an H200 machine:
     130 ms for one 38.5 MB slot, so a 30-slot ring of float32 batches of 256 (4.6 GB) takes 16 s
-    to lock in all, and the first batch would wait that long for a lock of the whole ring.
+    to lock in all, and the first batch would wait that long for a lock of the whole ring. A
+    consumer that cannot wait copies instead: :meth:`ready` says without waiting.
 
     Each tensor must be contiguous and start on a page of its own (see
     :func:`fastload._shm.shared_slots`): two locks must not share a page. A tensor that cannot be
@@ -350,6 +357,14 @@ class PageLock:
         index = state.count - 1 if index is None else index
         with state.progress:
             state.progress.wait_for(lambda: state.tried > index)
+            return state.failed is None or index < state.failed
+
+    def ready(self, index: int) -> bool | None:
+        """Without waiting: whether tensor ``index`` is locked (``None``: not tried yet)."""
+        state = self._state
+        with state.progress:
+            if state.tried <= index:
+                return None
             return state.failed is None or index < state.failed
 
     def release(self) -> None:

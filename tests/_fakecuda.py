@@ -57,6 +57,8 @@ class FakeHost:
         self.ranges = [r for r in self.ranges if r[0] != start]
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
+        # a new copy even of pinned memory (the contract; ``Tensor.pin_memory()`` would return a
+        # pinned tensor itself, which for a view of a reused batch buffer is a batch overwritten later)
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
         out.copy_(t)
         storage = out.untyped_storage()

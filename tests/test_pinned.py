@@ -255,10 +255,10 @@ def test_a_buffer_is_not_rewritten_while_a_copy_out_of_it_may_be_queued(
         loader.close()
 
 
-def test_a_slot_waits_only_for_its_own_lock() -> None:
-    """The ring is locked slot by slot in the background: the first batch waits for its slot, not
-    for the whole ring (16 s for 4.6 GB of float32 slots, measured), and a slot that cannot be
-    locked makes it and the later ones pinned copies."""
+def test_the_ring_is_locked_slot_by_slot() -> None:
+    """The ring is locked slot by slot in the background (16 s for 4.6 GB of float32 slots,
+    measured): each slot can be asked whether it is locked yet, without waiting, and a slot that
+    cannot be locked makes it and the later ones pinned copies."""
     import threading
 
     from fastload._shm import shared_slots
@@ -277,8 +277,59 @@ def test_a_slot_waits_only_for_its_own_lock() -> None:
     host = SlowHost()
     lock = PageLock(list(slots.unbind(0)), host)
     assert lock.wait(0) and lock.wait(1)  # while slot 2 is still being locked
-    assert len(host.registered) == 2
+    assert len(host.registered) == 2 and lock.ready(1) is True and lock.ready(2) is None
     gate.set()
     assert lock.wait(3) and not lock.wait(4) and not lock.wait(5)  # the fifth could not be locked
+    assert lock.ready(3) is True and lock.ready(4) is False
     lock.release()
     assert sorted(host.unregistered) == sorted(host.registered) and len(host.registered) == 4
+
+
+@pytest.mark.cuda
+def test_cuda_pin_is_always_a_new_copy() -> None:  # pragma: no cover - needs CUDA
+    """``Tensor.pin_memory()`` returns a pinned tensor itself: for a view of a page-locked batch
+    buffer that is a "copy" the workers overwrite once the buffer is reused (seen on a GPU machine:
+    reuse_buffers=False batches changed after they were handed out)."""
+    from fastload.device import host_memory
+
+    host = host_memory()
+    ring = torch.arange(2 * 4 * 6 * 3, dtype=torch.uint8).reshape(2, 4, 6, 3).pin_memory()
+    view = ring[0].permute(2, 0, 1)  # a slot's batch as the loader hands it out
+    copy = host.pin(view)
+    assert host.is_pinned(copy) and copy.data_ptr() != view.data_ptr()
+    assert torch.equal(copy, view) and copy.stride() == view.stride()
+    ring.zero_()
+    assert not torch.equal(copy, view)  # the copy kept the batch
+
+
+def test_batches_are_pinned_copies_while_their_slot_is_still_being_locked(imagenet_root: Path) -> None:
+    """The consumer never waits for a slot's lock: until it holds, the batch is a pinned copy."""
+    import threading
+
+    from _fakecuda import CopyRecorder
+
+    from fastload.device import simulate_cuda
+
+    gate = threading.Event()
+
+    class SlowHost(FakeHost):
+        def register(self, t: torch.Tensor) -> bool:
+            if self.registered:  # the labels are locked at once, the slots only once the gate opens
+                gate.wait(60)
+            return super().register(t)
+
+    host = SlowHost()
+    streams = CopyRecorder(host)
+    with simulate_cuda(streams, host):
+        loader = fastload.DataLoader(
+            _train(imagenet_root), batch_size=5, device="cpu", pin_memory=True, num_workers=2, shuffle=True
+        )
+        _run(loader)  # two passes, without waiting for the locks
+        assert host.copies == 2 * 7 * 3  # images, labels and indices of every batch: pinned copies
+        gate.set()
+        pool = loader._engine.pool
+        assert pool is not None and pool.page_lock is not None and pool.page_lock.wait()
+        _run(loader)
+        assert host.copies == 2 * 7 * 3 + 2 * 7  # now only the indices: the batches come in place
+        loader.close()
+    assert streams.pageable() == []
