@@ -38,7 +38,6 @@ __all__ = [
     "host_memory",
     "local_world_size",
     "register_pinned",
-    "simulate_cuda",
     "stream_backend",
     "unregister_pinned",
 ]

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from .device import StreamBackend, stream_backend
+from . import device as device_api
+from .device import stream_backend
 
 __all__ = ["DeviceFeeder", "iter_tensors"]
 
@@ -92,7 +93,7 @@ class DeviceFeeder:
         start: int,
         device: torch.device,
         depth: int = 2,
-        backend: StreamBackend | None = None,
+        backend: device_api.StreamBackend | None = None,
         timeout: float = 0,
     ) -> None:
         if depth < 1:
