@@ -6,13 +6,13 @@ device transforms (per-sample randomness is keyed by the dataset index, :mod:`fa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["IndexedBatch"]
+__all__ = ["IndexedBatch", "iter_tensors"]
 
 _MISSING = object()
 
@@ -98,3 +98,20 @@ pytree.register_pytree_node(
     _unflatten,
     serialized_type_name="fastload.batch.IndexedBatch",
 )
+
+
+def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of a batch: a tensor, or inside tuples, lists, namedtuples, mappings and
+    :class:`IndexedBatch` (its indices too), depth first."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, IndexedBatch):
+        yield from iter_tensors(batch[0])
+        yield from iter_tensors(batch[1])
+        yield from iter_tensors(batch.indices)
+    elif isinstance(batch, (tuple, list)):
+        for x in batch:
+            yield from iter_tensors(x)
+    elif isinstance(batch, Mapping):
+        for x in batch.values():
+            yield from iter_tensors(x)

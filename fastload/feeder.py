@@ -36,31 +36,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import device as device_api
+from .batch import iter_tensors
 from .device import stream_backend
 
-__all__ = ["DeviceFeeder", "iter_tensors"]
-
-
-def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of a batch (tensors, tuples, lists, dicts, :class:`fastload.IndexedBatch`)."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-        return
-    indices = getattr(batch, "indices", None)
-    if isinstance(batch, (tuple, list)):
-        for x in batch:
-            yield from iter_tensors(x)
-    elif isinstance(batch, dict):
-        for x in batch.values():
-            yield from iter_tensors(x)
-    if isinstance(indices, torch.Tensor):
-        yield indices
+__all__ = ["DeviceFeeder"]
 
 
 class _Stop:

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from ._checks import check_int
-from .batch import IndexedBatch
+from .batch import IndexedBatch, iter_tensors
 from .device import StreamBackend, default_device, device_is_cuda, stream_backend
 from .gpu import apply_transform
 from .stats import LoaderStats
@@ -110,21 +110,6 @@ def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         except TypeError:
             return moved
     return batch
-
-
-def _iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, IndexedBatch):
-        yield from _iter_tensors(batch[0])
-        yield from _iter_tensors(batch[1])
-        yield from _iter_tensors(batch.indices)
-    elif isinstance(batch, (tuple, list)):
-        for x in batch:
-            yield from _iter_tensors(x)
-    elif isinstance(batch, Mapping):
-        for x in batch.values():
-            yield from _iter_tensors(x)
 
 
 def _image_key(batch: Any) -> Any:
@@ -442,7 +427,7 @@ class _PrefetchIterator:
         self._pending = None
         consumer = backend.current_stream(owner.device)
         backend.wait_stream(consumer, self._side)
-        for tensor in _iter_tensors(batch):
+        for tensor in iter_tensors(batch):
             backend.record_stream(tensor, consumer)
         backend.synchronize_event(copied)  # the loader may now reuse this batch's host memory
         self._fetch(consumer)
