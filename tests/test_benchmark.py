@@ -53,6 +53,8 @@ def test_throughput_bench_writes_records_and_table(
             str(out),
             "--plot",
             str(tmp_path / "p.png"),
+            "--device",
+            "cpu",  # the settings below are a CPU run's, on a GPU machine too
         )
     )
     assert code == 0
