@@ -68,7 +68,7 @@ from ._shm import send_through_memfd, shared_empty, shared_slots
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
-from .device import PageLock, host_memory
+from .device import PageLock, current_cuda_device, host_memory
 
 __all__ = [
     "WATCHDOG_SECONDS",
@@ -907,7 +907,8 @@ class WorkerPool:
             self.images = shared_slots(num_slots, (batch_size, *sample_shape), dtype)  # a page each
             self.labels = shared_empty((num_slots, batch_size), torch.int64)
             if self.pin:  # cudaHostRegister: labels first, then the slots in the order they are used
-                self.page_lock = PageLock([self.labels, *self.images.unbind(0)], host)
+                device = current_cuda_device()  # the lock thread's, as torch's pin thread takes it
+                self.page_lock = PageLock([self.labels, *self.images.unbind(0)], host, device)
         else:
             self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)
             self.labels = torch.empty((num_slots, batch_size), dtype=torch.int64)
@@ -1261,6 +1262,7 @@ class WorkerPool:
                     q.cancel_join_thread()  # never block exit on undelivered messages
                     q.close()
         if self.page_lock is not None:
+            self.host.wait(self.host.fence())  # copies still queued from the ring finish first
             self.page_lock.release()
             self.page_lock = None
         self.workers = []

@@ -125,9 +125,11 @@ class BenchConfig:
     seed: int = 0
     gpu_transforms: bool = False
     step_ms: float = 0.0  # a simulated model step after each batch (sleep: the CPU stays free)
-    #: ``batches`` and ``warmup`` are floors, raised per worker count so that the timed batches are
-    #: never served from what the workers prefetched (see :func:`steady_counts`); ``False``: exact
+    #: ``batches`` is a floor, raised per worker count so that the timed batches are never served
+    #: from what the workers prefetched (see :func:`steady_counts`); ``False``: exactly ``batches``
     steady: bool = True
+    #: the same for ``warmup``
+    steady_warmup: bool = True
 
 
 #: torch's (and fastload's) default ``prefetch_factor``: batches each worker decodes ahead.
@@ -152,10 +154,9 @@ def steady_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
     config's values are floors). Example: 14 workers -> warm-up 29, runs of 84 batches; 2 workers
     with ``--quick`` (8 batches, 2 warm-up) -> 5 and 12.
     """
-    if not config.steady:
-        return config.warmup, config.batches
     ring = ring_batches(num_workers)
-    return max(config.warmup, ring + 1), max(config.batches, STEADY_FACTOR * ring)
+    warmup = max(config.warmup, ring + 1) if config.steady_warmup else config.warmup
+    return warmup, max(config.batches, STEADY_FACTOR * ring) if config.steady else config.batches
 
 
 def split_too_small(config: BenchConfig, pipeline: str, num_workers: int) -> str | None:
@@ -742,10 +743,9 @@ def model_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
     """``(warm-up steps, timed steps per run)`` of the model mode: a warm-up that drains the
     prefetched ring (:func:`ring_batches`) and runs of at least one ring. Example: 14 workers,
     ``--warmup 30 --batches 25`` floors -> 30 and 28."""
-    if not config.steady:
-        return config.warmup, config.batches
     ring = ring_batches(num_workers)
-    return max(config.warmup, ring + 1), max(config.batches, ring)
+    warmup = max(config.warmup, ring + 1) if config.steady_warmup else config.warmup
+    return warmup, max(config.batches, ring) if config.steady else config.batches
 
 
 def run_model(
@@ -849,12 +849,15 @@ def _main_model(
     config.gpu_transforms = True  # fastload's own pipeline: flip + normalize on the device
     env = environment()
     print(_environment_line(env))
-    counts = (
-        f"{config.batches} steps x {config.repeat} runs after {config.warmup} warm-up steps"
+    runs = (
+        f"{config.batches} steps"
         if not config.steady
-        else f"{config.repeat} runs of one ring of prefetched batches or more (at least {config.batches} "
-        f"steps), after a warm-up that drains it (at least {config.warmup})"
+        else f"one ring of prefetched batches or more (at least {config.batches} steps)"
     )
+    warm = (
+        f"{config.warmup}" if not config.steady_warmup else f"one that drains it (at least {config.warmup})"
+    )
+    counts = f"{config.repeat} runs of {runs}, after a warm-up of {warm}"
     on = (
         "bf16 autocast, channels_last, SGD"
         if device_is_cuda(config.device)
@@ -1355,7 +1358,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
         repeat=args.repeat,
         gpu_transforms=args.gpu_transforms,
         step_ms=args.step_ms,
-        steady=args.batches is None and args.warmup is None,  # given: exactly those counts
+        steady=args.batches is None,  # given: exactly that many
+        steady_warmup=args.warmup is None,
     )
     for name, value, low in (
         ("batch-size", config.batch_size, 1),
@@ -1408,12 +1412,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "bench/throughput.py") -
     note = _busy_machine_note(env, torch.get_num_threads(), workers)
     if note:
         print(note)
-    counts = (
-        f"{config.batches} batches x {config.repeat} runs (median, min-max), {config.warmup} warm-up batches"
+    runs = (
+        f"{config.batches} batches"
         if not config.steady
-        else f"{config.repeat} runs (median, min-max) of {STEADY_FACTOR}x the batches the workers prefetch "
-        f"(at least {config.batches}), after a warm-up of those and one more (at least {config.warmup})"
+        else f"{STEADY_FACTOR}x the batches the workers prefetch (at least {config.batches})"
     )
+    warm = (
+        f"{config.warmup} batches"
+        if not config.steady_warmup
+        else f"those and one more (at least {config.warmup})"
+    )
+    counts = f"{config.repeat} runs (median, min-max) of {runs}, after a warm-up of {warm}"
     print(
         f"data {data}, device {config.device}, batch size {config.batch_size}, {counts}, workers {workers}"
         + (f", model step {config.step_ms:g} ms" if config.step_ms else "")

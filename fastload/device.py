@@ -243,6 +243,10 @@ def _status(result: Any) -> int:
     return int(getattr(code, "value", code))
 
 
+#: ``cudaHostRegisterPortable``: the memory is pinned for every CUDA context, not only the caller's.
+_REGISTER_PORTABLE = 1
+
+
 class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording stand-in)
     """CUDA's pinned memory: ``cudaHostRegister`` in place, ``Tensor.pin_memory()`` copies.
 
@@ -274,7 +278,7 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return True
-        return t.is_contiguous() and self._call("cudaHostRegister", t.data_ptr(), nbytes, 0)
+        return t.is_contiguous() and self._call("cudaHostRegister", t.data_ptr(), nbytes, _REGISTER_PORTABLE)
 
     def unregister(self, t: torch.Tensor) -> None:
         if t.numel() > 0:
@@ -338,17 +342,25 @@ class PageLock:
 
     Each tensor must be contiguous and start on a page of its own (see
     :func:`fastload._shm.shared_slots`): two locks must not share a page. A tensor that cannot be
-    locked ends the locking there (the later ones are not tried). The locks are undone by
-    :meth:`release` or when this object is garbage-collected (never at interpreter exit, nor in a
-    forked child: the system frees them with the process); the tensors stay referenced until
-    then, so their memory is not unmapped while it is locked.
+    locked (or an error) ends the locking there: the later ones are not tried. The thread runs on
+    CUDA device ``device`` (the loader's; a new thread would start on device 0, and make a context
+    there in every rank), and the memory is locked for every device (``cudaHostRegisterPortable``).
+    The locks are undone by :meth:`release` or when this object is garbage-collected (never at
+    interpreter exit, nor in a forked child: the system frees them with the process), which also
+    cancels the locks not made yet; the tensors stay referenced until then, so their memory is not
+    unmapped while it is locked.
     """
 
-    def __init__(self, tensors: list[torch.Tensor], host: HostMemory | None = None) -> None:
-        state = self._state = _LockState(host if host is not None else host_memory(), len(tensors))
+    def __init__(
+        self, tensors: list[torch.Tensor], host: HostMemory | None = None, device: int | None = None
+    ) -> None:
+        state = self._state = _LockState(host if host is not None else host_memory(), len(tensors), device)
         self._finalizer = weakref.finalize(self, state.undo)  # the state, not this object: no cycle
         self._finalizer.atexit = False
-        threading.Thread(target=state.run, args=(tensors,), name="fastload-pagelock", daemon=True).start()
+        state.thread = threading.Thread(
+            target=state.run, args=(tensors,), name="fastload-pagelock", daemon=True
+        )
+        state.thread.start()
 
     def wait(self, index: int | None = None) -> bool:
         """Waits until tensor ``index`` (default: the last) was tried; whether it is locked."""
@@ -374,33 +386,69 @@ class PageLock:
 class _LockState:
     """What :class:`PageLock`'s thread and its finalizer share."""
 
-    def __init__(self, host: HostMemory, count: int) -> None:
+    def __init__(self, host: HostMemory, count: int, device: int | None) -> None:
         self.host = host
         self.count = count
+        self.device = device
         self.progress = threading.Condition()
-        self.tried = 0  # tensors tried so far (all of them once one failed)
-        self.failed: int | None = None  # the index of the tensor that could not be locked
+        self.tried = 0  # tensors tried so far (all of them once one failed, or once cancelled)
+        self.failed: int | None = None  # the index of the first tensor not locked
+        self.cancelled = False
         self.locked: list[torch.Tensor] = []
+        self.thread: threading.Thread | None = None
 
     def run(self, tensors: list[torch.Tensor]) -> None:
-        for k, t in enumerate(tensors):
-            ok = self.host.register(t)
-            with self.progress:
-                if ok:
+        k = 0
+        try:
+            if self.device is not None:
+                use_device(self.device)  # this thread's current device: the one the loader's runs on
+            for k, t in enumerate(tensors):
+                try:
+                    ok = not self.cancelled and self.host.register(t)
+                except Exception:  # noqa: BLE001 - a lock that fails is said by the pool, once
+                    ok = False
+                if not ok:
+                    break
+                with self.progress:
                     self.locked.append(t)
-                else:
-                    self.failed = k
-                self.tried = k + 1 if ok else self.count
-                self.progress.notify_all()
-            if not ok:
+                    self.tried = k + 1
+                    self.progress.notify_all()
+            else:
                 return
+        finally:
+            with self.progress:  # whatever happened (a refusal, an error, a cancel): nothing more comes
+                if self.tried < self.count:
+                    self.failed = min(k, self.tried) if self.failed is None else self.failed
+                    self.tried = self.count
+                self.progress.notify_all()
 
     def undo(self) -> None:
         with self.progress:
-            self.progress.wait_for(lambda: self.tried >= self.count)
-        for t in self.locked:
+            self.cancelled = True  # the locks not made yet are not made
+            if threading.current_thread() is not self.thread:
+                self.progress.wait_for(lambda: self.tried >= self.count)
+        for t in list(self.locked):
             self.host.unregister(t)
         self.locked.clear()
+
+
+def use_device(index: int) -> None:
+    """Makes CUDA device ``index`` the calling thread's current device (a thread starts on 0)."""
+    torch.cuda.set_device(index)
+
+
+def pinned_device(device: torch.device) -> torch.device:
+    """``device`` with its index: ``cuda`` becomes the calling thread's current device (another
+    thread would take ``cuda`` as device 0, whatever ``torch.cuda.set_device`` this one did)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def current_cuda_device() -> int | None:
+    """The calling thread's current CUDA device (creating CUDA's context there, as torch's own
+    pin-memory thread does), or ``None`` without CUDA."""
+    return torch.cuda.current_device() if cuda_available() else None
 
 
 def register_pinned(t: torch.Tensor) -> bool:

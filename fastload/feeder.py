@@ -43,7 +43,7 @@ import torch
 
 from . import device as device_api
 from .batch import iter_tensors
-from .device import stream_backend
+from .device import pinned_device, stream_backend, use_device
 
 __all__ = ["DeviceFeeder"]
 
@@ -85,7 +85,7 @@ class DeviceFeeder:
             raise ValueError(f"depth should be a positive integer, but got depth={depth}")
         self.n = n
         self.next_batch = start
-        self.device = device
+        self.device = device = pinned_device(device)  # the thread's current device: this one
         self.timeout = timeout
         self._backend = backend if backend is not None else stream_backend(device)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
@@ -110,6 +110,8 @@ class DeviceFeeder:
     def _run(self, prepare: Callable[[int], Any], start: int) -> None:
         backend = self._backend
         try:
+            if self.device.type == "cuda":  # a new thread starts on device 0
+                use_device(self.device.index or 0)
             side = backend.new_stream(self.device)
             with backend.stream_context(side):
                 for k in range(start, self.n):
@@ -175,4 +177,5 @@ class DeviceFeeder:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        self._thread.join(timeout=30)
+        if threading.current_thread() is not self._thread:  # (a collection may run it there)
+            self._thread.join(timeout=30)

@@ -103,7 +103,7 @@ from ._worker import (
 )
 from .batch import IndexedBatch
 from .decode import decode_batch, device_decoder, device_routes
-from .device import auto_num_workers, available_cpus, cuda_available, host_memory
+from .device import auto_num_workers, available_cpus, cuda_available, host_memory, pinned_device
 from .distributed import get_rank, get_world_size
 from .feeder import DeviceFeeder
 from .gpu import BatchTransform, apply_transform
@@ -499,7 +499,8 @@ class _EncodedPass:
     def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
         self.loader = loader
         self.epoch, self.seed = epoch, seed
-        self.device = loader.device if loader.device is not None else torch.device("cpu")
+        # with its index: the feeder thread decodes where this thread's "cuda" is (its rank's GPU)
+        self.device = pinned_device(loader.device if loader.device is not None else torch.device("cpu"))
         self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"

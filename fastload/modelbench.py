@@ -228,6 +228,8 @@ def model_verdict(records: Sequence[dict[str, Any]]) -> str | None:
     fed = [r for r in records if r["backend"] != "ceiling" and r["share_of_ceiling"] is not None]
     if not fed:
         return None
+    workers = max(r["num_workers"] for r in fed)  # the largest worker count measured
+    fed = [r for r in fed if r["num_workers"] == workers]
     first = fed[0]
     on_gpu = first["device"].startswith("cuda")
     where = f"on this GPU ({first['device_name']})" if on_gpu else "on this machine's CPU"

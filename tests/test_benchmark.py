@@ -459,7 +459,7 @@ def test_full_decode_reference_brackets_the_rows_it_is_compared_with(
     monkeypatch.setattr(benchmark, "full_decode_rates", fake_decode)
     monkeypatch.setattr(benchmark, "measure", counted_measure)
     config = benchmark.BenchConfig(
-        data=imagenet_root, batch_size=2, batches=1, warmup=0, repeat=2, steady=False
+        data=imagenet_root, batch_size=2, batches=1, warmup=0, repeat=2, steady=False, steady_warmup=False
     )
     records = benchmark.run(
         config,
@@ -559,8 +559,10 @@ def test_timed_runs_are_never_served_from_the_prefetched_batches(imagenet_root: 
     assert benchmark.steady_counts(config, 2) == (5, 12)
     assert benchmark.steady_counts(config, 14) == (29, 84)
     assert benchmark.steady_counts(benchmark.BenchConfig(data=imagenet_root, batches=200), 14) == (29, 200)
-    exact = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False)
+    exact = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False, steady_warmup=False)
     assert benchmark.steady_counts(exact, 14) == (2, 8)
+    only_batches = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False)
+    assert benchmark.steady_counts(only_batches, 14) == (29, 8)  # the warm-up still drains the ring
 
 
 def test_a_split_too_small_for_the_workers_says_so_instead_of_a_number(
@@ -627,6 +629,8 @@ def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
         }
 
     records = [rec("ceiling", 1.0), rec("torchvision", 0.251), rec("swap", 0.946), rec("fastload", 0.976)]
+    fewer = [{**r, "num_workers": 4, "share_of_ceiling": 0.5} for r in records]
+    assert model_verdict(fewer + records) == model_verdict(records)  # the largest worker count speaks
     assert model_verdict(records) == (
         "ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time, the one-line "
         "swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256)"

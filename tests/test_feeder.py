@@ -80,6 +80,27 @@ def test_a_resumed_pass_starts_at_its_first_batch_not_handed_out() -> None:
     assert [int(x) for x in feeder] == [4, 5]
 
 
+def test_close_from_the_feeder_thread_itself_does_not_raise() -> None:
+    """A garbage collection can end a pass (and close its feeder) on the feeder's own thread."""
+    holder: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def prepare(k: int) -> torch.Tensor:
+        if k == 1:
+            try:
+                holder["feeder"].close()
+            except BaseException as e:  # noqa: BLE001 - the test reports it
+                errors.append(e)
+        return torch.zeros(1)
+
+    feeder, _ = _feeder(lambda k: (time.sleep(0.2), prepare(k))[1], 5)
+    holder["feeder"] = feeder
+    next(feeder)
+    time.sleep(1)
+    assert errors == []
+    feeder.close()
+
+
 def test_close_stops_the_thread_and_a_stuck_batch_times_out() -> None:
     feeder, _ = _feeder(lambda k: torch.zeros(1), 1000, depth=1)
     next(feeder)

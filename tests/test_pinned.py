@@ -333,3 +333,41 @@ def test_batches_are_pinned_copies_while_their_slot_is_still_being_locked(imagen
         assert host.copies == 2 * 7 * 3 + 2 * 7  # now only the indices: the batches come in place
         loader.close()
     assert streams.pageable() == []
+
+
+def test_a_lock_that_raises_or_is_released_early_never_hangs() -> None:
+    """An error while locking ends the locking (waiters and the release return); a release while
+    the ring is still being locked cancels the locks not made yet instead of waiting for them."""
+    import threading
+    import time
+
+    from fastload._shm import shared_slots
+    from fastload.device import PageLock
+
+    class Raising(FakeHost):
+        def register(self, t: torch.Tensor) -> bool:
+            if len(self.registered) == 2:
+                raise OSError("the driver said no")
+            return super().register(t)
+
+    slots = list(shared_slots(5, (4, 8, 8, 3), torch.uint8).unbind(0))
+    host = Raising()
+    lock = PageLock(slots, host)
+    assert lock.wait(1) and not lock.wait(2) and not lock.wait()
+    lock.release()
+    assert sorted(host.unregistered) == sorted(host.registered) and len(host.registered) == 2
+
+    class Slow(FakeHost):
+        def register(self, t: torch.Tensor) -> bool:
+            time.sleep(0.3)
+            return super().register(t)
+
+    slow = Slow()
+    many = list(shared_slots(20, (4, 8, 8, 3), torch.uint8).unbind(0))
+    lock = PageLock(many, slow)
+    assert lock.wait(0)
+    t0 = time.perf_counter()
+    lock.release()  # 20 locks would take 6 s
+    assert time.perf_counter() - t0 < 2 and len(slow.registered) < 6
+    assert sorted(slow.unregistered) == sorted(slow.registered)
+    assert not [t for t in threading.enumerate() if t.name == "fastload-pagelock" and t.is_alive()]
