@@ -41,9 +41,8 @@ from typing import Any
 
 import torch
 
-from . import device as device_api
 from .batch import iter_tensors
-from .device import pinned_device, stream_backend, use_device
+from .device import StreamBackend, pinned_device, stream_backend, use_device
 
 __all__ = ["DeviceFeeder"]
 
@@ -78,7 +77,7 @@ class DeviceFeeder:
         start: int,
         device: torch.device,
         depth: int = 2,
-        backend: device_api.StreamBackend | None = None,
+        backend: StreamBackend | None = None,
         timeout: float = 0,
     ) -> None:
         if depth < 1:

@@ -69,7 +69,6 @@ from .stats import LoaderStats
 __all__ = [
     "CUDAPrefetcher",
     "PrefetchStats",
-    "StreamBackend",
     "default_device",
     "device_is_cuda",
     "stream_backend",
