@@ -34,6 +34,7 @@ machine without CUDA the same code runs with no-op streams (and tests inject a r
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -60,8 +61,9 @@ class DeviceFeeder:
 
     Args:
         prepare: ``prepare(k)`` returns batch ``k`` (its device work queued on the current stream,
-            which is the feeder's own inside the thread).
-        n: The pass's number of batches.
+            which is the feeder's own inside the thread); it may raise ``StopIteration`` to end
+            the pass early.
+        n: The pass's number of batches (``None``: until ``prepare`` raises ``StopIteration``).
         start: The first batch (a resumed pass: the first one not handed out yet).
         device: Where the batches are made.
         depth: Finished batches kept ready (at least 1).
@@ -73,7 +75,7 @@ class DeviceFeeder:
     def __init__(
         self,
         prepare: Callable[[int], Any],
-        n: int,
+        n: int | None,
         start: int,
         device: torch.device,
         depth: int = 2,
@@ -86,6 +88,7 @@ class DeviceFeeder:
         self.next_batch = start
         self.device = device = pinned_device(device)  # the thread's current device: this one
         self.timeout = timeout
+        self._ended = False
         self._backend = backend if backend is not None else stream_backend(device)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -113,12 +116,14 @@ class DeviceFeeder:
                 use_device(self.device.index or 0)
             side = backend.new_stream(self.device)
             with backend.stream_context(side):
-                for k in range(start, self.n):
+                for k in range(start, self.n) if self.n is not None else itertools.count(start):
                     if self._stop.is_set():
                         return
                     try:
                         batch = prepare(k)
                         item: Any = (k, batch, backend.record_event(side), None)
+                    except StopIteration:
+                        break
                     except Exception as error:  # noqa: BLE001 - raised by the next() of batch k
                         item = (k, None, None, error)
                     if not self._put(item):
@@ -134,6 +139,8 @@ class DeviceFeeder:
         return self
 
     def __len__(self) -> int:
+        if self.n is None:
+            raise TypeError("this feeder's pass has no len()")
         return self.n
 
     def _take(self) -> Any:
@@ -149,11 +156,11 @@ class DeviceFeeder:
                     raise RuntimeError(f"DataLoader timed out after {self.timeout:g} seconds") from None
 
     def __next__(self) -> Any:
-        if self.next_batch >= self.n:
+        if self._ended or (self.n is not None and self.next_batch >= self.n):
             raise StopIteration
         item = self._take()
         if isinstance(item, _Stop):
-            self.next_batch = self.n
+            self._ended = True
             if item.error is not None:
                 raise item.error
             raise StopIteration

@@ -628,6 +628,71 @@ class _TorchPass:
             ring.release()  # the workers stay: they drop what is free when idle
 
 
+class _FedPass:
+    """The host pass's batches copied to the device and through the device transforms by a feeder
+    thread on a stream of its own (:class:`fastload.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
+    batches ahead, beside the model: the training thread's ``next()`` costs an event wait (with
+    the in-thread prefetcher it also issued the next batch's copy and transform launches, which a
+    loop that synchronises every step, e.g. with ``loss.item()``, leaves the GPU idle for).
+
+    The copy and transforms are the loader's prefetcher's own (:meth:`CUDAPrefetcher.
+    copy_and_transform`); as there, a batch's host memory is given back to the loader (the next
+    batch asked for) only once its copy has been made. Errors of batch ``k`` are raised by its
+    ``next()``; the pass goes on after them.
+    """
+
+    def __init__(
+        self, host: Iterator[Any], prefetcher: CUDAPrefetcher, seed: int, epoch: int, timeout: float
+    ) -> None:
+        self.host = host
+        self.prefetcher = prefetcher
+        self.seed, self.epoch = seed, epoch
+        self._copied: Any = None
+        self.feeder = DeviceFeeder(
+            self._prepare,
+            None,
+            0,
+            prefetcher.device,
+            depth=FEEDER_DEPTH,
+            backend=prefetcher._backend,
+            timeout=timeout,
+        )
+
+    def _prepare(self, k: int) -> Any:
+        """The next batch on the device: in the feeder thread, on its stream."""
+        prefetcher = self.prefetcher
+        backend = prefetcher._backend
+        if self._copied is not None:
+            backend.synchronize_event(self._copied)  # the loader may now reuse that batch's memory
+            self._copied = None
+        raw = next(self.host)  # StopIteration ends the feeder
+        stream = backend.current_stream(prefetcher.device)
+        batch, self._copied = prefetcher.copy_and_transform(raw, stream, self.seed, self.epoch)
+        return batch
+
+    def __iter__(self) -> _FedPass:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.feeder)
+        self.prefetcher._flush_warnings(stacklevel=2)
+        return batch
+
+    def close(self) -> None:
+        self.feeder.close()
+
+
+def _reuses_device_memory(transforms: Any) -> bool:
+    """Whether ``transforms`` write into device memory they reuse (``gpu.Normalize(buffers=k)``), so
+    that a batch prepared several steps ahead would overwrite one the model still reads."""
+    if transforms is None:
+        return False
+    if getattr(transforms, "buffers", 0):
+        return True
+    inner = [getattr(transforms, "then", None), *(getattr(transforms, "transforms", None) or [])]
+    return any(_reuses_device_memory(t) for t in inner if t is not None and t is not transforms)
+
+
 class _OnePass:
     """One host pass as the iterable the prefetcher wraps, with its ``seed`` and ``epoch``."""
 
@@ -733,8 +798,11 @@ class DataLoaderIterator:
                 pass  # the feeder hands out finished device batches (transformed, labels moved)
             elif loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = loader._get_prefetcher()
-                prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
-                it = iter(prefetcher)
+                if loader._feeds_beside(prefetcher):
+                    it = self._fed = _FedPass(it, prefetcher, self.seed, self.epoch, loader.timeout)
+                else:
+                    prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
+                    it = iter(prefetcher)
             if loader.progress:
                 from tqdm import tqdm  # only when asked for a progress bar
 
@@ -829,6 +897,9 @@ class DataLoaderIterator:
             return
         self._ended = True
         self.stats.stop()
+        fed = getattr(self, "_fed", None)
+        if fed is not None:
+            fed.close()  # first: its thread takes batches from the source
         close = getattr(getattr(self, "_source", None), "close", None)
         if callable(close):
             close()
@@ -1333,8 +1404,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
 
         Taken inside a pass: that pass's epoch and the batches the consumer received (with
-        ``device``/``gpu_transforms`` the prefetcher is one batch ahead; the batch it holds is
-        not counted, so a resume neither skips nor repeats a batch). Taken between passes: what
+        ``device``/``gpu_transforms`` the prefetcher or the feeder thread is ahead; the batches
+        it holds are not counted, so a resume neither skips nor repeats a batch). Taken between passes: what
         the next pass will do.
 
         With a sampler fastload knows (``shuffle``, ``distributed=True``, a fastload or torch
@@ -1599,6 +1670,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             routes = self._routes = np.zeros(n, dtype=np.int8)
             self._routes_source = self.dataset
         return routes
+
+    def _feeds_beside(self, prefetcher: CUDAPrefetcher) -> bool:
+        """Whether a pass's batches go to the device through a feeder thread (:class:`_FedPass`)
+        rather than the in-thread prefetcher: on a CUDA device, when the host pass draws nothing
+        from torch's global random state in this process (the fast path; torch's path with worker
+        processes) -- a thread would interleave its draws with the training loop's -- and when no
+        transform reuses device memory (``gpu.Normalize(buffers=k)``, safe only one batch ahead)."""
+        if not prefetcher._backend.is_cuda:
+            return False
+        host_ok = self.fast_path or (self.num_workers > 0 and not self._auto_workers)
+        return host_ok and not _reuses_device_memory(prefetcher.transforms)
 
     def _get_prefetcher(self) -> CUDAPrefetcher:
         """One prefetcher (one side stream) for the loader's lifetime."""

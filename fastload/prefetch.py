@@ -366,13 +366,24 @@ class CUDAPrefetcher:
         return images
 
     def _prepare(self, raw: Any, consumer: Any, side: Any, seed: int, epoch: int) -> tuple[Any, Any]:
+        with self._backend.stream_context(side):
+            return self.copy_and_transform(raw, side, seed, epoch, after=consumer)
+
+    def copy_and_transform(
+        self, raw: Any, stream: Any, seed: int, epoch: int, after: Any = None
+    ) -> tuple[Any, Any]:
+        """One batch to the device and through the transforms, queued on ``stream`` (the current
+        one): steps 2 of the stream protocol (see the module docs). Returns the batch and the event
+        after which its host memory has been read. ``after``: a stream whose queued work the
+        transforms wait for (the consumer's, for transforms that write into reused device memory).
+        """
         backend = self._backend
         indices = _get_indices(raw)
-        with backend.stream_context(side):
-            batch = _map_tensors(raw, self._to_device)
-            copied = backend.record_event(side)
-            backend.wait_stream(side, consumer)
-            batch = _replace_images(batch, self._finish_images(_get_images(batch), indices, seed, epoch))
+        batch = _map_tensors(raw, self._to_device)
+        copied = backend.record_event(stream)
+        if after is not None:
+            backend.wait_stream(stream, after)
+        batch = _replace_images(batch, self._finish_images(_get_images(batch), indices, seed, epoch))
         return batch, copied
 
 

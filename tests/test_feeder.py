@@ -242,3 +242,141 @@ def test_the_loader_names_its_decoder(imagenet_root: Path, caplog: pytest.LogCap
     assert (
         "nvJPEG" in fastload.decode.device_decoder("cuda") or not fastload.decode.torchvision_jpeg_available()
     )
+
+
+# -- the host paths on a device: copies and device transforms in the feeder thread -------------
+
+
+class _Where(gpu.BatchTransform):
+    """A device transform that records the thread it runs in (then leaves the images as they are)."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def __call__(self, images: Any, *, indices: Any = None, epoch: int = 0, seed: int = 0) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return images
+
+
+def _fast_loader(root: Path, transforms: Any, **kwargs: Any) -> fastload.DataLoader[Any]:
+    from fastload import transforms as T
+
+    ds = fastload.ImageFolder(root / "train", transform=T.Compose([T.RandomResizedCrop(16)]))
+    common: dict[str, Any] = dict(batch_size=5, shuffle=True, seed=1, device="cpu", pin_memory=True)
+    return fastload.DataLoader(ds, gpu_transforms=transforms, **{**common, **kwargs})
+
+
+def _take(loader: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_the_fast_path_on_a_cuda_device_copies_and_transforms_beside_the_loop(imagenet_root: Path) -> None:
+    """On a CUDA device the loop's next() only takes a finished batch and queues a wait for its
+    event: the copy and the device transforms ran in the feeder thread, and the batches are those
+    of the in-thread prefetcher (the same loader where the device is not CUDA)."""
+    normalize = gpu.Normalize([0.5], [0.25])
+    reference = _take(_fast_loader(imagenet_root, gpu.Compose([_Where(), normalize]), num_workers=2))
+    where = _Where()
+    with fake_cuda() as (streams, _):
+        loader = _fast_loader(imagenet_root, gpu.Compose([where, normalize]), num_workers=2)
+        assert loader.fast_path
+        got = _take(loader)
+        loader.close()
+    assert set(where.threads) == {"fastload-feeder"} and len(where.threads) == len(got) == 7
+    assert [e for _, e in streams.waited_events] and streams.pageable() == []
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
+@pytest.mark.filterwarnings("ignore:CUDAPrefetcher got tensors in pageable memory:UserWarning")
+def test_torch_path_with_workers_is_fed_beside_the_loop_and_errors_keep_their_batch(tmp_path: Path) -> None:
+    """torch's path with worker processes: a sample that raises fails the next() of its batch, as
+    with torch's iterator, and the next() after it returns the following batch."""
+
+    class Flaky(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            if i == 3:
+                raise ValueError("sample 3 is broken")
+            return torch.full((3, 4, 4), i, dtype=torch.uint8), i
+
+    where = _Where()
+    with fake_cuda():
+        loader = fastload.DataLoader(
+            Flaky(), batch_size=2, num_workers=2, device="cpu", pin_memory=True, gpu_transforms=where
+        )
+        assert not loader.fast_path
+        it = iter(loader)
+        first = next(it)
+        with pytest.raises(ValueError, match="sample 3 is broken"):
+            next(it)
+        rest = list(it)
+        loader.close()
+    assert first[1].tolist() == [0, 1] and [y.tolist() for _, y in rest] == [[4, 5], [6, 7]]
+    assert set(where.threads) == {"fastload-feeder"}
+
+
+def test_a_fed_pass_resumes_exactly_where_the_loop_stopped(imagenet_root: Path) -> None:
+    """The feeder thread runs batches ahead of the loop: the state counts the batches handed out."""
+    with fake_cuda():
+        whole = _take(_fast_loader(imagenet_root, gpu.Normalize([0.5], [0.25]), num_workers=2))
+        first = _fast_loader(imagenet_root, gpu.Normalize([0.5], [0.25]), num_workers=2)
+        it = iter(first)
+        next(it), next(it)
+        time.sleep(0.2)  # the feeder has prepared the batches after them meanwhile
+        state = first.state_dict()
+        first.close()
+        again = _fast_loader(imagenet_root, gpu.Normalize([0.5], [0.25]), num_workers=2)
+        again.load_state_dict(state)
+        rest = _take(again)
+        again.close()
+    assert len(rest) == len(whole) - 2
+    assert all(
+        torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(rest, whole[2:], strict=True)
+    )
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
+@pytest.mark.filterwarnings("ignore:CUDAPrefetcher got tensors in pageable memory:UserWarning")
+@pytest.mark.parametrize("case", ["reused output buffers", "no workers on torch's path", "not a CUDA device"])
+def test_where_a_thread_could_change_the_batches_the_prefetcher_stays_in_the_loop(
+    imagenet_root: Path, case: str
+) -> None:
+    """Normalize(buffers=2) is safe only one batch ahead; torch's path without workers draws from
+    torch's global random state, which a thread would interleave with the loop's draws."""
+    where = _Where()
+    if case == "reused output buffers":
+        with fake_cuda():
+            loader = _fast_loader(
+                imagenet_root, gpu.Compose([where, gpu.Normalize([0.5], [0.25], buffers=2)])
+            )
+            _take(loader)
+    elif case == "no workers on torch's path":
+        data = [(torch.zeros(3, 4, 4, dtype=torch.uint8), 0)] * 6
+        with fake_cuda():
+            loader = fastload.DataLoader(
+                data, batch_size=2, device="cpu", pin_memory=True, gpu_transforms=where
+            )
+            assert not loader.fast_path
+            _take(loader)
+    else:
+        loader = _fast_loader(imagenet_root, where, num_workers=1)
+        _take(loader)
+    loader.close()
+    assert set(where.threads) == {threading.current_thread().name}
+
+
+def test_leaving_a_fed_pass_early_stops_its_thread(imagenet_root: Path) -> None:
+    with fake_cuda():
+        loader = _fast_loader(imagenet_root, gpu.Normalize([0.5], [0.25]), num_workers=1)
+        it = iter(loader)
+        next(it)
+        assert any(t.name == "fastload-feeder" for t in threading.enumerate())
+        del it
+        loader.close()
+    deadline = time.monotonic() + 10
+    while any(t.name == "fastload-feeder" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "fastload-feeder" for t in threading.enumerate())
