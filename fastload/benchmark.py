@@ -71,6 +71,7 @@ from .modelbench import (
     TrainStep,
     build_model,
     format_model_table,
+    host_batches,
     model_label,
     model_verdict,
     resident_batches,
@@ -732,6 +733,9 @@ def run(
 MODEL_LEGEND = """\
 ceiling      the same training step on one batch already on the device: how fast this device
              trains the model when data costs nothing (measured before and after the loaders)
+host ceiling (on a GPU) the same batch as float32 in pinned host memory, copied by the step
+             itself (.to(device, non_blocking=True), on the training stream): the best any loader
+             of float32 CPU batches gives a loop that copies its batches (the one-line swap's case)
 images/s     median of --repeat timed runs of training steps (each run at least one ring of
              prefetched batches, after a warm-up that drains it)
 of ceiling   images/s divided by the ceiling's: how busy the loader keeps the device
@@ -746,6 +750,13 @@ def model_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
     ring = ring_batches(num_workers)
     warmup = max(config.warmup, ring + 1) if config.steady_warmup else config.warmup
     return warmup, max(config.batches, ring) if config.steady else config.batches
+
+
+#: The model table's first column for the rows that no loader feeds.
+_FEEDING = {
+    "ceiling": "ceiling (data on the device)",
+    "host-ceiling": "host ceiling (float32, pinned)",
+}
 
 
 def run_model(
@@ -781,7 +792,7 @@ def run_model(
         rec = {
             "mode": "model",
             "backend": name,
-            "feeding": "ceiling (data on the device)" if name == "ceiling" else name,
+            "feeding": _FEEDING.get(name, name),
             "model": model,
             "num_workers": w,
             "batch_size": config.batch_size,
@@ -809,6 +820,18 @@ def run_model(
             resident = resident_batches(config.batch_size, classes, device)
             before = time_steps(resident, step, warmup, steps, config.repeat, on_step=bar.update)
         rows = []
+        if device.type == "cuda":  # what a loop that copies float32 host batches reaches at best
+            with _bar(progress, total, f"{model} host ceiling") as bar:
+                host = host_batches(config.batch_size, classes)
+                rows.append(
+                    record(
+                        "host-ceiling",
+                        None,
+                        time_steps(host, step, warmup, steps, config.repeat, on_step=bar.update),
+                        warmup,
+                        steps,
+                    )
+                )
         for name in usable:
             with _bar(progress, total, f"{model} workers={w} {name}") as bar:
                 loader = BACKENDS[name].build(config, "train", w)
@@ -880,7 +903,7 @@ def _main_model(
         return _error(str(e))
     print(format_model_table(records))
     print()
-    print("rows: ceiling, then each backend (--help lists them)")
+    print("rows: ceiling, host ceiling (on a GPU), then each backend (--help lists them)")
     print("columns:")
     print("\n".join("  " + line for line in MODEL_LEGEND.splitlines()))
     out = Path(args.json) if args.json else DEFAULT_JSON.with_name("model.json")

@@ -12,7 +12,10 @@ model waits for it. This module holds the model side of ``bench/throughput.py --
   ``next()`` the device has nothing to do: the share of the wall time spent there is the
   device's idle time due to data (``waiting``);
 - :func:`resident_batches`: the same batch, already on the device, forever: fed with it, the step
-  runs at the *ceiling*, the rate at which this device trains the model when data costs nothing.
+  runs at the *ceiling*, the rate at which this device trains the model when data costs nothing;
+- :func:`host_batches`: that batch in pinned host memory, float32, copied by the step itself:
+  the *host ceiling*, the best any loader of float32 CPU batches can do for a loop that copies
+  its batches to the GPU (the copy runs on the training stream, between the steps).
 
 A loader's ``share of the ceiling`` (its images/s over the ceiling's, same run) says how busy it
 keeps the device. Measured on one H200 with 16 CPUs (ResNet-50, batch 256, 14 workers): torch's
@@ -41,6 +44,7 @@ __all__ = [
     "format_model_table",
     "model_label",
     "model_verdict",
+    "host_batches",
     "resident_batches",
     "time_steps",
 ]
@@ -135,6 +139,22 @@ def resident_batches(
     return itertools.repeat((images.contiguous(memory_format=torch.channels_last), labels))
 
 
+def host_batches(
+    batch_size: int, num_classes: int, size: int = 224, pin: bool = True
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`resident_batches`' batch as a loader on the host hands it out: float32 in (pinned)
+    host memory, forever. The step copies it to the device itself (``.to(device,
+    non_blocking=True)``, on the training stream, as a training loop does), so fed with it the step
+    runs at the best rate any loader of float32 CPU batches can give this loop: the *host ceiling*.
+    """
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch_size, 3, size, size, generator=generator)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    if pin:
+        images, labels = images.pin_memory(), labels.pin_memory()
+    return itertools.repeat((images, labels))
+
+
 def _synchronize(device: torch.device) -> Callable[[], None]:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -225,7 +245,11 @@ def model_verdict(records: Sequence[dict[str, Any]]) -> str | None:
     Example: ``ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time,
     the one-line swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256)``.
     """
-    fed = [r for r in records if r["backend"] != "ceiling" and r["share_of_ceiling"] is not None]
+    fed = [
+        r
+        for r in records
+        if r["backend"] not in ("ceiling", "host-ceiling") and r["share_of_ceiling"] is not None
+    ]
     if not fed:
         return None
     workers = max(r["num_workers"] for r in fed)  # the largest worker count measured
@@ -242,6 +266,12 @@ def model_verdict(records: Sequence[dict[str, Any]]) -> str | None:
         + "".join(f", {name} {share}" for name, share in rest)
         + f" ({first['num_workers']} workers, batch {first['batch_size']})"
     )
+    host = [r for r in records if r["backend"] == "host-ceiling" and r["share_of_ceiling"] is not None]
+    if host:
+        line += (
+            f"; a loop that copies float32 batches from the host itself reaches at most "
+            f"{100 * host[-1]['share_of_ceiling']:.0f} % (the host ceiling: the copy runs on its stream)"
+        )
     if not on_gpu:
         line += ". Not a GPU's figures: without CUDA the model shares the CPUs with the loader's workers"
     return line

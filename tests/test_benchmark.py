@@ -635,6 +635,28 @@ def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
         "ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time, the one-line "
         "swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256)"
     )
+    host = {**rec("host-ceiling", 0.951), "num_workers": None}
+    assert model_verdict([records[0], host, *records[1:]]) == (
+        "ResNet-50 on this GPU (NVIDIA H200): torch's loader keeps it busy 25 % of the time, the one-line "
+        "swap 95 %, fastload's own pipeline 98 % (14 workers, batch 256); a loop that copies float32 "
+        "batches from the host itself reaches at most 95 % (the host ceiling: the copy runs on its stream)"
+    )
+
+
+def test_the_host_ceiling_is_float32_host_memory_the_step_copies_itself() -> None:
+    """The host ceiling's batch is what the one-line swap hands out (float32 on the host, the
+    ceiling's values), and the step moves it to its device itself, as a training loop does."""
+    from fastload.modelbench import TrainStep, build_model, host_batches, resident_batches
+
+    images, labels = next(host_batches(4, 3, size=16, pin=False))
+    resident, resident_labels = next(resident_batches(4, 3, torch.device("cpu"), size=16))
+    assert images.device.type == "cpu" and images.dtype == torch.float32
+    assert torch.equal(images, resident) and torch.equal(labels, resident_labels)
+    seen: list[torch.device] = []
+    model = build_model("tiny", 3, torch.device("cpu"))
+    model.register_forward_pre_hook(lambda _, args: seen.append(args[0].device))
+    loss = TrainStep(model, torch.device("cpu"))(images, labels)
+    assert seen == [torch.device("cpu")] and loss.ndim == 0
 
 
 def test_model_mode_counts_drain_the_ring_and_bad_models_are_named(
