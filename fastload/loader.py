@@ -64,7 +64,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
@@ -103,7 +103,15 @@ from ._worker import (
 )
 from .batch import IndexedBatch
 from .decode import decode_batch, device_decoder, device_routes
-from .device import auto_num_workers, available_cpus, cuda_available, host_memory, pinned_device
+from .device import (
+    auto_num_workers,
+    available_cpus,
+    cuda_available,
+    host_memory,
+    pinned_device,
+    stream_backend,
+    use_device,
+)
 from .distributed import get_rank, get_world_size
 from .feeder import DeviceFeeder
 from .gpu import BatchTransform, apply_transform
@@ -488,29 +496,48 @@ FEEDER_DEPTH = 2
 
 
 class _EncodedPass:
-    """decode='device': each batch read, decoded on the device and transformed there by a feeder
-    thread with a stream of its own (:class:`fastload.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
-    batches ahead; the training thread's ``next()`` takes a finished batch and queues a wait for
-    its event. Reader threads (``num_workers`` of them) fetch the next batch's bytes meanwhile.
-    Which decoder takes an image (the device's JPEG decoder, or the CPU's for PNG, CMYK, ...)
-    comes from its JPEG header, read once per sample and kept in the loader's routes column.
+    """decode='device': each batch read, decoded on the device and transformed there, beside the
+    training loop, in two stages that overlap:
+
+    - a decoder thread (``fastload-decode``, a CUDA stream of its own) routes and decodes batch
+      ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
+      decoders for the rest), while
+    - the feeder thread (:class:`fastload.feeder.DeviceFeeder`, a stream of its own) crops and
+      transforms batch ``k`` on the device, after a wait queued for the decode's event, and keeps
+      ``FEEDER_DEPTH`` finished batches ready; the training thread's ``next()`` takes one and
+      queues a wait for its event.
+
+    Reader threads (``num_workers`` of them) fetch the bytes of batch ``k + 2`` meanwhile. Which
+    decoder takes an image comes from its JPEG header, read once per sample and kept in the
+    loader's routes column. An error of batch ``k`` (a corrupt image, named) is raised by the
+    ``next()`` of batch ``k``; the pass goes on after it.
     """
 
     def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
         self.loader = loader
         self.epoch, self.seed = epoch, seed
-        # with its index: the feeder thread decodes where this thread's "cuda" is (its rank's GPU)
+        # with its index: the threads decode where this thread's "cuda" is (its rank's GPU)
         self.device = pinned_device(loader.device if loader.device is not None else torch.device("cpu"))
         self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
         self.reads: dict[int, Any] = {}
+        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-decode")
+        self.decodes: dict[int, Future[tuple[list[torch.Tensor], Any]]] = {}
+        self.backend = stream_backend(self.device)
+        self._decode_stream: Any = None
         self.routes = loader._decode_routes()
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
         self.feeder = DeviceFeeder(
-            self._prepare, len(self.batches), start, self.device, depth=FEEDER_DEPTH, timeout=loader.timeout
+            self._prepare,
+            len(self.batches),
+            start,
+            self.device,
+            depth=FEEDER_DEPTH,
+            backend=self.backend,
+            timeout=loader.timeout,
         )
 
     def __len__(self) -> int:
@@ -521,15 +548,41 @@ class _EncodedPass:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
             self.reads[k] = self.readers.map(dataset.get_bytes, self.batches[k].tolist())
 
+    def _submit(self, k: int) -> None:
+        """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""
+        if k < len(self.batches) and k not in self.decodes:
+            self._read(k)
+            self.decodes[k] = self.decoder.submit(self._decode, k)
+
+    def _decode(self, k: int) -> tuple[list[torch.Tensor], Any]:
+        """In the decoder thread: batch ``k`` decoded on its stream, and the event after it."""
+        backend = self.backend
+        if self._decode_stream is None:
+            if self.device.type == "cuda":  # a new thread starts on device 0
+                use_device(self.device.index or 0)
+            self._decode_stream = backend.new_stream(self.device)
+        with backend.stream_context(self._decode_stream):
+            indices = self.batches[k]
+            encoded = list(self.reads.pop(k))
+            on_device = device_routes(encoded, indices, self.routes)
+            images = decode_batch(
+                encoded, self.device, _Names(self.loader.dataset, indices), on_device=on_device
+            )
+            return images, backend.record_event(self._decode_stream)
+
     def _prepare(self, k: int) -> IndexedBatch:
         """Batch ``k`` on the device: in the feeder thread, on its stream."""
-        self._read(k)
-        self._read(k + 1)  # the next batch's bytes arrive while this one decodes
+        self._submit(k)
+        self._submit(k + 1)  # decoded while this one is transformed
+        self._read(k + 2)  # its bytes arrive meanwhile
+        images, decoded = self.decodes.pop(k).result()  # batch k's decode error, if any, from here
+        backend = self.backend
+        stream = backend.current_stream(self.device)
+        backend.wait_event(stream, decoded)
+        for image in images:
+            backend.record_stream(image, stream)  # made on the decoder's stream, used on this one
         dataset: Any = self.loader.dataset
         indices = self.batches[k]
-        encoded = list(self.reads.pop(k))
-        on_device = device_routes(encoded, indices, self.routes)
-        images = decode_batch(encoded, self.device, _Names(dataset, indices), on_device=on_device)
         target_transform = getattr(dataset, "target_transform", None)
         targets = [int(dataset.targets[int(i)]) for i in indices]
         if target_transform is not None:
@@ -551,6 +604,7 @@ class _EncodedPass:
 
     def close(self) -> None:
         self.feeder.close()
+        self.decoder.shutdown(wait=False, cancel_futures=True)
         self.readers.shutdown(wait=False, cancel_futures=True)
 
 

@@ -137,23 +137,33 @@ def _device_loader(root: Path, **kwargs: Any) -> fastload.DataLoader[Any]:
 def test_device_decode_runs_beside_the_training_thread(
     imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The loop's next() does no decoding, header parsing or transform: those run in the feeder
-    thread; the batches are those of decoding each sample and transforming it with its own keys."""
+    """The loop's next() does no decoding, header parsing or transform: decoding runs in the
+    decoder thread, the transforms in the feeder thread (the two overlap: batch k + 1 decodes
+    while batch k is transformed); the batches are those of decoding each sample and transforming
+    it with its own keys."""
     where: list[str] = []
-    real_decode = fastload.loader.decode_batch
+    transformed: list[str] = []
+    real_decode, real_transform = fastload.loader.decode_batch, fastload.loader.apply_transform
 
     def recording_decode(*args: Any, **kwargs: Any) -> Any:
         where.append(threading.current_thread().name)
         return real_decode(*args, **kwargs)
 
+    def recording_transform(*args: Any, **kwargs: Any) -> Any:
+        transformed.append(threading.current_thread().name)
+        return real_transform(*args, **kwargs)
+
     monkeypatch.setattr(fastload.loader, "decode_batch", recording_decode)
+    monkeypatch.setattr(fastload.loader, "apply_transform", recording_transform)
     with fake_cuda() as (streams, _):
         loader = _device_loader(imagenet_root, num_workers=2, pin_memory=True)
         assert loader.path == "device-decode"
         batches = [(x.clone(), y.clone(), b.indices.clone()) for x, y, b in ((*b, b) for b in loader)]
         loader.close()
-    assert set(where) == {"fastload-feeder"} and len(where) == len(batches) == 7
-    assert streams.waited_events and streams.pageable() == []  # labels and indices: pinned copies
+    assert set(where) == {"fastload-decode_0"} and len(where) == len(batches) == 7
+    assert set(transformed) == {"fastload-feeder"} and len(transformed) == 7
+    # the feeder's stream waits for each decode's event, the loop's for each finished batch's
+    assert len(streams.waited_events) == 14 and streams.pageable() == []  # labels and indices: pinned
     ds = fastload.InMemoryImageFolder(imagenet_root / "train")
     order = fastload.rng.epoch_permutation(len(ds), 3, 0)
     tf = gpu.Compose([gpu.RandomResizedCrop(16), gpu.RandomHorizontalFlip(), gpu.Normalize([0.5], [0.25])])
