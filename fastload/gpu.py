@@ -286,39 +286,56 @@ class _Axis:
         r = self.win0[:, None] + o  # (N, L) position in R
         valid = (r >= self.lo[:, None]) & (r < self.hi[:, None])
         if not self.resampled:
-            pos = r[:, :, None]
-            weights = valid[:, :, None].astype(np.float64)
-        else:
-            n = self.srclen[:, None].astype(np.float64)
-            m = self.reslen[:, None]
-            scale = n / m
-            rr = np.clip(r, 0, m - 1).astype(np.float64)
-            if antialias:
-                # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)).
-                support = np.where(scale >= 1.0, scale, 1.0)
-                invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)
-                center = scale * (rr + 0.5)
-                xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
-                xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), self.srclen[:, None])
-                xsize = xmax - xmin
-                k = np.arange(max(int(xsize.max()), 1), dtype=np.int64)
-                j = xmin[:, :, None] + k
-                weights = np.maximum(0.0, 1.0 - np.abs((j - center[:, :, None] + 0.5) * invscale[:, :, None]))
-                weights = np.where(k < xsize[:, :, None], weights, 0.0)
-                total = weights.sum(-1, keepdims=True)
-                weights = weights / np.where(total > 0, total, 1.0)
-            else:
-                # Plain bilinear (align_corners=False), two taps.
-                src = np.maximum(scale * (rr + 0.5) - 0.5, 0.0)
-                i0 = np.minimum(np.floor(src).astype(np.int64), self.srclen[:, None] - 1)
-                i1 = i0 + (i0 < self.srclen[:, None] - 1)
-                lam = np.clip(src - i0, 0.0, 1.0)
-                j = np.stack([i0, i1], -1)
-                weights = np.stack([1.0 - lam, lam], -1)
-            pos = self.src0[:, None, None] + j
+            pos = np.clip(r[:, :, None], 0, self.size[:, None, None] - 1)
+            return pos, valid[:, :, None].astype(np.float64)
+        n = self.srclen[:, None].astype(np.float64)
+        m = self.reslen[:, None]
+        scale = n / m
+        rr = np.clip(r, 0, m - 1).astype(np.float64)
+        if not antialias:
+            # Plain bilinear (align_corners=False), two taps.
+            src = np.maximum(scale * (rr + 0.5) - 0.5, 0.0)
+            i0 = np.minimum(np.floor(src).astype(np.int64), self.srclen[:, None] - 1)
+            i1 = i0 + (i0 < self.srclen[:, None] - 1)
+            lam = np.clip(src - i0, 0.0, 1.0)
+            pos = self.src0[:, None, None] + np.stack([i0, i1], -1)
             inside = (pos >= self.m0[:, None, None]) & (pos < self.m1[:, None, None])
-            weights = weights * inside * valid[:, :, None]
-        pos = np.clip(pos, 0, self.size[:, None, None] - 1)
+            weights = np.stack([1.0 - lam, lam], -1) * inside * valid[:, :, None]
+            return np.clip(pos, 0, self.size[:, None, None] - 1), weights
+        # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)): per
+        # output pixel, taps xmin .. xmin + xsize - 1 of a triangle of width 2 * support, summed
+        # in order and normalised, as torch computes them. K (the taps of the widest filter) is
+        # the batch's; each image's own taps are made in a bucket of its own width (a power of
+        # two), the rest of its K weights are 0 at its first tap's position: one large image
+        # then costs the batch no more work than its own.
+        support = np.where(scale >= 1.0, scale, 1.0)
+        invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)
+        center = scale * (rr + 0.5)
+        xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+        xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), self.srclen[:, None])
+        xsize = xmax - xmin
+        widest = np.maximum(xsize.max(1), 1)  # per image
+        bucket = 1 << np.ceil(np.log2(widest)).astype(np.int64)
+        count, taps = len(xmin), int(min(bucket.max(), widest.max()))
+        pos = np.empty((count, length, taps), dtype=np.int64)
+        weights = np.zeros((count, length, taps), dtype=np.float64)
+        for width in np.unique(bucket):
+            rows = np.nonzero(bucket == width)[0]
+            kb = min(int(width), taps)
+            k = np.arange(kb, dtype=np.int64)
+            j = xmin[rows, :, None] + k
+            w = np.maximum(0.0, 1.0 - np.abs((j - center[rows, :, None] + 0.5) * invscale[rows, :, None]))
+            w = np.where(k < xsize[rows, :, None], w, 0.0)
+            total = w[:, :, 0].copy()
+            for i in range(1, kb):  # in order, as torch sums them
+                total += w[:, :, i]
+            w = w / np.where(total > 0, total, 1.0)[:, :, None]
+            p = self.src0[rows, None, None] + j
+            inside = (p >= self.m0[rows, None, None]) & (p < self.m1[rows, None, None])
+            weights[rows, :, :kb] = w * inside * valid[rows, :, None]
+            p = np.clip(p, 0, self.size[rows, None, None] - 1)
+            pos[rows, :, :kb] = p
+            pos[rows, :, kb:] = p[:, :, :1]
         return pos, weights
 
 

@@ -64,6 +64,7 @@ def _drain(loader: object) -> tuple[list[list[int]], list[str]]:
     it = iter(loader)  # type: ignore[call-overload]
     delivered: list[list[int]] = []
     errors: list[str] = []
+    messages: list[str] = []
     for _ in range(100):
         try:
             batch = next(it)
@@ -71,9 +72,10 @@ def _drain(loader: object) -> tuple[list[list[int]], list[str]]:
             return delivered, errors
         except Exception as e:  # noqa: BLE001 - the test records what was raised
             errors.append(type(e).__name__)
+            messages.append(f"{type(e).__name__}: {e}"[:300])
             continue
         delivered.append(batch[1].tolist())
-    raise AssertionError("the iterator never ended")
+    raise AssertionError(f"the iterator never ended: {len(errors)} errors, the first ones: {messages[:3]}")
 
 
 # ------------------------------------------------------------------------------ the iterator class

@@ -637,7 +637,9 @@ def test_a_batch_sent_on_to_another_process_is_never_written_over(
     (as with torch). Once this process drops it, its segment must not be reused: the other process
     still reads it. Dropped mid-pass (the usual poll), or held to the end of the pass (the
     finalizer); then more passes run."""
-    ctx = torch.multiprocessing.get_context("fork")
+    # the other process starts from a fresh interpreter: forked from a test process that ran
+    # earlier tests' workers, it could inherit a lock another thread held at the fork
+    ctx = torch.multiprocessing.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     keeper = ctx.Process(target=_keeper, args=(inbox, outbox))
     keeper.start()
