@@ -277,8 +277,8 @@ class _Axis:
             bool((getattr(self, name) == getattr(self, name)[0]).all()) for name in self.__slots__[:-1]
         )
 
-    def taps(self, flip: np.ndarray | None, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Source positions and weights, each ``(N, L, K)``: ``V[o] = sum_k w[o, k] * S[pos[o, k]]``."""
+    def taps(self, flip: np.ndarray | None, antialias: bool) -> _Taps:
+        """This axis's filter taps: ``V[o] = sum_k w[o, k] * S[pos[o, k]]`` for every image."""
         length = int(self.winlen[0])
         o = np.arange(length, dtype=np.int64)[None, :]
         if flip is not None:
@@ -287,7 +287,7 @@ class _Axis:
         valid = (r >= self.lo[:, None]) & (r < self.hi[:, None])
         if not self.resampled:
             pos = np.clip(r[:, :, None], 0, self.size[:, None, None] - 1)
-            return pos, valid[:, :, None].astype(np.float64)
+            return _HostTaps(pos, valid[:, :, None].astype(np.float64))
         n = self.srclen[:, None].astype(np.float64)
         m = self.reslen[:, None]
         scale = n / m
@@ -301,42 +301,125 @@ class _Axis:
             pos = self.src0[:, None, None] + np.stack([i0, i1], -1)
             inside = (pos >= self.m0[:, None, None]) & (pos < self.m1[:, None, None])
             weights = np.stack([1.0 - lam, lam], -1) * inside * valid[:, :, None]
-            return np.clip(pos, 0, self.size[:, None, None] - 1), weights
+            return _HostTaps(np.clip(pos, 0, self.size[:, None, None] - 1), weights)
         # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)): per
-        # output pixel, taps xmin .. xmin + xsize - 1 of a triangle of width 2 * support, summed
-        # in order and normalised, as torch computes them. K (the taps of the widest filter) is
-        # the batch's; each image's own taps are made in a bucket of its own width (a power of
-        # two), the rest of its K weights are 0 at its first tap's position: one large image
-        # then costs the batch no more work than its own.
+        # output pixel, taps xmin .. xmin + xsize - 1 of a triangle of width 2 * support. Only
+        # these per-pixel numbers are computed here; the (N, L, K) positions and weights are made
+        # where the images are (see _AntialiasTaps).
         support = np.where(scale >= 1.0, scale, 1.0)
         invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)
         center = scale * (rr + 0.5)
         xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
         xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), self.srclen[:, None])
-        xsize = xmax - xmin
-        widest = np.maximum(xsize.max(1), 1)  # per image
-        bucket = 1 << np.ceil(np.log2(widest)).astype(np.int64)
-        count, taps = len(xmin), int(min(bucket.max(), widest.max()))
-        pos = np.empty((count, length, taps), dtype=np.int64)
-        weights = np.zeros((count, length, taps), dtype=np.float64)
-        for width in np.unique(bucket):
-            rows = np.nonzero(bucket == width)[0]
-            kb = min(int(width), taps)
-            k = np.arange(kb, dtype=np.int64)
-            j = xmin[rows, :, None] + k
-            w = np.maximum(0.0, 1.0 - np.abs((j - center[rows, :, None] + 0.5) * invscale[rows, :, None]))
-            w = np.where(k < xsize[rows, :, None], w, 0.0)
-            total = w[:, :, 0].copy()
-            for i in range(1, kb):  # in order, as torch sums them
-                total += w[:, :, i]
-            w = w / np.where(total > 0, total, 1.0)[:, :, None]
-            p = self.src0[rows, None, None] + j
-            inside = (p >= self.m0[rows, None, None]) & (p < self.m1[rows, None, None])
-            weights[rows, :, :kb] = w * inside * valid[rows, :, None]
-            p = np.clip(p, 0, self.size[rows, None, None] - 1)
-            pos[rows, :, :kb] = p
-            pos[rows, :, kb:] = p[:, :, :1]
-        return pos, weights
+        return _AntialiasTaps(self, xmin, xmax - xmin, center, invscale, valid)
+
+
+class _Taps:
+    """An axis's filter taps for a batch: for image ``i``, output ``o`` and tap ``k``, a position in
+    the image (clipped into it) and a weight."""
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per image, the lowest and highest position any tap reads."""
+        raise NotImplementedError
+
+    def width(self, rows: np.ndarray) -> int:
+        """How many taps the images ``rows`` need (the trailing ones weigh 0 for all of them)."""
+        raise NotImplementedError
+
+    def on_device(
+        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For images ``rows``: ``(positions - origin, weights)``, each ``(n, L, width)``, on ``device``
+        (int64, ``dtype``)."""
+        raise NotImplementedError
+
+
+class _HostTaps(_Taps):
+    """Taps computed on the host (a crop, a flip, plain bilinear: one or two taps per pixel)."""
+
+    def __init__(self, pos: np.ndarray, weights: np.ndarray) -> None:
+        self.pos, self.weights = pos, weights
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.pos)
+        return self.pos.reshape(n, -1).min(1), self.pos.reshape(n, -1).max(1)
+
+    def width(self, rows: np.ndarray) -> int:
+        used = np.nonzero((self.weights[rows] != 0).any(axis=(0, 1)))[0]
+        return int(used[-1]) + 1 if len(used) else 1
+
+    def on_device(
+        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.width(rows)
+        local = self.pos[rows, :, :k] - origin[:, None, None]
+        return _to_device(local, device), _to_device(self.weights[rows, :, :k], device, dtype)
+
+
+class _AntialiasTaps(_Taps):
+    """torch's antialiased bilinear taps, made on the images' device from per-pixel numbers.
+
+    Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` (from the
+    resampled region's start) with weight ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)``,
+    normalised by their sum taken in order of ``k`` (as torch sums them): the same float64
+    operations as torch's kernel setup, so the same weights on any device, and an image's
+    weights do not depend on the others of its batch. Taps past an output's own ``xsize`` (the
+    group is as wide as its widest filter) weigh 0 and read its first tap's position.
+    """
+
+    def __init__(
+        self,
+        axis: _Axis,
+        xmin: np.ndarray,
+        xsize: np.ndarray,
+        center: np.ndarray,
+        invscale: np.ndarray,
+        valid: np.ndarray,
+    ) -> None:
+        self.src0, self.m0, self.m1, self.size = axis.src0, axis.m0, axis.m1, axis.size
+        self.xmin, self.xsize, self.center, self.valid = xmin, xsize, center, valid
+        self.invscale = np.broadcast_to(invscale, xmin.shape)
+
+    def _clip(self, pos: np.ndarray) -> np.ndarray:
+        return np.clip(pos, 0, self.size - 1)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        first = self.src0 + self.xmin.min(1)
+        last = self.src0 + (self.xmin + np.maximum(self.xsize, 1) - 1).max(1)
+        return self._clip(first), self._clip(last)
+
+    def width(self, rows: np.ndarray) -> int:
+        return max(int(self.xsize[rows].max()), 1)
+
+    def on_device(
+        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        width = self.width(rows)
+
+        def there(a: np.ndarray) -> torch.Tensor:
+            return _to_device(np.ascontiguousarray(a), device)
+
+        xmin, xsize = there(self.xmin[rows])[:, :, None], there(self.xsize[rows])[:, :, None]
+        center, invscale = there(self.center[rows])[:, :, None], there(self.invscale[rows])[:, :, None]
+        per_image = there(
+            np.stack([self.src0[rows], self.m0[rows], self.m1[rows], self.size[rows] - 1, origin], 1)
+        )
+        src0, m0, m1, top, origin_t = (per_image[:, c, None, None] for c in range(5))
+        k = torch.arange(width, device=device)
+        used = k < xsize
+        j = xmin + k
+        w = (1.0 - ((j - center + 0.5) * invscale).abs()).clamp_min(0.0)
+        w = w.masked_fill(~used, 0.0)
+        total = w[:, :, 0].clone()
+        for i in range(1, width):  # in order, as torch sums them
+            total += w[:, :, i]
+        w = w / total.masked_fill(~(total > 0), 1.0)[:, :, None]
+        pos = src0 + j
+        inside = (pos >= m0) & (pos < m1)
+        w = w * inside * there(self.valid[rows])[:, :, None]
+        pos = torch.minimum(pos.clamp_min(0), top)
+        pos = torch.where(used, pos, pos[:, :, :1])
+        return pos - origin_t, w.to(dtype)
 
 
 class _Plan:
@@ -458,17 +541,18 @@ class _Plan:
         first = images if isinstance(images, torch.Tensor) else images[0]
         device, dtype = first.device, first.dtype
         channels = first.shape[1] if isinstance(images, torch.Tensor) else first.shape[0]
-        pos_y, w_y = self.y.taps(None, self.antialias)
-        pos_x, w_x = self.x.taps(self.flip, self.antialias)
-        out_h, out_w = pos_y.shape[1], pos_x.shape[1]
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        taps_y = self.y.taps(None, self.antialias)
+        taps_x = self.x.taps(self.flip, self.antialias)
+        out_h, out_w = int(self.y.winlen[0]), int(self.x.winlen[0])
         out = torch.empty((n, channels, out_h, out_w), dtype=dtype, device=device)
         if out_h == 0 or out_w == 0:
             return out
 
         # The source rectangle each image needs: origin (clamped so that it stays inside the
         # image where possible) and extent.
-        lo_y, hi_y = pos_y.reshape(n, -1).min(1), pos_y.reshape(n, -1).max(1)
-        lo_x, hi_x = pos_x.reshape(n, -1).min(1), pos_x.reshape(n, -1).max(1)
+        lo_y, hi_y = taps_y.bounds()
+        lo_x, hi_x = taps_x.bounds()
         span_y, span_x = hi_y - lo_y + 1, hi_x - lo_x + 1
         heights, widths = self.y.size, self.x.size
 
@@ -496,8 +580,8 @@ class _Plan:
                 rx,
                 oy,
                 ox,
-                _trim(pos_y[rows], w_y[rows]),
-                _trim(pos_x[rows], w_x[rows]),
+                taps_y.on_device(rows, oy, device, compute),
+                taps_x.on_device(rows, ox, device, compute),
             )
             if not dtype.is_floating_point:
                 info = torch.iinfo(dtype)
@@ -532,13 +616,6 @@ def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 2.0)
     return groups
 
 
-def _trim(pos: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Drops trailing taps that have zero weight for every output of the group."""
-    used = np.nonzero((weights != 0).any(axis=(0, 1)))[0]
-    k = int(used[-1]) + 1 if len(used) else 1
-    return pos[:, :, :k], weights[:, :, :k]
-
-
 def _resample(
     flat: torch.Tensor,
     offsets: np.ndarray,
@@ -549,20 +626,21 @@ def _resample(
     rx: int,
     oy: np.ndarray,
     ox: np.ndarray,
-    taps_y: tuple[np.ndarray, np.ndarray],
-    taps_x: tuple[np.ndarray, np.ndarray],
+    taps_y: tuple[torch.Tensor, torch.Tensor],
+    taps_x: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
     """Separable resampling of one group: ``(n, C, H', W')`` float, layout-permuted view.
 
     ``flat`` holds the images; image ``r`` starts at ``offsets[r]`` (CHW, ``heights[r]`` x
     ``widths[r]``). Its source region is ``ry`` x ``rx`` pixels from ``(oy[r], ox[r])``, and the
-    output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] * S[py[i, a], px[j, b]]``.
+    output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] * S[py[i, a], px[j, b]]``;
+    ``taps_y`` / ``taps_x`` hold ``(py - oy, wy)`` and ``(px - ox, wx)`` on the device.
     """
     device = flat.device
-    compute = torch.float64 if flat.dtype == torch.float64 else torch.float32
-    (pos_y, w_y), (pos_x, w_x) = taps_y, taps_x
-    n, out_h, ky = pos_y.shape
-    out_w, kx = pos_x.shape[1], pos_x.shape[2]
+    (local_y, w_y), (local_x, w_x) = taps_y, taps_x
+    compute = w_y.dtype
+    n, out_h, ky = local_y.shape
+    out_w, kx = local_x.shape[1], local_x.shape[2]
     # Region rows: windows of rx pixels picked from the flat buffer with one index_select.
     rows = np.minimum(oy[:, None] + np.arange(ry, dtype=np.int64), heights[:, None] - 1)  # (n, ry)
     starts = (
@@ -573,16 +651,14 @@ def _resample(
     )
     table = flat.unfold(0, rx, 1).index_select(0, _to_device(starts.reshape(-1), device)).to(compute)
     # Vertical pass: output row (r, c, i) = sum_a wy[r, i, a] * region row (r, c, py[r, i, a] - oy[r]).
-    local_y = _to_device(pos_y - oy[:, None, None], device)
     base = (torch.arange(n, device=device)[:, None] * channels + torch.arange(channels, device=device)) * ry
     bags = (base[:, :, None, None] + local_y[:, None]).reshape(-1, ky)
-    wts = _to_device(w_y, device, compute)[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
+    wts = w_y[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
     t1 = nnf.embedding_bag(bags, table, per_sample_weights=wts, mode="sum")
     # Horizontal pass on the transposed intermediate, whose rows are now columns.
     t1 = t1.view(n, channels, out_h, rx).permute(0, 3, 1, 2).reshape(n * rx, channels * out_h)
-    local_x = _to_device(pos_x - ox[:, None, None], device)
     bags = (torch.arange(n, device=device)[:, None, None] * rx + local_x).reshape(-1, kx)
-    wts = _to_device(w_x, device, compute).reshape(-1, kx)
+    wts = w_x.reshape(-1, kx)
     t2 = nnf.embedding_bag(bags, t1, per_sample_weights=wts, mode="sum")
     return t2.view(n, out_w, channels, out_h).permute(0, 2, 3, 1)
 

@@ -693,3 +693,37 @@ def test_normalize_takes_0_255_units_with_a_warning() -> None:
     with pytest.warns(UserWarning, match="0-255 units"):
         scaled = gpu.Normalize([123.675, 116.28, 103.53], [58.395, 57.12, 57.375])
     assert torch.allclose(scaled(images), reference, atol=1e-5)
+
+
+def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
+    """The crop's planning sends per-pixel numbers to the device, which makes the (n, L, K) taps:
+    each weight is torch's triangle filter normalised by its sum in order of k (torch's kernel
+    setup, written out here per pixel in plain Python floats); taps past a pixel's own filter
+    weigh 0 and read inside the region."""
+    from fastload.gpu import _Plan
+
+    images = [natural(h, w, seed=h) for h, w in [(300, 260), (900, 880), (60, 70), (333, 250)]]
+    plan = _Plan(images)
+    gpu.RandomResizedCrop(48)._update(plan, np.arange(4), 0, 3)
+    taps = plan.x.taps(None, True)
+    lo, hi = taps.bounds()
+    rows = np.arange(4)
+    local, weights = taps.on_device(rows, lo, torch.device("cpu"), torch.float64)
+    axis = plan.x
+    for i in rows:
+        scale = float(axis.srclen[i]) / float(axis.reslen[i])
+        support, inv = (scale, 1.0 / scale) if scale >= 1.0 else (1.0, 1.0)
+        for o in (0, 17, 47):
+            center = scale * (o + 0.5)
+            xmin = max(int(math.trunc(center - support + 0.5)), 0)
+            xmax = min(int(math.trunc(center + support + 0.5)), int(axis.srclen[i]))
+            ws = [max(0.0, 1.0 - abs((xmin + k - center + 0.5) * inv)) for k in range(xmax - xmin)]
+            total = 0.0
+            for w in ws:
+                total += w
+            want = [w / total for w in ws]
+            got = weights[i, o].tolist()
+            assert got[: len(want)] == want and all(w == 0 for w in got[len(want) :])
+            positions = local[i, o] + int(lo[i])
+            assert positions[: len(want)].tolist() == [int(axis.src0[i]) + xmin + k for k in range(len(want))]
+            assert bool((positions >= lo[i]).all() and (positions <= hi[i]).all())
