@@ -32,7 +32,7 @@ _LAZY = {
     "PackFile": ("fastload.pack", "PackFile"),
     "PackError": ("fastload.pack", "PackError"),
     "CorruptSampleError": ("fastload.pack", "CorruptSampleError"),
-    "CUDAPrefetcher": ("fastload.prefetch", "CUDAPrefetcher"),
+    "CUDAPrefetcher": ("fastload.gpu.prefetch", "CUDAPrefetcher"),
     "DALILoader": ("fastload.dali", "DALILoader"),
     "IndexedBatch": ("fastload.batch", "IndexedBatch"),
     "default_device": ("fastload.device", "default_device"),

@@ -68,7 +68,8 @@ from ._shm import send_through_memfd, shared_empty, shared_slots
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 from .decode import DecodeError
-from .device import PageLock, current_cuda_device, host_memory
+from .gpu.memory import PageLock, host_memory
+from .gpu.streams import current_cuda_device
 
 __all__ = [
     "WATCHDOG_SECONDS",

@@ -41,14 +41,9 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .device import host_memory
-
 __all__ = [
     "DecodeError",
     "affine_for_table",
-    "decode_batch",
-    "device_decoder",
-    "device_routes",
     "decode_error",
     "describe_unknown",
     "decode_jpeg_tensor",
@@ -624,123 +619,13 @@ def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> tor
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU-decoded image on ``device``: through pinned memory (an asynchronous copy) to a GPU."""
-    if device.type == "cpu":
-        return image
-    host = host_memory()
-    if host.can_pin():
-        return host.pin(image).to(device, non_blocking=True)
-    return image.to(device)
+#: Device decoding moved to :mod:`fastload.gpu.decode`; these names stay importable from here.
+_MOVED = ("decode_batch", "device_decoder", "device_routes", "ROUTE_UNKNOWN", "ROUTE_DEVICE", "ROUTE_CPU")
 
 
-def device_decoder(device: torch.device | str | None) -> str:
-    """Which decoder :func:`decode_batch` runs on ``device`` for baseline JPEGs, in words (the
-    loader's log line, ``python -m fastload info``)."""
-    device = torch.device("cpu") if device is None else torch.device(device)
-    if not torchvision_jpeg_available():
-        return "PIL on the CPU (torchvision.io.decode_jpeg is not available)"
-    if device.type == "cuda":
-        return "nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29)"
-    return "libjpeg-turbo on the CPU through torchvision.io.decode_jpeg (no GPU decoder on a CPU device)"
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from .gpu import decode as device_decoding  # on first use: it imports this module
 
-
-#: :func:`device_routes` values: not known yet, the device's JPEG decoder, the CPU's decoders.
-ROUTE_UNKNOWN, ROUTE_DEVICE, ROUTE_CPU = 0, 1, 2
-
-
-def _route(data: bytes | memoryview | np.ndarray) -> int:
-    """Where an image is decoded: a JPEG in YCbCr, RGB or grayscale by the device's decoder (read
-    from its header by the C extension, without decoding), anything else by the CPU's (PNG, CMYK,
-    a truncated or too large file, whose error the CPU decoder names)."""
-    if not torchvision_jpeg_available():
-        return ROUTE_CPU
-    if _jpeg is not None:
-        return ROUTE_DEVICE if jpeg_header(data) is not None else ROUTE_CPU
-    try:  # no C extension: PIL reads the header (it does not decode either)
-        img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
-    except (OSError, ValueError, Image.DecompressionBombError):
-        return ROUTE_CPU
-    return ROUTE_DEVICE if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") else ROUTE_CPU
-
-
-def device_routes(
-    encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor], indices: np.ndarray, routes: np.ndarray
-) -> list[bool]:
-    """For :func:`decode_batch`'s ``on_device``: whether the device decodes each image, read from
-    ``routes[indices[k]]`` (a column kept across epochs) and, for a sample not seen yet, from its
-    header, which is then recorded there."""
-    out = []
-    for k, i in enumerate(indices):
-        route = routes[i]
-        if route == ROUTE_UNKNOWN:
-            data = encoded[k]
-            route = routes[i] = _route(data.numpy() if isinstance(data, torch.Tensor) else data)
-        out.append(route == ROUTE_DEVICE)
-    return out
-
-
-def decode_batch(
-    encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor],
-    device: torch.device | str | None = None,
-    names: Sequence[str] | None = None,
-    on_device: Sequence[bool] | None = None,
-) -> list[torch.Tensor]:
-    """Decodes a batch of encoded images to a list of uint8 RGB tensors ``(3, H, W)`` on ``device``.
-
-    With a CUDA device, baseline JPEGs (YCbCr or grayscale) are decoded together on the GPU by one
-    batched ``torchvision.io.decode_jpeg(..., device="cuda")`` call (nvJPEG). Everything the GPU
-    decoder does not take (PNG, CMYK JPEGs, other formats) is decoded on the CPU and copied over,
-    so a batch of mixed files works. On the CPU (``device`` ``None`` or ``"cpu"``) the same split
-    runs with the CPU decoders, so this path runs, and is tested, without a GPU.
-
-    Args:
-        encoded: The encoded files (``bytes``, ``memoryview``, 1-D uint8 arrays or tensors).
-        device: Where the decoded images go.
-        names: How to name each sample in a :class:`DecodeError` (default ``"sample k of the batch"``).
-        on_device: Whether each image goes to the batched JPEG decoder (see :func:`device_routes`);
-            default: decided from each image's header, opened with PIL.
-
-    Returns:
-        One ``(3, H, W)`` uint8 tensor per input, in order; sizes may differ.
-
-    Raises:
-        DecodeError: Naming the first sample that cannot be decoded.
-    """
-    device = torch.device("cpu") if device is None else torch.device(device)
-    if names is not None and len(names) != len(encoded):
-        raise ValueError(
-            f"names should have one entry per image, but got {len(names)} names for {len(encoded)} images"
-        )
-    label = (lambda k: names[k]) if names is not None else (lambda k: f"sample {k} of the batch")
-    out: list[torch.Tensor | None] = [None] * len(encoded)
-    jpeg_slots: list[int] = []
-    raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
-    for k, raw in enumerate(raws):
-        if on_device is not None:
-            batched = on_device[k] and torchvision_jpeg_available()
-        else:
-            img = open_image(raw, label(k))
-            batched = img.format in JPEG_FORMATS and img.mode in ("RGB", "L") and torchvision_jpeg_available()
-        if batched:
-            jpeg_slots.append(k)
-        else:
-            blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
-            out[k] = _to_device(
-                torch.from_numpy(np.array(decode_pil(blob, label(k)))).permute(2, 0, 1), device
-            )
-    if jpeg_slots:
-        from torchvision.io import ImageReadMode, decode_jpeg  # on first use: keeps the import cheap
-
-        tensors = [_encoded_tensor(encoded[k]) for k in jpeg_slots]
-        try:
-            if device.type == "cuda":  # pragma: no cover - needs CUDA
-                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
-            else:
-                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB)
-        except _DECODE_ERRORS:
-            # Find the culprit one by one, so the error names it.
-            decoded = [_to_device(decode_jpeg_tensor(raws[k], label(k)), device) for k in jpeg_slots]
-        for k, image in zip(jpeg_slots, decoded, strict=False):
-            out[k] = image
-    return [t for t in out if t is not None]
+        return getattr(device_decoding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,8 +30,8 @@ import torch
 import torchvision
 
 from . import __version__
-from .decode import device_decoder
 from .device import available_cpus, cuda_available
+from .gpu.decode import device_decoder
 
 __all__ = ["C_EXTENSION_HINT", "dali_version", "environment", "summary_line"]
 

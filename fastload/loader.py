@@ -102,21 +102,15 @@ from ._worker import (
     ship_dataset,
 )
 from .batch import IndexedBatch
-from .decode import decode_batch, device_decoder, device_routes
-from .device import (
-    auto_num_workers,
-    available_cpus,
-    cuda_available,
-    host_memory,
-    pinned_device,
-    stream_backend,
-    use_device,
-)
+from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
-from .feeder import DeviceFeeder
 from .gpu import BatchTransform, apply_transform
+from .gpu.decode import decode_batch, device_decoder, device_routes
+from .gpu.feeder import DeviceFeeder
+from .gpu.memory import host_memory
+from .gpu.prefetch import CUDAPrefetcher
+from .gpu.streams import pinned_device, stream_backend, use_device
 from .head import head_view
-from .prefetch import CUDAPrefetcher
 from .recognize import is_image_folder, recognize, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
@@ -491,7 +485,7 @@ class _Names(Sequence[str]):
         return describe_sample(self.dataset, int(self.indices[k]))
 
 
-#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.feeder).
+#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.gpu.feeder).
 FEEDER_DEPTH = 2
 
 
@@ -502,7 +496,7 @@ class _EncodedPass:
     - a decoder thread (``fastload-decode``, a CUDA stream of its own) routes and decodes batch
       ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
       decoders for the rest), while
-    - the feeder thread (:class:`fastload.feeder.DeviceFeeder`, a stream of its own) crops and
+    - the feeder thread (:class:`fastload.gpu.feeder.DeviceFeeder`, a stream of its own) crops and
       transforms batch ``k`` on the device, after a wait queued for the decode's event, and keeps
       ``FEEDER_DEPTH`` finished batches ready; the training thread's ``next()`` takes one and
       queues a wait for its event.
@@ -684,7 +678,7 @@ class _TorchPass:
 
 class _FedPass:
     """The host pass's batches copied to the device and through the device transforms by a feeder
-    thread on a stream of its own (:class:`fastload.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
+    thread on a stream of its own (:class:`fastload.gpu.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
     batches ahead, beside the model: the training thread's ``next()`` costs an event wait (with
     the in-thread prefetcher it also issued the next batch's copy and transform launches, which a
     loop that synchronises every step, e.g. with ``loss.item()``, leaves the GPU idle for).

@@ -15,6 +15,7 @@ from _fakecuda import fake_cuda
 
 import fastload
 import fastload.decode
+import fastload.gpu.decode
 import fastload.loader
 from fastload import gpu
 from fastload.feeder import DeviceFeeder
@@ -187,8 +188,8 @@ def test_headers_are_read_once_per_sample_not_every_epoch(
     def no_pil_open(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an image was opened with PIL to route it")
 
-    monkeypatch.setattr(fastload.decode, "jpeg_header", counting_header)
-    monkeypatch.setattr(fastload.decode, "open_image", no_pil_open)
+    monkeypatch.setattr(fastload.gpu.decode, "jpeg_header", counting_header)
+    monkeypatch.setattr(fastload.gpu.decode, "open_image", no_pil_open)
     loader = _device_loader(imagenet_root, num_workers=1, drop_last=False)
     for _ in range(3):
         assert sum(len(y) for _, y in loader) == 32

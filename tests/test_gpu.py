@@ -210,7 +210,7 @@ def test_same_sample_same_output_whatever_the_batch():
 
 
 def test_one_huge_image_does_not_pad_the_whole_batch():
-    from fastload.gpu import _group_by_extent
+    from fastload.gpu.transforms import _group_by_extent
 
     span_y = np.array([300] * 63 + [3000])
     span_x = np.array([300] * 63 + [4000])
@@ -446,20 +446,20 @@ def test_normalize_of_fast_path_batches_is_bit_identical_with_and_without_the_ta
     images = batch(5, 19, 23).contiguous(memory_format=torch.channels_last)
     ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), mean, std)
     calls: list[bool] = []
-    real = gpu.to_chw_by_table
+    real = gpu.transforms.to_chw_by_table
 
     def counted(*args: object) -> bool:
         calls.append(real(*args))  # type: ignore[arg-type]
         return calls[-1]
 
-    monkeypatch.setattr(gpu, "to_chw_by_table", counted)
+    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", counted)
     out = gpu.Normalize(mean, std)(images)
     assert torch.equal(out, ref) and out.is_contiguous()
     assert calls == ([True] * 5 if fastload.decode._jpeg is not None else [False])  # one per image
-    monkeypatch.setattr(gpu, "to_chw_by_table", lambda *args: False)  # as without the C extension
+    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", lambda *args: False)  # as without the C extension
     assert torch.equal(gpu.Normalize(mean, std)(images), ref)
     calls.clear()
-    monkeypatch.setattr(gpu, "to_chw_by_table", counted)
+    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", counted)
     assert torch.equal(gpu.Normalize(mean, std)(images.contiguous()), ref)  # NCHW input: torch's passes
     assert calls == []
 
@@ -700,7 +700,7 @@ def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
     each weight is torch's triangle filter normalised by its sum in order of k (torch's kernel
     setup, written out here per pixel in plain Python floats); taps past a pixel's own filter
     weigh 0 and read inside the region."""
-    from fastload.gpu import _Plan
+    from fastload.gpu.transforms import _Plan
 
     images = [natural(h, w, seed=h) for h, w in [(300, 260), (900, 880), (60, 70), (333, 250)]]
     plan = _Plan(images)

@@ -95,11 +95,11 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from . import rng
-from ._checks import check_int, check_probability, check_size
-from .batch import IndexedBatch
-from .decode import affine_for_table, to_chw_by_table
-from .device import device_is_cuda
+from .. import rng
+from .._checks import check_int, check_probability, check_size
+from ..batch import IndexedBatch
+from ..decode import affine_for_table, to_chw_by_table
+from ..device import device_is_cuda
 
 __all__ = [
     "BatchTransform",

@@ -1,0 +1,188 @@
+"""The device feeder: batches prepared on the device by a thread of their own, beside the model.
+
+A batch's device work -- the host-to-device copy and the device transforms of the loader's host
+paths, or ``decode="device"``'s crop and transforms -- issued from the training thread, waits for
+the model's kernel launches and makes the model wait for it: measured on an H200 with 16 CPUs,
+``decode="device"`` fed ResNet-50 at 39 % of the rate it reaches on data already on the GPU, and
+fastload's own pipeline at 96 % in a loop that synchronises every step. :class:`DeviceFeeder`
+runs that work in a background thread instead, on a CUDA stream of its own, ``depth`` batches
+ahead (measured: 75 % and 98 %)::
+
+    feeder thread (stream S)                          training thread (stream C)
+    for k in start..n-1:                              next():
+        batch_k = prepare(k)     # queued on S           take (k, batch_k, event_k)   # queue.get
+        event_k = record(S)                              C.wait_event(event_k)        # no host wait
+        queue.put(k, batch_k, event_k)  # blocks at depth  batch_k.record_stream(C)
+                                                         return batch_k
+
+So the training thread's ``next()`` costs an event wait queued on its stream (and a queue get,
+which waits only when the feeder is behind). A batch is handed over with the prefetcher's stream
+protocol: the consumer stream waits on the batch's event (not on everything ``S`` has queued
+since, which would serialise the next batches' decode with the model), and each of its tensors is
+recorded on the consumer stream, so the caching allocator does not reuse their memory early.
+
+Device memory: at most ``depth`` finished batches wait in the queue, one more is being prepared,
+and the consumer holds one: ``depth + 2`` batches (``depth=2``, float32 batches of 256 x 224 x 224:
+about 620 MB).
+
+Errors keep torch's iterator contract: an exception while preparing batch ``k`` is raised by the
+``next()`` that would have returned batch ``k``, and the following ``next()`` returns batch
+``k + 1``. A resumed pass starts at its first batch not handed out (``start``).
+
+Everything device-specific goes through a :class:`fastload.device.StreamBackend`, so on a
+machine without CUDA the same code runs with no-op streams (and tests inject a recording fake).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..batch import iter_tensors
+from .streams import StreamBackend, pinned_device, stream_backend, use_device
+
+__all__ = ["DeviceFeeder"]
+
+
+class _Stop:
+    """Put in the queue when the feeder thread ends (``error``: why it could not go on)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+class DeviceFeeder:
+    """Prepares batches ``start .. n - 1`` with ``prepare(k)`` on a background thread (see the module
+    docs) and hands them out in order.
+
+    Args:
+        prepare: ``prepare(k)`` returns batch ``k`` (its device work queued on the current stream,
+            which is the feeder's own inside the thread); it may raise ``StopIteration`` to end
+            the pass early.
+        n: The pass's number of batches (``None``: until ``prepare`` raises ``StopIteration``).
+        start: The first batch (a resumed pass: the first one not handed out yet).
+        device: Where the batches are made.
+        depth: Finished batches kept ready (at least 1).
+        backend: Stream operations (default :func:`fastload.device.stream_backend`).
+        timeout: Seconds ``next()`` waits for a batch before raising ``RuntimeError`` (0: forever),
+            as the loader's ``timeout``.
+    """
+
+    def __init__(
+        self,
+        prepare: Callable[[int], Any],
+        n: int | None,
+        start: int,
+        device: torch.device,
+        depth: int = 2,
+        backend: StreamBackend | None = None,
+        timeout: float = 0,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth should be a positive integer, but got depth={depth}")
+        self.n = n
+        self.next_batch = start
+        self.device = device = pinned_device(device)  # the thread's current device: this one
+        self.timeout = timeout
+        self._ended = False
+        self._backend = backend if backend is not None else stream_backend(device)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(prepare, start), name="fastload-feeder", daemon=True
+        )
+        self._thread.start()
+
+    # -- the feeder thread -------------------------------------------------------------------
+
+    def _put(self, item: Any) -> bool:
+        """Queues ``item`` unless the feeder is stopped meanwhile; whether it was queued."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, prepare: Callable[[int], Any], start: int) -> None:
+        backend = self._backend
+        try:
+            if self.device.type == "cuda":  # a new thread starts on device 0
+                use_device(self.device.index or 0)
+            side = backend.new_stream(self.device)
+            with backend.stream_context(side):
+                for k in range(start, self.n) if self.n is not None else itertools.count(start):
+                    if self._stop.is_set():
+                        return
+                    try:
+                        batch = prepare(k)
+                        item: Any = (k, batch, backend.record_event(side), None)
+                    except StopIteration:
+                        break
+                    except Exception as error:  # noqa: BLE001 - raised by the next() of batch k
+                        item = (k, None, None, error)
+                    if not self._put(item):
+                        return
+        except BaseException as error:  # noqa: BLE001 - the stream itself failed: said by next()
+            self._put(_Stop(error))
+            return
+        self._put(_Stop())
+
+    # -- the consumer --------------------------------------------------------------------------
+
+    def __iter__(self) -> DeviceFeeder:
+        return self
+
+    def __len__(self) -> int:
+        if self.n is None:
+            raise TypeError("this feeder's pass has no len()")
+        return self.n
+
+    def _take(self) -> Any:
+        waited = 0.0
+        while True:
+            try:
+                return self._queue.get(timeout=0.1)
+            except queue.Empty:
+                waited += 0.1
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the device feeder thread ended unexpectedly") from None
+                if self.timeout and waited >= self.timeout:
+                    raise RuntimeError(f"DataLoader timed out after {self.timeout:g} seconds") from None
+
+    def __next__(self) -> Any:
+        if self._ended or (self.n is not None and self.next_batch >= self.n):
+            raise StopIteration
+        item = self._take()
+        if isinstance(item, _Stop):
+            self._ended = True
+            if item.error is not None:
+                raise item.error
+            raise StopIteration
+        k, batch, event, error = item
+        self.next_batch = k + 1
+        if error is not None:
+            raise error
+        backend = self._backend
+        consumer = backend.current_stream(self.device)
+        backend.wait_event(consumer, event)
+        for tensor in iter_tensors(batch):
+            backend.record_stream(tensor, consumer)
+        return batch
+
+    def close(self) -> None:
+        """Stops the thread (after the batch it is preparing) and drops what it had made."""
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if threading.current_thread() is not self._thread:  # (a collection may run it there)
+            self._thread.join(timeout=30)
