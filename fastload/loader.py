@@ -1724,11 +1724,36 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         rather than the in-thread prefetcher: on a CUDA device, when the host pass draws nothing
         from torch's global random state in this process (the fast path; torch's path with worker
         processes) -- a thread would interleave its draws with the training loop's -- and when no
-        transform reuses device memory (``gpu.Normalize(buffers=k)``, safe only one batch ahead)."""
+        transform reuses device memory (``gpu.Normalize(buffers=k)``, safe only one batch ahead).
+        Says which, once per loader, on the ``fastload`` logger (a WARNING where a CUDA device
+        gets the in-thread prefetcher, with why)."""
         if not prefetcher._backend.is_cuda:
             return False
-        host_ok = self.fast_path or (self.num_workers > 0 and not self._auto_workers)
-        return host_ok and not _reuses_device_memory(prefetcher.transforms)
+        reason = None
+        if _reuses_device_memory(prefetcher.transforms):
+            reason = "gpu_transforms reuse device memory (Normalize(buffers=k)), safe one batch ahead only"
+        elif not (self.fast_path or (self.num_workers > 0 and not self._auto_workers)):
+            reason = (
+                "torch's path loads in this process (num_workers=0), drawing from torch's global random "
+                "state, which a thread would interleave with the loop's draws; num_workers > 0 moves it"
+            )
+        if not self.__dict__.get("_delivery_said"):
+            self._delivery_said = True
+            if reason is None:
+                _log.info(
+                    "fastload.DataLoader copies and transforms batches on %s in a feeder thread %d batches "
+                    "ahead of the loop",
+                    prefetcher.device,
+                    FEEDER_DEPTH,
+                )
+            else:
+                _log.warning(
+                    "fastload.DataLoader copies and transforms batches on %s in the loop's next() (one "
+                    "batch ahead), not in a feeder thread: %s",
+                    prefetcher.device,
+                    reason,
+                )
+        return reason is None
 
     def _get_prefetcher(self) -> CUDAPrefetcher:
         """One prefetcher (one side stream) for the loader's lifetime."""

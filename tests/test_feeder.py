@@ -281,10 +281,15 @@ def _take(loader: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x.clone(), y.clone()) for x, y in loader]
 
 
-def test_the_fast_path_on_a_cuda_device_copies_and_transforms_beside_the_loop(imagenet_root: Path) -> None:
+def test_the_fast_path_on_a_cuda_device_copies_and_transforms_beside_the_loop(
+    imagenet_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """On a CUDA device the loop's next() only takes a finished batch and queues a wait for its
     event: the copy and the device transforms ran in the feeder thread, and the batches are those
     of the in-thread prefetcher (the same loader where the device is not CUDA)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fastload")
     normalize = gpu.Normalize([0.5], [0.25])
     reference = _take(_fast_loader(imagenet_root, gpu.Compose([_Where(), normalize]), num_workers=2))
     where = _Where()
@@ -295,6 +300,8 @@ def test_the_fast_path_on_a_cuda_device_copies_and_transforms_beside_the_loop(im
         loader.close()
     assert set(where.threads) == {"fastload-feeder"} and len(where.threads) == len(got) == 7
     assert [e for _, e in streams.waited_events] and streams.pageable() == []
+    said = [r for r in caplog.records if "copies and transforms batches" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO" and "in a feeder thread" in said[0].getMessage()
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
 
 
@@ -353,10 +360,14 @@ def test_a_fed_pass_resumes_exactly_where_the_loop_stopped(imagenet_root: Path) 
 @pytest.mark.filterwarnings("ignore:CUDAPrefetcher got tensors in pageable memory:UserWarning")
 @pytest.mark.parametrize("case", ["reused output buffers", "no workers on torch's path", "not a CUDA device"])
 def test_where_a_thread_could_change_the_batches_the_prefetcher_stays_in_the_loop(
-    imagenet_root: Path, case: str
+    imagenet_root: Path, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Normalize(buffers=2) is safe only one batch ahead; torch's path without workers draws from
-    torch's global random state, which a thread would interleave with the loop's draws."""
+    torch's global random state, which a thread would interleave with the loop's draws. On a CUDA
+    device the loader says so, once."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fastload")
     where = _Where()
     if case == "reused output buffers":
         with fake_cuda():
@@ -377,6 +388,14 @@ def test_where_a_thread_could_change_the_batches_the_prefetcher_stays_in_the_loo
         _take(loader)
     loader.close()
     assert set(where.threads) == {threading.current_thread().name}
+    said = [r for r in caplog.records if "copies and transforms batches" in r.getMessage()]
+    if case == "not a CUDA device":
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].levelname == "WARNING"
+        assert ("Normalize(buffers=k)" if case == "reused output buffers" else "num_workers=0") in said[
+            0
+        ].getMessage()
 
 
 def test_leaving_a_fed_pass_early_stops_its_thread(imagenet_root: Path) -> None:
