@@ -493,7 +493,7 @@ class _EncodedPass:
     """decode='device': each batch read, decoded on the device and transformed there, beside the
     training loop, in two stages that overlap:
 
-    - a decoder thread (``fastload-decode``, a CUDA stream of its own) routes and decodes batch
+    - a decoder thread (``fastload-device-decode``, a CUDA stream of its own) routes and decodes batch
       ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
       decoders for the rest), while
     - the feeder thread (:class:`fastload.gpu.feeder.DeviceFeeder`, a stream of its own) crops and
@@ -517,7 +517,7 @@ class _EncodedPass:
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
         self.reads: dict[int, Any] = {}
-        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-decode")
+        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-device-decode")
         self.decodes: dict[int, Future[tuple[list[torch.Tensor], Any]]] = {}
         self.backend = stream_backend(self.device)
         self._decode_stream: Any = None

@@ -161,7 +161,7 @@ def test_device_decode_runs_beside_the_training_thread(
         assert loader.path == "device-decode"
         batches = [(x.clone(), y.clone(), b.indices.clone()) for x, y, b in ((*b, b) for b in loader)]
         loader.close()
-    assert set(where) == {"fastload-decode_0"} and len(where) == len(batches) == 7
+    assert set(where) == {"fastload-device-decode_0"} and len(where) == len(batches) == 7
     assert set(transformed) == {"fastload-feeder"} and len(transformed) == 7
     # the feeder's stream waits for each decode's event, the loop's for each finished batch's
     assert len(streams.waited_events) == 14 and streams.pageable() == []  # labels and indices: pinned
