@@ -21,34 +21,7 @@ CUDA at import time.
 
 from __future__ import annotations
 
-from .transforms import (
-    BatchTransform,
-    CenterCrop,
-    ColorJitter,
-    Compose,
-    HostBufferPool,
-    IndexedBatch,
-    Normalize,
-    RandomErasing,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-    apply_transform,
-    host_pool,
-)
+from . import transforms
+from .transforms import *  # noqa: F403 - the transforms' public names are fastload.gpu's
 
-__all__ = [
-    "BatchTransform",
-    "CenterCrop",
-    "ColorJitter",
-    "Compose",
-    "HostBufferPool",
-    "IndexedBatch",
-    "Normalize",
-    "RandomErasing",
-    "RandomHorizontalFlip",
-    "RandomResizedCrop",
-    "Resize",
-    "apply_transform",
-    "host_pool",
-]
+__all__ = list(transforms.__all__)
