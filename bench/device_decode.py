@@ -10,7 +10,10 @@ On the same files (the train split, read into memory first: no I/O), images/s of
   headers (the routes already known, as from the second epoch on): its overhead over the call;
 * ``loader``: ``fastload.DataLoader(decode="device")`` with ``gpu.RandomResizedCrop(224)`` (the
   feeder thread: read, route, decode, crop, labels; no model), ``--workers`` reader threads, over
-  every image (the synthetic set's PNG and CMYK files decoded on the CPU).
+  every image (the synthetic set's PNG and CMYK files decoded on the CPU);
+* ``hybrid``: the same with ``decode="hybrid"``: each batch split between the device's decoder and
+  ``--hybrid-workers`` CPU worker processes by their measured rates (the split it settled on is
+  printed under the table).
 
 Each row: the median of ``--repeat`` runs of ``--batches`` batches after one warm-up run, with a
 device synchronisation before the clock stops. The ``vs tv`` column divides by the torchvision
@@ -62,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=20, help="batches per timed run (default 20)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workers", type=int, default=4, help="the loader row's reader threads (default 4)")
+    p.add_argument(
+        "--hybrid-workers",
+        type=int,
+        default=None,
+        help="the hybrid row's CPU worker processes (default: fastload's automatic count)",
+    )
     p.add_argument("--device", default=None, help="cuda (default where available) or cpu")
     p.add_argument("--json", metavar="PATH", help="write the rows here")
     args = p.parse_args(argv)
@@ -116,15 +125,34 @@ def main(argv: list[str] | None = None) -> int:
         for batch in islice(stream, count):
             del batch
 
+    hybrid = fastload.DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+        num_workers="auto" if args.hybrid_workers is None else args.hybrid_workers,
+        decode="hybrid",
+        gpu_transforms=gpu.RandomResizedCrop(224),
+        device=device,
+    )
+    hybrid_stream = endless(hybrid)
+
+    def hybrid_rows(count: int) -> None:
+        for batch in islice(hybrid_stream, count):
+            del batch
+
     rows = []
     for name, run in (
         ("torchvision", torchvision_rows),
         ("decode_batch", fastload_rows),
         ("loader", loader_rows),
+        ("hybrid", hybrid_rows),
     ):
         rates = _rate(run, args.batches, args.batch_size, args.repeat, device)
         rows.append({"row": name, "images_per_s": statistics.median(rates), "runs": rates})
     loader.close()
+    hybrid.close()
     base = rows[0]["images_per_s"]
     print(f"device {device} ({device_decoder(device)}), {n} images of {root}, batch {args.batch_size}")
     print(f"{'row':<14} {'images/s':>9} {'min-max':>13} {'vs tv':>6}")
@@ -132,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         r["vs_torchvision"] = r["images_per_s"] / base
         spread = f"{min(r['runs']):.0f}-{max(r['runs']):.0f}"
         print(f"{r['row']:<14} {r['images_per_s']:>9.0f} {spread:>13} {r['vs_torchvision']:>6.2f}")
+    print(f"hybrid: {hybrid.hybrid}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -53,7 +53,7 @@ import traceback
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -1146,7 +1146,7 @@ class WorkerPool:
         generation: int,
         epoch: int,
         seed: int,
-        batches: list[np.ndarray],
+        batches: Sequence[np.ndarray],
         issued: int,
         in_flight: dict[int, int],
     ) -> int:

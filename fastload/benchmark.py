@@ -15,8 +15,9 @@ Backends (those whose dependencies are missing are skipped with a note):
   and ``torch.utils.data.DataLoader``, batches moved to the device;
 * ``swap``: the baseline's code unchanged except ``fastload.DataLoader`` in place of torch's
   (the one-line swap: fastload recognises the torchvision pipeline and runs its fast path);
-* ``fastload``, ``fastload-threads``, ``memory``, ``device-decode``: ``fastload.DataLoader`` over
-  files (process or thread workers), over ``InMemoryImageFolder``, and with decoding on the device;
+* ``fastload``, ``fastload-threads``, ``memory``, ``device-decode``, ``hybrid``:
+  ``fastload.DataLoader`` over files (process or thread workers), over ``InMemoryImageFolder``, with
+  decoding on the device, and with each batch split between the device and the CPU workers;
 * ``dali``: :class:`fastload.dali.DALILoader` (:func:`dali_backend`); it reports itself
   unavailable, with the install command, where NVIDIA DALI cannot be imported;
 * further backends register themselves with :func:`register_backend`.
@@ -391,6 +392,19 @@ def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -
     )
 
 
+def _build_hybrid(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+    dataset = _memory_dataset(config, pipeline)
+    dataset.transform = None
+    return _fastload_loader(
+        dataset,
+        config,
+        pipeline,
+        num_workers,
+        decode="hybrid",
+        gpu_transforms=_device_transforms(pipeline, config, True),
+    )
+
+
 register_backend(Backend("fastload", _build_fastload, description="fastload.DataLoader over the files"))
 register_backend(
     Backend("fastload-threads", _build_fastload_threads, description="the same with thread workers")
@@ -401,6 +415,14 @@ register_backend(
         "device-decode",
         _build_device_decode,
         description="decode='device' (nvJPEG on CUDA; on a CPU device: in the main process)",
+        gpu_only=True,
+    )
+)
+register_backend(
+    Backend(
+        "hybrid",
+        _build_hybrid,
+        description="decode='hybrid': each batch split between the device's decoder and the CPU workers",
         gpu_only=True,
     )
 )

@@ -57,6 +57,7 @@ gets that head fused with decoding (:mod:`fastload.head`, ``loader.path ==
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import math
@@ -104,9 +105,10 @@ from ._worker import (
 from .batch import IndexedBatch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
-from .gpu import BatchTransform, apply_transform
+from .gpu import BatchTransform, Compose, apply_transform
 from .gpu.decode import decode_batch, device_decoder, device_routes
 from .gpu.feeder import DeviceFeeder
+from .gpu.hybrid import DeviceHead, HybridSplit, split_head
 from .gpu.memory import host_memory
 from .gpu.prefetch import CUDAPrefetcher
 from .gpu.streams import pinned_device, stream_backend, use_device
@@ -252,13 +254,14 @@ class _Engine:
         self.generation += 1
         return self.generation
 
-    def get_pool(self, loader: DataLoader[Any], seed: int) -> WorkerPool:
+    def get_pool(self, loader: DataLoader[Any], seed: int, dataset: Any) -> WorkerPool:
+        """The workers (made on first use) and their slot ring for ``dataset`` (the fast path's
+        dataset, or ``decode="hybrid"``'s view whose transform crops as the device does)."""
         if self.pool is None or self.pool.closed:
             self.lookahead = None
             slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
                 3 if loader.reuse_buffers else 1
             )
-            dataset = loader._fast_dataset
             transform = dataset.transform
             h, w = transform.output_size
             self.pool = WorkerPool(
@@ -316,7 +319,7 @@ class _Engine:
         return True
 
     def take_lookahead(
-        self, dataset: Any, epoch: int, start: int, seed: int, batches: list[np.ndarray]
+        self, dataset: Any, epoch: int, start: int, seed: int, batches: Sequence[np.ndarray]
     ) -> _Lookahead | None:
         """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
         ahead, self.lookahead = self.lookahead, None
@@ -352,21 +355,45 @@ class _Engine:
 
 
 class _FastPass:
-    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine."""
+    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine.
 
-    def __init__(self, loader: DataLoader[Any], engine: _Engine, epoch: int, start: int, seed: int) -> None:
+    ``batches`` and ``dataset`` (``decode="hybrid"``): the workers' share of each batch, decoded
+    with that dataset's transform, and no epoch lookahead (a share is decided when issued).
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        engine: _Engine,
+        epoch: int,
+        start: int,
+        seed: int,
+        batches: Sequence[np.ndarray] | None = None,
+        dataset: Any = None,
+    ) -> None:
         self.loader = loader
         self.engine = engine
         self.epoch = epoch
         self.seed = seed
-        self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
+        self.lookahead = batches is None
+        self.dataset = loader._fast_dataset if dataset is None else dataset
+        self.batches: Sequence[np.ndarray] = (
+            _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
+            if batches is None
+            else batches
+        )
         self.next_batch = start
         self.issued = start
-        self.pool = engine.get_pool(loader, seed)
+        self.pool = engine.get_pool(loader, seed, self.dataset)
         self.ready: dict[int, BatchDone] = {}
         self.in_flight: dict[int, int] = {}  # batch -> slot
         self.reports: dict[int, Report] = {}  # batch -> report received before this pass began
-        ahead = engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
+        self.last_seconds = 0.0  # the worker time of the batch handed out last
+        ahead = (
+            engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
+            if self.lookahead
+            else None
+        )
         if ahead is not None:  # the workers already started on this epoch: carry on from there
             self.generation = ahead.generation
             self.issued = ahead.issued
@@ -390,7 +417,7 @@ class _FastPass:
             self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
         )
         pool.collect_returned()
-        if self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
+        if self.lookahead and self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
             self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
 
     def _run_inline(self) -> Report:
@@ -404,9 +431,7 @@ class _FastPass:
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
         out, lab = self.pool.arrays(slot)
-        filled, skipped = self.pool.run_inline(
-            self.loader._fast_dataset, task, out, lab, self.loader.on_error == "skip"
-        )
+        filled, skipped = self.pool.run_inline(self.dataset, task, out, lab, self.loader.on_error == "skip")
         return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
 
     def _wait(self) -> Report:
@@ -453,6 +478,7 @@ class _FastPass:
             report.reraise(self.epoch)
         assert isinstance(report, BatchDone)
         self.loader.stats.record_decode(report.worker_id, report.seconds)
+        self.last_seconds = report.seconds
         if report.skipped:
             indices = indices[~np.isin(indices, [i for i, _ in report.skipped])]
             for index, message in report.skipped:
@@ -518,13 +544,14 @@ class _EncodedPass:
         )
         self.reads: dict[int, Any] = {}
         self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-device-decode")
-        self.decodes: dict[int, Future[tuple[list[torch.Tensor], Any]]] = {}
+        self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
         self.backend = stream_backend(self.device)
         self._decode_stream: Any = None
         self.routes = loader._decode_routes()
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
-        self.feeder = DeviceFeeder(
+        self._setup(start)
+        self.feeder = DeviceFeeder(  # starts its thread: everything _prepare reads is set up
             self._prepare,
             len(self.batches),
             start,
@@ -537,10 +564,17 @@ class _EncodedPass:
     def __len__(self) -> int:
         return len(self.batches)
 
+    def _setup(self, start: int) -> None:
+        """What a subclass's ``_prepare`` needs, made before the feeder thread starts."""
+
+    def _device_indices(self, k: int) -> np.ndarray:
+        """The samples of batch ``k`` the device decodes (all of them here)."""
+        return self.batches[k]
+
     def _read(self, k: int) -> None:
         if k < len(self.batches) and k not in self.reads:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
-            self.reads[k] = self.readers.map(dataset.get_bytes, self.batches[k].tolist())
+            self.reads[k] = self.readers.map(dataset.get_bytes, self._device_indices(k).tolist())
 
     def _submit(self, k: int) -> None:
         """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""
@@ -548,7 +582,7 @@ class _EncodedPass:
             self._read(k)
             self.decodes[k] = self.decoder.submit(self._decode, k)
 
-    def _decode(self, k: int) -> tuple[list[torch.Tensor], Any]:
+    def _decode(self, k: int) -> tuple[Any, Any]:
         """In the decoder thread: batch ``k`` decoded on its stream, and the event after it."""
         backend = self.backend
         if self._decode_stream is None:
@@ -556,13 +590,17 @@ class _EncodedPass:
                 use_device(self.device.index or 0)
             self._decode_stream = backend.new_stream(self.device)
         with backend.stream_context(self._decode_stream):
-            indices = self.batches[k]
+            indices = self._device_indices(k)
             encoded = list(self.reads.pop(k))
             on_device = device_routes(encoded, indices, self.routes)
             images = decode_batch(
                 encoded, self.device, _Names(self.loader.dataset, indices), on_device=on_device
             )
-            return images, backend.record_event(self._decode_stream)
+            return self._decoded(images, indices), backend.record_event(self._decode_stream)
+
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray) -> Any:
+        """What the decoder thread hands over for a batch's decoded images (here: the images)."""
+        return images
 
     def _prepare(self, k: int) -> IndexedBatch:
         """Batch ``k`` on the device: in the feeder thread, on its stream."""
@@ -600,6 +638,163 @@ class _EncodedPass:
         self.feeder.close()
         self.decoder.shutdown(wait=False, cancel_futures=True)
         self.readers.shutdown(wait=False, cancel_futures=True)
+
+
+class _Shares(Sequence[np.ndarray]):
+    """``decode="hybrid"``: the CPU workers' share of each batch of a pass (its last positions),
+    decided from the loader's :class:`~fastload.gpu.hybrid.HybridSplit` when first asked for: by
+    the worker pool when it issues the batch's task, or by the device side. Indexed like the pass's
+    batches, so the CPU side is a fast pass over these."""
+
+    def __init__(self, batches: list[np.ndarray], split: HybridSplit, workers: int) -> None:
+        self.batches, self.split, self.workers = batches, split, workers
+        self.device_counts: dict[int, int] = {}
+
+    def device_count(self, k: int) -> int:
+        """How many of batch ``k``'s samples (its first ones) the device decodes."""
+        d = self.device_counts.get(k)
+        if d is None:
+            n = len(self.batches[k])
+            d = self.device_counts[k] = n - self.split.cpu_images(n, self.workers)
+        return d
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
+    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        return self.batches[k][self.device_count(k) :]
+
+
+class _HybridPass(_EncodedPass):
+    """decode='hybrid': each batch split between the device's decoder and the CPU workers (see
+    :mod:`fastload.gpu.hybrid`), and assembled on the device beside the training loop:
+
+    - the decoder thread (as for ``decode="device"``) decodes the first ``d`` samples of batch
+      ``k + 1`` and crops them with the head of ``gpu_transforms``, timed up to its event;
+    - the fast path's workers decode the other samples (:class:`_Shares`) with the same crop
+      boxes (:class:`fastload.gpu.hybrid.DeviceHead`) into pinned slots, issued ahead as slots
+      free up;
+    - the feeder thread copies batch ``k``'s CPU share to the device, puts both shares into one
+      uint8 channels-last batch, runs the rest of ``gpu_transforms`` on it, and gives the slot
+      back once its copy is done. Each side's measured rate updates the split.
+
+    An error of either share (the device's share first: it holds the batch's first positions) is
+    raised by the ``next()`` of its batch; the pass goes on after it.
+    """
+
+    def __init__(self, loader: DataLoader[Any], engine: _Engine, epoch: int, seed: int, start: int) -> None:
+        self.engine = engine
+        super().__init__(loader, epoch, seed, start)
+
+    def _setup(self, start: int) -> None:
+        loader = self.loader
+        split = loader.hybrid
+        assert split is not None and loader._hybrid_dataset is not None  # made with decode="hybrid"
+        self.split = split
+        self.head = Compose(loader._hybrid_head)
+        self.rest = Compose(loader._hybrid_rest) if loader._hybrid_rest else None
+        self.shares = _Shares(self.batches, split, loader.num_workers)
+        self.cpu: _FastPass | None = None
+        self.generation: int | None = None
+        if loader.num_workers > 0:
+            self.cpu = _FastPass(
+                loader, self.engine, self.epoch, start, self.seed, self.shares, loader._hybrid_dataset
+            )
+            self.generation = self.cpu.generation
+        self._held: tuple[Any, Any] | None = None  # (copy event, the CPU share it reads)
+
+    def _device_indices(self, k: int) -> np.ndarray:
+        return self.batches[k][: self.shares.device_count(k)]
+
+    def _submit(self, k: int) -> None:
+        if k < len(self.batches) and k not in self.decodes:
+            self.shares.device_count(k)  # decided in this (the feeder) thread, before the decoder reads it
+            super()._submit(k)
+
+    def _decode(self, k: int) -> tuple[Any, Any]:
+        """In the decoder thread: the device's share of batch ``k`` decoded and cropped; its time
+        up to the event (the device side's rate) recorded."""
+        if len(self._device_indices(k)) == 0:
+            self.reads.pop(k, None)
+            return None, None
+        t0 = time.perf_counter()
+        images, event = super()._decode(k)
+        self.backend.synchronize_event(event)  # only this thread waits: the rate includes the device's time
+        self.split.record_device(len(images), time.perf_counter() - t0)
+        return images, event
+
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray) -> Any:
+        out = apply_transform(self.head, images, indices, self.epoch, self.seed)
+        return out.contiguous(memory_format=torch.channels_last)
+
+    def _prepare(self, k: int) -> IndexedBatch:
+        backend = self.backend
+        if self._held is not None:
+            backend.synchronize_event(self._held[0])  # the last CPU share is copied: its slot goes back
+            self._held = None
+        self._submit(k)
+        self._submit(k + 1)
+        self._read(k + 2)
+        cpu: IndexedBatch | None = None
+        cpu_error: BaseException | None = None
+        if self.cpu is not None:
+            try:
+                cpu = next(self.cpu)  # the workers' share of batch k (possibly no sample)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the device's share of k is taken
+                cpu_error = e
+        device_images, decoded = self.decodes.pop(k).result()  # the device share's error first
+        if cpu_error is not None:
+            raise cpu_error
+        dataset: Any = self.loader.dataset
+        indices = self.batches[k]
+        d = self.shares.device_count(k)
+        stream = backend.current_stream(self.device)
+        parts: list[torch.Tensor] = []
+        targets = [int(dataset.targets[int(i)]) for i in indices[:d]]
+        target_transform = getattr(dataset, "target_transform", None)
+        if target_transform is not None:
+            targets = [int(target_transform(t)) for t in targets]
+        labels = torch.tensor(targets, dtype=torch.int64)
+        if device_images is not None:
+            backend.wait_event(stream, decoded)
+            backend.record_stream(device_images, stream)  # made on the decoder's stream, used on this one
+            parts.append(device_images)
+        if cpu is not None and len(cpu[1]):
+            if self.cpu is not None and self.cpu.last_seconds > 0:
+                self.split.record_cpu(len(cpu[1]), self.cpu.last_seconds, self.loader.num_workers)
+            parts.append(backend.to_device(cpu[0], self.device))  # from its pinned slot
+            self._held = (backend.record_event(stream), cpu)
+            labels = torch.cat([labels, cpu[1]])
+        order = torch.from_numpy(indices)
+        if self.pin:
+            labels, order = self.host.pin(labels), self.host.pin(order)
+        labels, order = backend.to_device(labels, self.device), backend.to_device(order, self.device)
+        if len(parts) == 1:
+            images = parts[0]
+        else:
+            images = torch.empty(
+                (len(indices), *parts[0].shape[1:]),
+                dtype=torch.uint8,
+                device=parts[0].device,
+                memory_format=torch.channels_last,
+            )
+            images[:d].copy_(parts[0])
+            images[d:].copy_(parts[1])
+        if self.rest is not None:
+            images = apply_transform(self.rest, images, indices, self.epoch, self.seed)
+        return IndexedBatch(images, labels, order)
+
+    def close(self) -> None:
+        super().close()
+        held, self._held = self._held, None
+        if held is not None:
+            self.backend.synchronize_event(held[0])  # no worker writes into a slot a copy still reads
 
 
 class _TorchPass:
@@ -822,6 +1017,11 @@ class DataLoaderIterator:
             source: Any
             if loader.decode == "device":
                 source = _EncodedPass(loader, self.epoch, self.seed, start)
+            elif loader.decode == "hybrid":
+                if loader.limit_threads:
+                    engine.limit_threads(loader.num_workers)
+                source = _HybridPass(loader, engine, self.epoch, self.seed, start)
+                self._generation = source.generation
             elif loader.fast_path:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
@@ -842,7 +1042,7 @@ class DataLoaderIterator:
                 )
             self._source = source
             it: Iterator[Any] = _HostIterator(source)
-            if loader.decode == "device":
+            if loader.decode != "cpu":
                 pass  # the feeder hands out finished device batches (transformed, labels moved)
             elif loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = loader._get_prefetcher()
@@ -906,6 +1106,8 @@ class DataLoaderIterator:
         if torch_it is not None:
             return torch_it._workers  # AttributeError without workers, as torch's
         source = getattr(self, "_source", None)
+        if isinstance(source, _HybridPass):
+            source = source.cpu  # decode="hybrid": its CPU workers
         if isinstance(source, _FastPass) and source.pool.num_workers > 0:
             return source.pool.workers
         raise AttributeError(
@@ -1136,6 +1338,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
             ``gpu_transforms`` (required, starting with a resize-type transform) make one batch
             of the differently sized images. The dataset's ``transform`` must be ``None``.
+            ``"hybrid"``: each batch is split between the device's decoder and ``num_workers`` CPU
+            workers, which decode only the crop that ``gpu_transforms``' leading crop/resize draws
+            for each of their samples (the same box as on the device), by the measured rates of
+            both sides (``loader.hybrid``; see :mod:`fastload.gpu.hybrid`).
         fast_path: ``False``: torch's iterator on the dataset as it is (no fast path, no head
             acceleration).
         exact_pixels: Decode every image at full size and resize exactly as torchvision does, so that
@@ -1208,10 +1414,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         # Other values, batch_size and every torch argument: torch's own checks and messages
         # (in super().__init__ below).
         check_choice(worker_type, "worker_type", ("process", "thread"))
-        check_choice(decode, "decode", ("cpu", "device"))
+        check_choice(decode, "decode", ("cpu", "device", "hybrid"))
         check_choice(on_error, "on_error", ("raise", "skip"))
-        if decode == "device":
-            _check_device_decode(dataset, gpu_transforms, collate_fn, batch_sampler)
+        if decode != "cpu":
+            _check_device_decode(decode, dataset, gpu_transforms, collate_fn, batch_sampler, on_error)
         if seed is not None:
             check_int(seed, "seed", type_error=True)
         if pin_memory is None:
@@ -1276,6 +1482,19 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
         self.decode = decode
+        #: ``decode="hybrid"``: how each batch is split between the CPU workers and the device's
+        #: decoder (:class:`fastload.gpu.hybrid.HybridSplit`: its measured rates; ``cpu_share``
+        #: fixes the split); ``None`` otherwise.
+        self.hybrid: HybridSplit | None = None
+        self._hybrid_head: list[Any] = []
+        self._hybrid_rest: list[Any] = []
+        self._hybrid_dataset: Any = None  # what the workers serve: the dataset, cropping as the device
+        if decode == "hybrid":
+            self.hybrid = HybridSplit()
+            self._hybrid_head, self._hybrid_rest = split_head(gpu_transforms)  # type: ignore[arg-type]
+            view = copy.copy(dataset)
+            view.transform = DeviceHead(self._hybrid_head)
+            self._hybrid_dataset = view
         self._allow_fast = bool(fast_path)
         self.exact_pixels = bool(exact_pixels)
         #: workers the user did not ask for (``num_workers="auto"``): a batch they cannot send
@@ -1324,6 +1543,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         ``"nvJPEG through torchvision.io.decode_jpeg ..."``), else the workers' CPU decoding."""
         if self.decode == "device":
             return device_decoder(self.device)
+        if self.decode == "hybrid":
+            workers = f"{self.num_workers} CPU worker{'s' if self.num_workers != 1 else ''}"
+            return (
+                f"{device_decoder(self.device)} for a share of each batch, libjpeg-turbo in {workers} "
+                "for the rest (split by their measured rates)"
+                if self.num_workers
+                else f"{device_decoder(self.device)} (decode='hybrid' without CPU workers: every image)"
+            )
         return "libjpeg-turbo and PIL in the workers (CPU)"
 
     @property
@@ -1331,7 +1558,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """Which path runs: ``"fast"`` (fastload's engine runs the whole pipeline),
         ``"head-accelerated"`` (torch's iterator; decoding fused with the pipeline's crop/resize/flip
         head, the rest of it run as written, see :mod:`fastload.head`), ``"torch"`` (torch's
-        iterator, the dataset as it is) or ``"device-decode"`` (``decode="device"``)."""
+        iterator, the dataset as it is), ``"device-decode"`` (``decode="device"``) or ``"hybrid"``
+        (``decode="hybrid"``)."""
         return self._path
 
     # ---------------------------------------------------------------- which path
@@ -1348,8 +1576,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
         if self.decode != "cpu":
-            self._fast_reason = "decode='device' decodes on the device"
-            self._path = "device-decode"
+            self._fast_reason = f"decode={self.decode!r} decodes on the device"
+            self._path = "device-decode" if self.decode == "device" else "hybrid"
             if log:
                 _log.info(
                     "fastload.DataLoader decodes this %s on %s with %s, in a feeder thread %d batches "
@@ -1543,7 +1771,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             and sampler_epoch != resume.sampler_epoch
         ):
             return 0, None  # the user's sampler went on to another epoch: it is whole
-        torch_path = not self.fast_path and self.decode != "device"
+        torch_path = not self.fast_path and self.decode == "cpu"
         plan = self._plan()
         if resume.batches is not None and (torch_path or not plan.global_order):
             self._epochs.start_at(0, resume.batches)
@@ -1784,23 +2012,35 @@ class _ConvertThen(BatchTransform):
         return apply_transform(self.then, images, indices, epoch, seed)
 
 
-def _check_device_decode(dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any) -> None:
+def _check_device_decode(
+    decode: str, dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any, on_error: str
+) -> None:
+    """The arguments ``decode="device"`` / ``"hybrid"`` need, checked with a message naming the fix."""
     if not callable(getattr(dataset, "get_bytes", None)):
         raise ValueError(
-            "decode='device' needs a dataset that serves encoded images "
+            f"decode={decode!r} needs a dataset that serves encoded images "
             "(fastload.ImageFolder or InMemoryImageFolder)"
         )
     if gpu_transforms is None:
         raise ValueError(
-            "decode='device' needs gpu_transforms that bring the decoded images to one size, "
+            f"decode={decode!r} needs gpu_transforms that bring the decoded images to one size, "
             "e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])"
         )
     if getattr(dataset, "transform", None) is not None:
         raise ValueError(
-            "decode='device' decodes and transforms on the device: leave the dataset's transform None "
+            f"decode={decode!r} decodes and transforms on the device: leave the dataset's transform None "
             "and pass the augmentations as gpu_transforms"
         )
     if collate_fn is not None or batch_sampler is not None:
         raise ValueError(
-            "decode='device' builds its own batches: collate_fn and batch_sampler are not supported with it"
+            f"decode={decode!r} builds its own batches: collate_fn and batch_sampler are not supported "
+            "with it"
         )
+    if on_error != "raise":
+        raise ValueError(
+            f"on_error={on_error!r} is not supported with decode={decode!r}: a corrupt image raises a "
+            "DecodeError naming it from the next() of its batch (the pass goes on after it); use "
+            "decode='cpu' to skip unreadable samples"
+        )
+    if decode == "hybrid":
+        split_head(gpu_transforms)  # its workers run the head of gpu_transforms

@@ -235,6 +235,7 @@ _VERDICT_NAMES = {
     "swap": "the one-line swap",
     "fastload": "fastload's own pipeline",
     "device-decode": "decode='device'",
+    "hybrid": "decode='hybrid'",
     "dali": "DALI",
 }
 

@@ -37,6 +37,7 @@ __all__ = [
     "SampleRNG",
     "batch_uniform",
     "current",
+    "current_key",
     "epoch_permutation",
     "hash_key",
     "sample_scope",
@@ -151,6 +152,11 @@ class SampleRNG:
         self._counter = c + 1
         return (_mix_int((self._key + c * _G) & _MASK) >> 11) * (1.0 / (1 << 53))
 
+    def draw(self, j: int) -> float:
+        """Draw ``j`` of this stream (what the ``j + 1``-th :meth:`random` call returns), without
+        advancing it: a transform that uses some of a fixed set of draws computes only those."""
+        return (_mix_int((self._key + j * _G) & _MASK) >> 11) * (1.0 / (1 << 53))
+
     def uniform(self, low: float, high: float) -> float:
         """Returns the next uniform float in ``[low, high)``."""
         return low + (high - low) * self.random()
@@ -173,15 +179,26 @@ def current() -> SampleRNG:
     return rng
 
 
+def current_key() -> tuple[int, int, int] | None:
+    """The ``(seed, epoch, index)`` of the current sample (inside :func:`sample_scope`), else ``None``.
+
+    For a per-sample transform that draws from another stream of the same sample than
+    :func:`current`'s, e.g. the device transforms' ``batch_uniform(seed, epoch, [index], stream, n)``
+    (``decode="hybrid"`` crops a sample on the CPU with the box the device would draw for it).
+    """
+    return getattr(_local, "key", None)
+
+
 @contextmanager
 def sample_scope(seed: int, epoch: int, index: int) -> Iterator[SampleRNG]:
     """Makes ``SampleRNG(seed, epoch, index)`` the current stream of this thread while open."""
-    previous = getattr(_local, "rng", None)
+    previous, previous_key = getattr(_local, "rng", None), getattr(_local, "key", None)
     _local.rng = SampleRNG(seed, epoch, index)
+    _local.key = (int(seed), int(epoch), int(index))
     try:
         yield _local.rng
     finally:
-        _local.rng = previous
+        _local.rng, _local.key = previous, previous_key
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:

@@ -537,7 +537,7 @@ def test_all_leaves_gpu_rows_out_without_cuda(
     monkeypatch.setattr(benchmark, "run", fake_run)
     assert benchmark.main(_bench_args(imagenet_root, "--all", "--device", "cpu")) == 0
     gpu_rows = [name for name, b in benchmark.BACKENDS.items() if b.gpu_only]
-    assert sorted(gpu_rows) == ["dali", "device-decode"]
+    assert sorted(gpu_rows) == ["dali", "device-decode", "hybrid"]
     assert not set(gpu_rows) & set(measured)
     assert set(measured) == {*benchmark.BACKENDS, "full-decode"} - set(gpu_rows)
     assert f"skipping {', '.join(gpu_rows)}: GPU pipelines" in capsys.readouterr().out

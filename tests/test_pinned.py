@@ -193,10 +193,11 @@ def _gpu_loader(root: Path, path: str) -> fastload.DataLoader[Any]:
             "inline": {"num_workers": 0},
         }[path]
         return fastload.DataLoader(_train(root), gpu_transforms=normalize, **common, **kwargs)
-    if path == "device-decode":
+    if path in ("device-decode", "hybrid"):
         ds = fastload.InMemoryImageFolder(root / "train")
         pipeline = gpu.Compose([gpu.RandomResizedCrop(16), normalize])
-        return fastload.DataLoader(ds, decode="device", gpu_transforms=pipeline, num_workers=2, **common)
+        decode = "device" if path == "device-decode" else "hybrid"
+        return fastload.DataLoader(ds, decode=decode, gpu_transforms=pipeline, num_workers=2, **common)
     if path == "head":
         tf: Any = tv.Compose([tv.RandomResizedCrop(16), tv.PILToTensor(), _Identity()])
     else:
@@ -207,7 +208,7 @@ def _gpu_loader(root: Path, path: str) -> fastload.DataLoader[Any]:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "path", ["fast", "fast-copies", "thread", "inline", "head", "torch", "device-decode"]
+    "path", ["fast", "fast-copies", "thread", "inline", "head", "torch", "device-decode", "hybrid"]
 )
 def test_no_pageable_copy_on_a_gpu(imagenet_root: Path, path: str) -> None:  # pragma: no cover - needs CUDA
     """With CUDA, every path's batches reach the GPU from pinned memory (default ``pin_memory``):
@@ -217,6 +218,7 @@ def test_no_pageable_copy_on_a_gpu(imagenet_root: Path, path: str) -> None:  # p
         "head": "head-accelerated",
         "torch": "torch",
         "device-decode": "device-decode",
+        "hybrid": "hybrid",
     }.get(path, "fast")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*pageable memory.*")

@@ -13,6 +13,8 @@ from fastload import rng
 def test_scalar_stream_equals_vectorised_draws(key: tuple[int, int, int]) -> None:
     r = rng.SampleRNG(*key, stream=4)
     scalar = [r.random() for _ in range(6)]
+    assert [r.draw(j) for j in (5, 0, 3)] == [scalar[5], scalar[0], scalar[3]]  # any draw, not advancing
+    assert r.random() == rng.SampleRNG(*key, stream=4).draw(6)
     assert rng.batch_uniform(key[0], key[1], [key[2]], stream=4, n=6)[0].tolist() == scalar
     assert (
         rng.batch_uniform(key[0], key[1], torch.tensor([key[2], key[2]]), stream=4, n=6)[1].tolist() == scalar
@@ -63,7 +65,9 @@ def test_sample_scope_is_thread_local_and_nests() -> None:
         t.join()
         with rng.sample_scope(1, 0, 6):
             inner_draw = rng.current().random()
-        assert rng.current() is outer
+            assert rng.current_key() == (1, 0, 6)
+        assert rng.current() is outer and rng.current_key() == (1, 0, 5)
+    assert rng.current_key() is None
     assert seen["thread"] == rng.SampleRNG(9, 9, 9).random()
     assert inner_draw == rng.SampleRNG(1, 0, 6).random()
 

@@ -845,8 +845,55 @@ class RandomResizedCrop(_Geometric):
         self, images: Images, *, indices: Indices = None, epoch: int = 0, seed: int = 0
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The crop boxes ``(top, left, height, width)`` drawn for these images (int64 arrays)."""
-        heights, widths = _image_sizes(images)
+        return self.boxes(*_image_sizes(images), indices=indices, epoch=epoch, seed=seed)
+
+    def boxes(
+        self, heights: Any, widths: Any, *, indices: Indices = None, epoch: int = 0, seed: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The crop boxes :meth:`get_params` draws for images of these sizes, without the images.
+
+        A sample's box depends only on its size and ``(seed, epoch, index)``: ``decode="hybrid"``
+        crops the samples its CPU workers decode with the boxes this draws for them (one at a
+        time), the same as the device draws for a whole batch.
+
+        Example:
+            >>> t = RandomResizedCrop(224)
+            >>> one = t.boxes([375], [500], indices=[7], epoch=2, seed=0)
+            >>> two = t.boxes([480, 375], [640, 500], indices=[3, 7], epoch=2, seed=0)
+            >>> [int(a[0]) for a in one] == [int(a[1]) for a in two]
+            True
+        """
+        heights = np.asarray(heights, dtype=np.int64).reshape(-1)
+        widths = np.asarray(widths, dtype=np.int64).reshape(-1)
         return self._params(heights, widths, _uniforms(len(heights), indices, epoch, seed, self.stream, 40))
+
+    def box(
+        self, height: int, width: int, *, index: int, epoch: int = 0, seed: int = 0
+    ) -> tuple[int, int, int, int]:
+        """:meth:`boxes` for one image of sample ``index``, in plain Python (about 20x faster for
+        one image; the same box: the same draws and the same float operations, in the same order).
+        What ``decode="hybrid"``'s CPU workers crop with."""
+        u = rng.SampleRNG(seed, epoch, index, self.stream).draw
+        area = float(height) * float(width)
+        (s0, s1), (r0, r1) = self.scale, self.ratio
+        log_lo, log_hi = math.log(r0), math.log(r1)
+        for a in range(10):
+            target = area * (s0 + (s1 - s0) * u(a))
+            aspect = float(np.exp(log_lo + (log_hi - log_lo) * u(10 + a)))  # numpy's exp, as in boxes
+            w = round(math.sqrt(target * aspect))  # round half to even, as np.round
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = min(int(u(20 + a) * (height - h + 1)), height - h)
+                left = min(int(u(30 + a) * (width - w + 1)), width - w)
+                return top, left, h, w
+        in_ratio = width / height
+        if in_ratio < r0:
+            w, h = width, round(width / r0)
+        elif in_ratio > r1:
+            w, h = round(height * r1), height
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
 
     def _update(self, plan: _Plan, indices: Indices, epoch: int, seed: int) -> bool:
         if plan.resampled:

@@ -1,0 +1,215 @@
+"""``decode="hybrid"``: every batch split between the CPU workers and the device's JPEG decoder.
+
+Past about 7,000 images/s (14 CPU workers on a 16-CPU machine) only the GPU's decoders can feed
+a fast model, and a GPU decoder alone leaves the CPUs idle. A hybrid batch of ``n`` images::
+
+    positions 0 .. d-1   device side: read, decoded on the device (decoder thread, its stream),
+                         cropped there by the head of gpu_transforms
+    positions d .. n-1   CPU side: the fast path's workers decode only the crop (reduced-size JPEG
+                         decoding fused with the resize) into a pinned uint8 slot
+    -> one uint8 batch on the device (the slot copied beside the model), then the rest of
+       gpu_transforms on the whole batch
+
+The *head* is the leading crop/resize of ``gpu_transforms`` that brings every image to one size
+(:func:`split_head`: ``RandomResizedCrop``, ``Resize((h, w))``, or ``Resize`` + ``CenterCrop``);
+the CPU workers run it as :class:`DeviceHead`, a CPU transform that draws a sample's crop box from
+the same numbers as the device transform (``gpu.RandomResizedCrop.boxes``, keyed by ``(seed,
+epoch, index)``). So a sample gets the same box and flip whichever side decodes it, and a batch
+does not depend on the split except for the decoders' pixels (reduced-size decoding and PIL's
+resample on the CPU, full decoding and torch's antialiased resize on the device: a few levels).
+
+The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch, so that
+neither waits for the other: the CPU's share is ``cpu_rate / (cpu_rate + device_rate)``, where
+``cpu_rate`` is what all the workers decode per second (from each worker's time per task) and
+``device_rate`` what the decoder thread decodes and crops per second (from its wall time, up to
+the decode's event). A side measured too slow to take one image of a batch gets none (the split
+is then all-CPU or all-device), and one image every :attr:`HybridSplit.probe_every` batches so
+that a change is noticed. Without workers (``num_workers=0``) every image goes to the device.
+``loader.hybrid.cpu_share = 0.5`` fixes the split (the batches are then bit for bit repeatable,
+also across a resume); ``None`` makes it adaptive again.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import rng as _rng
+from ..transforms import CenterCrop as _CpuCenterCrop
+from ..transforms import Plan, Transform
+from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize
+
+__all__ = ["DeviceHead", "HybridSplit", "split_head"]
+
+
+def _fixed_size(op: Any) -> bool:
+    """Whether ``op`` gives every image one size."""
+    return isinstance(op, (RandomResizedCrop, CenterCrop)) or (isinstance(op, Resize) and not op.short)
+
+
+def split_head(transforms: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
+    """``gpu_transforms`` cut into the head the CPU workers can run (its leading crops and resizes,
+    up to the last one that gives every image one size) and the rest (run on whole batches).
+
+    Example: ``Compose([Resize(256), CenterCrop(224), Normalize(...)])`` -> ``([Resize(256),
+    CenterCrop(224)], [Normalize(...)])``; ``Compose([RandomResizedCrop(224),
+    RandomHorizontalFlip(), Normalize(...)])`` -> ``([RandomResizedCrop(224)],
+    [RandomHorizontalFlip(), Normalize(...)])`` (the flip stays on the device: one kernel for the
+    whole batch, drawn per sample there too).
+
+    Raises:
+        ValueError: If ``transforms`` does not begin with a crop or resize to one size.
+    """
+    ops = list(transforms.transforms) if type(transforms) is Compose else [transforms]
+    end = 0
+    for k, op in enumerate(ops):
+        if type(op) not in (RandomResizedCrop, Resize, CenterCrop):
+            break
+        if _fixed_size(op):
+            end = k + 1
+    if end == 0:
+        raise ValueError(
+            "decode='hybrid' needs gpu_transforms that begin with a crop or resize to one size, which the "
+            "CPU workers run for their share of each batch (gpu.RandomResizedCrop(224), gpu.Resize((h, w)) "
+            f"or gpu.Resize(256) + gpu.CenterCrop(224)), but got gpu_transforms={transforms!r}"
+        )
+    return ops[:end], ops[end:]
+
+
+class DeviceHead(Transform):
+    """The head of ``gpu_transforms`` (see :func:`split_head`) as a CPU transform fused with decoding.
+
+    Draws what the device transforms draw for the sample, keyed by the current sample's ``(seed,
+    epoch, index)`` (:func:`fastload.rng.current_key`): a ``gpu.RandomResizedCrop`` gives the same
+    box here as on the device (:meth:`fastload.gpu.RandomResizedCrop.boxes`). Resizes are bilinear
+    with the op's ``antialias``, as on the device.
+
+    Args:
+        head: The leading ``gpu.RandomResizedCrop`` / ``gpu.Resize`` / ``gpu.CenterCrop`` ops.
+    """
+
+    def __init__(self, head: Sequence[Any]) -> None:
+        self.head = list(head)
+        self.random = any(isinstance(op, RandomResizedCrop) for op in self.head)
+        size: tuple[int, int] | None = None
+        for op in self.head:
+            size = tuple(op.size) if _fixed_size(op) else None
+        self.size = size
+        # CenterCrop: the CPU transform's placement, torchvision's as on the device
+        self._steps = [
+            (op, _CpuCenterCrop(op.size) if isinstance(op, CenterCrop) else None) for op in self.head
+        ]
+
+    def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
+        key = _rng.current_key()
+        for op, center in self._steps:
+            if isinstance(op, RandomResizedCrop):
+                if key is None:  # outside the loader: torch's global RNG, as the device op draws
+                    top, left, h, w = (int(a[0]) for a in op.boxes([plan.height], [plan.width]))
+                else:
+                    top, left, h, w = op.box(plan.height, plan.width, index=key[2], epoch=key[1], seed=key[0])
+                plan.crop(top, left, h, w)
+                plan.resize(op.size[0], op.size[1], "bilinear", op.antialias)
+            elif isinstance(op, Resize):
+                heights, widths = op.output_sizes(np.array([plan.height]), np.array([plan.width]))
+                plan.resize(int(heights[0]), int(widths[0]), "bilinear", op.antialias)
+            elif center is not None:
+                center._plan(plan, rng)
+
+    def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.head!r})"
+
+
+class HybridSplit:
+    """How many images of each ``decode="hybrid"`` batch the CPU workers decode (see the module docs).
+
+    Args:
+        cpu_share: A fixed fraction of each batch for the CPU workers; ``None``: follow the
+            measured rates.
+
+    Attributes:
+        cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
+        device_rate: Images per second the device side decodes and crops (``None`` until measured).
+        probe_every: A side that gets no image is given one every this many batches.
+        decisions: The CPU's fraction of each batch decided so far (the last 1,000), in the order
+            the batches were split (as their worker tasks were issued).
+    """
+
+    #: Weight of a new measurement in the running rates.
+    smoothing = 0.3
+    probe_every = 16
+
+    def __init__(self, cpu_share: float | None = None) -> None:
+        self.cpu_share = cpu_share
+        self.cpu_rate: float | None = None
+        self.device_rate: float | None = None
+        self.decided = 0
+        #: The CPU's fraction of each batch decided, newest last (the last 1,000).
+        self.decisions: collections.deque[float] = collections.deque(maxlen=1000)
+        self._lock = threading.Lock()  # decided in the feeder thread, read from anywhere
+
+    @property
+    def cpu_share(self) -> float | None:
+        """The fixed CPU fraction, or ``None`` (adaptive)."""
+        return self._cpu_share
+
+    @cpu_share.setter
+    def cpu_share(self, value: float | None) -> None:
+        if value is not None and not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
+            raise ValueError(f"cpu_share should be None or a number in [0, 1], but got cpu_share={value!r}")
+        self._cpu_share = None if value is None else float(value)
+
+    def share(self) -> float:
+        """The CPU's fraction of the next batch."""
+        if self._cpu_share is not None:
+            return self._cpu_share
+        cpu, device = self.cpu_rate, self.device_rate
+        if cpu is None or device is None:
+            return 0.5  # nothing measured yet: half each, then follow the rates
+        return cpu / (cpu + device) if cpu + device > 0 else 0.5
+
+    def cpu_images(self, n: int, workers: int) -> int:
+        """How many of a batch of ``n`` the CPU decodes (``workers``: CPU workers there are)."""
+        if workers == 0 or n == 0:
+            return 0
+        with self._lock:
+            self.decided += 1
+            share = self.share()
+            k = int(round(n * share))
+            if self._cpu_share is None and self.decided % self.probe_every == 0:
+                k = min(max(k, 1), n - 1) if n > 1 else k  # each side measured now and then
+            self.decisions.append(k / n)
+            return k
+
+    def _update(self, old: float | None, images: int, seconds: float, scale: float = 1.0) -> float | None:
+        if images <= 0 or seconds <= 0:
+            return old
+        rate = scale * images / seconds
+        return rate if old is None else old + self.smoothing * (rate - old)
+
+    def record_cpu(self, images: int, seconds: float, workers: int) -> None:
+        """One worker decoded ``images`` in ``seconds``; the ``workers`` run side by side."""
+        with self._lock:
+            self.cpu_rate = self._update(self.cpu_rate, images, seconds, max(1, workers))
+
+    def record_device(self, images: int, seconds: float) -> None:
+        """The device side decoded and cropped ``images`` in ``seconds``."""
+        with self._lock:
+            self.device_rate = self._update(self.device_rate, images, seconds)
+
+    def __repr__(self) -> str:
+        def rate(r: float | None) -> str:
+            return "not measured" if r is None else f"{r:,.0f} images/s"
+
+        mode = "adaptive" if self._cpu_share is None else f"fixed at {self._cpu_share:g}"
+        return (
+            f"HybridSplit({mode}: CPU share {self.share():.2f}; CPU {rate(self.cpu_rate)}, "
+            f"device {rate(self.device_rate)})"
+        )
