@@ -15,6 +15,7 @@
  *
  * Functions (all take any contiguous bytes-like object and release the GIL while decoding):
  *   header(data) -> (width, height, components, colorspace)
+ *   header_info(data) -> (width, height, components, colorspace, progressive, subsampling)
  *   decode(data, left, top, width, height, scale=1, eighths=0, fancy=True) -> bytearray of height*width*3
  *       RGB bytes. The region is given in the coordinates of the image decoded at 1/scale; fancy=False
  *       upsamples chroma by replication, as GPU decoders (nvJPEG) do.
@@ -99,6 +100,46 @@ static PyObject *jpeg_header(PyObject *self, PyObject *args) {
     jpeg_read_header(&cinfo, TRUE);
     PyObject *result = Py_BuildValue("(IIis)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
                                      cinfo.num_components, colorspace_name(cinfo.jpeg_color_space));
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* Chroma subsampling of a 3-component JPEG as "4:4:4", "4:2:2", ...: luma's sampling factors over
+ * the chroma components' (both chroma components alike); "gray" for one component. */
+static const char *subsampling_name(const struct jpeg_decompress_struct *cinfo) {
+    if (cinfo->num_components == 1) return "gray";
+    if (cinfo->num_components != 3) return "other";
+    const jpeg_component_info *c = cinfo->comp_info;
+    if (c[1].h_samp_factor != c[2].h_samp_factor || c[1].v_samp_factor != c[2].v_samp_factor) return "other";
+    if (c[0].h_samp_factor % c[1].h_samp_factor || c[0].v_samp_factor % c[1].v_samp_factor) return "other";
+    const int h = c[0].h_samp_factor / c[1].h_samp_factor, v = c[0].v_samp_factor / c[1].v_samp_factor;
+    if (h == 1 && v == 1) return "4:4:4";
+    if (h == 2 && v == 1) return "4:2:2";
+    if (h == 2 && v == 2) return "4:2:0";
+    if (h == 1 && v == 2) return "4:4:0";
+    if (h == 4 && v == 1) return "4:1:1";
+    return "other";
+}
+
+static PyObject *jpeg_header_info(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*:header_info", &data)) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    init_errors(&cinfo, &err);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        PyErr_SetString(JpegError, err.message);
+        return NULL;
+    }
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    PyObject *result = Py_BuildValue("(IIisOs)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
+                                     cinfo.num_components, colorspace_name(cinfo.jpeg_color_space),
+                                     cinfo.progressive_mode ? Py_True : Py_False, subsampling_name(&cinfo));
     jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
     return result;
@@ -938,6 +979,9 @@ static PyObject *jpeg_simd(PyObject *self, PyObject *args) { return PyBool_FromL
 static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_VARARGS,
      "header(data) -> (width, height, components, colorspace): reads the JPEG header only."},
+    {"header_info", jpeg_header_info, METH_VARARGS,
+     "header_info(data) -> (width, height, components, colorspace, progressive, subsampling): the header "
+     "only; subsampling is \"4:4:4\", \"4:2:2\", \"4:2:0\", \"4:4:0\", \"4:1:1\", \"gray\" or \"other\"."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, left, top, width, height, scale=1, eighths=0, fancy=True) -> bytearray: RGB pixels (HWC) of a "
      "region of the image decoded at 1/scale (or at eighths/8: libjpeg-turbo's other DCT scales), decoding only "

@@ -35,7 +35,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -50,7 +50,9 @@ __all__ = [
     "decode_pil",
     "dct_scale",
     "decode_jpeg_region",
+    "JpegInfo",
     "jpeg_header",
+    "jpeg_info",
     "load_reduced",
     "load_sample",
     "open_image",
@@ -482,6 +484,34 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
     images larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (its decompression-bomb check applies).
     ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
     """
+    info = jpeg_info(data)
+    return None if info is None else (info.width, info.height, info.colorspace)
+
+
+class JpegInfo(NamedTuple):
+    """What a JPEG's header says (:func:`jpeg_info`)."""
+
+    width: int
+    height: int
+    colorspace: str  # "YCbCr", "RGB" or "L"
+    progressive: bool
+    subsampling: str  # "4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "gray" or "other"
+
+
+def jpeg_info(data: bytes | memoryview | np.ndarray) -> JpegInfo | None:
+    """:func:`jpeg_header` with the rest of the header: progressive or baseline, chroma subsampling.
+
+    ``None`` exactly where :func:`jpeg_header` returns ``None``. Reads the header only (the C
+    extension, a few microseconds).
+
+    Example:
+        >>> import io
+        >>> from PIL import Image
+        >>> buf = io.BytesIO()
+        >>> Image.new("RGB", (64, 48)).save(buf, "JPEG", subsampling=2, progressive=True)
+        >>> jpeg_info(buf.getvalue())  # with the C extension built (else None)
+        JpegInfo(width=64, height=48, colorspace='YCbCr', progressive=True, subsampling='4:2:0')
+    """
     if (
         not USE_ROI_DECODE
         or _jpeg is None
@@ -491,7 +521,7 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
     ):
         return None
     try:
-        width, height, _, colorspace = _jpeg.header(data)
+        width, height, _, colorspace, progressive, subsampling = _jpeg.header_info(data)
     except (_jpeg.Error, ValueError, BufferError):
         return None
     if colorspace not in ("YCbCr", "RGB", "L"):
@@ -499,7 +529,7 @@ def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] |
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
         return None  # PIL's decompression-bomb check (a warning, or an error past twice the limit) decides
-    return width, height, colorspace
+    return JpegInfo(width, height, colorspace, bool(progressive), subsampling)
 
 
 def decode_jpeg_region(

@@ -106,7 +106,7 @@ from .batch import IndexedBatch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, Compose, apply_transform
-from .gpu.decode import decode_batch, device_decoder, device_routes
+from .gpu.decode import Headers, decode_batch, device_decoder
 from .gpu.feeder import DeviceFeeder
 from .gpu.hybrid import DeviceHead, HybridSplit, split_head
 from .gpu.memory import host_memory
@@ -529,7 +529,7 @@ class _EncodedPass:
 
     Reader threads (``num_workers`` of them) fetch the bytes of batch ``k + 2`` meanwhile. Which
     decoder takes an image comes from its JPEG header, read once per sample and kept in the
-    loader's routes column. An error of batch ``k`` (a corrupt image, named) is raised by the
+    loader's header columns. An error of batch ``k`` (a corrupt image, named) is raised by the
     ``next()`` of batch ``k``; the pass goes on after it.
     """
 
@@ -547,7 +547,7 @@ class _EncodedPass:
         self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
         self.backend = stream_backend(self.device)
         self._decode_stream: Any = None
-        self.routes = loader._decode_routes()
+        self.headers = loader._decode_headers()
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
         self._setup(start)
@@ -592,7 +592,8 @@ class _EncodedPass:
         with backend.stream_context(self._decode_stream):
             indices = self._device_indices(k)
             encoded = list(self.reads.pop(k))
-            on_device = device_routes(encoded, indices, self.routes)
+            self.headers.see(encoded, indices)
+            on_device = self.headers.on_device(indices)
             images = decode_batch(
                 encoded, self.device, _Names(self.loader.dataset, indices), on_device=on_device
             )
@@ -1935,17 +1936,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             next(it)
         return it
 
-    def _decode_routes(self) -> np.ndarray:
-        """``decode="device"``: which decoder takes each sample, one int8 per sample (0: not seen
-        yet, 1: the device's JPEG decoder, 2: the CPU's), filled in from each image's header the
-        first time it is read and kept for the loader's life (1.3 MB for ImageNet's 1.28M images):
-        no image is opened to be routed in later epochs."""
+    def _decode_headers(self) -> Headers:
+        """``decode="device"`` / ``"hybrid"``: each sample's header facts (which decoder takes it,
+        its size, subsampling, coding; :class:`fastload.gpu.decode.Headers`), filled in the first
+        time a sample is read and kept for the loader's life: no image is opened or parsed to be
+        routed in later epochs."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        routes = self.__dict__.get("_routes")
-        if routes is None or len(routes) != n or self.__dict__.get("_routes_source") is not self.dataset:
-            routes = self._routes = np.zeros(n, dtype=np.int8)
-            self._routes_source = self.dataset
-        return routes
+        headers = self.__dict__.get("_headers")
+        if headers is None or len(headers) != n or self.__dict__.get("_headers_source") is not self.dataset:
+            headers = self._headers = Headers(n)
+            self._headers_source = self.dataset
+        return headers
 
     def _feeds_beside(self, prefetcher: CUDAPrefetcher) -> bool:
         """Whether a pass's batches go to the device through a feeder thread (:class:`_FedPass`)

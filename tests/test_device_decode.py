@@ -101,3 +101,45 @@ def test_gpu_decode_matches_cpu(imagenet_root: Path) -> None:  # pragma: no cove
         # the controls: the same decode shifted by a pixel, or mirrored, fails the bound
         assert not _close(reference[:, :, 1:], b[:, :, :-1]) and not _close(reference, b.flip(-1))
     assert compared >= len(encoded) // 2
+
+
+@pytest.mark.parametrize("parser", ["c-extension", "pil"])
+def test_header_columns_read_each_file_once_and_say_what_it_is(
+    parser: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size, coding and subsampling of each JPEG the device takes, from its header (the C
+    extension's parser, or PIL's lazy open without it); the CPU's route for PNG and CMYK files."""
+    import fastload.decode
+    from fastload.gpu.decode import ROUTE_CPU, ROUTE_DEVICE, Headers
+
+    if parser == "pil":
+        monkeypatch.setattr(fastload.decode, "USE_ROI_DECODE", False)
+    elif not roi_decoder_available():
+        pytest.skip("the C extension is not built")
+
+    def encoded(mode: str, fmt: str, size: tuple[int, int], **kwargs: object) -> bytes:
+        buf = io.BytesIO()
+        Image.new(mode, size, 128 if mode == "L" else None).save(buf, fmt, **kwargs)
+        return buf.getvalue()
+
+    files = [
+        encoded("RGB", "JPEG", (64, 48), subsampling=2),
+        encoded("RGB", "JPEG", (30, 20), subsampling=0, progressive=True),
+        encoded("RGB", "JPEG", (17, 33), subsampling=1),
+        encoded("L", "JPEG", (8, 9)),
+        encoded("RGB", "PNG", (5, 5)),
+        encoded("CMYK", "JPEG", (6, 6)),
+    ]
+    headers = Headers(10)
+    indices = np.array([9, 2, 4, 0, 7, 5])
+    headers.see(files, indices)
+    assert headers.route[indices].tolist() == [ROUTE_DEVICE] * 4 + [ROUTE_CPU] * 2
+    assert headers.on_device(indices) == [True] * 4 + [False] * 2
+    assert headers.width[indices].tolist() == [64, 30, 17, 8, 0, 0]
+    assert headers.height[indices].tolist() == [48, 20, 33, 9, 0, 0]
+    assert headers.progressive[indices].tolist() == [1, 2, 1, 1, 0, 0]
+    names = [Headers.SUBSAMPLING[s] for s in headers.subsampling[indices]]
+    assert names == ["4:2:0", "4:4:4", "4:2:2", "gray", "unknown", "unknown"]
+    assert (headers.route[[1, 3, 6, 8]] == 0).all()  # not seen: not read
+    headers.see([b"not read again"] * 6, indices)  # seen samples are not parsed again
+    assert headers.width[indices].tolist() == [64, 30, 17, 8, 0, 0]

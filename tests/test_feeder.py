@@ -3,6 +3,7 @@ training loop, handed over by event; on CPU with the recording stand-in for CUDA
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from _fakecuda import fake_cuda
+from PIL import Image
+from PIL.JpegImagePlugin import get_sampling
 
 import fastload
 import fastload.decode
@@ -179,7 +182,7 @@ def test_headers_are_read_once_per_sample_not_every_epoch(
     imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     headers: list[int] = []
-    real_header = fastload.decode.jpeg_header
+    real_header = fastload.decode.jpeg_info
 
     def counting_header(data: Any) -> Any:
         headers.append(1)
@@ -188,14 +191,23 @@ def test_headers_are_read_once_per_sample_not_every_epoch(
     def no_pil_open(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an image was opened with PIL to route it")
 
-    monkeypatch.setattr(fastload.gpu.decode, "jpeg_header", counting_header)
+    monkeypatch.setattr(fastload.gpu.decode, "jpeg_info", counting_header)
     monkeypatch.setattr(fastload.gpu.decode, "open_image", no_pil_open)
     loader = _device_loader(imagenet_root, num_workers=1, drop_last=False)
     for _ in range(3):
         assert sum(len(y) for _, y in loader) == 32
-    routes = loader._decode_routes()
+    table = loader._decode_headers()
     assert len(headers) == 32 if fastload.decode.roi_decoder_available() else len(headers) == 0
+    routes = table.route
     assert set(np.unique(routes)) <= {1, 2} and (routes > 0).all()  # every sample routed, once
+    # and what the header says of each JPEG the device takes: its size, coding and subsampling
+    ds = fastload.InMemoryImageFolder(imagenet_root / "train")
+    for i in np.flatnonzero(routes == 1).tolist():
+        with Image.open(io.BytesIO(bytes(ds.get_bytes(i)))) as img:
+            assert (int(table.width[i]), int(table.height[i])) == img.size
+            assert table.progressive[i] == (2 if img.info.get("progressive") else 1)
+            sampling = "gray" if img.mode == "L" else {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}[get_sampling(img)]
+            assert table.SUBSAMPLING[table.subsampling[i]] == sampling
     loader.close()
 
 
