@@ -106,9 +106,9 @@ from .batch import IndexedBatch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, Compose, apply_transform
-from .gpu.decode import Headers, decode_batch, device_decoder
+from .gpu.decode import BatchDecoder, Headers, device_decoder
 from .gpu.feeder import DeviceFeeder
-from .gpu.hybrid import DeviceHead, HybridSplit, split_head
+from .gpu.hybrid import DeviceHead, HybridSplit, apply_head, region_crop, split_head
 from .gpu.memory import host_memory
 from .gpu.prefetch import CUDAPrefetcher
 from .gpu.streams import pinned_device, stream_backend, use_device
@@ -550,6 +550,11 @@ class _EncodedPass:
         self.headers = loader._decode_headers()
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
+        #: the leading crop/resize of gpu_transforms and the rest (None: no such head), and the
+        #: crop whose boxes a region decoder (nvImageCodec) decodes alone (see _regions)
+        self.head_rest = _head_and_rest(loader.gpu_transforms)
+        self.region_crop = None if self.head_rest is None else region_crop(self.head_rest[0])
+        self.batch_decoder: BatchDecoder | None = None  # made in the decoder thread
         self._setup(start)
         self.feeder = DeviceFeeder(  # starts its thread: everything _prepare reads is set up
             self._prepare,
@@ -589,26 +594,59 @@ class _EncodedPass:
             if self.device.type == "cuda":  # a new thread starts on device 0
                 use_device(self.device.index or 0)
             self._decode_stream = backend.new_stream(self.device)
+        if self.batch_decoder is None:
+            self.batch_decoder = BatchDecoder(self.device)
         with backend.stream_context(self._decode_stream):
             indices = self._device_indices(k)
             encoded = list(self.reads.pop(k))
             self.headers.see(encoded, indices)
             on_device = self.headers.on_device(indices)
-            images = decode_batch(
-                encoded, self.device, _Names(self.loader.dataset, indices), on_device=on_device
-            )
-            return self._decoded(images, indices), backend.record_event(self._decode_stream)
+            regions = self._regions(indices, on_device)
+            names = _Names(self.loader.dataset, indices)
+            images = self.batch_decoder.decode(encoded, names, on_device, regions, self._decode_stream)
+            cropped = None if regions is None else [r is not None for r in regions]
+            return self._decoded(images, indices, cropped), backend.record_event(self._decode_stream)
 
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray) -> Any:
-        """What the decoder thread hands over for a batch's decoded images (here: the images)."""
-        return images
+    def _regions(
+        self, indices: np.ndarray, on_device: list[bool]
+    ) -> list[tuple[int, int, int, int] | None] | None:
+        """With a region decoder and a head that is one ``gpu.RandomResizedCrop``: each device-decoded
+        sample's crop box, drawn from its size (the header columns) and key before decoding -- the box
+        the crop draws on the whole image -- so that only the box is decoded; else ``None``."""
+        crop, decoder = self.region_crop, self.batch_decoder
+        if crop is None or decoder is None or not decoder.regions:
+            return None
+        heights, widths = self.headers.height[indices], self.headers.width[indices]
+        sized = np.flatnonzero(np.asarray(on_device, dtype=bool) & (heights > 0))
+        boxes = crop.boxes(
+            heights[sized], widths[sized], indices=indices[sized], epoch=self.epoch, seed=self.seed
+        )
+        regions: list[tuple[int, int, int, int] | None] = [None] * len(indices)
+        for r, k in enumerate(sized.tolist()):
+            regions[k] = (int(boxes[0][r]), int(boxes[1][r]), int(boxes[2][r]), int(boxes[3][r]))
+        return regions
+
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+        """What the decoder thread hands over for a batch's decoded images (here: the images, and
+        which of them are their crop box only)."""
+        return images, cropped
+
+    def _transform(self, images: Any, cropped: list[bool] | None, indices: np.ndarray) -> Any:
+        """``gpu_transforms`` on a batch's decoded images (the head on the cropped ones: a resize)."""
+        transforms = self.loader.gpu_transforms
+        assert transforms is not None  # decode="device" needs them (checked in DataLoader.__init__)
+        if cropped is None or not any(cropped) or self.head_rest is None:
+            return apply_transform(transforms, images, indices, self.epoch, self.seed)
+        head, rest = self.head_rest
+        images = apply_head(head, images, indices, self.epoch, self.seed, cropped)
+        return apply_transform(Compose(rest), images, indices, self.epoch, self.seed) if rest else images
 
     def _prepare(self, k: int) -> IndexedBatch:
         """Batch ``k`` on the device: in the feeder thread, on its stream."""
         self._submit(k)
         self._submit(k + 1)  # decoded while this one is transformed
         self._read(k + 2)  # its bytes arrive meanwhile
-        images, decoded = self.decodes.pop(k).result()  # batch k's decode error, if any, from here
+        (images, cropped), decoded = self.decodes.pop(k).result()  # batch k's decode error, if any
         backend = self.backend
         stream = backend.current_stream(self.device)
         backend.wait_event(stream, decoded)
@@ -626,9 +664,7 @@ class _EncodedPass:
         non_blocking = self.pin
         labels = labels.to(self.device, non_blocking=non_blocking)
         order = order.to(self.device, non_blocking=non_blocking)
-        transforms = self.loader.gpu_transforms
-        if transforms is not None:
-            images = apply_transform(transforms, images, indices, self.epoch, self.seed)
+        images = self._transform(images, cropped, indices)
         return IndexedBatch(images, labels, order)
 
     def __next__(self) -> IndexedBatch:
@@ -698,7 +734,6 @@ class _HybridPass(_EncodedPass):
         split = loader.hybrid
         assert split is not None and loader._hybrid_dataset is not None  # made with decode="hybrid"
         self.split = split
-        self.head = Compose(loader._hybrid_head)
         self.rest = Compose(loader._hybrid_rest) if loader._hybrid_rest else None
         self.shares = _Shares(self.batches, split, loader.num_workers)
         self.cpu: _FastPass | None = None
@@ -730,8 +765,8 @@ class _HybridPass(_EncodedPass):
         self.split.record_device(len(images), time.perf_counter() - t0)
         return images, event
 
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray) -> Any:
-        out = apply_transform(self.head, images, indices, self.epoch, self.seed)
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed, cropped)
         return out.contiguous(memory_format=torch.channels_last)
 
     def _prepare(self, k: int) -> IndexedBatch:
@@ -2011,6 +2046,15 @@ class _ConvertThen(BatchTransform):
         if self.then is None:
             return images
         return apply_transform(self.then, images, indices, epoch, seed)
+
+
+def _head_and_rest(transforms: Any) -> tuple[list[Any], list[Any]] | None:
+    """``gpu_transforms`` cut into its leading crop/resize and the rest (see
+    :func:`fastload.gpu.hybrid.split_head`), or ``None`` where it does not begin with one."""
+    try:
+        return split_head(transforms)
+    except ValueError:
+        return None
 
 
 def _check_device_decode(

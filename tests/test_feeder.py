@@ -147,7 +147,7 @@ def test_device_decode_runs_beside_the_training_thread(
     it with its own keys."""
     where: list[str] = []
     transformed: list[str] = []
-    real_decode, real_transform = fastload.loader.decode_batch, fastload.loader.apply_transform
+    real_decode, real_transform = fastload.gpu.decode.decode_batch, fastload.loader.apply_transform
 
     def recording_decode(*args: Any, **kwargs: Any) -> Any:
         where.append(threading.current_thread().name)
@@ -157,7 +157,7 @@ def test_device_decode_runs_beside_the_training_thread(
         transformed.append(threading.current_thread().name)
         return real_transform(*args, **kwargs)
 
-    monkeypatch.setattr(fastload.loader, "decode_batch", recording_decode)
+    monkeypatch.setattr(fastload.gpu.decode, "decode_batch", recording_decode)
     monkeypatch.setattr(fastload.loader, "apply_transform", recording_transform)
     with fake_cuda() as (streams, _):
         loader = _device_loader(imagenet_root, num_workers=2, pin_memory=True)

@@ -16,6 +16,7 @@ import torch
 from _fakecuda import fake_cuda
 
 import fastload
+import fastload.gpu.decode
 import fastload.gpu.hybrid
 import fastload.loader
 from fastload import gpu, rng
@@ -139,13 +140,13 @@ def test_batches_do_not_depend_on_the_split_beyond_the_decoders_pixels(
     device share is decoded in the decoder thread, the CPU share by the workers, the assembly in
     the feeder thread; every copy to the device comes from pinned memory."""
     decoded_in: list[str] = []
-    real_decode = fastload.loader.decode_batch
+    real_decode = fastload.gpu.decode.decode_batch
 
     def recording_decode(*args: Any, **kwargs: Any) -> Any:
         decoded_in.append(threading.current_thread().name)
         return real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(fastload.loader, "decode_batch", recording_decode)
+    monkeypatch.setattr(fastload.gpu.decode, "decode_batch", recording_decode)
     runs = {}
     for share in (0.0, 0.5, 1.0):
         with fake_cuda() as (streams, _):
@@ -270,13 +271,13 @@ def _shares_over_epochs(loader: fastload.DataLoader[Any], epochs: int) -> list[f
 def test_the_split_moves_to_the_cpu_when_the_device_decoder_is_slow(
     imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_decode = fastload.loader.decode_batch
+    real_decode = fastload.gpu.decode.decode_batch
 
     def slow_decode(encoded: Any, *args: Any, **kwargs: Any) -> Any:
         time.sleep(0.03 * len(encoded))  # an injected slow device decoder: about 33 images/s
         return real_decode(encoded, *args, **kwargs)
 
-    monkeypatch.setattr(fastload.loader, "decode_batch", slow_decode)
+    monkeypatch.setattr(fastload.gpu.decode, "decode_batch", slow_decode)
     loader = _hybrid(imagenet_root, None, worker_type="thread")
     shares = _shares_over_epochs(loader, 3)
     loader.close()

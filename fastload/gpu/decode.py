@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,12 +27,14 @@ from ..decode import (
     open_image,
     torchvision_jpeg_available,
 )
+from . import nvimgcodec
 from .memory import host_memory
 
 __all__ = [
     "ROUTE_CPU",
     "ROUTE_DEVICE",
     "ROUTE_UNKNOWN",
+    "BatchDecoder",
     "Headers",
     "decode_batch",
     "device_decoder",
@@ -50,13 +53,23 @@ def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def device_decoder(device: torch.device | str | None) -> str:
-    """Which decoder :func:`decode_batch` runs on ``device`` for baseline JPEGs, in words (the
-    loader's log line, ``python -m fastload info``)."""
+    """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
+    log line, ``python -m fastload info``): nvImageCodec where it is usable (see
+    :class:`BatchDecoder`), else what :func:`decode_batch` runs."""
     device = torch.device("cpu") if device is None else torch.device(device)
+    if nvimgcodec.available(device):
+        return (
+            f"nvImageCodec {nvimgcodec.nvimgcodec_version()} (the hardware JPEG decoder where the GPU has "
+            "one, nvJPEG on CUDA otherwise; decoding only the crop of a RandomResizedCrop)"
+        )
     if not torchvision_jpeg_available():
         return "PIL on the CPU (torchvision.io.decode_jpeg is not available)"
     if device.type == "cuda":
-        return "nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29)"
+        return (
+            "nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29; "
+            "nvImageCodec adds the hardware decoder and region decoding: pip install "
+            "'fastload[nvimgcodec-cu12]' or -cu13)"
+        )
     return "libjpeg-turbo on the CPU through torchvision.io.decode_jpeg (no GPU decoder on a CPU device)"
 
 
@@ -150,6 +163,64 @@ class Headers:
     def on_device(self, indices: np.ndarray) -> list[bool]:
         """For :func:`decode_batch`'s ``on_device``: whether the device decodes each sample (seen)."""
         return (self.route[indices] == ROUTE_DEVICE).tolist()
+
+
+class BatchDecoder:
+    """What a device path's decoder thread decodes each batch with: nvImageCodec where it is
+    usable (:mod:`fastload.gpu.nvimgcodec`: the hardware decoder, regions), else
+    :func:`decode_batch` (``torchvision.io.decode_jpeg``). Made in the thread that uses it.
+
+    Args:
+        device: Where the images are decoded.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.region_decoder = nvimgcodec.RegionDecoder(device) if nvimgcodec.available(device) else None
+
+    @property
+    def regions(self) -> bool:
+        """Whether :meth:`decode` decodes only a region of each JPEG when given one."""
+        return self.region_decoder is not None
+
+    def decode(
+        self,
+        encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor],
+        names: Sequence[str],
+        on_device: Sequence[bool],
+        regions: Sequence[tuple[int, int, int, int] | None] | None = None,
+        stream: Any = None,
+    ) -> list[torch.Tensor]:
+        """The batch decoded: image ``k`` only in ``regions[k]`` where one is given (``regions``
+        needs :attr:`regions`), whole otherwise; the device's decoder for the images ``on_device``,
+        the CPU's for the others and for any the device's decoder could not decode (which the CPU
+        decoder names in a :class:`DecodeError` if the file is broken).
+        """
+        region_decoder = self.region_decoder
+        if region_decoder is None:
+            if regions is not None and any(r is not None for r in regions):
+                raise ValueError("regions need a region decoder (nvImageCodec): see BatchDecoder.regions")
+            return decode_batch(encoded, self.device, names, on_device=on_device)
+        wanted = regions if regions is not None else [None] * len(encoded)
+        raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
+        out: list[torch.Tensor | None] = [None] * len(encoded)
+        slots = [k for k in range(len(encoded)) if on_device[k]]
+        if slots:
+            decoded = region_decoder.decode([raws[k] for k in slots], [wanted[k] for k in slots], stream)
+            for k, image in zip(slots, decoded, strict=True):
+                out[k] = image
+        for k, image in enumerate(out):
+            if image is not None:
+                continue
+            raw = raws[k]
+            blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
+            full = torch.from_numpy(np.array(decode_pil(blob, names[k]))).permute(2, 0, 1)
+            region = wanted[k]
+            if region is not None:
+                top, left, height, width = region
+                full = full[:, top : top + height, left : left + width]
+            out[k] = _to_device(full.contiguous(), self.device)
+        return [t for t in out if t is not None]
 
 
 def device_routes(

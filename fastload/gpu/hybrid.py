@@ -37,13 +37,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from .. import rng as _rng
 from ..transforms import CenterCrop as _CpuCenterCrop
 from ..transforms import Plan, Transform
-from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize
+from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize, apply_transform
 
-__all__ = ["DeviceHead", "HybridSplit", "split_head"]
+__all__ = ["DeviceHead", "HybridSplit", "apply_head", "region_crop", "split_head"]
 
 
 def _fixed_size(op: Any) -> bool:
@@ -78,6 +79,46 @@ def split_head(transforms: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
             f"or gpu.Resize(256) + gpu.CenterCrop(224)), but got gpu_transforms={transforms!r}"
         )
     return ops[:end], ops[end:]
+
+
+def region_crop(head: Sequence[Any]) -> RandomResizedCrop | None:
+    """The head's crop where a region decoder can decode just each image's box before the head
+    runs (a head that is one ``gpu.RandomResizedCrop``), else ``None``."""
+    return head[0] if len(head) == 1 and type(head[0]) is RandomResizedCrop else None
+
+
+def apply_head(
+    head: Sequence[Any],
+    images: list[torch.Tensor],
+    indices: np.ndarray,
+    epoch: int,
+    seed: int,
+    cropped: Sequence[bool] | None = None,
+) -> torch.Tensor:
+    """``head`` (see :func:`split_head`) on a batch's decoded images, one ``(N, C, H, W)`` tensor.
+
+    ``cropped[k]``: image ``k`` was decoded as its crop box only (region decoding, the box drawn
+    by :func:`region_crop`'s ``boxes`` for its size and key), so it is only resized, as the crop
+    resizes its box: the same taps, relative to the box (a crop's resize never reads outside it).
+    """
+    compose = Compose(list(head))
+    if cropped is None or not any(cropped):
+        return apply_transform(compose, images, indices, epoch, seed)
+    crop = region_crop(head)
+    if crop is None:
+        raise ValueError(
+            f"cropped images need a head that is one gpu.RandomResizedCrop, but got {list(head)!r}"
+        )
+    boxes = [k for k, c in enumerate(cropped) if c]
+    whole = [k for k, c in enumerate(cropped) if not c]
+    resized = Resize(crop.size, antialias=crop.antialias)([images[k] for k in boxes])
+    if not whole:
+        return resized
+    out = resized.new_empty((len(images), *resized.shape[1:]))
+    out[torch.tensor(boxes, device=out.device)] = resized
+    rest = apply_transform(compose, [images[k] for k in whole], indices[whole], epoch, seed)
+    out[torch.tensor(whole, device=out.device)] = rest
+    return out
 
 
 class DeviceHead(Transform):

@@ -1,0 +1,149 @@
+"""Decoding with NVIDIA nvImageCodec (optional): the GPU's hardware JPEG decoder where it has one,
+nvJPEG on CUDA otherwise, and region-of-interest decoding (only a crop's region is decoded).
+
+Install it with ``pip install 'fastload[nvimgcodec-cu12]'`` (or ``-cu13``, matching the CUDA of
+your torch build). Where it imports and the device is CUDA, ``decode="device"`` and
+``decode="hybrid"`` decode their JPEGs with it instead of ``torchvision.io.decode_jpeg`` (which is
+deprecated from torchvision 0.29 and stays the fallback): ``loader.decoder`` and ``python -m
+fastload info`` say which runs. ``FASTLOAD_NVIMGCODEC=0`` turns it off.
+
+What fastload asks of it (:class:`RegionDecoder`):
+
+- backends: the hardware decoder (A100, H100, H200, ... have one) takes ``hw_load`` of each batch
+  (0.9, DALI's default), nvJPEG on CUDA and the hybrid CPU/GPU nvJPEG the rest;
+- ``:fancy_upsampling=1``: chroma upsampled as libjpeg-turbo does (PIL, torchvision on the CPU),
+  where the decoder supports it; no EXIF rotation (PIL does not rotate either); RGB, uint8;
+- regions: when the device transforms begin with ``gpu.RandomResizedCrop``, each sample's crop box
+  is drawn before decoding (from its size in the header columns and ``(seed, epoch, index)``, the
+  same box as on a full image) and only that region is decoded; the crop is then resized alone.
+- the decode is queued on the calling thread's CUDA stream (the decoder thread's own).
+
+An image it cannot decode (``None`` in its output) is decoded by the CPU instead, which names the
+sample in a :class:`fastload.DecodeError` if the file is broken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RegionDecoder", "available", "nvimgcodec_version", "use_module"]
+
+#: The module :func:`_module` returns instead of ``nvidia.nvimgcodec`` (tests: a CPU stand-in).
+_injected: Any = None
+
+
+@functools.lru_cache(maxsize=1)
+def _imported() -> Any:
+    if os.environ.get("FASTLOAD_NVIMGCODEC", "1") == "0":
+        return None
+    try:  # optional: pip install 'fastload[nvimgcodec-cu12]'
+        return importlib.import_module("nvidia.nvimgcodec")
+    except ImportError:
+        return None
+
+
+def _module() -> Any:
+    return _injected if _injected is not None else _imported()
+
+
+@contextlib.contextmanager
+def use_module(module: Any) -> Iterator[None]:
+    """Inside the block, ``module`` stands in for ``nvidia.nvimgcodec`` on any device (the tests'
+    CPU stand-in, which decodes with PIL)."""
+    global _injected
+    previous, _injected = _injected, module
+    try:
+        yield
+    finally:
+        _injected = previous
+
+
+def available(device: torch.device | str | None) -> bool:
+    """Whether ``decode="device"`` decodes with nvImageCodec on ``device``: it imports (and is not
+    turned off with ``FASTLOAD_NVIMGCODEC=0``) and the device is CUDA (any device for a module
+    given to :func:`use_module`)."""
+    if _injected is not None:
+        return True
+    device = torch.device("cpu") if device is None else torch.device(device)
+    return device.type == "cuda" and _imported() is not None
+
+
+def nvimgcodec_version() -> str | None:
+    """nvImageCodec's version where it imports, else ``None``."""
+    module = _module()
+    return None if module is None else str(getattr(module, "__version__", "unknown"))
+
+
+class RegionDecoder:
+    """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
+
+    Args:
+        device: The CUDA device (its index) the images are decoded on.
+        hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one.
+    """
+
+    def __init__(self, device: torch.device, hw_load: float = 0.9) -> None:
+        nv = _module()
+        if nv is None:  # pragma: no cover - callers check available() first
+            raise ImportError(
+                "nvImageCodec is not installed: pip install 'fastload[nvimgcodec-cu12]' (or -cu13, matching "
+                "torch's CUDA)"
+            )
+        self.nv = nv
+        self.device = device
+        kinds = nv.BackendKind
+        self.decoder = nv.Decoder(
+            device_id=(device.index or 0) if device.type == "cuda" else 0,
+            backends=[
+                nv.Backend(kinds.HW_GPU_ONLY, load_hint=hw_load),
+                nv.Backend(kinds.GPU_ONLY),
+                nv.Backend(kinds.HYBRID_CPU_GPU),
+            ],
+            options=":fancy_upsampling=1",
+        )
+        self.params = nv.DecodeParams(
+            apply_exif_orientation=False,
+            color_spec=nv.ColorSpec.SRGB,
+            allow_any_depth=False,
+            sample_format=nv.SampleFormat.I_RGB,
+        )
+
+    def decode(
+        self,
+        encoded: Sequence[bytes | memoryview | np.ndarray],
+        regions: Sequence[tuple[int, int, int, int] | None],
+        stream: Any = None,
+    ) -> list[torch.Tensor | None]:
+        """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)``
+        (``None``: the whole image), on the current stream (``stream``: its CUDA stream object).
+
+        Returns:
+            One ``(3, H, W)`` uint8 tensor per image (the region's size), or ``None`` where
+            nvImageCodec could not decode the file (the caller decodes it on the CPU).
+        """
+        nv = self.nv
+        sources = []
+        for data, region in zip(encoded, regions, strict=True):
+            array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+            source = nv.CodeStream(array)
+            if region is not None:
+                top, left, height, width = region
+                source = source.get_sub_code_stream(region=nv.Region(top, left, top + height, left + width))
+            sources.append(source)
+        handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
+        decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
+        out: list[torch.Tensor | None] = []
+        for image in decoded:
+            if image is None:
+                out.append(None)
+                continue
+            out.append(torch.from_dlpack(image).permute(2, 0, 1))  # HWC -> CHW, on its device
+        return out

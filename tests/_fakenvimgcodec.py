@@ -1,0 +1,89 @@
+"""A stand-in for ``nvidia.nvimgcodec`` on a machine without a GPU: the same classes and calls that
+fastload makes (``Decoder``, ``Backend``, ``CodeStream.get_sub_code_stream(region=Region(...))``,
+``Decoder.decode(..., params=, cuda_stream=)``), decoding with PIL on the CPU, and recording what
+it was asked: the regions of every decode call. Installed with :func:`fastload.gpu.nvimgcodec.
+use_module`.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+__version__ = "0.9.0-stand-in"
+
+
+class BackendKind(enum.Enum):
+    CPU_ONLY = 0
+    GPU_ONLY = 1
+    HYBRID_CPU_GPU = 2
+    HW_GPU_ONLY = 3
+
+
+class ColorSpec(enum.Enum):
+    SRGB = 1
+
+
+class SampleFormat(enum.Enum):
+    I_RGB = 1
+
+
+class Backend:
+    def __init__(self, backend_kind: BackendKind = BackendKind.GPU_ONLY, load_hint: float = 1.0) -> None:
+        self.backend_kind, self.load_hint = backend_kind, load_hint
+
+
+class DecodeParams:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+class Region:
+    def __init__(self, start_y: int, start_x: int, end_y: int, end_x: int) -> None:
+        self.start = (start_y, start_x)
+        self.end = (end_y, end_x)
+
+
+class CodeStream:
+    def __init__(self, array: Any, region: Region | None = None) -> None:
+        self.data = bytes(np.asarray(array, dtype=np.uint8))
+        self.region = region
+        with Image.open(io.BytesIO(self.data)) as img:
+            self.width, self.height = img.size
+            self.progressive = bool(img.info.get("progressive"))
+
+    def get_sub_code_stream(self, image_idx: int = 0, region: Region | None = None) -> CodeStream:
+        return CodeStream(np.frombuffer(self.data, dtype=np.uint8), region)
+
+
+class Decoder:
+    """Decodes with PIL; ``refuse_progressive``: returns ``None`` for progressive JPEGs (as a
+    decoder does for a file it does not take). Every instance and call is recorded on the class."""
+
+    made: list[Decoder] = []
+    refuse_progressive = False
+
+    def __init__(
+        self, device_id: int = -1, max_num_cpu_threads: int = 0, backends: Any = None, options: str = ""
+    ) -> None:
+        self.device_id, self.backends, self.options = device_id, backends, options
+        self.calls: list[list[tuple[tuple[int, int], tuple[int, int]] | None]] = []
+        Decoder.made.append(self)
+
+    def decode(self, srcs: list[CodeStream], *, params: Any = None, cuda_stream: int = 0) -> list[Any]:
+        self.calls.append([None if s.region is None else (s.region.start, s.region.end) for s in srcs])
+        out: list[Any] = []
+        for s in srcs:
+            if s.progressive and self.refuse_progressive:
+                out.append(None)
+                continue
+            pixels = np.asarray(Image.open(io.BytesIO(s.data)).convert("RGB"))
+            if s.region is not None:
+                (y0, x0), (y1, x1) = s.region.start, s.region.end
+                pixels = pixels[y0:y1, x0:x1]
+            out.append(np.ascontiguousarray(pixels))  # HWC uint8; torch.from_dlpack takes it
+        return out

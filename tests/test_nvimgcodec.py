@@ -1,0 +1,148 @@
+"""nvImageCodec for the device paths (decode="device" / "hybrid"): region-of-interest decoding of
+each sample's crop box, the decoder named, the CPU for what it does not decode; on CPU with a
+stand-in module that decodes with PIL (tests/_fakenvimgcodec.py)."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _fakenvimgcodec as fake
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload
+from fastload import gpu
+from fastload.gpu import nvimgcodec
+from fastload.gpu.decode import BatchDecoder, device_decoder
+
+
+@pytest.fixture
+def stand_in() -> Iterator[Any]:
+    fake.Decoder.made.clear()
+    fake.Decoder.refuse_progressive = False
+    with nvimgcodec.use_module(fake):
+        yield fake
+    fake.Decoder.refuse_progressive = False
+
+
+def _pipeline() -> gpu.Compose:
+    return gpu.Compose(
+        [gpu.RandomResizedCrop(24), gpu.RandomHorizontalFlip(), gpu.Normalize([0.0], [1 / 255])]
+    )
+
+
+def _loader(root: Path, decode: str = "device", **kwargs: Any) -> fastload.DataLoader[Any]:
+    ds = fastload.InMemoryImageFolder(root / "train")
+    options: dict[str, Any] = dict(batch_size=4, shuffle=True, seed=3, num_workers=1, device="cpu")
+    return fastload.DataLoader(ds, decode=decode, gpu_transforms=_pipeline(), **{**options, **kwargs})
+
+
+def _take(loader: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = [(b[0].clone(), b[1].clone()) for b in loader]
+    loader.close()
+    return out
+
+
+def test_without_the_module_or_a_cuda_device_torchvision_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not nvimgcodec.available("cpu")  # nvImageCodec needs CUDA
+    monkeypatch.setenv("FASTLOAD_NVIMGCODEC", "0")
+    nvimgcodec._imported.cache_clear()
+    try:
+        assert not nvimgcodec.available("cuda")
+        assert "torchvision.io.decode_jpeg" in device_decoder("cuda") or "PIL" in device_decoder("cuda")
+    finally:
+        nvimgcodec._imported.cache_clear()
+
+
+def test_only_each_crop_box_is_decoded_and_the_batches_are_the_same(
+    imagenet_root: Path, stand_in: Any
+) -> None:
+    """With a region decoder, each device-decoded sample's box is drawn from its size in the header
+    columns before decoding, only that region is decoded, and the crop is only resized: the batches
+    equal those of decoding whole images and cropping them (torchvision's decoder)."""
+    with nvimgcodec.use_module(None):
+        reference = _take(_loader(imagenet_root))
+    loader = _loader(imagenet_root)
+    assert "nvImageCodec 0.9.0-stand-in" in loader.decoder
+    got = _take(loader)
+    (decoder,) = stand_in.Decoder.made  # one, made in the decoder thread
+    assert decoder.options == ":fancy_upsampling=1"
+    assert [b.backend_kind.name for b in decoder.backends] == ["HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"]
+    regions = [r for call in decoder.calls for r in call]
+    headers = loader._decode_headers()
+    assert len(regions) == int((headers.route == 1).sum()) and None not in regions  # every JPEG: its box
+    crop = gpu.RandomResizedCrop(24)
+    ds = fastload.InMemoryImageFolder(imagenet_root / "train")
+    order = fastload.rng.epoch_permutation(len(ds), 3, 0).numpy()
+    device_routed = [int(i) for i in order if headers.route[i] == 1]
+    for (start, end), i in zip(regions, device_routed, strict=True):
+        with Image.open(io.BytesIO(bytes(ds.get_bytes(i)))) as img:
+            top, left, h, w = (
+                int(a[0]) for a in crop.boxes([img.height], [img.width], indices=[i], epoch=0, seed=3)
+            )
+        assert (start, end) == ((top, left), (top + h, left + w))
+    for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(y, ry)
+        assert (x - rx).abs().max() <= 1.0  # resizing the box alone: the same taps (float rounding at most)
+
+
+def test_what_the_region_decoder_refuses_is_decoded_on_the_cpu_and_cropped(stand_in: Any) -> None:
+    """An image nvImageCodec returns None for is decoded whole on the CPU and cut to its region;
+    a file no decoder reads is named in a DecodeError."""
+
+    def jpeg(progressive: bool) -> bytes:
+        buf = io.BytesIO()
+        rng = np.random.default_rng(0)
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(
+            buf, "JPEG", progressive=progressive
+        )
+        return buf.getvalue()
+
+    stand_in.Decoder.refuse_progressive = True
+    decoder = BatchDecoder(torch.device("cpu"))
+    assert decoder.regions
+    files = [jpeg(False), jpeg(True)]
+    out = decoder.decode(files, ["a", "b"], [True, True], [(3, 4, 20, 30), (5, 6, 10, 12)])
+    whole = [
+        torch.from_numpy(np.array(Image.open(io.BytesIO(f)).convert("RGB"))).permute(2, 0, 1) for f in files
+    ]
+    assert torch.equal(out[0], whole[0][:, 3:23, 4:34]) and torch.equal(out[1], whole[1][:, 5:15, 6:18])
+    with pytest.raises(fastload.DecodeError, match="'broken'"):
+        decoder.decode([files[0], b"\xff\xd8 not a jpeg"], ["fine", "'broken'"], [True, False], [None, None])
+
+
+def test_hybrid_decodes_the_device_share_by_region(imagenet_root: Path, stand_in: Any) -> None:
+    def split(loader: fastload.DataLoader[Any]) -> fastload.DataLoader[Any]:
+        assert loader.hybrid is not None
+        loader.hybrid.cpu_share = 0.5
+        return loader
+
+    with nvimgcodec.use_module(None):
+        reference = _take(split(_loader(imagenet_root, "hybrid")))
+    got = _take(split(_loader(imagenet_root, "hybrid")))
+    regions = [r for d in stand_in.Decoder.made for call in d.calls for r in call]
+    headers_device = 16  # 2 of each batch of 4, over 8 batches: the JPEGs among them by region
+    assert 0 < len(regions) <= headers_device and None not in regions
+    for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(y, ry) and (x - rx).abs().max() <= 1.0
+
+
+def test_the_loader_names_nvimgcodec(
+    imagenet_root: Path, stand_in: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fastload"):
+        loader = _loader(imagenet_root)
+    assert loader.decoder.startswith("nvImageCodec 0.9.0-stand-in (the hardware JPEG decoder")
+    assert any(loader.decoder in r.getMessage() for r in caplog.records)
+    from fastload.info import environment, summary_line
+
+    env = environment()
+    assert env["device_decoder"].startswith("nvImageCodec") and "nvImageCodec 0.9.0-stand-in" in summary_line(
+        env
+    )
