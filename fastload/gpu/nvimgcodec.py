@@ -16,7 +16,9 @@ What fastload asks of it (:class:`RegionDecoder`):
 - regions: when the device transforms begin with ``gpu.RandomResizedCrop``, each sample's crop box
   is drawn before decoding (from its size in the header columns and ``(seed, epoch, index)``, the
   same box as on a full image) and only that region is decoded; the crop is then resized alone.
-- the decode is queued on the calling thread's CUDA stream (the decoder thread's own).
+- the decode is queued on the calling thread's CUDA stream (the decoder thread's own); each image
+  is copied into torch's memory there (so that the streams that use it can be recorded on it), and
+  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later).
 
 An image it cannot decode (``None`` in its output) is decoded by the CPU instead, which names the
 sample in a :class:`fastload.DecodeError` if the file is broken.
@@ -109,6 +111,7 @@ class RegionDecoder:
             ],
             options=":fancy_upsampling=1",
         )
+        self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
             color_spec=nv.ColorSpec.SRGB,
@@ -138,12 +141,27 @@ class RegionDecoder:
                 top, left, height, width = region
                 source = source.get_sub_code_stream(region=nv.Region(top, left, top + height, left + width))
             sources.append(source)
+        self._release()
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
+        cuda = self.device.type == "cuda"
         out: list[torch.Tensor | None] = []
         for image in decoded:
             if image is None:
                 out.append(None)
                 continue
-            out.append(torch.from_dlpack(image).permute(2, 0, 1))  # HWC -> CHW, on its device
+            view = torch.from_dlpack(image).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
+            # on a GPU, a copy in torch's allocator: its users' streams are then recorded on it
+            # (record_stream), which memory torch did not allocate cannot be
+            out.append(view.clone() if cuda else view)
+        if cuda:  # pragma: no cover - needs CUDA
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._held = (event, decoded)  # nvImageCodec's images live until the copies are done
         return out
+
+    def _release(self) -> None:
+        """Lets go of the last call's nvImageCodec images once the copies out of them are done."""
+        held, self._held = self._held, None
+        if held is not None:  # pragma: no cover - needs CUDA
+            held[0].synchronize()  # only the decoder thread waits, a batch later
