@@ -248,6 +248,11 @@ class _Engine:
         self.pool: WorkerPool | None = None
         self.generation = 0
         self.lookahead: _Lookahead | None = None
+        #: the generation of the newest fast pass: an older pass left alive (its iterator kept,
+        #: or a feeder thread still driving it) no longer takes the workers' reports
+        self.live_pass: int | None = None
+        #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
+        self.stashed: dict[tuple[int, int], Report] = {}
         self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
 
     def new_generation(self) -> int:
@@ -402,6 +407,10 @@ class _FastPass:
         else:
             self.generation = engine.new_generation()
         pool = self.pool
+        engine.live_pass = self.generation  # an older pass still alive stops taking reports
+        for key in [key for key in engine.stashed if key[0] != self.generation]:
+            pool.release(engine.stashed.pop(key).slot)
+        self.skipped: set[int] = set()  # batches given up without their report (see skip)
         if pool.num_workers:
             pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
         # Free: slots not written by a task of an earlier pass (those come back when their task
@@ -411,8 +420,28 @@ class _FastPass:
     def __len__(self) -> int:
         return len(self.batches)
 
+    def _superseded(self) -> None:
+        """Raises if a newer pass of the loader has taken over the workers."""
+        if self.engine.live_pass != self.generation:
+            raise RuntimeError(
+                "this pass of the DataLoader cannot go on: a newer pass of the same loader (a new "
+                "iter(loader)) has taken over its workers; finish or close a pass before starting the next"
+            )
+
+    def skip(self, k: int) -> None:
+        """Gives up batch ``k`` (the next one) without its report: an error not of its own (a
+        timeout) ended it for the consumer, who goes on with ``k + 1``; its slot is freed when
+        its report arrives."""
+        if self.next_batch == k:
+            self.next_batch = k + 1
+            self.skipped.add(k)
+            if self.pool.num_workers:
+                self._fill()
+
     def _fill(self) -> None:
         pool = self.pool
+        if self.engine.live_pass != self.generation:
+            return  # a newer pass issues the tasks now
         self.issued = pool.issue(
             self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
         )
@@ -437,16 +466,27 @@ class _FastPass:
     def _wait(self) -> Report:
         """The report of batch ``next_batch``, from before this pass or from the workers."""
         pool = self.pool
+        engine = self.engine
         while True:
             if self.next_batch in self.reports:  # decoded ahead, before this pass began
                 return self.reports.pop(self.next_batch)
             if self.next_batch in self.ready:
                 return self.ready.pop(self.next_batch)
+            stashed = engine.stashed.pop((self.generation, self.next_batch), None)
+            if stashed is not None:  # received by an older pass's thread
+                return stashed
+            self._superseded()
             self._fill()
             report = pool.get(self.loader.timeout)
             if report.generation != self.generation:
-                if not self.engine.keep_lookahead_report(report):
+                if report.generation == engine.live_pass:  # the newer pass's: kept for it
+                    engine.stashed[(report.generation, report.batch)] = report
+                elif not engine.keep_lookahead_report(report):
                     pool.release(report.slot)  # a task of an abandoned pass: its slot is free again
+                continue
+            if report.batch in self.skipped:
+                self.skipped.discard(report.batch)
+                pool.release(report.slot)  # a batch given up (see skip)
                 continue
             if report.batch == self.next_batch:
                 return report
@@ -464,13 +504,14 @@ class _FastPass:
         try:
             report = self._run_inline() if pool.num_workers == 0 else self._wait()
         except BaseException:
-            slot = self.in_flight.pop(k, None)
-            if pool.num_workers == 0 and slot is not None:
-                pool.release(slot)  # the inline decode raised: batch k is over, k + 1 comes next
-                self.next_batch += 1
-            raise
+            if pool.num_workers == 0:  # the inline decode raised: batch k is over, k + 1 comes next
+                slot = self.in_flight.pop(k, None)
+                if slot is not None:
+                    pool.release(slot)
+                    self.next_batch += 1
+            raise  # with workers (a timeout, say) the next call waits for batch k again, as torch's
         self.next_batch += 1
-        del self.in_flight[k]
+        self.in_flight.pop(k, None)
         if pool.num_workers:
             self._fill()
         if isinstance(report, BatchFailed):
@@ -595,7 +636,7 @@ class _EncodedPass:
                 use_device(self.device.index or 0)
             self._decode_stream = backend.new_stream(self.device)
         if self.batch_decoder is None:
-            self.batch_decoder = BatchDecoder(self.device)
+            self.batch_decoder = self.loader._batch_decoder(self.device)
         with backend.stream_context(self._decode_stream):
             indices = self._device_indices(k)
             encoded = list(self.reads.pop(k))
@@ -784,6 +825,7 @@ class _HybridPass(_EncodedPass):
                 cpu = next(self.cpu)  # the workers' share of batch k (possibly no sample)
             except BaseException as e:  # noqa: BLE001 - raised below, after the device's share of k is taken
                 cpu_error = e
+                self.cpu.skip(k)  # an error not of batch k's own (a timeout): its share is given up too
         device_images, decoded = self.decodes.pop(k).result()  # the device share's error first
         if cpu_error is not None:
             raise cpu_error
@@ -1970,6 +2012,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         for _ in range(batch):  # the batches the consumer already has
             next(it)
         return it
+
+    def _batch_decoder(self, device: torch.device) -> BatchDecoder:
+        """The device paths' decoder (nvImageCodec's or torchvision's), made once per loader and
+        device, in the first decoder thread that asks (nvImageCodec then keeps its threads and
+        buffers across passes). With ``decode="hybrid"`` its CPU threads leave the workers theirs."""
+        decoder = self.__dict__.get("_decoder")
+        if decoder is None or decoder.device != device:
+            threads = 0 if self.decode == "device" else max(1, available_cpus() - self.num_workers)
+            decoder = self._decoder = BatchDecoder(device, cpu_threads=threads)
+        return decoder
 
     def _decode_headers(self) -> Headers:
         """``decode="device"`` / ``"hybrid"``: each sample's header facts (which decoder takes it,

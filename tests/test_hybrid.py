@@ -215,6 +215,60 @@ def test_leaving_a_pass_early_stops_its_threads_and_the_next_pass_is_whole(image
     loader.close()
 
 
+def test_a_newer_pass_takes_over_the_workers_from_one_left_alive(imagenet_root: Path) -> None:
+    """An iterator kept after one batch does not take the new pass's batches (its feeder thread
+    would otherwise go on receiving them): the new pass is whole, the old one says why it stopped."""
+    loader = _hybrid(imagenet_root, 0.5, timeout=20)
+    first = iter(loader)
+    next(first)
+    loader.set_epoch(0)
+    again = _take(loader)
+    assert len(again) == 8 and torch.equal(torch.cat([b[2] for b in again]).sort().values, torch.arange(32))
+    with pytest.raises(RuntimeError, match="a newer pass of the same loader"):
+        for _ in range(8):
+            next(first)
+    first.close()  # its feeder thread stops
+    loader.close()
+
+
+def test_an_error_not_of_a_batch_ends_that_batch_on_both_sides(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout while waiting for a CPU share is raised by that batch's next(); the next batch has
+    its own CPU share (labels and indices agree), and the pass ends after its last batch."""
+    import fastload._worker
+
+    real_get = fastload._worker.WorkerPool.get
+    calls = []
+
+    def get(self: Any, timeout: float) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("DataLoader timed out after 1 seconds (injected)")
+        return real_get(self, timeout)
+
+    monkeypatch.setattr(fastload._worker.WorkerPool, "get", get)
+    loader = _hybrid(imagenet_root, 0.5, shuffle=False)
+    targets = np.asarray(fastload.InMemoryImageFolder(imagenet_root / "train").targets)
+    it = iter(loader)
+    outcomes: list[Any] = []
+    for _ in range(len(loader)):
+        try:
+            batch = next(it)
+            outcomes.append(batch.indices.tolist())
+            assert np.array_equal(targets[batch.indices.numpy()], batch[1].numpy())
+        except RuntimeError as e:
+            outcomes.append(str(e))
+    with pytest.raises(StopIteration):
+        next(it)
+    errors = [k for k, o in enumerate(outcomes) if isinstance(o, str)]
+    assert len(errors) == 1 and "injected" in outcomes[errors[0]]
+    assert [o for o in outcomes if not isinstance(o, str)] == [
+        list(range(4 * k, 4 * k + 4)) for k in range(8) if k != errors[0]
+    ]
+    loader.close()
+
+
 def test_without_workers_every_image_goes_to_the_device(imagenet_root: Path) -> None:
     loader = _hybrid(imagenet_root, None, num_workers=0)
     batches = _take(loader)
@@ -314,6 +368,13 @@ def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
         split.record_device(256, 1e-6)
     counts = [split.cpu_images(256, workers=4) for _ in range(32)]
     assert counts.count(0) == 30 and counts.count(1) == 2  # ... but one image every probe_every batches
+    even = HybridSplit()
+    even.record_cpu(100, 1.0, workers=1)
+    even.record_device(100, 1.0)
+    ones = [even.cpu_images(1, workers=1) for _ in range(40)]  # batch_size=1: the share on average
+    assert sum(ones) == 20 and even.decisions[-40:] == [float(k) for k in ones]
+    fixed = HybridSplit(cpu_share=0.3)
+    assert [fixed.cpu_images(10, workers=2) for _ in range(3)] == [3, 3, 3]  # fixed: every batch alike
 
 
 def test_the_loader_names_the_hybrid_decoder(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:

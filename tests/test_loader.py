@@ -610,6 +610,19 @@ def test_abandoned_pass_never_overwrites_a_live_batch() -> None:
     loader.close()
 
 
+def test_a_pass_left_alive_under_a_newer_one_says_so_and_takes_none_of_its_batches() -> None:
+    loader = DataLoader(_FakeSet(40, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread")
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    first = next(new)
+    with pytest.raises(RuntimeError, match="a newer pass of the same loader"):
+        next(old)
+    rest = [b.indices.clone() for b in new]
+    assert len(rest) == 19 and sorted(torch.cat([first.indices, *rest]).tolist()) == list(range(40))
+    loader.close()
+
+
 def test_close_while_iterating_raises_instead_of_hanging() -> None:
     loader = DataLoader(
         _FakeSet(400, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", timeout=0

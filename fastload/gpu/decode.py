@@ -8,6 +8,7 @@ and coding (:class:`Headers`; :func:`device_routes` for a bare routes column), a
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,11 +173,22 @@ class BatchDecoder:
 
     Args:
         device: Where the images are decoded.
+        cpu_threads: nvImageCodec's CPU threads (0: one per CPU; ``decode="hybrid"`` leaves the
+            workers theirs).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
         self.device = device
-        self.region_decoder = nvimgcodec.RegionDecoder(device) if nvimgcodec.available(device) else None
+        self.region_decoder: nvimgcodec.RegionDecoder | None = None
+        if nvimgcodec.available(device):
+            try:
+                self.region_decoder = nvimgcodec.RegionDecoder(device, cpu_threads=cpu_threads)
+            except Exception as e:  # noqa: BLE001 - e.g. a driver or nvJPEG library it cannot use
+                warnings.warn(
+                    f"nvImageCodec could not make a decoder on {device} ({e}); decoding with "
+                    "torchvision.io.decode_jpeg instead (FASTLOAD_NVIMGCODEC=0 skips nvImageCodec)",
+                    stacklevel=2,
+                )
 
     @property
     def regions(self) -> bool:

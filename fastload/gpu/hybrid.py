@@ -179,8 +179,6 @@ class HybridSplit:
         cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
         device_rate: Images per second the device side decodes and crops (``None`` until measured).
         probe_every: A side that gets no image is given one every this many batches.
-        decisions: The CPU's fraction of each batch decided so far (the last 1,000), in the order
-            the batches were split (as their worker tasks were issued).
     """
 
     #: Weight of a new measurement in the running rates.
@@ -192,9 +190,15 @@ class HybridSplit:
         self.cpu_rate: float | None = None
         self.device_rate: float | None = None
         self.decided = 0
-        #: The CPU's fraction of each batch decided, newest last (the last 1,000).
-        self.decisions: collections.deque[float] = collections.deque(maxlen=1000)
+        self._decisions: collections.deque[float] = collections.deque(maxlen=1000)
+        self._carry = 0.0  # the adaptive split's rounding error, carried to the next batch
         self._lock = threading.Lock()  # decided in the feeder thread, read from anywhere
+
+    @property
+    def decisions(self) -> list[float]:
+        """The CPU's fraction of each batch decided so far (the last 1,000), oldest first."""
+        with self._lock:
+            return list(self._decisions)
 
     @property
     def cpu_share(self) -> float | None:
@@ -223,10 +227,15 @@ class HybridSplit:
         with self._lock:
             self.decided += 1
             share = self.share()
-            k = int(round(n * share))
-            if self._cpu_share is None and self.decided % self.probe_every == 0:
-                k = min(max(k, 1), n - 1) if n > 1 else k  # each side measured now and then
-            self.decisions.append(k / n)
+            if self._cpu_share is not None:
+                k = int(round(n * share))  # fixed: the same count for every batch of this size
+            else:  # adaptive: the rounding error carried on, so small batches get the share on average
+                exact = n * share + self._carry
+                k = max(0, min(n, int(round(exact))))
+                self._carry = exact - k
+                if n > 1 and self.decided % self.probe_every == 0:  # each side measured now and then
+                    k = min(max(k, 1), n - 1)
+            self._decisions.append(k / n)
             return k
 
     def _update(self, old: float | None, images: int, seconds: float, scale: float = 1.0) -> float | None:

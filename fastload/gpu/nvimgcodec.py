@@ -90,9 +90,11 @@ class RegionDecoder:
     Args:
         device: The CUDA device (its index) the images are decoded on.
         hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one.
+        cpu_threads: Its CPU threads (host-side parsing, the hybrid backend's Huffman decoding);
+            0: one per CPU.
     """
 
-    def __init__(self, device: torch.device, hw_load: float = 0.9) -> None:
+    def __init__(self, device: torch.device, hw_load: float = 0.9, cpu_threads: int = 0) -> None:
         nv = _module()
         if nv is None:  # pragma: no cover - callers check available() first
             raise ImportError(
@@ -104,6 +106,7 @@ class RegionDecoder:
         kinds = nv.BackendKind
         self.decoder = nv.Decoder(
             device_id=(device.index or 0) if device.type == "cuda" else 0,
+            max_num_cpu_threads=cpu_threads,
             backends=[
                 nv.Backend(kinds.HW_GPU_ONLY, load_hint=hw_load),
                 nv.Backend(kinds.GPU_ONLY),
@@ -146,11 +149,17 @@ class RegionDecoder:
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
         cuda = self.device.type == "cuda"
         out: list[torch.Tensor | None] = []
-        for image in decoded:
+        for image, region in zip(decoded, regions, strict=True):
             if image is None:
                 out.append(None)
                 continue
             view = torch.from_dlpack(image).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
+            if region is not None and tuple(view.shape[1:]) != (region[2], region[3]):
+                top, left, height, width = region  # a backend that ignored the region: cut it here
+                view = view[:, top : top + height, left : left + width]
+                if tuple(view.shape[1:]) != (height, width):
+                    out.append(None)  # not what was asked: the CPU decodes it
+                    continue
             # on a GPU, a copy in torch's allocator: its users' streams are then recorded on it
             # (record_stream), which memory torch did not allocate cannot be
             out.append(view.clone() if cuda else view)
