@@ -108,34 +108,27 @@ def main(argv: list[str] | None = None) -> int:
             jpegs = [encoded[i] for i in b if on_device[i]]
             decode_batch(jpegs, device, on_device=[True] * len(jpegs))
 
-    loader = fastload.DataLoader(
-        ds,
-        batch_size=args.batch_size,
-        shuffle=True,
-        seed=0,
-        drop_last=True,
-        num_workers=args.workers,
-        decode="device",
-        gpu_transforms=gpu.RandomResizedCrop(224),
-        device=device,
-    )
+    def device_loader(decode: str, workers: int | str) -> fastload.DataLoader[Any]:
+        return fastload.DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            shuffle=True,
+            seed=0,
+            drop_last=True,
+            num_workers=workers,
+            decode=decode,
+            gpu_transforms=gpu.RandomResizedCrop(224),
+            device=device,
+        )
+
+    loader = device_loader("device", args.workers)
     stream = endless(loader)
 
     def loader_rows(count: int) -> None:
         for batch in islice(stream, count):
             del batch
 
-    hybrid = fastload.DataLoader(
-        ds,
-        batch_size=args.batch_size,
-        shuffle=True,
-        seed=0,
-        drop_last=True,
-        num_workers="auto" if args.hybrid_workers is None else args.hybrid_workers,
-        decode="hybrid",
-        gpu_transforms=gpu.RandomResizedCrop(224),
-        device=device,
-    )
+    hybrid = device_loader("hybrid", "auto" if args.hybrid_workers is None else args.hybrid_workers)
     hybrid_stream = endless(hybrid)
 
     def hybrid_rows(count: int) -> None:

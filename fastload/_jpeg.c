@@ -83,28 +83,6 @@ static const char *colorspace_name(J_COLOR_SPACE cs) {
     }
 }
 
-static PyObject *jpeg_header(PyObject *self, PyObject *args) {
-    Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*:header", &data)) return NULL;
-    struct jpeg_decompress_struct cinfo;
-    error_mgr err;
-    init_errors(&cinfo, &err);
-    jpeg_create_decompress(&cinfo);
-    if (setjmp(err.jump)) {
-        jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&data);
-        PyErr_SetString(JpegError, err.message);
-        return NULL;
-    }
-    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
-    jpeg_read_header(&cinfo, TRUE);
-    PyObject *result = Py_BuildValue("(IIis)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
-                                     cinfo.num_components, colorspace_name(cinfo.jpeg_color_space));
-    jpeg_destroy_decompress(&cinfo);
-    PyBuffer_Release(&data);
-    return result;
-}
-
 /* Chroma subsampling of a 3-component JPEG as "4:4:4", "4:2:2", ...: luma's sampling factors over
  * the chroma components' (both chroma components alike); "gray" for one component. */
 static const char *subsampling_name(const struct jpeg_decompress_struct *cinfo) {
@@ -122,9 +100,10 @@ static const char *subsampling_name(const struct jpeg_decompress_struct *cinfo) 
     return "other";
 }
 
-static PyObject *jpeg_header_info(PyObject *self, PyObject *args) {
+/* header() and header_info(): the header read, its fields as a tuple (full: with the coding). */
+static PyObject *read_header(PyObject *args, const char *format, int full) {
     Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*:header_info", &data)) return NULL;
+    if (!PyArg_ParseTuple(args, format, &data)) return NULL;
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
     init_errors(&cinfo, &err);
@@ -137,12 +116,21 @@ static PyObject *jpeg_header_info(PyObject *self, PyObject *args) {
     }
     jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
     jpeg_read_header(&cinfo, TRUE);
-    PyObject *result = Py_BuildValue("(IIisOs)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
-                                     cinfo.num_components, colorspace_name(cinfo.jpeg_color_space),
-                                     cinfo.progressive_mode ? Py_True : Py_False, subsampling_name(&cinfo));
+    PyObject *result =
+        full ? Py_BuildValue("(IIisOs)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
+                             cinfo.num_components, colorspace_name(cinfo.jpeg_color_space),
+                             cinfo.progressive_mode ? Py_True : Py_False, subsampling_name(&cinfo))
+             : Py_BuildValue("(IIis)", (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
+                             cinfo.num_components, colorspace_name(cinfo.jpeg_color_space));
     jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
     return result;
+}
+
+static PyObject *jpeg_header(PyObject *self, PyObject *args) { return read_header(args, "y*:header", 0); }
+
+static PyObject *jpeg_header_info(PyObject *self, PyObject *args) {
+    return read_header(args, "y*:header_info", 1);
 }
 
 /* The decode proper, without the GIL.  Returns 0 on success, -1 on a libjpeg error/warning

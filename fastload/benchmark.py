@@ -379,7 +379,10 @@ def _build_memory(config: BenchConfig, pipeline: str, num_workers: int) -> Itera
     return _fastload_loader(dataset, config, pipeline, num_workers)
 
 
-def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
+def _build_device_decode(
+    config: BenchConfig, pipeline: str, num_workers: int, decode: str = "device"
+) -> Iterable[Any]:
+    """``decode="device"`` (or ``"hybrid"``) over ``InMemoryImageFolder``, the crop on the device."""
     dataset = _memory_dataset(config, pipeline)
     dataset.transform = None
     return _fastload_loader(
@@ -387,22 +390,13 @@ def _build_device_decode(config: BenchConfig, pipeline: str, num_workers: int) -
         config,
         pipeline,
         num_workers,
-        decode="device",
+        decode=decode,
         gpu_transforms=_device_transforms(pipeline, config, True),
     )
 
 
 def _build_hybrid(config: BenchConfig, pipeline: str, num_workers: int) -> Iterable[Any]:
-    dataset = _memory_dataset(config, pipeline)
-    dataset.transform = None
-    return _fastload_loader(
-        dataset,
-        config,
-        pipeline,
-        num_workers,
-        decode="hybrid",
-        gpu_transforms=_device_transforms(pipeline, config, True),
-    )
+    return _build_device_decode(config, pipeline, num_workers, decode="hybrid")
 
 
 register_backend(Backend("fastload", _build_fastload, description="fastload.DataLoader over the files"))
