@@ -64,10 +64,8 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -78,40 +76,31 @@ from torch.utils.data import (
     IterDataPipe,
     MapDataPipe,
     Sampler,
-    SequentialSampler,
     default_collate,
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from ._checks import check_choice, check_int
+from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
+from ._engine import Engine, FastPass, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume
 from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
-    BatchDone,
-    BatchFailed,
-    Report,
-    Task,
     TorchWorkerInit,
     UnsendableBatchError,
-    WorkerPool,
-    describe_sample,
     frozen_heap,
     reporting_context,
     ship_dataset,
 )
-from .batch import IndexedBatch
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
-from .gpu import BatchTransform, Compose, apply_transform
+from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers, device_decoder
-from .gpu.feeder import DeviceFeeder
-from .gpu.hybrid import DeviceHead, HybridSplit, apply_head, region_crop, split_head
-from .gpu.memory import host_memory
+from .gpu.hybrid import DeviceHead, HybridSplit, split_head
 from .gpu.prefetch import CUDAPrefetcher
-from .gpu.streams import pinned_device, stream_backend, use_device
 from .head import head_view
 from .recognize import is_image_folder, recognize, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
@@ -163,26 +152,6 @@ def _structural_reason(loader: DataLoader[Any]) -> str | None:
     return None
 
 
-def _split(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
-    """``order`` cut into batches (the last one shorter unless ``drop_last``)."""
-    n_full = len(order) // batch_size
-    batches = [order[k * batch_size : (k + 1) * batch_size] for k in range(n_full)]
-    if not drop_last and len(order) % batch_size:
-        batches.append(order[n_full * batch_size :])
-    return batches
-
-
-def _predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
-    """The sampler's order for ``epoch`` when it is a pure function of it, without touching the sampler."""
-    if type(sampler) is EpochRandomSampler:
-        return sampler.indices(epoch)
-    if type(sampler) is DistributedSampler:
-        return np.asarray(sampler.indices(epoch), dtype=np.int64)
-    if type(sampler) is SequentialSampler:
-        return np.arange(len(sampler), dtype=np.int64)
-    return None
-
-
 def _pass_length(loader: DataLoader[Any]) -> int | None:
     """``len(loader)`` as torch computes it (``None`` without one), without calling it for an
     ``IterableDataset``: torch's ``len(loader)`` arms its check that warns when the dataset yields
@@ -208,671 +177,6 @@ def _batch_len(batch: Any) -> int:
         if isinstance(first, torch.Tensor) and first.dim() > 0:
             return int(first.size(0))
         return 1
-
-
-# ------------------------------------------------------------------------------------ the engine
-
-
-@dataclass
-class _Lookahead:
-    """Batches of the *next* epoch decoded while the current one drains (``epoch_lookahead``).
-
-    Made when every batch of a pass has been handed to the workers and slots are free. The next
-    pass adopts it when it is that epoch, from its start, with the same seed and exactly the same
-    batches; otherwise it is dropped (its slots come back as its tasks report).
-    """
-
-    generation: int
-    epoch: int
-    seed: int
-    batches: list[np.ndarray]
-    pool: WorkerPool  # a replaced pool (dead worker) voids it
-    dataset_state: tuple[Any, ...]  # the dataset's transform objects when it was made
-    issued: int = 0
-    in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
-    reports: dict[int, Report] = field(default_factory=dict)  # batch -> worker report
-
-
-def _dataset_state(dataset: Any) -> tuple[Any, ...]:
-    """The dataset's transform objects: replacing one between epochs voids a lookahead."""
-    return tuple(getattr(dataset, name, None) for name in ("transform", "target_transform"))
-
-
-class _Engine:
-    """What lives across passes: the worker pool and its slot ring, the epoch lookahead, the
-    slots the consumer may still hold, and the torch thread cap. One per DataLoader; each pass
-    gets it explicitly. It keeps no reference to the loader (so a dropped loader is collected
-    at once and its workers stop)."""
-
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.generation = 0
-        self.lookahead: _Lookahead | None = None
-        #: the generation of the newest fast pass: an older pass left alive (its iterator kept,
-        #: or a feeder thread still driving it) no longer takes the workers' reports
-        self.live_pass: int | None = None
-        #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
-        self.stashed: dict[tuple[int, int], Report] = {}
-        self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
-
-    def new_generation(self) -> int:
-        self.generation += 1
-        return self.generation
-
-    def get_pool(self, loader: DataLoader[Any], seed: int, dataset: Any) -> WorkerPool:
-        """The workers (made on first use) and their slot ring for ``dataset`` (the fast path's
-        dataset, or ``decode="hybrid"``'s view whose transform crops as the device does)."""
-        if self.pool is None or self.pool.closed:
-            self.lookahead = None
-            slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
-                3 if loader.reuse_buffers else 1
-            )
-            transform = dataset.transform
-            h, w = transform.output_size
-            self.pool = WorkerPool(
-                dataset,
-                tuple(getattr(transform, "sample_shape", (h, w, 3))),
-                getattr(transform, "sample_dtype", torch.uint8),
-                loader.batch_size or 1,
-                slots,
-                loader.num_workers,
-                loader.worker_type,
-                loader.multiprocessing_context,
-                bool(loader.pin_memory),
-                seed,
-                loader.on_error == "skip",
-                loader.worker_init_fn,
-                bool(getattr(transform, "channels_first", False)),
-                preload=import_decode_modules,
-            )
-        return self.pool
-
-    def limit_threads(self, busy: int) -> None:
-        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs."""
-        cap = max(1, available_cpus() - busy)
-        current = torch.get_num_threads()
-        if current > cap:
-            if self.saved_threads is None:
-                self.saved_threads = current
-            torch.set_num_threads(cap)
-
-    def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
-        """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
-        pool = self.pool
-        if not (loader.epoch_lookahead and loader.persistent_workers) or pool is None:
-            return
-        ahead = self.lookahead
-        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed or ahead.pool is not pool:
-            order = _predicted_order(loader.sampler, epoch + 1)
-            if order is None:
-                return
-            batches = _split(order, loader.batch_size or 1, loader.drop_last)
-            ahead = _Lookahead(
-                self.new_generation(), epoch + 1, seed, batches, pool, _dataset_state(loader.dataset)
-            )
-            self.lookahead = ahead
-        ahead.issued = pool.issue(
-            ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight
-        )
-
-    def keep_lookahead_report(self, report: Report) -> bool:
-        """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
-        ahead = self.lookahead
-        if ahead is None or report.generation != ahead.generation:
-            return False
-        ahead.reports[report.batch] = report
-        return True
-
-    def take_lookahead(
-        self, dataset: Any, epoch: int, start: int, seed: int, batches: Sequence[np.ndarray]
-    ) -> _Lookahead | None:
-        """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
-        ahead, self.lookahead = self.lookahead, None
-        if ahead is None:
-            return None
-        if ahead.pool is not self.pool or ahead.pool.closed:
-            return None  # its workers are gone (a dead worker closed the pool): nothing to free
-        if (
-            ahead.epoch == epoch
-            and start == 0
-            and ahead.seed == seed
-            and all(a is b for a, b in zip(ahead.dataset_state, _dataset_state(dataset), strict=True))
-            and len(ahead.batches) == len(batches)
-            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches, strict=True))
-        ):
-            return ahead
-        for report in ahead.reports.values():
-            ahead.pool.release(report.slot)
-        return None
-
-    def close(self) -> None:
-        """Stops the workers and gives torch its thread count back."""
-        self.lookahead = None
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self.saved_threads is not None:
-            torch.set_num_threads(self.saved_threads)
-            self.saved_threads = None
-
-
-# ------------------------------------------------------------------------------------ one pass
-
-
-class _FastPass:
-    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine.
-
-    ``batches`` and ``dataset`` (``decode="hybrid"``): the workers' share of each batch, decoded
-    with that dataset's transform, and no epoch lookahead (a share is decided when issued).
-    """
-
-    def __init__(
-        self,
-        loader: DataLoader[Any],
-        engine: _Engine,
-        epoch: int,
-        start: int,
-        seed: int,
-        batches: Sequence[np.ndarray] | None = None,
-        dataset: Any = None,
-    ) -> None:
-        self.loader = loader
-        self.engine = engine
-        self.epoch = epoch
-        self.seed = seed
-        self.lookahead = batches is None
-        self.dataset = loader._fast_dataset if dataset is None else dataset
-        self.batches: Sequence[np.ndarray] = (
-            _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
-            if batches is None
-            else batches
-        )
-        self.next_batch = start
-        self.issued = start
-        self.pool = engine.get_pool(loader, seed, self.dataset)
-        self.ready: dict[int, BatchDone] = {}
-        self.in_flight: dict[int, int] = {}  # batch -> slot
-        self.reports: dict[int, Report] = {}  # batch -> report received before this pass began
-        self.last_seconds = 0.0  # the worker time of the batch handed out last
-        ahead = (
-            engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
-            if self.lookahead
-            else None
-        )
-        if ahead is not None:  # the workers already started on this epoch: carry on from there
-            self.generation = ahead.generation
-            self.issued = ahead.issued
-            self.in_flight = ahead.in_flight
-            self.reports = ahead.reports
-        else:
-            self.generation = engine.new_generation()
-        pool = self.pool
-        engine.live_pass = self.generation  # an older pass still alive stops taking reports
-        for key in [key for key in engine.stashed if key[0] != self.generation]:
-            pool.release(engine.stashed.pop(key).slot)
-        self.skipped: set[int] = set()  # batches given up without their report (see skip)
-        if pool.num_workers:
-            pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
-        # Free: slots not written by a task of an earlier pass (those come back when their task
-        # reports), not holding an adopted lookahead batch, not held by the consumer.
-        pool.reclaim({report.slot for report in self.reports.values()})
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def _superseded(self) -> None:
-        """Raises if a newer pass of the loader has taken over the workers."""
-        if self.engine.live_pass != self.generation:
-            raise RuntimeError(
-                "this pass of the DataLoader cannot go on: a newer pass of the same loader (a new "
-                "iter(loader)) has taken over its workers; finish or close a pass before starting the next"
-            )
-
-    def skip(self, k: int) -> None:
-        """Gives up batch ``k`` (the next one) without its report: an error not of its own (a
-        timeout) ended it for the consumer, who goes on with ``k + 1``; its slot is freed when
-        its report arrives."""
-        if self.next_batch == k:
-            self.next_batch = k + 1
-            self.skipped.add(k)
-            if self.pool.num_workers:
-                self._fill()
-
-    def _fill(self) -> None:
-        pool = self.pool
-        if self.engine.live_pass != self.generation:
-            return  # a newer pass issues the tasks now
-        self.issued = pool.issue(
-            self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
-        )
-        pool.collect_returned()
-        if self.lookahead and self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
-            self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
-
-    def _run_inline(self) -> Report:
-        """num_workers=0: decode exactly the batch the consumer asks for, in this process."""
-        slot = self.pool.take_slot()
-        if slot is None:  # pragma: no cover - nothing is pending without workers: take_slot allocates
-            raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
-        task = Task(
-            self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
-        )
-        self.in_flight[task.batch] = slot
-        t0 = time.perf_counter()
-        out, lab = self.pool.arrays(slot)
-        filled, skipped = self.pool.run_inline(self.dataset, task, out, lab, self.loader.on_error == "skip")
-        return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
-
-    def _wait(self) -> Report:
-        """The report of batch ``next_batch``, from before this pass or from the workers."""
-        pool = self.pool
-        engine = self.engine
-        while True:
-            if self.next_batch in self.reports:  # decoded ahead, before this pass began
-                return self.reports.pop(self.next_batch)
-            if self.next_batch in self.ready:
-                return self.ready.pop(self.next_batch)
-            stashed = engine.stashed.pop((self.generation, self.next_batch), None)
-            if stashed is not None:  # received by an older pass's thread
-                return stashed
-            self._superseded()
-            self._fill()
-            report = pool.get(self.loader.timeout)
-            if report.generation != self.generation:
-                if report.generation == engine.live_pass:  # the newer pass's: kept for it
-                    engine.stashed[(report.generation, report.batch)] = report
-                elif not engine.keep_lookahead_report(report):
-                    pool.release(report.slot)  # a task of an abandoned pass: its slot is free again
-                continue
-            if report.batch in self.skipped:
-                self.skipped.discard(report.batch)
-                pool.release(report.slot)  # a batch given up (see skip)
-                continue
-            if report.batch == self.next_batch:
-                return report
-            if isinstance(report, BatchDone):
-                self.ready[report.batch] = report
-            else:
-                self.reports[report.batch] = report  # an error of a later batch: raised in its turn
-
-    def __next__(self) -> IndexedBatch:
-        pool = self.pool
-        if self.next_batch >= len(self.batches):
-            raise StopIteration
-        k = self.next_batch
-        indices = self.batches[k]
-        try:
-            report = self._run_inline() if pool.num_workers == 0 else self._wait()
-        except BaseException:
-            if pool.num_workers == 0:  # the inline decode raised: batch k is over, k + 1 comes next
-                slot = self.in_flight.pop(k, None)
-                if slot is not None:
-                    pool.release(slot)
-                    self.next_batch += 1
-            raise  # with workers (a timeout, say) the next call waits for batch k again, as torch's
-        self.next_batch += 1
-        self.in_flight.pop(k, None)
-        if pool.num_workers:
-            self._fill()
-        if isinstance(report, BatchFailed):
-            pool.release(report.slot)
-            report.reraise(self.epoch)
-        assert isinstance(report, BatchDone)
-        self.loader.stats.record_decode(report.worker_id, report.seconds)
-        self.last_seconds = report.seconds
-        if report.skipped:
-            indices = indices[~np.isin(indices, [i for i, _ in report.skipped])]
-            for index, message in report.skipped:
-                warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=3)
-            self.loader.stats.skipped += len(report.skipped)
-        slot, filled = report.slot, report.filled
-        if self.loader.reuse_buffers:  # reused once nothing refers to this batch any more
-            images, labels = pool.hand_out(slot, filled)
-        else:
-            images, labels = pool.copy_out(slot, filled)
-        return IndexedBatch(images, labels, pool.pin_small(torch.from_numpy(indices)))
-
-
-class _Names(Sequence[str]):
-    """How errors name the samples of a batch, made only when an error needs one."""
-
-    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    @overload
-    def __getitem__(self, k: int) -> str: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[str]: ...
-    def __getitem__(self, k: int | slice) -> str | Sequence[str]:
-        if isinstance(k, slice):
-            return [describe_sample(self.dataset, int(i)) for i in self.indices[k]]
-        return describe_sample(self.dataset, int(self.indices[k]))
-
-
-#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.gpu.feeder).
-FEEDER_DEPTH = 2
-
-
-class _EncodedPass:
-    """decode='device': each batch read, decoded on the device and transformed there, beside the
-    training loop, in two stages that overlap:
-
-    - a decoder thread (``fastload-device-decode``, a CUDA stream of its own) routes and decodes batch
-      ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
-      decoders for the rest), while
-    - the feeder thread (:class:`fastload.gpu.feeder.DeviceFeeder`, a stream of its own) crops and
-      transforms batch ``k`` on the device, after a wait queued for the decode's event, and keeps
-      ``FEEDER_DEPTH`` finished batches ready; the training thread's ``next()`` takes one and
-      queues a wait for its event.
-
-    Reader threads (``num_workers`` of them) fetch the bytes of batch ``k + 2`` meanwhile. Which
-    decoder takes an image comes from its JPEG header, read once per sample and kept in the
-    loader's header columns. An error of batch ``k`` (a corrupt image, named) is raised by the
-    ``next()`` of batch ``k``; the pass goes on after it.
-    """
-
-    def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
-        self.loader = loader
-        self.epoch, self.seed = epoch, seed
-        # with its index: the threads decode where this thread's "cuda" is (its rank's GPU)
-        self.device = pinned_device(loader.device if loader.device is not None else torch.device("cpu"))
-        self.batches = _split(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
-        self.readers = ThreadPoolExecutor(
-            max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
-        )
-        self.reads: dict[int, Any] = {}
-        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-device-decode")
-        self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
-        self.backend = stream_backend(self.device)
-        self._decode_stream: Any = None
-        self.headers = loader._decode_headers()
-        self.host = host_memory()
-        self.pin = bool(loader.pin_memory) and self.host.can_pin()
-        #: the leading crop/resize of gpu_transforms and the rest (None: no such head), and the
-        #: crop whose boxes a region decoder (nvImageCodec) decodes alone (see _regions)
-        self.head_rest = _head_and_rest(loader.gpu_transforms)
-        self.region_crop = None if self.head_rest is None else region_crop(self.head_rest[0])
-        self.batch_decoder: BatchDecoder | None = None  # made in the decoder thread
-        self._setup(start)
-        self.feeder = DeviceFeeder(  # starts its thread: everything _prepare reads is set up
-            self._prepare,
-            len(self.batches),
-            start,
-            self.device,
-            depth=FEEDER_DEPTH,
-            backend=self.backend,
-            timeout=loader.timeout,
-        )
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def _setup(self, start: int) -> None:
-        """What a subclass's ``_prepare`` needs, made before the feeder thread starts."""
-
-    def _device_indices(self, k: int) -> np.ndarray:
-        """The samples of batch ``k`` the device decodes (all of them here)."""
-        return self.batches[k]
-
-    def _read(self, k: int) -> None:
-        if k < len(self.batches) and k not in self.reads:
-            dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
-            self.reads[k] = self.readers.map(dataset.get_bytes, self._device_indices(k).tolist())
-
-    def _submit(self, k: int) -> None:
-        """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""
-        if k < len(self.batches) and k not in self.decodes:
-            self._read(k)
-            self.decodes[k] = self.decoder.submit(self._decode, k)
-
-    def _decode(self, k: int) -> tuple[Any, Any]:
-        """In the decoder thread: batch ``k`` decoded on its stream, and the event after it."""
-        backend = self.backend
-        if self._decode_stream is None:
-            if self.device.type == "cuda":  # a new thread starts on device 0
-                use_device(self.device.index or 0)
-            self._decode_stream = backend.new_stream(self.device)
-        if self.batch_decoder is None:
-            self.batch_decoder = self.loader._batch_decoder(self.device)
-        with backend.stream_context(self._decode_stream):
-            indices = self._device_indices(k)
-            encoded = list(self.reads.pop(k))
-            self.headers.see(encoded, indices)
-            on_device = self.headers.on_device(indices)
-            regions = self._regions(indices, on_device)
-            names = _Names(self.loader.dataset, indices)
-            images = self.batch_decoder.decode(encoded, names, on_device, regions, self._decode_stream)
-            cropped = None if regions is None else [r is not None for r in regions]
-            return self._decoded(images, indices, cropped), backend.record_event(self._decode_stream)
-
-    def _regions(
-        self, indices: np.ndarray, on_device: list[bool]
-    ) -> list[tuple[int, int, int, int] | None] | None:
-        """With a region decoder and a head that is one ``gpu.RandomResizedCrop``: each device-decoded
-        sample's crop box, drawn from its size (the header columns) and key before decoding -- the box
-        the crop draws on the whole image -- so that only the box is decoded; else ``None``."""
-        crop, decoder = self.region_crop, self.batch_decoder
-        if crop is None or decoder is None or not decoder.regions:
-            return None
-        heights, widths = self.headers.height[indices], self.headers.width[indices]
-        sized = np.flatnonzero(np.asarray(on_device, dtype=bool) & (heights > 0))
-        boxes = crop.boxes(
-            heights[sized], widths[sized], indices=indices[sized], epoch=self.epoch, seed=self.seed
-        )
-        regions: list[tuple[int, int, int, int] | None] = [None] * len(indices)
-        for r, k in enumerate(sized.tolist()):
-            regions[k] = (int(boxes[0][r]), int(boxes[1][r]), int(boxes[2][r]), int(boxes[3][r]))
-        return regions
-
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
-        """What the decoder thread hands over for a batch's decoded images (here: the images, and
-        which of them are their crop box only)."""
-        return images, cropped
-
-    def _transform(self, images: Any, cropped: list[bool] | None, indices: np.ndarray) -> Any:
-        """``gpu_transforms`` on a batch's decoded images (the head on the cropped ones: a resize)."""
-        transforms = self.loader.gpu_transforms
-        assert transforms is not None  # decode="device" needs them (checked in DataLoader.__init__)
-        if cropped is None or not any(cropped) or self.head_rest is None:
-            return apply_transform(transforms, images, indices, self.epoch, self.seed)
-        head, rest = self.head_rest
-        images = apply_head(head, images, indices, self.epoch, self.seed, cropped)
-        return apply_transform(Compose(rest), images, indices, self.epoch, self.seed) if rest else images
-
-    def _prepare(self, k: int) -> IndexedBatch:
-        """Batch ``k`` on the device: in the feeder thread, on its stream."""
-        self._submit(k)
-        self._submit(k + 1)  # decoded while this one is transformed
-        self._read(k + 2)  # its bytes arrive meanwhile
-        (images, cropped), decoded = self.decodes.pop(k).result()  # batch k's decode error, if any
-        backend = self.backend
-        stream = backend.current_stream(self.device)
-        backend.wait_event(stream, decoded)
-        for image in images:
-            backend.record_stream(image, stream)  # made on the decoder's stream, used on this one
-        dataset: Any = self.loader.dataset
-        indices = self.batches[k]
-        target_transform = getattr(dataset, "target_transform", None)
-        targets = [int(dataset.targets[int(i)]) for i in indices]
-        if target_transform is not None:
-            targets = [int(target_transform(t)) for t in targets]
-        labels, order = torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices)
-        if self.pin:
-            labels, order = self.host.pin(labels), self.host.pin(order)
-        non_blocking = self.pin
-        labels = labels.to(self.device, non_blocking=non_blocking)
-        order = order.to(self.device, non_blocking=non_blocking)
-        images = self._transform(images, cropped, indices)
-        return IndexedBatch(images, labels, order)
-
-    def __next__(self) -> IndexedBatch:
-        batch: IndexedBatch = next(self.feeder)
-        return batch
-
-    def close(self) -> None:
-        self.feeder.close()
-        self.decoder.shutdown(wait=False, cancel_futures=True)
-        self.readers.shutdown(wait=False, cancel_futures=True)
-
-
-class _Shares(Sequence[np.ndarray]):
-    """``decode="hybrid"``: the CPU workers' share of each batch of a pass (its last positions),
-    decided from the loader's :class:`~fastload.gpu.hybrid.HybridSplit` when first asked for: by
-    the worker pool when it issues the batch's task, or by the device side. Indexed like the pass's
-    batches, so the CPU side is a fast pass over these."""
-
-    def __init__(self, batches: list[np.ndarray], split: HybridSplit, workers: int) -> None:
-        self.batches, self.split, self.workers = batches, split, workers
-        self.device_counts: dict[int, int] = {}
-
-    def device_count(self, k: int) -> int:
-        """How many of batch ``k``'s samples (its first ones) the device decodes."""
-        d = self.device_counts.get(k)
-        if d is None:
-            n = len(self.batches[k])
-            d = self.device_counts[k] = n - self.split.cpu_images(n, self.workers)
-        return d
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    @overload
-    def __getitem__(self, k: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
-    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
-        if isinstance(k, slice):
-            return [self[j] for j in range(*k.indices(len(self)))]
-        return self.batches[k][self.device_count(k) :]
-
-
-class _HybridPass(_EncodedPass):
-    """decode='hybrid': each batch split between the device's decoder and the CPU workers (see
-    :mod:`fastload.gpu.hybrid`), and assembled on the device beside the training loop:
-
-    - the decoder thread (as for ``decode="device"``) decodes the first ``d`` samples of batch
-      ``k + 1`` and crops them with the head of ``gpu_transforms``, timed up to its event;
-    - the fast path's workers decode the other samples (:class:`_Shares`) with the same crop
-      boxes (:class:`fastload.gpu.hybrid.DeviceHead`) into pinned slots, issued ahead as slots
-      free up;
-    - the feeder thread copies batch ``k``'s CPU share to the device, puts both shares into one
-      uint8 channels-last batch, runs the rest of ``gpu_transforms`` on it, and gives the slot
-      back once its copy is done. Each side's measured rate updates the split.
-
-    An error of either share (the device's share first: it holds the batch's first positions) is
-    raised by the ``next()`` of its batch; the pass goes on after it.
-    """
-
-    def __init__(self, loader: DataLoader[Any], engine: _Engine, epoch: int, seed: int, start: int) -> None:
-        self.engine = engine
-        super().__init__(loader, epoch, seed, start)
-
-    def _setup(self, start: int) -> None:
-        loader = self.loader
-        split = loader.hybrid
-        assert split is not None and loader._hybrid_dataset is not None  # made with decode="hybrid"
-        self.split = split
-        self.rest = Compose(loader._hybrid_rest) if loader._hybrid_rest else None
-        self.shares = _Shares(self.batches, split, loader.num_workers)
-        self.cpu: _FastPass | None = None
-        self.generation: int | None = None
-        if loader.num_workers > 0:
-            self.cpu = _FastPass(
-                loader, self.engine, self.epoch, start, self.seed, self.shares, loader._hybrid_dataset
-            )
-            self.generation = self.cpu.generation
-        self._held: tuple[Any, Any] | None = None  # (copy event, the CPU share it reads)
-
-    def _device_indices(self, k: int) -> np.ndarray:
-        return self.batches[k][: self.shares.device_count(k)]
-
-    def _submit(self, k: int) -> None:
-        if k < len(self.batches) and k not in self.decodes:
-            self.shares.device_count(k)  # decided in this (the feeder) thread, before the decoder reads it
-            super()._submit(k)
-
-    def _decode(self, k: int) -> tuple[Any, Any]:
-        """In the decoder thread: the device's share of batch ``k`` decoded and cropped; its time
-        up to the event (the device side's rate) recorded."""
-        if len(self._device_indices(k)) == 0:
-            self.reads.pop(k, None)
-            return None, None
-        t0 = time.perf_counter()
-        images, event = super()._decode(k)
-        self.backend.synchronize_event(event)  # only this thread waits: the rate includes the device's time
-        self.split.record_device(len(images), time.perf_counter() - t0)
-        return images, event
-
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
-        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed, cropped)
-        return out.contiguous(memory_format=torch.channels_last)
-
-    def _prepare(self, k: int) -> IndexedBatch:
-        backend = self.backend
-        if self._held is not None:
-            backend.synchronize_event(self._held[0])  # the last CPU share is copied: its slot goes back
-            self._held = None
-        self._submit(k)
-        self._submit(k + 1)
-        self._read(k + 2)
-        cpu: IndexedBatch | None = None
-        cpu_error: BaseException | None = None
-        if self.cpu is not None:
-            try:
-                cpu = next(self.cpu)  # the workers' share of batch k (possibly no sample)
-            except BaseException as e:  # noqa: BLE001 - raised below, after the device's share of k is taken
-                cpu_error = e
-                self.cpu.skip(k)  # an error not of batch k's own (a timeout): its share is given up too
-        device_images, decoded = self.decodes.pop(k).result()  # the device share's error first
-        if cpu_error is not None:
-            raise cpu_error
-        dataset: Any = self.loader.dataset
-        indices = self.batches[k]
-        d = self.shares.device_count(k)
-        stream = backend.current_stream(self.device)
-        parts: list[torch.Tensor] = []
-        targets = [int(dataset.targets[int(i)]) for i in indices[:d]]
-        target_transform = getattr(dataset, "target_transform", None)
-        if target_transform is not None:
-            targets = [int(target_transform(t)) for t in targets]
-        labels = torch.tensor(targets, dtype=torch.int64)
-        if device_images is not None:
-            backend.wait_event(stream, decoded)
-            backend.record_stream(device_images, stream)  # made on the decoder's stream, used on this one
-            parts.append(device_images)
-        if cpu is not None and len(cpu[1]):
-            if self.cpu is not None and self.cpu.last_seconds > 0:
-                self.split.record_cpu(len(cpu[1]), self.cpu.last_seconds, self.loader.num_workers)
-            parts.append(backend.to_device(cpu[0], self.device))  # from its pinned slot
-            self._held = (backend.record_event(stream), cpu)
-            labels = torch.cat([labels, cpu[1]])
-        order = torch.from_numpy(indices)
-        if self.pin:
-            labels, order = self.host.pin(labels), self.host.pin(order)
-        labels, order = backend.to_device(labels, self.device), backend.to_device(order, self.device)
-        if len(parts) == 1:
-            images = parts[0]
-        else:
-            images = torch.empty(
-                (len(indices), *parts[0].shape[1:]),
-                dtype=torch.uint8,
-                device=parts[0].device,
-                memory_format=torch.channels_last,
-            )
-            images[:d].copy_(parts[0])
-            images[d:].copy_(parts[1])
-        if self.rest is not None:
-            images = apply_transform(self.rest, images, indices, self.epoch, self.seed)
-        return IndexedBatch(images, labels, order)
-
-    def close(self) -> None:
-        super().close()
-        held, self._held = self._held, None
-        if held is not None:
-            self.backend.synchronize_event(held[0])  # no worker writes into a slot a copy still reads
 
 
 class _TorchPass:
@@ -949,71 +253,6 @@ class _TorchPass:
             ring.release()  # the workers stay: they drop what is free when idle
 
 
-class _FedPass:
-    """The host pass's batches copied to the device and through the device transforms by a feeder
-    thread on a stream of its own (:class:`fastload.gpu.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
-    batches ahead, beside the model: the training thread's ``next()`` costs an event wait (with
-    the in-thread prefetcher it also issued the next batch's copy and transform launches, which a
-    loop that synchronises every step, e.g. with ``loss.item()``, leaves the GPU idle for).
-
-    The copy and transforms are the loader's prefetcher's own (:meth:`CUDAPrefetcher.
-    copy_and_transform`); as there, a batch's host memory is given back to the loader (the next
-    batch asked for) only once its copy has been made. Errors of batch ``k`` are raised by its
-    ``next()``; the pass goes on after them.
-    """
-
-    def __init__(
-        self, host: Iterator[Any], prefetcher: CUDAPrefetcher, seed: int, epoch: int, timeout: float
-    ) -> None:
-        self.host = host
-        self.prefetcher = prefetcher
-        self.seed, self.epoch = seed, epoch
-        self._copied: Any = None
-        self.feeder = DeviceFeeder(
-            self._prepare,
-            None,
-            0,
-            prefetcher.device,
-            depth=FEEDER_DEPTH,
-            backend=prefetcher._backend,
-            timeout=timeout,
-        )
-
-    def _prepare(self, k: int) -> Any:
-        """The next batch on the device: in the feeder thread, on its stream."""
-        prefetcher = self.prefetcher
-        backend = prefetcher._backend
-        if self._copied is not None:
-            backend.synchronize_event(self._copied)  # the loader may now reuse that batch's memory
-            self._copied = None
-        raw = next(self.host)  # StopIteration ends the feeder
-        stream = backend.current_stream(prefetcher.device)
-        batch, self._copied = prefetcher.copy_and_transform(raw, stream, self.seed, self.epoch)
-        return batch
-
-    def __iter__(self) -> _FedPass:
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self.feeder)
-        self.prefetcher._flush_warnings(stacklevel=2)
-        return batch
-
-    def close(self) -> None:
-        self.feeder.close()
-
-
-def _reuses_device_memory(transforms: Any) -> bool:
-    """Whether ``transforms`` write into device memory they reuse (``gpu.Normalize(buffers=k)``), so
-    that a batch prepared several steps ahead would overwrite one the model still reads."""
-    if transforms is None:
-        return False
-    if getattr(transforms, "buffers", 0):
-        return True
-    inner = [getattr(transforms, "then", None), *(getattr(transforms, "transforms", None) or [])]
-    return any(_reuses_device_memory(t) for t in inner if t is not None and t is not transforms)
-
-
 class _OnePass:
     """One host pass as the iterable the prefetcher wraps, with its ``seed`` and ``epoch``."""
 
@@ -1067,7 +306,7 @@ class DataLoaderIterator:
         seed: The seed of its order and augmentations.
     """
 
-    def __init__(self, loader: DataLoader[Any], engine: _Engine) -> None:
+    def __init__(self, loader: DataLoader[Any], engine: Engine) -> None:
         self._loader = loader
         self._engine = engine
         self._epochs = loader._epochs
@@ -1094,16 +333,16 @@ class DataLoaderIterator:
         try:
             source: Any
             if loader.decode == "device":
-                source = _EncodedPass(loader, self.epoch, self.seed, start)
+                source = EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.decode == "hybrid":
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
-                source = _HybridPass(loader, engine, self.epoch, self.seed, start)
+                source = HybridPass(loader, engine, self.epoch, self.seed, start)
                 self._generation = source.generation
             elif loader.fast_path:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
-                source = _FastPass(loader, engine, self.epoch, start, self.seed)
+                source = FastPass(loader, engine, self.epoch, start, self.seed)
                 self._generation = source.generation
             else:
                 if loader.limit_threads:
@@ -1125,7 +364,7 @@ class DataLoaderIterator:
             elif loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = loader._get_prefetcher()
                 if loader._feeds_beside(prefetcher):
-                    it = self._fed = _FedPass(it, prefetcher, self.seed, self.epoch, loader.timeout)
+                    it = self._fed = FedPass(it, prefetcher, self.seed, self.epoch, loader.timeout)
                 else:
                     prefetcher.loader = _OnePass(it, self.seed, self.epoch, self._length)
                     it = iter(prefetcher)
@@ -1184,9 +423,9 @@ class DataLoaderIterator:
         if torch_it is not None:
             return torch_it._workers  # AttributeError without workers, as torch's
         source = getattr(self, "_source", None)
-        if isinstance(source, _HybridPass):
+        if isinstance(source, HybridPass):
             source = source.cpu  # decode="hybrid": its CPU workers
-        if isinstance(source, _FastPass) and source.pool.num_workers > 0:
+        if isinstance(source, FastPass) and source.pool.num_workers > 0:
             return source.pool.workers
         raise AttributeError(
             f"'{type(self).__name__}' object has no attribute '_workers' "
@@ -1274,7 +513,7 @@ class _PassIndices:
             return iter(self._base(loader))
         if loader.batch_sampler is None:
             return iter(rest.tolist())
-        return iter([b.tolist() for b in _split(rest, loader.batch_size or 1, loader.drop_last)])
+        return iter([b.tolist() for b in split_batches(rest, loader.batch_size or 1, loader.drop_last)])
 
     def __len__(self) -> int:
         loader = self._loader()
@@ -1590,7 +829,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._rest: np.ndarray | None = None  # a resumed pass's indices, until its iterator takes them
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
-        self._engine = _Engine()
+        self._engine = Engine()
         self._prefetcher: CUDAPrefetcher | None = None
 
     # ---------------------------------------------------------------- public extras
@@ -2036,7 +1275,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return headers
 
     def _feeds_beside(self, prefetcher: CUDAPrefetcher) -> bool:
-        """Whether a pass's batches go to the device through a feeder thread (:class:`_FedPass`)
+        """Whether a pass's batches go to the device through a feeder thread (:class:`FedPass`)
         rather than the in-thread prefetcher: on a CUDA device, when the host pass draws nothing
         from torch's global random state in this process (the fast path; torch's path with worker
         processes) -- a thread would interleave its draws with the training loop's -- and when no
@@ -2046,7 +1285,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if not prefetcher._backend.is_cuda:
             return False
         reason = None
-        if _reuses_device_memory(prefetcher.transforms):
+        if reuses_device_memory(prefetcher.transforms):
             reason = "gpu_transforms reuse device memory (Normalize(buffers=k)), safe one batch ahead only"
         elif not (self.fast_path or (self.num_workers > 0 and not self._auto_workers)):
             reason = (
@@ -2098,15 +1337,6 @@ class _ConvertThen(BatchTransform):
         if self.then is None:
             return images
         return apply_transform(self.then, images, indices, epoch, seed)
-
-
-def _head_and_rest(transforms: Any) -> tuple[list[Any], list[Any]] | None:
-    """``gpu_transforms`` cut into its leading crop/resize and the rest (see
-    :func:`fastload.gpu.hybrid.split_head`), or ``None`` where it does not begin with one."""
-    try:
-        return split_head(transforms)
-    except ValueError:
-        return None
 
 
 def _check_device_decode(

@@ -17,6 +17,7 @@ from PIL import Image
 from PIL.JpegImagePlugin import get_sampling
 
 import fastload
+import fastload._devicepass
 import fastload.decode
 import fastload.gpu.decode
 import fastload.loader
@@ -147,7 +148,7 @@ def test_device_decode_runs_beside_the_training_thread(
     it with its own keys."""
     where: list[str] = []
     transformed: list[str] = []
-    real_decode, real_transform = fastload.gpu.decode.decode_batch, fastload.loader.apply_transform
+    real_decode, real_transform = fastload.gpu.decode.decode_batch, fastload._devicepass.apply_transform
 
     def recording_decode(*args: Any, **kwargs: Any) -> Any:
         where.append(threading.current_thread().name)
@@ -158,7 +159,7 @@ def test_device_decode_runs_beside_the_training_thread(
         return real_transform(*args, **kwargs)
 
     monkeypatch.setattr(fastload.gpu.decode, "decode_batch", recording_decode)
-    monkeypatch.setattr(fastload.loader, "apply_transform", recording_transform)
+    monkeypatch.setattr(fastload._devicepass, "apply_transform", recording_transform)
     with fake_cuda() as (streams, _):
         loader = _device_loader(imagenet_root, num_workers=2, pin_memory=True)
         assert loader.path == "device-decode"

@@ -1,0 +1,436 @@
+"""The passes that end on the device beside the training loop, each driven by a feeder thread with
+its own CUDA stream (:class:`fastload.gpu.feeder.DeviceFeeder`): ``decode="device"``
+(:class:`EncodedPass`), ``decode="hybrid"`` (:class:`HybridPass`, a device share and a CPU
+workers' share per batch) and a host pass's copy and device transforms (:class:`FedPass`).
+:mod:`fastload.loader` chooses which runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+import torch
+
+from ._engine import Engine, FastPass, SampleNames, split_batches
+from .batch import IndexedBatch
+from .gpu import Compose, apply_transform
+from .gpu.decode import BatchDecoder
+from .gpu.feeder import DeviceFeeder
+from .gpu.hybrid import HybridSplit, apply_head, region_crop, split_head
+from .gpu.memory import host_memory
+from .gpu.prefetch import CUDAPrefetcher
+from .gpu.streams import pinned_device, stream_backend, use_device
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
+__all__ = [
+    "FEEDER_DEPTH",
+    "EncodedPass",
+    "FedPass",
+    "HybridPass",
+    "Shares",
+    "head_and_rest",
+    "reuses_device_memory",
+]
+
+
+#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.gpu.feeder).
+FEEDER_DEPTH = 2
+
+
+class EncodedPass:
+    """decode='device': each batch read, decoded on the device and transformed there, beside the
+    training loop, in two stages that overlap:
+
+    - a decoder thread (``fastload-device-decode``, a CUDA stream of its own) routes and decodes batch
+      ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
+      decoders for the rest), while
+    - the feeder thread (:class:`fastload.gpu.feeder.DeviceFeeder`, a stream of its own) crops and
+      transforms batch ``k`` on the device, after a wait queued for the decode's event, and keeps
+      ``FEEDER_DEPTH`` finished batches ready; the training thread's ``next()`` takes one and
+      queues a wait for its event.
+
+    Reader threads (``num_workers`` of them) fetch the bytes of batch ``k + 2`` meanwhile. Which
+    decoder takes an image comes from its JPEG header, read once per sample and kept in the
+    loader's header columns. An error of batch ``k`` (a corrupt image, named) is raised by the
+    ``next()`` of batch ``k``; the pass goes on after it.
+    """
+
+    def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
+        self.loader = loader
+        self.epoch, self.seed = epoch, seed
+        # with its index: the threads decode where this thread's "cuda" is (its rank's GPU)
+        self.device = pinned_device(loader.device if loader.device is not None else torch.device("cpu"))
+        self.batches = split_batches(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
+        self.readers = ThreadPoolExecutor(
+            max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
+        )
+        self.reads: dict[int, Any] = {}
+        self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-device-decode")
+        self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
+        self.backend = stream_backend(self.device)
+        self._decode_stream: Any = None
+        self.headers = loader._decode_headers()
+        self.host = host_memory()
+        self.pin = bool(loader.pin_memory) and self.host.can_pin()
+        #: the leading crop/resize of gpu_transforms and the rest (None: no such head), and the
+        #: crop whose boxes a region decoder (nvImageCodec) decodes alone (see _regions)
+        self.head_rest = head_and_rest(loader.gpu_transforms)
+        self.region_crop = None if self.head_rest is None else region_crop(self.head_rest[0])
+        self.batch_decoder: BatchDecoder | None = None  # made in the decoder thread
+        self._setup(start)
+        self.feeder = DeviceFeeder(  # starts its thread: everything _prepare reads is set up
+            self._prepare,
+            len(self.batches),
+            start,
+            self.device,
+            depth=FEEDER_DEPTH,
+            backend=self.backend,
+            timeout=loader.timeout,
+        )
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def _setup(self, start: int) -> None:
+        """What a subclass's ``_prepare`` needs, made before the feeder thread starts."""
+
+    def _device_indices(self, k: int) -> np.ndarray:
+        """The samples of batch ``k`` the device decodes (all of them here)."""
+        return self.batches[k]
+
+    def _read(self, k: int) -> None:
+        if k < len(self.batches) and k not in self.reads:
+            dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
+            self.reads[k] = self.readers.map(dataset.get_bytes, self._device_indices(k).tolist())
+
+    def _submit(self, k: int) -> None:
+        """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""
+        if k < len(self.batches) and k not in self.decodes:
+            self._read(k)
+            self.decodes[k] = self.decoder.submit(self._decode, k)
+
+    def _decode(self, k: int) -> tuple[Any, Any]:
+        """In the decoder thread: batch ``k`` decoded on its stream, and the event after it."""
+        backend = self.backend
+        if self._decode_stream is None:
+            if self.device.type == "cuda":  # a new thread starts on device 0
+                use_device(self.device.index or 0)
+            self._decode_stream = backend.new_stream(self.device)
+        if self.batch_decoder is None:
+            self.batch_decoder = self.loader._batch_decoder(self.device)
+        with backend.stream_context(self._decode_stream):
+            indices = self._device_indices(k)
+            encoded = list(self.reads.pop(k))
+            self.headers.see(encoded, indices)
+            on_device = self.headers.on_device(indices)
+            regions = self._regions(indices, on_device)
+            names = SampleNames(self.loader.dataset, indices)
+            images = self.batch_decoder.decode(encoded, names, on_device, regions, self._decode_stream)
+            cropped = None if regions is None else [r is not None for r in regions]
+            return self._decoded(images, indices, cropped), backend.record_event(self._decode_stream)
+
+    def _regions(
+        self, indices: np.ndarray, on_device: list[bool]
+    ) -> list[tuple[int, int, int, int] | None] | None:
+        """With a region decoder and a head that is one ``gpu.RandomResizedCrop``: each device-decoded
+        sample's crop box, drawn from its size (the header columns) and key before decoding -- the box
+        the crop draws on the whole image -- so that only the box is decoded; else ``None``."""
+        crop, decoder = self.region_crop, self.batch_decoder
+        if crop is None or decoder is None or not decoder.regions:
+            return None
+        heights, widths = self.headers.height[indices], self.headers.width[indices]
+        sized = np.flatnonzero(np.asarray(on_device, dtype=bool) & (heights > 0))
+        boxes = crop.boxes(
+            heights[sized], widths[sized], indices=indices[sized], epoch=self.epoch, seed=self.seed
+        )
+        regions: list[tuple[int, int, int, int] | None] = [None] * len(indices)
+        for r, k in enumerate(sized.tolist()):
+            regions[k] = (int(boxes[0][r]), int(boxes[1][r]), int(boxes[2][r]), int(boxes[3][r]))
+        return regions
+
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+        """What the decoder thread hands over for a batch's decoded images (here: the images, and
+        which of them are their crop box only)."""
+        return images, cropped
+
+    def _transform(self, images: Any, cropped: list[bool] | None, indices: np.ndarray) -> Any:
+        """``gpu_transforms`` on a batch's decoded images (the head on the cropped ones: a resize)."""
+        transforms = self.loader.gpu_transforms
+        assert transforms is not None  # decode="device" needs them (checked in DataLoader.__init__)
+        if cropped is None or not any(cropped) or self.head_rest is None:
+            return apply_transform(transforms, images, indices, self.epoch, self.seed)
+        head, rest = self.head_rest
+        images = apply_head(head, images, indices, self.epoch, self.seed, cropped)
+        return apply_transform(Compose(rest), images, indices, self.epoch, self.seed) if rest else images
+
+    def _prepare(self, k: int) -> IndexedBatch:
+        """Batch ``k`` on the device: in the feeder thread, on its stream."""
+        self._submit(k)
+        self._submit(k + 1)  # decoded while this one is transformed
+        self._read(k + 2)  # its bytes arrive meanwhile
+        (images, cropped), decoded = self.decodes.pop(k).result()  # batch k's decode error, if any
+        backend = self.backend
+        stream = backend.current_stream(self.device)
+        backend.wait_event(stream, decoded)
+        for image in images:
+            backend.record_stream(image, stream)  # made on the decoder's stream, used on this one
+        dataset: Any = self.loader.dataset
+        indices = self.batches[k]
+        target_transform = getattr(dataset, "target_transform", None)
+        targets = [int(dataset.targets[int(i)]) for i in indices]
+        if target_transform is not None:
+            targets = [int(target_transform(t)) for t in targets]
+        labels, order = torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices)
+        if self.pin:
+            labels, order = self.host.pin(labels), self.host.pin(order)
+        non_blocking = self.pin
+        labels = labels.to(self.device, non_blocking=non_blocking)
+        order = order.to(self.device, non_blocking=non_blocking)
+        images = self._transform(images, cropped, indices)
+        return IndexedBatch(images, labels, order)
+
+    def __next__(self) -> IndexedBatch:
+        batch: IndexedBatch = next(self.feeder)
+        return batch
+
+    def close(self) -> None:
+        self.feeder.close()
+        self.decoder.shutdown(wait=False, cancel_futures=True)
+        self.readers.shutdown(wait=False, cancel_futures=True)
+
+
+class Shares(Sequence[np.ndarray]):
+    """``decode="hybrid"``: the CPU workers' share of each batch of a pass (its last positions),
+    decided from the loader's :class:`~fastload.gpu.hybrid.HybridSplit` when first asked for: by
+    the worker pool when it issues the batch's task, or by the device side. Indexed like the pass's
+    batches, so the CPU side is a fast pass over these."""
+
+    def __init__(self, batches: list[np.ndarray], split: HybridSplit, workers: int) -> None:
+        self.batches, self.split, self.workers = batches, split, workers
+        self.device_counts: dict[int, int] = {}
+
+    def device_count(self, k: int) -> int:
+        """How many of batch ``k``'s samples (its first ones) the device decodes."""
+        d = self.device_counts.get(k)
+        if d is None:
+            n = len(self.batches[k])
+            d = self.device_counts[k] = n - self.split.cpu_images(n, self.workers)
+        return d
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
+    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        return self.batches[k][self.device_count(k) :]
+
+
+class HybridPass(EncodedPass):
+    """decode='hybrid': each batch split between the device's decoder and the CPU workers (see
+    :mod:`fastload.gpu.hybrid`), and assembled on the device beside the training loop:
+
+    - the decoder thread (as for ``decode="device"``) decodes the first ``d`` samples of batch
+      ``k + 1`` and crops them with the head of ``gpu_transforms``, timed up to its event;
+    - the fast path's workers decode the other samples (:class:`Shares`) with the same crop
+      boxes (:class:`fastload.gpu.hybrid.DeviceHead`) into pinned slots, issued ahead as slots
+      free up;
+    - the feeder thread copies batch ``k``'s CPU share to the device, puts both shares into one
+      uint8 channels-last batch, runs the rest of ``gpu_transforms`` on it, and gives the slot
+      back once its copy is done. Each side's measured rate updates the split.
+
+    An error of either share (the device's share first: it holds the batch's first positions) is
+    raised by the ``next()`` of its batch; the pass goes on after it.
+    """
+
+    def __init__(self, loader: DataLoader[Any], engine: Engine, epoch: int, seed: int, start: int) -> None:
+        self.engine = engine
+        super().__init__(loader, epoch, seed, start)
+
+    def _setup(self, start: int) -> None:
+        loader = self.loader
+        split = loader.hybrid
+        assert split is not None and loader._hybrid_dataset is not None  # made with decode="hybrid"
+        self.split = split
+        self.rest = Compose(loader._hybrid_rest) if loader._hybrid_rest else None
+        self.shares = Shares(self.batches, split, loader.num_workers)
+        self.cpu: FastPass | None = None
+        self.generation: int | None = None
+        if loader.num_workers > 0:
+            self.cpu = FastPass(
+                loader, self.engine, self.epoch, start, self.seed, self.shares, loader._hybrid_dataset
+            )
+            self.generation = self.cpu.generation
+        self._held: tuple[Any, Any] | None = None  # (copy event, the CPU share it reads)
+
+    def _device_indices(self, k: int) -> np.ndarray:
+        return self.batches[k][: self.shares.device_count(k)]
+
+    def _submit(self, k: int) -> None:
+        if k < len(self.batches) and k not in self.decodes:
+            self.shares.device_count(k)  # decided in this (the feeder) thread, before the decoder reads it
+            super()._submit(k)
+
+    def _decode(self, k: int) -> tuple[Any, Any]:
+        """In the decoder thread: the device's share of batch ``k`` decoded and cropped; its time
+        up to the event (the device side's rate) recorded."""
+        if len(self._device_indices(k)) == 0:
+            self.reads.pop(k, None)
+            return None, None
+        t0 = time.perf_counter()
+        images, event = super()._decode(k)
+        self.backend.synchronize_event(event)  # only this thread waits: the rate includes the device's time
+        self.split.record_device(len(images), time.perf_counter() - t0)
+        return images, event
+
+    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed, cropped)
+        return out.contiguous(memory_format=torch.channels_last)
+
+    def _prepare(self, k: int) -> IndexedBatch:
+        backend = self.backend
+        if self._held is not None:
+            backend.synchronize_event(self._held[0])  # the last CPU share is copied: its slot goes back
+            self._held = None
+        self._submit(k)
+        self._submit(k + 1)
+        self._read(k + 2)
+        cpu: IndexedBatch | None = None
+        cpu_error: BaseException | None = None
+        if self.cpu is not None:
+            try:
+                cpu = next(self.cpu)  # the workers' share of batch k (possibly no sample)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the device's share of k is taken
+                cpu_error = e
+                self.cpu.skip(k)  # an error not of batch k's own (a timeout): its share is given up too
+        device_images, decoded = self.decodes.pop(k).result()  # the device share's error first
+        if cpu_error is not None:
+            raise cpu_error
+        dataset: Any = self.loader.dataset
+        indices = self.batches[k]
+        d = self.shares.device_count(k)
+        stream = backend.current_stream(self.device)
+        parts: list[torch.Tensor] = []
+        targets = [int(dataset.targets[int(i)]) for i in indices[:d]]
+        target_transform = getattr(dataset, "target_transform", None)
+        if target_transform is not None:
+            targets = [int(target_transform(t)) for t in targets]
+        labels = torch.tensor(targets, dtype=torch.int64)
+        if device_images is not None:
+            backend.wait_event(stream, decoded)
+            backend.record_stream(device_images, stream)  # made on the decoder's stream, used on this one
+            parts.append(device_images)
+        if cpu is not None and len(cpu[1]):
+            if self.cpu is not None and self.cpu.last_seconds > 0:
+                self.split.record_cpu(len(cpu[1]), self.cpu.last_seconds, self.loader.num_workers)
+            parts.append(backend.to_device(cpu[0], self.device))  # from its pinned slot
+            self._held = (backend.record_event(stream), cpu)
+            labels = torch.cat([labels, cpu[1]])
+        order = torch.from_numpy(indices)
+        if self.pin:
+            labels, order = self.host.pin(labels), self.host.pin(order)
+        labels, order = backend.to_device(labels, self.device), backend.to_device(order, self.device)
+        if len(parts) == 1:
+            images = parts[0]
+        else:
+            images = torch.empty(
+                (len(indices), *parts[0].shape[1:]),
+                dtype=torch.uint8,
+                device=parts[0].device,
+                memory_format=torch.channels_last,
+            )
+            images[:d].copy_(parts[0])
+            images[d:].copy_(parts[1])
+        if self.rest is not None:
+            images = apply_transform(self.rest, images, indices, self.epoch, self.seed)
+        return IndexedBatch(images, labels, order)
+
+    def close(self) -> None:
+        super().close()
+        held, self._held = self._held, None
+        if held is not None:
+            self.backend.synchronize_event(held[0])  # no worker writes into a slot a copy still reads
+
+
+class FedPass:
+    """The host pass's batches copied to the device and through the device transforms by a feeder
+    thread on a stream of its own (:class:`fastload.gpu.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
+    batches ahead, beside the model: the training thread's ``next()`` costs an event wait (with
+    the in-thread prefetcher it also issued the next batch's copy and transform launches, which a
+    loop that synchronises every step, e.g. with ``loss.item()``, leaves the GPU idle for).
+
+    The copy and transforms are the loader's prefetcher's own (:meth:`CUDAPrefetcher.
+    copy_and_transform`); as there, a batch's host memory is given back to the loader (the next
+    batch asked for) only once its copy has been made. Errors of batch ``k`` are raised by its
+    ``next()``; the pass goes on after them.
+    """
+
+    def __init__(
+        self, host: Iterator[Any], prefetcher: CUDAPrefetcher, seed: int, epoch: int, timeout: float
+    ) -> None:
+        self.host = host
+        self.prefetcher = prefetcher
+        self.seed, self.epoch = seed, epoch
+        self._copied: Any = None
+        self.feeder = DeviceFeeder(
+            self._prepare,
+            None,
+            0,
+            prefetcher.device,
+            depth=FEEDER_DEPTH,
+            backend=prefetcher._backend,
+            timeout=timeout,
+        )
+
+    def _prepare(self, k: int) -> Any:
+        """The next batch on the device: in the feeder thread, on its stream."""
+        prefetcher = self.prefetcher
+        backend = prefetcher._backend
+        if self._copied is not None:
+            backend.synchronize_event(self._copied)  # the loader may now reuse that batch's memory
+            self._copied = None
+        raw = next(self.host)  # StopIteration ends the feeder
+        stream = backend.current_stream(prefetcher.device)
+        batch, self._copied = prefetcher.copy_and_transform(raw, stream, self.seed, self.epoch)
+        return batch
+
+    def __iter__(self) -> FedPass:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.feeder)
+        self.prefetcher._flush_warnings(stacklevel=2)
+        return batch
+
+    def close(self) -> None:
+        self.feeder.close()
+
+
+def reuses_device_memory(transforms: Any) -> bool:
+    """Whether ``transforms`` write into device memory they reuse (``gpu.Normalize(buffers=k)``), so
+    that a batch prepared several steps ahead would overwrite one the model still reads."""
+    if transforms is None:
+        return False
+    if getattr(transforms, "buffers", 0):
+        return True
+    inner = [getattr(transforms, "then", None), *(getattr(transforms, "transforms", None) or [])]
+    return any(reuses_device_memory(t) for t in inner if t is not None and t is not transforms)
+
+
+def head_and_rest(transforms: Any) -> tuple[list[Any], list[Any]] | None:
+    """``gpu_transforms`` cut into its leading crop/resize and the rest (see
+    :func:`fastload.gpu.hybrid.split_head`), or ``None`` where it does not begin with one."""
+    try:
+        return split_head(transforms)
+    except ValueError:
+        return None

@@ -1,0 +1,391 @@
+"""The fast path's engine: what lives across a loader's passes (the worker pool and its slot ring,
+the epoch lookahead, the newest pass; :class:`Engine`) and one pass through it (:class:`FastPass`:
+batches decoded by the workers straight into reusable, pinned slots). :mod:`fastload.loader`
+chooses the path and builds the passes; :mod:`fastload._devicepass` drives a fast pass from a
+feeder thread for ``decode="hybrid"``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+import torch
+from torch.utils.data import SequentialSampler
+
+from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
+from .batch import IndexedBatch
+from .device import available_cpus
+from .sampler import DistributedSampler, EpochRandomSampler
+from .transforms import import_decode_modules
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
+__all__ = ["Engine", "FastPass", "Lookahead", "SampleNames", "predicted_order", "split_batches"]
+
+
+def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
+    """``order`` cut into batches (the last one shorter unless ``drop_last``)."""
+    n_full = len(order) // batch_size
+    batches = [order[k * batch_size : (k + 1) * batch_size] for k in range(n_full)]
+    if not drop_last and len(order) % batch_size:
+        batches.append(order[n_full * batch_size :])
+    return batches
+
+
+def predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
+    """The sampler's order for ``epoch`` when it is a pure function of it, without touching the sampler."""
+    if type(sampler) is EpochRandomSampler:
+        return sampler.indices(epoch)
+    if type(sampler) is DistributedSampler:
+        return np.asarray(sampler.indices(epoch), dtype=np.int64)
+    if type(sampler) is SequentialSampler:
+        return np.arange(len(sampler), dtype=np.int64)
+    return None
+
+
+# ------------------------------------------------------------------------------------ the engine
+
+
+@dataclass
+class Lookahead:
+    """Batches of the *next* epoch decoded while the current one drains (``epoch_lookahead``).
+
+    Made when every batch of a pass has been handed to the workers and slots are free. The next
+    pass adopts it when it is that epoch, from its start, with the same seed and exactly the same
+    batches; otherwise it is dropped (its slots come back as its tasks report).
+    """
+
+    generation: int
+    epoch: int
+    seed: int
+    batches: list[np.ndarray]
+    pool: WorkerPool  # a replaced pool (dead worker) voids it
+    dataset_state: tuple[Any, ...]  # the dataset's transform objects when it was made
+    issued: int = 0
+    in_flight: dict[int, int] = field(default_factory=dict)  # batch -> slot, task not reported yet
+    reports: dict[int, Report] = field(default_factory=dict)  # batch -> worker report
+
+
+def dataset_state(dataset: Any) -> tuple[Any, ...]:
+    """The dataset's transform objects: replacing one between epochs voids a lookahead."""
+    return tuple(getattr(dataset, name, None) for name in ("transform", "target_transform"))
+
+
+class Engine:
+    """What lives across passes: the worker pool and its slot ring, the epoch lookahead, the
+    slots the consumer may still hold, and the torch thread cap. One per DataLoader; each pass
+    gets it explicitly. It keeps no reference to the loader (so a dropped loader is collected
+    at once and its workers stop)."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.generation = 0
+        self.lookahead: Lookahead | None = None
+        #: the generation of the newest fast pass: an older pass left alive (its iterator kept,
+        #: or a feeder thread still driving it) no longer takes the workers' reports
+        self.live_pass: int | None = None
+        #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
+        self.stashed: dict[tuple[int, int], Report] = {}
+        self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
+
+    def new_generation(self) -> int:
+        self.generation += 1
+        return self.generation
+
+    def get_pool(self, loader: DataLoader[Any], seed: int, dataset: Any) -> WorkerPool:
+        """The workers (made on first use) and their slot ring for ``dataset`` (the fast path's
+        dataset, or ``decode="hybrid"``'s view whose transform crops as the device does)."""
+        if self.pool is None or self.pool.closed:
+            self.lookahead = None
+            slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
+                3 if loader.reuse_buffers else 1
+            )
+            transform = dataset.transform
+            h, w = transform.output_size
+            self.pool = WorkerPool(
+                dataset,
+                tuple(getattr(transform, "sample_shape", (h, w, 3))),
+                getattr(transform, "sample_dtype", torch.uint8),
+                loader.batch_size or 1,
+                slots,
+                loader.num_workers,
+                loader.worker_type,
+                loader.multiprocessing_context,
+                bool(loader.pin_memory),
+                seed,
+                loader.on_error == "skip",
+                loader.worker_init_fn,
+                bool(getattr(transform, "channels_first", False)),
+                preload=import_decode_modules,
+            )
+        return self.pool
+
+    def limit_threads(self, busy: int) -> None:
+        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs."""
+        cap = max(1, available_cpus() - busy)
+        current = torch.get_num_threads()
+        if current > cap:
+            if self.saved_threads is None:
+                self.saved_threads = current
+            torch.set_num_threads(cap)
+
+    def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
+        """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
+        pool = self.pool
+        if not (loader.epoch_lookahead and loader.persistent_workers) or pool is None:
+            return
+        ahead = self.lookahead
+        if ahead is None or ahead.epoch != epoch + 1 or ahead.seed != seed or ahead.pool is not pool:
+            order = predicted_order(loader.sampler, epoch + 1)
+            if order is None:
+                return
+            batches = split_batches(order, loader.batch_size or 1, loader.drop_last)
+            ahead = Lookahead(
+                self.new_generation(), epoch + 1, seed, batches, pool, dataset_state(loader.dataset)
+            )
+            self.lookahead = ahead
+        ahead.issued = pool.issue(
+            ahead.generation, ahead.epoch, ahead.seed, ahead.batches, ahead.issued, ahead.in_flight
+        )
+
+    def keep_lookahead_report(self, report: Report) -> bool:
+        """Keeps a report of the lookahead's tasks (``True``); ``False``: not one of them."""
+        ahead = self.lookahead
+        if ahead is None or report.generation != ahead.generation:
+            return False
+        ahead.reports[report.batch] = report
+        return True
+
+    def take_lookahead(
+        self, dataset: Any, epoch: int, start: int, seed: int, batches: Sequence[np.ndarray]
+    ) -> Lookahead | None:
+        """The lookahead, if this pass is exactly what it decoded; else it is dropped (slots freed)."""
+        ahead, self.lookahead = self.lookahead, None
+        if ahead is None:
+            return None
+        if ahead.pool is not self.pool or ahead.pool.closed:
+            return None  # its workers are gone (a dead worker closed the pool): nothing to free
+        if (
+            ahead.epoch == epoch
+            and start == 0
+            and ahead.seed == seed
+            and all(a is b for a, b in zip(ahead.dataset_state, dataset_state(dataset), strict=True))
+            and len(ahead.batches) == len(batches)
+            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches, strict=True))
+        ):
+            return ahead
+        for report in ahead.reports.values():
+            ahead.pool.release(report.slot)
+        return None
+
+    def close(self) -> None:
+        """Stops the workers and gives torch its thread count back."""
+        self.lookahead = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.saved_threads is not None:
+            torch.set_num_threads(self.saved_threads)
+            self.saved_threads = None
+
+
+# ------------------------------------------------------------------------------------ one pass
+
+
+class FastPass:
+    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine.
+
+    ``batches`` and ``dataset`` (``decode="hybrid"``): the workers' share of each batch, decoded
+    with that dataset's transform, and no epoch lookahead (a share is decided when issued).
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        engine: Engine,
+        epoch: int,
+        start: int,
+        seed: int,
+        batches: Sequence[np.ndarray] | None = None,
+        dataset: Any = None,
+    ) -> None:
+        self.loader = loader
+        self.engine = engine
+        self.epoch = epoch
+        self.seed = seed
+        self.lookahead = batches is None
+        self.dataset = loader._fast_dataset if dataset is None else dataset
+        self.batches: Sequence[np.ndarray] = (
+            split_batches(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
+            if batches is None
+            else batches
+        )
+        self.next_batch = start
+        self.issued = start
+        self.pool = engine.get_pool(loader, seed, self.dataset)
+        self.ready: dict[int, BatchDone] = {}
+        self.in_flight: dict[int, int] = {}  # batch -> slot
+        self.reports: dict[int, Report] = {}  # batch -> report received before this pass began
+        self.last_seconds = 0.0  # the worker time of the batch handed out last
+        ahead = (
+            engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
+            if self.lookahead
+            else None
+        )
+        if ahead is not None:  # the workers already started on this epoch: carry on from there
+            self.generation = ahead.generation
+            self.issued = ahead.issued
+            self.in_flight = ahead.in_flight
+            self.reports = ahead.reports
+        else:
+            self.generation = engine.new_generation()
+        pool = self.pool
+        engine.live_pass = self.generation  # an older pass still alive stops taking reports
+        for key in [key for key in engine.stashed if key[0] != self.generation]:
+            pool.release(engine.stashed.pop(key).slot)
+        self.skipped: set[int] = set()  # batches given up without their report (see skip)
+        if pool.num_workers:
+            pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
+        # Free: slots not written by a task of an earlier pass (those come back when their task
+        # reports), not holding an adopted lookahead batch, not held by the consumer.
+        pool.reclaim({report.slot for report in self.reports.values()})
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def _superseded(self) -> None:
+        """Raises if a newer pass of the loader has taken over the workers."""
+        if self.engine.live_pass != self.generation:
+            raise RuntimeError(
+                "this pass of the DataLoader cannot go on: a newer pass of the same loader (a new "
+                "iter(loader)) has taken over its workers; finish or close a pass before starting the next"
+            )
+
+    def skip(self, k: int) -> None:
+        """Gives up batch ``k`` (the next one) without its report: an error not of its own (a
+        timeout) ended it for the consumer, who goes on with ``k + 1``; its slot is freed when
+        its report arrives."""
+        if self.next_batch == k:
+            self.next_batch = k + 1
+            self.skipped.add(k)
+            if self.pool.num_workers:
+                self._fill()
+
+    def _fill(self) -> None:
+        pool = self.pool
+        if self.engine.live_pass != self.generation:
+            return  # a newer pass issues the tasks now
+        self.issued = pool.issue(
+            self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
+        )
+        pool.collect_returned()
+        if self.lookahead and self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
+            self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
+
+    def _run_inline(self) -> Report:
+        """num_workers=0: decode exactly the batch the consumer asks for, in this process."""
+        slot = self.pool.take_slot()
+        if slot is None:  # pragma: no cover - nothing is pending without workers: take_slot allocates
+            raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
+        task = Task(
+            self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
+        )
+        self.in_flight[task.batch] = slot
+        t0 = time.perf_counter()
+        out, lab = self.pool.arrays(slot)
+        filled, skipped = self.pool.run_inline(self.dataset, task, out, lab, self.loader.on_error == "skip")
+        return BatchDone(task.generation, task.batch, slot, 0, filled, skipped, time.perf_counter() - t0)
+
+    def _wait(self) -> Report:
+        """The report of batch ``next_batch``, from before this pass or from the workers."""
+        pool = self.pool
+        engine = self.engine
+        while True:
+            if self.next_batch in self.reports:  # decoded ahead, before this pass began
+                return self.reports.pop(self.next_batch)
+            if self.next_batch in self.ready:
+                return self.ready.pop(self.next_batch)
+            stashed = engine.stashed.pop((self.generation, self.next_batch), None)
+            if stashed is not None:  # received by an older pass's thread
+                return stashed
+            self._superseded()
+            self._fill()
+            report = pool.get(self.loader.timeout)
+            if report.generation != self.generation:
+                if report.generation == engine.live_pass:  # the newer pass's: kept for it
+                    engine.stashed[(report.generation, report.batch)] = report
+                elif not engine.keep_lookahead_report(report):
+                    pool.release(report.slot)  # a task of an abandoned pass: its slot is free again
+                continue
+            if report.batch in self.skipped:
+                self.skipped.discard(report.batch)
+                pool.release(report.slot)  # a batch given up (see skip)
+                continue
+            if report.batch == self.next_batch:
+                return report
+            if isinstance(report, BatchDone):
+                self.ready[report.batch] = report
+            else:
+                self.reports[report.batch] = report  # an error of a later batch: raised in its turn
+
+    def __next__(self) -> IndexedBatch:
+        pool = self.pool
+        if self.next_batch >= len(self.batches):
+            raise StopIteration
+        k = self.next_batch
+        indices = self.batches[k]
+        try:
+            report = self._run_inline() if pool.num_workers == 0 else self._wait()
+        except BaseException:
+            if pool.num_workers == 0:  # the inline decode raised: batch k is over, k + 1 comes next
+                slot = self.in_flight.pop(k, None)
+                if slot is not None:
+                    pool.release(slot)
+                    self.next_batch += 1
+            raise  # with workers (a timeout, say) the next call waits for batch k again, as torch's
+        self.next_batch += 1
+        self.in_flight.pop(k, None)
+        if pool.num_workers:
+            self._fill()
+        if isinstance(report, BatchFailed):
+            pool.release(report.slot)
+            report.reraise(self.epoch)
+        assert isinstance(report, BatchDone)
+        self.loader.stats.record_decode(report.worker_id, report.seconds)
+        self.last_seconds = report.seconds
+        if report.skipped:
+            indices = indices[~np.isin(indices, [i for i, _ in report.skipped])]
+            for index, message in report.skipped:
+                warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=3)
+            self.loader.stats.skipped += len(report.skipped)
+        slot, filled = report.slot, report.filled
+        if self.loader.reuse_buffers:  # reused once nothing refers to this batch any more
+            images, labels = pool.hand_out(slot, filled)
+        else:
+            images, labels = pool.copy_out(slot, filled)
+        return IndexedBatch(images, labels, pool.pin_small(torch.from_numpy(indices)))
+
+
+class SampleNames(Sequence[str]):
+    """How errors name the samples of a batch, made only when an error needs one."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[str]: ...
+    def __getitem__(self, k: int | slice) -> str | Sequence[str]:
+        if isinstance(k, slice):
+            return [describe_sample(self.dataset, int(i)) for i in self.indices[k]]
+        return describe_sample(self.dataset, int(self.indices[k]))
