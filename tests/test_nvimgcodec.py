@@ -146,3 +146,23 @@ def test_the_loader_names_nvimgcodec(
     assert env["device_decoder"].startswith("nvImageCodec") and "nvImageCodec 0.9.0-stand-in" in summary_line(
         env
     )
+
+
+def test_a_decoder_that_cannot_be_made_falls_back_to_torchvision_with_one_warning(
+    imagenet_root: Path, stand_in: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Could not create decoder. Code: 8")
+
+    monkeypatch.setattr(stand_in, "Decoder", broken)
+    with pytest.warns(UserWarning, match="nvImageCodec could not make a decoder on cpu .*Code: 8"):
+        decoder = BatchDecoder(torch.device("cpu"))
+    assert not decoder.regions
+    with nvimgcodec.use_module(None):
+        reference = _take(_loader(imagenet_root))
+    with pytest.warns(UserWarning, match="nvImageCodec could not make a decoder") as record:
+        got = _take(_loader(imagenet_root))
+    assert len([w for w in record if "nvImageCodec" in str(w.message)]) == 1  # once per loader
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True)
+    )
