@@ -224,6 +224,42 @@ def test_timeout_message_is_torchs() -> None:
     assert messages[1] == messages[0]
 
 
+class _SlowFirstRead(fastload.ImageFolder):
+    """Sample 0's first read in a process takes 1.6 s (a slow disk), every later read is immediate."""
+
+    slow = True
+
+    def get_bytes(self, i: int) -> Any:
+        import time
+
+        if i == 0 and _SlowFirstRead.slow:
+            _SlowFirstRead.slow = False
+            time.sleep(1.6)  # past one timeout of 1 s, within two
+        return super().get_bytes(i)
+
+
+def test_after_a_timeout_the_next_call_gives_the_batch_that_timed_out_like_torch(imagenet_root: Any) -> None:
+    """torch's iterator raises the timeout, then its next ``next()`` waits for the same batch: so
+    does fastload's fast path (its own workers; it used to raise a KeyError there)."""
+    from fastload import transforms as T
+
+    got = []
+    for cls, worker_type in ((torch.utils.data.DataLoader, None), (fastload.DataLoader, "thread")):
+        _SlowFirstRead.slow = True
+        ds = _SlowFirstRead(imagenet_root / "train", transform=T.Compose([T.Resize((8, 8))]))
+        kwargs: dict[str, Any] = {} if worker_type is None else {"worker_type": worker_type}
+        loader = cls(ds, batch_size=4, num_workers=1, timeout=1, **kwargs)
+        if cls is fastload.DataLoader:
+            assert loader.fast_path  # type: ignore[attr-defined]
+        it = iter(loader)
+        with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
+            next(it)
+        labels = [next(it)[1].tolist(), next(it)[1].tolist()]  # batch 0 (late), then batch 1
+        got.append(labels)
+        del it
+    assert got[0] == got[1] == [[int(t) for t in ds.targets[0:4]], [int(t) for t in ds.targets[4:8]]]
+
+
 def test_worker_init_fn_and_worker_info_on_torchs_path() -> None:
     class Info(_Range):
         def __getitem__(self, i: int) -> Any:
