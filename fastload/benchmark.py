@@ -756,7 +756,9 @@ images/s     median of --repeat timed runs of training steps (each run at least 
              prefetched batches, after a warm-up that drains it)
 of ceiling   images/s divided by the ceiling's: how busy the loader keeps the device
 waiting      share of the wall time the loop waited in next() for a batch; each step ends
-             synchronised (as a loop that logs its loss does), so the device was idle meanwhile"""
+             synchronised (as a loop that logs its loss does), so the device was idle meanwhile
+CPU cores    CPU time of this process and its workers over the wall time (1.0 = one core busy):
+             the ceiling's is the training loop's own; the rest is what the loader costs"""
 
 
 def model_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
@@ -794,6 +796,7 @@ def run_model(
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # one input size: let cuDNN pick its kernels once
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    cpu = _ProcessTree().cpu_seconds
     env = environment()
     records: list[dict[str, Any]] = []
     usable = []
@@ -816,6 +819,7 @@ def run_model(
             "images_per_s_runs": result["images_per_s_runs"],
             "share_of_ceiling": None,
             "waiting": result["waiting"],
+            "cpu_cores": result.get("cpu_cores"),
             "device": config.device,
             "device_name": device_name,
             "warmup_steps": warmup,
@@ -834,7 +838,9 @@ def run_model(
         total = warmup + config.repeat * steps
         with _bar(progress, total, f"{model} ceiling (before)") as bar:
             resident = resident_batches(config.batch_size, classes, device)
-            before = time_steps(resident, step, warmup, steps, config.repeat, on_step=bar.update)
+            before = time_steps(
+                resident, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+            )
         rows = []
         if device.type == "cuda":  # what a loop that copies float32 host batches reaches at best
             with _bar(progress, total, f"{model} host ceiling") as bar:
@@ -843,7 +849,9 @@ def run_model(
                     record(
                         "host-ceiling",
                         None,
-                        time_steps(host, step, warmup, steps, config.repeat, on_step=bar.update),
+                        time_steps(
+                            host, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+                        ),
                         warmup,
                         steps,
                     )
@@ -853,7 +861,13 @@ def run_model(
                 loader = BACKENDS[name].build(config, "train", w)
                 try:
                     result = time_steps(
-                        endless(loader), step, warmup, steps, config.repeat, on_step=bar.update
+                        endless(loader),
+                        step,
+                        warmup,
+                        steps,
+                        config.repeat,
+                        on_step=bar.update,
+                        cpu_seconds=cpu,
                     )
                 finally:
                     shutdown(loader)
@@ -861,7 +875,9 @@ def run_model(
             rows.append(record(name, w, result, warmup, steps))
         with _bar(progress, total, f"{model} ceiling (after)") as bar:
             resident = resident_batches(config.batch_size, classes, device)
-            after = time_steps(resident, step, warmup, steps, config.repeat, on_step=bar.update)
+            after = time_steps(
+                resident, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+            )
         runs = before["images_per_s_runs"] + after["images_per_s_runs"]
         top = record(
             "ceiling",
@@ -870,6 +886,7 @@ def run_model(
                 "images_per_s": statistics.median(runs),
                 "images_per_s_runs": runs,
                 "waiting": statistics.median([before["waiting"], after["waiting"]]),
+                "cpu_cores": statistics.median([before["cpu_cores"], after["cpu_cores"]]),
             },
             warmup,
             steps,

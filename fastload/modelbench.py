@@ -168,13 +168,20 @@ def time_steps(
     steps: int,
     repeat: int,
     on_step: Callable[[], Any] | None = None,
+    cpu_seconds: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Runs ``warmup`` steps, then ``repeat`` timed runs of ``steps`` steps on ``batches``.
+
+    Args:
+        cpu_seconds: reads the CPU time (user + system) of the process tree so far; given, the
+            result has ``cpu_cores``.
 
     Returns:
         ``images_per_s`` (median of the runs) and ``images_per_s_runs``; ``waiting``: the median
         share of a run's wall time spent in ``next(batches)`` (each step ends synchronised, so the
-        device is idle meanwhile).
+        device is idle meanwhile); ``cpu_cores``: the median of a run's CPU time over its wall time
+        (1.0 = one core busy all the run: the training loop, the loader's threads and workers), or
+        ``None`` without ``cpu_seconds``.
     """
     sync = _synchronize(step.device)
     for _ in range(warmup):
@@ -183,9 +190,10 @@ def time_steps(
         sync()
         if on_step is not None:
             on_step()
-    rates, waits = [], []
+    rates, waits, cores = [], [], []
     for _ in range(repeat):
         samples, waited = 0, 0.0
+        cpu0 = cpu_seconds() if cpu_seconds is not None else 0.0
         start = time.perf_counter()
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -198,18 +206,21 @@ def time_steps(
             if on_step is not None:
                 on_step()
         wall = time.perf_counter() - start
+        if cpu_seconds is not None:
+            cores.append((cpu_seconds() - cpu0) / wall)
         rates.append(samples / wall)
         waits.append(waited / wall)
     return {
         "images_per_s": statistics.median(rates),
         "images_per_s_runs": rates,
         "waiting": statistics.median(waits),
+        "cpu_cores": statistics.median(cores) if cores else None,
     }
 
 
 _HEADER = (
     f"{'feeding the step':<34} {'workers':>7} {'images/s':>9} {'min-max':>13} "
-    f"{'of ceiling':>10} {'waiting':>8}"
+    f"{'of ceiling':>10} {'waiting':>8} {'CPU cores':>9}"
 )
 
 
@@ -218,9 +229,10 @@ def _row(r: dict[str, Any]) -> str:
     spread = f"{min(runs):.0f}-{max(runs):.0f}" if len(runs) > 1 else "-"
     share = "-" if r["share_of_ceiling"] is None else f"{100 * r['share_of_ceiling']:.0f} %"
     workers = "-" if r["num_workers"] is None else str(r["num_workers"])
+    cores = "-" if r.get("cpu_cores") is None else f"{r['cpu_cores']:.1f}"
     return (
         f"{r['feeding']:<34} {workers:>7} {r['images_per_s']:>9.0f} {spread:>13} {share:>10} "
-        f"{100 * r['waiting']:>6.0f} %"
+        f"{100 * r['waiting']:>6.0f} % {cores:>9}"
     )
 
 

@@ -605,6 +605,9 @@ def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
         assert r["num_workers"] == 1 and r["batch_size"] == 2 and r["timed_steps"] == 3
         assert r["share_of_ceiling"] == pytest.approx(r["images_per_s"] / ceiling["images_per_s"])
         assert 0.0 <= r["waiting"] < 1.0 and len(r["images_per_s_runs"]) == 2
+    # CPU cores: this process tree's CPU time over the wall time; the loop itself keeps one busy
+    assert all(0.2 < r["cpu_cores"] < 64 for r in records)
+    assert any("CPU cores" in line for line in lines)
     assert any("These figures are not a GPU's" in line for line in lines)
     shares = [f"{100 * r['share_of_ceiling']:.0f} %" for r in records[1:]]
     assert lines[-1] == (

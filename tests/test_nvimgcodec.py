@@ -166,3 +166,45 @@ def test_a_decoder_that_cannot_be_made_falls_back_to_torchvision_with_one_warnin
     assert all(
         torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True)
     )
+
+
+@pytest.mark.cuda
+def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) -> None:  # pragma: no cover
+    """The real decoder (where nvImageCodec and a CUDA device are): each region it decodes, with
+    fancy chroma upsampling, is libjpeg-turbo's decode of that region within IDCT rounding; the
+    same region one pixel off, or mirrored, is not."""
+    from fastload.decode import decode_jpeg_region, jpeg_header
+
+    if not nvimgcodec.available("cuda"):
+        pytest.skip("nvImageCodec is not installed (pip install 'fastload[nvimgcodec-cu12]' or -cu13)")
+    ds = fastload.ImageFolder(imagenet_root / "train")
+    files, regions, references = [], [], []
+    for i in range(len(ds)):
+        data = bytes(ds.get_bytes(i))
+        header = jpeg_header(data)
+        if header is None:  # PNG, CMYK: the CPU's
+            continue
+        width, height, _ = header
+        top, left = height // 5, width // 7
+        h, w = height // 2, width // 2
+        ref = decode_jpeg_region(data, left, top, w, h)
+        full = decode_jpeg_region(data, 0, 0, width, height)
+        assert ref is not None and full is not None
+        files.append(data)
+        regions.append((top, left, h, w))
+        references.append((torch.from_numpy(ref.copy()), torch.from_numpy(full.copy())))
+    decoder = BatchDecoder(torch.device("cuda"))
+    assert decoder.regions
+    out = decoder.decode(files, [f"f{k}" for k in range(len(files))], [True] * len(files), regions)
+    torch.cuda.synchronize()
+    means = []
+    for image, (ref, full), (top, left, h, w) in zip(out, references, regions, strict=True):
+        got = image.cpu().permute(1, 2, 0).int()
+        assert got.shape == ref.shape
+        mean = float((got - ref.int()).abs().float().mean())
+        shifted = full[top + 1 : top + 1 + h, left + 1 : left + 1 + w].int()
+        assert mean <= 1.5, f"mean |nvImageCodec - libjpeg-turbo| = {mean:.2f} levels"
+        assert float((got - shifted).abs().float().mean()) > 2 * mean + 0.5  # the control
+        assert float((got - ref.int().flip(1)).abs().float().mean()) > 2 * mean + 0.5
+        means.append(mean)
+    assert len(means) >= len(ds) // 2
