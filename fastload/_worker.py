@@ -522,8 +522,19 @@ def frozen_heap(context: Any) -> Iterator[None]:
     Not done when ``context`` does not fork (spawn and forkserver workers start from a fresh
     interpreter), and not when objects are frozen already (``gc.get_freeze_count() > 0``): a
     program that freezes its own heap keeps managing it, and ``gc.unfreeze()`` would undo that.
+
+    Where CUDA is initialised, a full collection runs before the fork (with or without the
+    freeze): a forked worker must never finalise the parent's CUDA objects.
     """
-    if start_method(context) != "fork" or gc.get_freeze_count() > 0:
+    if start_method(context) != "fork":
+        yield
+        return
+    if torch.cuda.is_initialized():
+        # Garbage the parent has not collected yet (reference cycles) would be collected in the
+        # forked workers too, where finalising a CUDA object (an event, a stream, a tensor's
+        # memory) aborts the worker ("CUDA error: initialization error"): collect it here first.
+        gc.collect()
+    if gc.get_freeze_count() > 0:
         yield
         return
     gc.freeze()

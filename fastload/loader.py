@@ -858,15 +858,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def decoder(self) -> str:
         """What decodes the images: for ``decode="device"`` the device's JPEG decoder (e.g.
         ``"nvJPEG through torchvision.io.decode_jpeg ..."``), else the workers' CPU decoding."""
+        made: BatchDecoder | None = self.__dict__.get("_decoder")
+        device = made.name if made is not None else device_decoder(self.device)
         if self.decode == "device":
-            return device_decoder(self.device)
+            return device
         if self.decode == "hybrid":
             workers = f"{self.num_workers} CPU worker{'s' if self.num_workers != 1 else ''}"
             return (
-                f"{device_decoder(self.device)} for a share of each batch, libjpeg-turbo in {workers} "
+                f"{device} for a share of each batch, libjpeg-turbo in {workers} "
                 "for the rest (split by their measured rates)"
                 if self.num_workers
-                else f"{device_decoder(self.device)} (decode='hybrid' without CPU workers: every image)"
+                else f"{device} (decode='hybrid' without CPU workers: every image)"
             )
         return "libjpeg-turbo and PIL in the workers (CPU)"
 

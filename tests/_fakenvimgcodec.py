@@ -66,6 +66,7 @@ class Decoder:
 
     made: list[Decoder] = []
     refuse_progressive = False
+    refuse_all = False  # as nvJPEG < 13.2 does for regions with fancy upsampling not enabled
 
     def __init__(
         self, device_id: int = -1, max_num_cpu_threads: int = 0, backends: Any = None, options: str = ""
@@ -78,7 +79,7 @@ class Decoder:
         self.calls.append([None if s.region is None else (s.region.start, s.region.end) for s in srcs])
         out: list[Any] = []
         for s in srcs:
-            if s.progressive and self.refuse_progressive:
+            if self.refuse_all or (s.progressive and self.refuse_progressive):
                 out.append(None)
                 continue
             pixels = np.asarray(Image.open(io.BytesIO(s.data)).convert("RGB"))

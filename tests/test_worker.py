@@ -108,7 +108,9 @@ def test_torch_path_workers_leave_the_inherited_heap_alone(big_heap: Any) -> Non
     ]
     # torch's worker inherits an unfrozen heap: its first collection copies the pages of the
     # 400,000 lists (>= 20 MB); fastload's worker finds them frozen and writes next to nothing.
-    assert theirs[0][0] == 0 and theirs[0][1] > 20 * 2**20, theirs
+    # (Not "0 frozen" in torch's worker: on a GPU machine's Python 3.12 a few hundred objects were
+    # seen frozen there, by something other than fastload.)
+    assert theirs[0][0] < len(big_heap) and theirs[0][1] > 20 * 2**20, theirs
     assert ours[0][0] >= len(big_heap), ours
     assert ours[0][1] < 8 * 2**20, ours
     loader.close()
@@ -188,6 +190,60 @@ def test_a_program_that_freezes_its_own_heap_keeps_it_frozen(
         assert gc.get_freeze_count() > frozen // 2  # still frozen: only dead objects left it
     finally:
         unfreeze()
+
+
+class _Finalised:
+    """Garbage in a reference cycle whose finaliser records the process that ran it (standing in
+    for a CUDA event or stream, whose finaliser aborts a forked worker)."""
+
+    def __init__(self, record: Path) -> None:
+        self.record, self.me = record, self
+
+    def __del__(self) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def _collect(worker_id: int) -> None:
+    gc.collect()
+
+
+@pytest.mark.parametrize("path", ["fast", "torch"])
+@pytest.mark.parametrize("frozen_by_the_program", [False, True])
+def test_with_cuda_initialised_the_parents_garbage_is_collected_before_the_fork(
+    imagenet_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    frozen_by_the_program: bool,
+) -> None:
+    """Seen on a GPU machine: a forked worker aborted ("CUDA error: initialization error") when
+    its first collection finalised a CUDA object from garbage the parent had not collected yet.
+    With CUDA initialised, that garbage is collected in the parent before the workers fork, also
+    when the program froze its heap itself (then fastload does not freeze it)."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    record = tmp_path / "finalised.txt"
+    if frozen_by_the_program:
+        gc.freeze()
+    gc.disable()  # the cycle stays garbage until someone collects it
+    try:
+        _Finalised(record)  # unreachable at once, kept alive by its cycle
+        dataset = _fast_dataset(imagenet_root / "val") if path == "fast" else _CollectInWorker()
+        loader = fastload.DataLoader(
+            dataset,
+            batch_size=4 if path == "fast" else None,
+            num_workers=1,
+            multiprocessing_context="fork",
+            worker_init_fn=_collect,
+        )
+        assert loader.fast_path == (path == "fast")
+        assert len(list(loader)) >= 2
+        loader.close()
+    finally:
+        gc.enable()
+        if frozen_by_the_program:
+            gc.unfreeze()
+    assert record.read_text().split() == [str(os.getpid())]  # finalised once, in this process
 
 
 class _FailingProcess(multiprocessing.context.ForkProcess):

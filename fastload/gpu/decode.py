@@ -53,12 +53,13 @@ def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
     return image.to(device)
 
 
-def device_decoder(device: torch.device | str | None) -> str:
+def device_decoder(device: torch.device | str | None, nvimgcodec_usable: bool = True) -> str:
     """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
     log line, ``python -m fastload info``): nvImageCodec where it is usable (see
-    :class:`BatchDecoder`), else what :func:`decode_batch` runs."""
+    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), else what
+    :func:`decode_batch` runs."""
     device = torch.device("cpu") if device is None else torch.device(device)
-    if nvimgcodec.available(device):
+    if nvimgcodec_usable and nvimgcodec.available(device):
         return (
             f"nvImageCodec {nvimgcodec.nvimgcodec_version()} (the hardware JPEG decoder where the GPU has "
             "one, nvJPEG on CUDA otherwise; decoding only the crop of a RandomResizedCrop)"
@@ -180,6 +181,8 @@ class BatchDecoder:
     def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
         self.device = device
         self.region_decoder: nvimgcodec.RegionDecoder | None = None
+        #: Valid JPEGs nvImageCodec returned nothing for, which the CPU decoded instead.
+        self.refused = 0
         if nvimgcodec.available(device):
             try:
                 self.region_decoder = nvimgcodec.RegionDecoder(device, cpu_threads=cpu_threads)
@@ -189,6 +192,11 @@ class BatchDecoder:
                     "torchvision.io.decode_jpeg instead (FASTLOAD_NVIMGCODEC=0 skips nvImageCodec)",
                     stacklevel=2,
                 )
+
+    @property
+    def name(self) -> str:
+        """What this decoder runs, in words (:func:`device_decoder`)."""
+        return device_decoder(self.device, self.region_decoder is not None)
 
     @property
     def regions(self) -> bool:
@@ -221,6 +229,7 @@ class BatchDecoder:
             decoded = region_decoder.decode([raws[k] for k in slots], [wanted[k] for k in slots], stream)
             for k, image in zip(slots, decoded, strict=True):
                 out[k] = image
+        refused = [k for k in slots if out[k] is None]
         for k, image in enumerate(out):
             if image is not None:
                 continue
@@ -232,7 +241,22 @@ class BatchDecoder:
                 top, left, height, width = region
                 full = full[:, top : top + height, left : left + width]
             out[k] = _to_device(full.contiguous(), self.device)
+        self._count_refused(len(refused), len(slots))
         return [t for t in out if t is not None]
+
+    def _count_refused(self, refused: int, asked: int) -> None:
+        """Never a silent slow path: valid JPEGs that nvImageCodec returned nothing for (the CPU
+        decoded them above, one by one) are counted in :attr:`refused`; when it refuses most of a
+        batch, it is given up with one warning, and torchvision's decoder takes the next batches."""
+        self.refused += refused
+        if asked and refused * 2 > asked:
+            self.region_decoder = None
+            warnings.warn(
+                f"nvImageCodec decoded only {asked - refused} of the {asked} JPEGs of a batch that the CPU "
+                f"could decode (its log above says why); fastload decodes with torchvision.io.decode_jpeg "
+                "from the next batch on, as with FASTLOAD_NVIMGCODEC=0",
+                stacklevel=3,
+            )
 
 
 def device_routes(

@@ -16,6 +16,11 @@ What fastload asks of it (:class:`RegionDecoder`):
 - regions: when the device transforms begin with ``gpu.RandomResizedCrop``, each sample's crop box
   is drawn before decoding (from its size in the header columns and ``(seed, epoch, index)``, the
   same box as on a full image) and only that region is decoded; the crop is then resized alone.
+  nvJPEG before 13.2 (CUDA 13.3; torchvision's wheels carry an older one, which the process may
+  load first) refuses region decoding with fancy upsampling unless asked with
+  ``:enable_roi_fancy_upsampling=1``, and may then get the region's outermost pixels wrong: each
+  region is decoded one pixel larger on every side the image has room for (:data:`MARGIN`), and
+  that margin cut off.
 - the decode is queued on the calling thread's CUDA stream (the decoder thread's own); each image
   is copied into torch's memory there (so that the streams that use it can be recorded on it), and
   nvImageCodec's own buffers are let go of once those copies are done (checked a batch later).
@@ -36,7 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RegionDecoder", "available", "nvimgcodec_version", "use_module"]
+__all__ = ["MARGIN", "OPTIONS", "RegionDecoder", "available", "nvimgcodec_version", "use_module"]
+
+#: The decoder's options: libjpeg-turbo's chroma upsampling, also when decoding a region.
+OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
+
+#: Pixels decoded around each region (where the image has them) and then cut off: the region
+#: decode's outermost pixels, which nvJPEG before 13.2 may get wrong with fancy upsampling.
+MARGIN = 1
 
 #: The module :func:`_module` returns instead of ``nvidia.nvimgcodec`` (tests: a CPU stand-in).
 _injected: Any = None
@@ -112,7 +124,7 @@ class RegionDecoder:
                 nv.Backend(kinds.GPU_ONLY),
                 nv.Backend(kinds.HYBRID_CPU_GPU),
             ],
-            options=":fancy_upsampling=1",
+            options=OPTIONS,
         )
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
         self.params = nv.DecodeParams(
@@ -137,26 +149,38 @@ class RegionDecoder:
         """
         nv = self.nv
         sources = []
+        asked: list[tuple[int, int, int, int] | None] = []  # the regions decoded: with their margin
         for data, region in zip(encoded, regions, strict=True):
             array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
             source = nv.CodeStream(array)
             if region is not None:
                 top, left, height, width = region
-                source = source.get_sub_code_stream(region=nv.Region(top, left, top + height, left + width))
+                y0, x0 = max(0, top - MARGIN), max(0, left - MARGIN)
+                y1 = min(int(source.height), top + height + MARGIN)
+                x1 = min(int(source.width), left + width + MARGIN)
+                source = source.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
+                asked.append((y0, x0, y1 - y0, x1 - x0))
+            else:
+                asked.append(None)
             sources.append(source)
         self._release()
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
         cuda = self.device.type == "cuda"
         out: list[torch.Tensor | None] = []
-        for image, region in zip(decoded, regions, strict=True):
+        for image, region, outer in zip(decoded, regions, asked, strict=True):
             if image is None:
                 out.append(None)
                 continue
             view = torch.from_dlpack(image).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
-            if region is not None and tuple(view.shape[1:]) != (region[2], region[3]):
-                top, left, height, width = region  # a backend that ignored the region: cut it here
-                view = view[:, top : top + height, left : left + width]
+            if region is not None and outer is not None:
+                top, left, height, width = region
+                if tuple(view.shape[1:]) == (outer[2], outer[3]):  # the region asked for: cut the margin
+                    view = view[
+                        :, top - outer[0] : top - outer[0] + height, left - outer[1] : left - outer[1] + width
+                    ]
+                else:  # a backend that ignored the region (the whole image): cut the box here
+                    view = view[:, top : top + height, left : left + width]
                 if tuple(view.shape[1:]) != (height, width):
                     out.append(None)  # not what was asked: the CPU decodes it
                     continue
