@@ -272,6 +272,7 @@ class HybridPass(EncodedPass):
             )
             self.generation = self.cpu.generation
         self._held: tuple[Any, Any] | None = None  # (copy event, the CPU share it reads)
+        self._handed: tuple[int, float] | None = None  # (images, when) of the last batch handed out
 
     def _device_indices(self, k: int) -> np.ndarray:
         return self.batches[k][: self.shares.device_count(k)]
@@ -354,6 +355,17 @@ class HybridPass(EncodedPass):
         if self.rest is not None:
             images = apply_transform(self.rest, images, indices, self.epoch, self.seed)
         return IndexedBatch(images, labels, order)
+
+    def __next__(self) -> IndexedBatch:
+        """The next batch; the loop's own time since the last one (not its waiting here) is its
+        demand, which the split follows (:class:`fastload.gpu.hybrid.HybridSplit`)."""
+        called = time.perf_counter()
+        last = self._handed
+        if last is not None:
+            self.split.record_demand(last[0], called - last[1])
+        batch = super().__next__()
+        self._handed = (len(batch[1]), time.perf_counter())
+        return batch
 
     def close(self) -> None:
         super().close()

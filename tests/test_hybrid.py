@@ -356,6 +356,38 @@ def test_the_split_moves_to_the_device_when_the_cpu_workers_are_slow(
     assert shares[0] == 0.5 and np.mean(shares[-6:]) < 0.2, shares
 
 
+def test_a_loop_the_cpu_workers_keep_fed_gets_its_batches_from_them(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device decodes only what the CPU cannot (its decoding takes the model's GPU time): with
+    workers slower than the device's decoder, a fast loop gets most of each batch from the device,
+    a slow loop (a long model step) that the workers keep fed gets them from the workers."""
+    real_plan = DeviceHead._plan
+
+    def slow_plan(self: Any, plan: Any, sample_rng: Any) -> None:
+        time.sleep(0.02)  # slowed CPU workers (two threads): about 100 images/s together
+        real_plan(self, plan, sample_rng)
+
+    monkeypatch.setattr(fastload.gpu.hybrid.DeviceHead, "_plan", slow_plan)
+
+    def shares(step_seconds: float) -> tuple[list[float], HybridSplit]:
+        loader = _hybrid(imagenet_root, None, worker_type="thread")
+        for _ in range(3):
+            for _batch in loader:
+                time.sleep(step_seconds)  # the model's step
+        loader.close()
+        assert loader.hybrid is not None
+        return loader.hybrid.decisions, loader.hybrid
+
+    fast, fast_split = shares(0.0)
+    slow, slow_split = shares(0.12)  # 4 images per 0.12 s: the loop takes about 33 images/s
+    assert slow_split.demand is not None and 20 < slow_split.demand < 40, slow_split
+    assert fast_split.demand is not None and fast_split.demand > 10 * slow_split.demand
+    assert np.mean(fast[-8:]) < 0.5, (fast, fast_split)  # the rates' balance: mostly the device
+    assert np.mean(slow[-8:]) > 0.8, (slow, slow_split)  # the workers keep up: the CPU, a probe aside
+    assert "the loop takes" in repr(slow_split)
+
+
 def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
     split = HybridSplit()
     assert split.cpu_images(256, workers=4) == 128  # nothing measured: half each
@@ -375,6 +407,18 @@ def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
     assert sum(ones) == 20 and even.decisions[-40:] == [float(k) for k in ones]
     fixed = HybridSplit(cpu_share=0.3)
     assert [fixed.cpu_images(10, workers=2) for _ in range(3)] == [3, 3, 3]  # fixed: every batch alike
+    # The loop's demand: the CPU takes what it supplies of it (with 10 % headroom), never less than
+    # the balanced split; all of it where it supplies enough.
+    loop = HybridSplit()
+    loop.record_cpu(64, 0.1, workers=4)  # 2,560 images/s
+    loop.record_device(256, 256 / 7680)  # 7,680 images/s: balanced, the CPU's share is 0.25
+    assert loop.share() == pytest.approx(0.25)
+    loop.record_demand(256, 256 / 2000)  # the loop takes 2,000 images/s: the CPU supplies them
+    assert loop.share() == 1.0
+    loop.demand = 5000.0
+    assert loop.share() == pytest.approx(2560 / 5500)  # the device makes up the rest
+    loop.demand = 20000.0  # more than both supply: the fastest split, the balanced one
+    assert loop.share() == pytest.approx(0.25)
 
 
 def test_the_loader_names_the_hybrid_decoder(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -18,13 +18,24 @@ epoch, index)``). So a sample gets the same box and flip whichever side decodes 
 does not depend on the split except for the decoders' pixels (reduced-size decoding and PIL's
 resample on the CPU, full decoding and torch's antialiased resize on the device: a few levels).
 
-The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch, so that
-neither waits for the other: the CPU's share is ``cpu_rate / (cpu_rate + device_rate)``, where
-``cpu_rate`` is what all the workers decode per second (from each worker's time per task) and
-``device_rate`` what the decoder thread decodes and crops per second (from its wall time, up to
-the decode's event). A side measured too slow to take one image of a batch gets none (the split
-is then all-CPU or all-device), and one image every :attr:`HybridSplit.probe_every` batches so
-that a change is noticed. Without workers (``num_workers=0``) every image goes to the device.
+The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch. The
+device decodes only what the CPU cannot: its decoding and cropping run on the GPU beside the
+model, and take the model's time there. So the CPU's share is the larger of
+
+- ``cpu_rate / (demand * headroom)``: as much as the workers supply of what the training loop
+  takes (``demand``: images per second the loop takes batches at, from its own time between two
+  ``next()`` calls, the waiting left out; ``headroom`` 1.1), up to all of it, and
+- ``cpu_rate / (cpu_rate + device_rate)``: the split at which neither side waits for the other,
+  the fastest the two give together (where the loop takes more than both supply, or its demand is
+  not known: a loop that only queues work on the GPU and returns at once asks for everything),
+
+where ``cpu_rate`` is what all the workers decode per second (from each worker's time per task)
+and ``device_rate`` what the decoder thread decodes and crops per second (from its wall time, up
+to the decode's event). So a model the workers alone keep fed (on an H200 with 14 workers,
+fastload's CPU pipeline keeps a ResNet-50 98 % busy) gets its batches from the CPU, and a faster
+one the rest from the device. A side measured too slow to take one image of a batch gets none
+(the split is then all-CPU or all-device), and one image every :attr:`HybridSplit.probe_every`
+batches so that a change is noticed. Without workers (``num_workers=0``) every image goes to the device.
 ``loader.hybrid.cpu_share = 0.5`` fixes the split (the batches are then bit for bit repeatable,
 also across a resume); ``None`` makes it adaptive again.
 """
@@ -178,17 +189,22 @@ class HybridSplit:
     Attributes:
         cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
         device_rate: Images per second the device side decodes and crops (``None`` until measured).
+        demand: Images per second the training loop takes (``None`` until measured).
+        headroom: The CPU side alone is trusted with a batch when it supplies this many times the
+            demand.
         probe_every: A side that gets no image is given one every this many batches.
     """
 
     #: Weight of a new measurement in the running rates.
     smoothing = 0.3
     probe_every = 16
+    headroom = 1.1
 
     def __init__(self, cpu_share: float | None = None) -> None:
         self.cpu_share = cpu_share
         self.cpu_rate: float | None = None
         self.device_rate: float | None = None
+        self.demand: float | None = None
         self.decided = 0
         self._decisions: collections.deque[float] = collections.deque(maxlen=1000)
         self._carry = 0.0  # the adaptive split's rounding error, carried to the next batch
@@ -218,7 +234,10 @@ class HybridSplit:
         cpu, device = self.cpu_rate, self.device_rate
         if cpu is None or device is None:
             return 0.5  # nothing measured yet: half each, then follow the rates
-        return cpu / (cpu + device) if cpu + device > 0 else 0.5
+        balanced = cpu / (cpu + device) if cpu + device > 0 else 0.5
+        if not self.demand:
+            return balanced
+        return max(balanced, min(1.0, cpu / (self.demand * self.headroom)))
 
     def cpu_images(self, n: int, workers: int) -> int:
         """How many of a batch of ``n`` the CPU decodes (``workers``: CPU workers there are)."""
@@ -254,6 +273,12 @@ class HybridSplit:
         with self._lock:
             self.device_rate = self._update(self.device_rate, images, seconds)
 
+    def record_demand(self, images: int, seconds: float) -> None:
+        """The training loop spent ``seconds`` on a batch of ``images`` between two ``next()``
+        calls (its own work, not the waiting for the batch)."""
+        with self._lock:
+            self.demand = self._update(self.demand, images, seconds)
+
     def __repr__(self) -> str:
         def rate(r: float | None) -> str:
             return "not measured" if r is None else f"{r:,.0f} images/s"
@@ -261,5 +286,5 @@ class HybridSplit:
         mode = "adaptive" if self._cpu_share is None else f"fixed at {self._cpu_share:g}"
         return (
             f"HybridSplit({mode}: CPU share {self.share():.2f}; CPU {rate(self.cpu_rate)}, "
-            f"device {rate(self.device_rate)})"
+            f"device {rate(self.device_rate)}; the loop takes {rate(self.demand)})"
         )
