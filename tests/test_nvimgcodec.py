@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,18 @@ from PIL import Image
 import fastload
 from fastload import gpu
 from fastload.gpu import nvimgcodec
-from fastload.gpu.decode import BatchDecoder, device_decoder
+from fastload.gpu.decode import GIVE_UP_AFTER, BatchDecoder, device_decoder
 
 
 @pytest.fixture
 def stand_in() -> Iterator[Any]:
     fake.Decoder.made.clear()
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
+    fake.Decoder.refuse_every = 0
     with nvimgcodec.use_module(fake):
         yield fake
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
+    fake.Decoder.refuse_every = 0
 
 
 def _pipeline() -> gpu.Compose:
@@ -101,8 +104,9 @@ def test_a_decoder_that_refuses_most_of_a_batch_is_given_up_with_one_warning(
     imagenet_root: Path, stand_in: Any
 ) -> None:
     """Never a silent slow path: where nvImageCodec returns nothing for valid JPEGs (as nvJPEG
-    before 13.2 does for regions with fancy upsampling unless enabled), the CPU decodes that batch,
-    one warning says so, and torchvision's decoder takes the next batches: the same batches."""
+    before 13.2 does for regions with fancy upsampling unless enabled), the CPU decodes them, and
+    once it has refused most of 16 or more, one warning says so and torchvision's decoder takes the
+    next batches: the same batches. One refused file among many is decoded on the CPU, no more."""
     with nvimgcodec.use_module(None):
         reference = _take(_loader(imagenet_root))
     stand_in.Decoder.refuse_all = True
@@ -111,10 +115,20 @@ def test_a_decoder_that_refuses_most_of_a_batch_is_given_up_with_one_warning(
         got = _take(loader)
     assert len([w for w in caught if "nvImageCodec decoded only" in str(w.message)]) == 1
     (decoder,) = stand_in.Decoder.made
-    assert len(decoder.calls) == 1  # the first batch only
-    assert loader._decoder.refused == len(decoder.calls[0]) and not loader._decoder.regions
+    given = np.cumsum([len(call) for call in decoder.calls])  # batches of 4: given up after 16 JPEGs
+    assert given[-1] >= GIVE_UP_AFTER > given[-2] and len(decoder.calls) < len(got)
+    assert loader._decoder.refused == loader._decoder.asked == given[-1] and not loader._decoder.regions
     assert "torchvision.io.decode_jpeg" in loader.decoder and not loader.decoder.startswith("nvImageCodec")
     for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(y, ry) and (x - rx).abs().max() <= 1.0
+    stand_in.Decoder.refuse_all = False
+    stand_in.Decoder.refuse_every = 5  # an odd file now and then
+    kept = _loader(imagenet_root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no give-up warning
+        again = _take(kept)
+    assert 0 < kept._decoder.refused < kept._decoder.asked / 2 and kept._decoder.regions
+    for (x, y), (rx, ry) in zip(again, reference, strict=True):
         assert torch.equal(y, ry) and (x - rx).abs().max() <= 1.0
 
 

@@ -167,6 +167,10 @@ class Headers:
         return (self.route[indices] == ROUTE_DEVICE).tolist()
 
 
+#: nvImageCodec is given up when it has refused most of the first this many JPEGs or more.
+GIVE_UP_AFTER = 16
+
+
 class BatchDecoder:
     """What a device path's decoder thread decodes each batch with: nvImageCodec where it is
     usable (:mod:`fastload.gpu.nvimgcodec`: the hardware decoder, regions), else
@@ -181,8 +185,9 @@ class BatchDecoder:
     def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
         self.device = device
         self.region_decoder: nvimgcodec.RegionDecoder | None = None
-        #: Valid JPEGs nvImageCodec returned nothing for, which the CPU decoded instead.
-        self.refused = 0
+        #: Valid JPEGs nvImageCodec returned nothing for, which the CPU decoded instead, of those
+        #: it was given.
+        self.refused = self.asked = 0
         if nvimgcodec.available(device):
             try:
                 self.region_decoder = nvimgcodec.RegionDecoder(device, cpu_threads=cpu_threads)
@@ -246,15 +251,17 @@ class BatchDecoder:
 
     def _count_refused(self, refused: int, asked: int) -> None:
         """Never a silent slow path: valid JPEGs that nvImageCodec returned nothing for (the CPU
-        decoded them above, one by one) are counted in :attr:`refused`; when it refuses most of a
-        batch, it is given up with one warning, and torchvision's decoder takes the next batches."""
+        decoded them above, one by one) are counted in :attr:`refused`; when it has refused most of
+        the first :data:`GIVE_UP_AFTER` or more it was given, it is given up with one warning, and
+        torchvision's decoder takes the next batches (an odd file now and then is not a reason)."""
         self.refused += refused
-        if asked and refused * 2 > asked:
+        self.asked += asked
+        if self.asked >= GIVE_UP_AFTER and self.refused * 2 > self.asked:
             self.region_decoder = None
             warnings.warn(
-                f"nvImageCodec decoded only {asked - refused} of the {asked} JPEGs of a batch that the CPU "
-                f"could decode (its log above says why); fastload decodes with torchvision.io.decode_jpeg "
-                "from the next batch on, as with FASTLOAD_NVIMGCODEC=0",
+                f"nvImageCodec decoded only {self.asked - self.refused} of the {self.asked} JPEGs it was "
+                "given that the CPU could decode (its log above says why); fastload decodes with "
+                "torchvision.io.decode_jpeg from the next batch on, as with FASTLOAD_NVIMGCODEC=0",
                 stacklevel=3,
             )
 
