@@ -869,10 +869,11 @@ def run_model(
                         on_step=bar.update,
                         cpu_seconds=cpu,
                     )
+                    decoder = getattr(loader, "decoder", None)  # after the run: a decoder given up shows
                 finally:
                     shutdown(loader)
                     del loader
-            rows.append(record(name, w, result, warmup, steps))
+            rows.append({**record(name, w, result, warmup, steps), "decoder": decoder})
         with _bar(progress, total, f"{model} ceiling (after)") as bar:
             resident = resident_batches(config.batch_size, classes, device)
             after = time_steps(
@@ -935,6 +936,9 @@ def _main_model(
     except ValueError as e:
         return _error(str(e))
     print(format_model_table(records))
+    for r in records:
+        if r.get("decoder") and r["backend"] in ("device-decode", "hybrid"):
+            print(f"{r['backend']} decoded with {r['decoder']}")
     print()
     print("rows: ceiling, host ceiling (on a GPU), then each backend (--help lists them)")
     print("columns:")
