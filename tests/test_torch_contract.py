@@ -45,6 +45,9 @@ class _Range(torch.utils.data.Dataset[Any]):
             return f"sample-{i}"
         if self.kind == "nested":
             return torch.nested.nested_tensor([torch.ones(i % 3 + 1)]).unbind()[0]
+        if self.kind == "all":  # every structure above but the nested tensor, in one sample
+            kinds = ("tuple", "dict", "namedtuple", "numpy", "str")
+            return {kind: _Range(self.n, kind)[i] for kind in kinds}
         return x, i
 
 
@@ -167,8 +170,16 @@ def test_errors_inside_a_pass_like_torch(workers: int) -> None:
     assert all(_same(a, b) for a, b in zip(ours[0], theirs[0], strict=True))
 
 
-@pytest.mark.parametrize("kind", ["tuple", "dict", "namedtuple", "numpy", "str", "nested"])
-@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+_KINDS = ["tuple", "dict", "namedtuple", "numpy", "str", "nested"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "ctx"),
+    # each structure with forked workers; the start method is another question (the dataset and
+    # the batches cross a fresh interpreter), asked with every structure in one sample
+    [(kind, "fork") for kind in _KINDS]
+    + [(kind, ctx) for ctx in ("spawn", "forkserver") for kind in ("all", "nested")],
+)
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # torch's prototype notice
 def test_batches_of_every_structure(kind: str, ctx: str) -> None:
     collate = _nested_collate if kind == "nested" else None
