@@ -360,7 +360,7 @@ class HybridPass(EncodedPass):
         """The next batch; the loop's own time since the last one (not its waiting here) is its
         demand, which the split follows (:class:`fastload.gpu.hybrid.HybridSplit`)."""
         called = time.perf_counter()
-        last = self._handed
+        last, self._handed = self._handed, None  # a batch that raises is no sample of the loop's time
         if last is not None:
             self.split.record_demand(last[0], called - last[1])
         batch = super().__next__()

@@ -938,7 +938,7 @@ def _main_model(
     print(format_model_table(records))
     for r in records:
         if r.get("decoder") and r["backend"] in ("device-decode", "hybrid"):
-            print(f"{r['backend']} decoded with {r['decoder']}")
+            print(f"{r['backend']} ({r['num_workers']} workers) decoded with {r['decoder']}")
     print()
     print("rows: ceiling, host ceiling (on a GPU), then each backend (--help lists them)")
     print("columns:")

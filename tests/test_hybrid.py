@@ -419,6 +419,13 @@ def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
     assert loop.share() == pytest.approx(2560 / 5500)  # the device makes up the rest
     loop.demand = 20000.0  # more than both supply: the fastest split, the balanced one
     assert loop.share() == pytest.approx(0.25)
+    # A loop that synchronises every 4th step (loss.item() every 4 steps): three quick returns, one
+    # long wait. Its demand is the images over the seconds, not an average of per-step rates.
+    uneven = HybridSplit()
+    for _ in range(10):
+        for seconds in (0.0001, 0.0001, 0.0001, 0.4797):
+            uneven.record_demand(4, seconds)
+    assert uneven.demand == pytest.approx(16 / 0.48)
 
 
 def test_the_loader_names_the_hybrid_decoder(imagenet_root: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -155,6 +155,11 @@ def test_what_the_region_decoder_refuses_is_decoded_on_the_cpu_and_cropped(stand
     assert torch.equal(out[0], whole[0][:, 3:23, 4:34]) and torch.equal(out[1], whole[1][:, 5:15, 6:18])
     with pytest.raises(fastload.DecodeError, match="'broken'"):
         decoder.decode([files[0], b"\xff\xd8 not a jpeg"], ["fine", "'broken'"], [True, False], [None, None])
+    # Regions asked of a decoder given up meanwhile (by a pass left behind, in its own thread):
+    # torchvision's decoder decodes the images whole and they are cut to their regions.
+    decoder.region_decoder = None
+    out = decoder.decode(files, ["a", "b"], [True, True], [(3, 4, 20, 30), None])
+    assert torch.equal(out[0], whole[0][:, 3:23, 4:34]) and torch.equal(out[1], whole[1])
 
 
 def test_hybrid_decodes_the_device_share_by_region(imagenet_root: Path, stand_in: Any) -> None:
@@ -226,10 +231,9 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
         if header is None:  # PNG, CMYK: the CPU's
             continue
         width, height, _ = header
-        top, left = (
-            (height // 5, width // 7) if i % 2 else (0, width - width // 2)
-        )  # odd: inside; even: at an edge
         h, w = height // 2, width // 2
+        # inside the image, or touching its top and left, bottom and right, top and right edges
+        top, left = [(height // 5, width // 7), (0, 0), (height - h, width - w), (0, width - w)][i % 4]
         full = decode_jpeg_region(data, 0, 0, width, height)
         assert full is not None
         files.append(data)
@@ -245,11 +249,9 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
         ref = full[top : top + h, left : left + w]
         assert got.shape == ref.shape
         diff = (got - ref).abs().float()
-        ring = torch.cat([diff[0], diff[-1], diff[:, 0], diff[:, -1]])
         mean = float(diff.mean())
-        assert mean <= 1.0 and float(ring.mean()) <= 2.0, (
-            f"mean {mean:.2f}, outermost {float(ring.mean()):.2f}"
-        )
+        sides = [float(side.mean()) for side in (diff[0], diff[-1], diff[:, 0], diff[:, -1])]
+        assert mean <= 1.0 and max(sides) <= 2.0, f"mean {mean:.2f}, outermost rows/columns {sides}"
         y, x = min(top + 1, full.shape[0] - h), min(left + 1, full.shape[1] - w)
         shifted = (
             full[y : y + h, x : x + w]

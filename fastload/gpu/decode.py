@@ -8,6 +8,7 @@ and coding (:class:`Headers`; :func:`device_routes` for a bare routes column), a
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -188,6 +189,7 @@ class BatchDecoder:
         #: Valid JPEGs nvImageCodec returned nothing for, which the CPU decoded instead, of those
         #: it was given.
         self.refused = self.asked = 0
+        self._count_lock = threading.Lock()
         if nvimgcodec.available(device):
             try:
                 self.region_decoder = nvimgcodec.RegionDecoder(device, cpu_threads=cpu_threads)
@@ -223,9 +225,14 @@ class BatchDecoder:
         """
         region_decoder = self.region_decoder
         if region_decoder is None:
-            if regions is not None and any(r is not None for r in regions):
-                raise ValueError("regions need a region decoder (nvImageCodec): see BatchDecoder.regions")
-            return decode_batch(encoded, self.device, names, on_device=on_device)
+            images = decode_batch(encoded, self.device, names, on_device=on_device)
+            if regions is None:
+                return images
+            # regions asked of a decoder given up meanwhile (by another pass's thread): cut them
+            return [
+                image if r is None else image[:, r[0] : r[0] + r[2], r[1] : r[1] + r[3]]
+                for image, r in zip(images, regions, strict=True)
+            ]
         wanted = regions if regions is not None else [None] * len(encoded)
         raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
         out: list[torch.Tensor | None] = [None] * len(encoded)
@@ -254,10 +261,14 @@ class BatchDecoder:
         decoded them above, one by one) are counted in :attr:`refused`; when it has refused most of
         the first :data:`GIVE_UP_AFTER` or more it was given, it is given up with one warning, and
         torchvision's decoder takes the next batches (an odd file now and then is not a reason)."""
-        self.refused += refused
-        self.asked += asked
-        if self.asked >= GIVE_UP_AFTER and self.refused * 2 > self.asked:
+        with self._count_lock:  # a pass left behind may still decode in its own thread
+            self.refused += refused
+            self.asked += asked
+            region_decoder = self.region_decoder
+            if region_decoder is None or self.asked < GIVE_UP_AFTER or self.refused * 2 <= self.asked:
+                return
             self.region_decoder = None
+            region_decoder._release()  # its last images are let go of once the copies out of them are done
             warnings.warn(
                 f"nvImageCodec decoded only {self.asked - self.refused} of the {self.asked} JPEGs it was "
                 "given that the CPU could decode (its log above says why); fastload decodes with "

@@ -24,7 +24,8 @@ model, and take the model's time there. So the CPU's share is the larger of
 
 - ``cpu_rate / (demand * headroom)``: as much as the workers supply of what the training loop
   takes (``demand``: images per second the loop takes batches at, from its own time between two
-  ``next()`` calls, the waiting left out; ``headroom`` 1.1), up to all of it, and
+  ``next()`` calls over its last 32 batches, the waiting left out; ``headroom`` 1.1), up to all
+  of it, and
 - ``cpu_rate / (cpu_rate + device_rate)``: the split at which neither side waits for the other,
   the fastest the two give together (where the loop takes more than both supply, or its demand is
   not known: a loop that only queues work on the GPU and returns at once asks for everything),
@@ -189,7 +190,8 @@ class HybridSplit:
     Attributes:
         cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
         device_rate: Images per second the device side decodes and crops (``None`` until measured).
-        demand: Images per second the training loop takes (``None`` until measured).
+        demand: Images per second the training loop takes, over its last ``demand_window``
+            batches (``None`` until measured).
         headroom: The CPU side alone is trusted with a batch when it supplies this many times the
             demand.
         probe_every: A side that gets no image is given one every this many batches.
@@ -199,12 +201,15 @@ class HybridSplit:
     smoothing = 0.3
     probe_every = 16
     headroom = 1.1
+    #: The loop's demand is measured over this many batches.
+    demand_window = 32
 
     def __init__(self, cpu_share: float | None = None) -> None:
         self.cpu_share = cpu_share
         self.cpu_rate: float | None = None
         self.device_rate: float | None = None
         self.demand: float | None = None
+        self._steps: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.demand_window)
         self.decided = 0
         self._decisions: collections.deque[float] = collections.deque(maxlen=1000)
         self._carry = 0.0  # the adaptive split's rounding error, carried to the next batch
@@ -275,9 +280,20 @@ class HybridSplit:
 
     def record_demand(self, images: int, seconds: float) -> None:
         """The training loop spent ``seconds`` on a batch of ``images`` between two ``next()``
-        calls (its own work, not the waiting for the batch)."""
+        calls (its own work, not the waiting for the batch).
+
+        The demand is the images over the seconds of the last :attr:`demand_window` batches, not
+        an average of per-batch rates: a loop that synchronises only every few steps (``loss.item()``
+        every N steps, gradient accumulation) returns at once from most of them and waits long in
+        one, and an average of rates would be ruled by the quick ones.
+        """
+        if images <= 0 or seconds < 0:
+            return
         with self._lock:
-            self.demand = self._update(self.demand, images, seconds)
+            self._steps.append((images, seconds))
+            total = sum(t for _, t in self._steps)
+            if total > 0:
+                self.demand = sum(n for n, _ in self._steps) / total
 
     def __repr__(self) -> str:
         def rate(r: float | None) -> str:
