@@ -307,6 +307,9 @@ def test_a_corrupt_image_is_named_by_its_batch_on_either_side(tmp_path: Path) ->
     assert files[3].name in outcomes[1] and files[4].name in outcomes[2]
     with pytest.raises(StopIteration):
         next(it)
+    # The loop's demand is sampled only between two batches it got: not across a batch that raised
+    samples = [n for n, _ in loader.hybrid._steps]
+    assert samples == [2, 2, 2], samples  # after batches 0, 3 and 4 (the last: the StopIteration call)
     loader.close()
 
 

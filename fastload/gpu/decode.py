@@ -268,7 +268,7 @@ class BatchDecoder:
             if region_decoder is None or self.asked < GIVE_UP_AFTER or self.refused * 2 <= self.asked:
                 return
             self.region_decoder = None
-            region_decoder._release()  # its last images are let go of once the copies out of them are done
+            region_decoder.release()  # its last images are let go of once the copies out of them are done
             warnings.warn(
                 f"nvImageCodec decoded only {self.asked - self.refused} of the {self.asked} JPEGs it was "
                 "given that the CPU could decode (its log above says why); fastload decodes with "

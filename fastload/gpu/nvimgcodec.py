@@ -163,7 +163,7 @@ class RegionDecoder:
             else:
                 asked.append(None)
             sources.append(source)
-        self._release()
+        self.release()
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
         cuda = self.device.type == "cuda"
@@ -193,8 +193,9 @@ class RegionDecoder:
             self._held = (event, decoded)  # nvImageCodec's images live until the copies are done
         return out
 
-    def _release(self) -> None:
-        """Lets go of the last call's nvImageCodec images once the copies out of them are done."""
+    def release(self) -> None:
+        """Lets go of the last call's nvImageCodec images once the copies out of them are done
+        (the next :meth:`decode` does it itself; call it before dropping the decoder)."""
         held, self._held = self._held, None
         if held is not None:  # pragma: no cover - needs CUDA
             held[0].synchronize()  # only the decoder thread waits, a batch later
