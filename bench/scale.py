@@ -3,13 +3,14 @@
 Usage::
 
     python bench/scale.py [--files 1281167] [--batches 400] [--workers 2] [--batch-size 256]
-                          [--size 224] [--recognised] [--no-spawn] [--tree-parent DIR] [--json PATH]
+                          [--size 224] [--recognised] [--no-spawn] [--pipelines torch,swap]
+                          [--tree-parent DIR] [--json PATH]
 
 1. A tree shaped like ImageNet train (``--files`` JPEGs over 1,000 class folders, all hard links to
    a few small real JPEGs: :func:`fastload.synthetic.make_linked_tree`) is built in a temporary
    folder (timed) and deleted at the end.
-2. Four pipelines, each in a fresh process, with ``--workers`` process workers (fork), batches of
-   ``--batch-size``, shuffled, for ``--batches`` batches:
+2. Four pipelines (or those ``--pipelines`` names), each in a fresh process, with ``--workers``
+   process workers (fork), batches of ``--batch-size``, shuffled, for ``--batches`` batches:
 
    =========  ===========================================================================
    torch      ``torch.utils.data.DataLoader`` + torchvision ``ImageFolder`` + torchvision transforms
@@ -343,14 +344,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         build = time.perf_counter() - t0
         print(f"tree of {args.files} files (hard links to real JPEGs) built in {build:.1f} s", flush=True)
         fork: dict[str, Any] = {}
-        for name in PIPELINES:
+        for name in args.pipelines:
             fork[name] = _run_child(args, name, "fork", split, args.batches)
             print(f"  {name}: fork run done", flush=True)
         starts: dict[str, dict[str, Any]] = {}
         if not args.no_spawn:
             for method in START_METHODS:
                 starts[method] = {}
-                for name in PIPELINES:
+                for name in args.pipelines:
                     starts[method][name] = _run_child(args, name, method, split, 1)
                     print(f"  {name}: {method} run done", flush=True)
     finally:
@@ -371,16 +372,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    from fastload.synthetic import IMAGENET_TRAIN_FILES
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--files", type=int, default=IMAGENET_TRAIN_FILES, help="files in the tree")
+    p.add_argument(
+        "--files", type=int, default=None, help="files in the tree (default: ImageNet's 1,281,167)"
+    )
     p.add_argument("--batches", type=int, default=400, help="batches per pipeline (fork runs)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--size", type=int, default=224, help="output size of the crop")
     p.add_argument("--recognised", action="store_true", help="torchvision pipeline without the Lambda")
     p.add_argument("--no-spawn", action="store_true", help="skip the spawn and forkserver start-up runs")
+    p.add_argument(
+        "--pipelines",
+        default=",".join(PIPELINES),
+        help=f"comma-separated, of {', '.join(PIPELINES)} (default: all)",
+    )
     p.add_argument("--tree-parent", default=None, help="folder to build the tree in (default: the temp dir)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--_child", nargs=3, metavar=("PIPELINE", "METHOD", "SPLIT"), help=argparse.SUPPRESS)
@@ -392,6 +398,14 @@ def main() -> None:
         )
         print(json.dumps(record))
         return
+    args.pipelines = [name.strip() for name in args.pipelines.split(",") if name.strip()]
+    unknown = sorted(set(args.pipelines) - set(PIPELINES))
+    if unknown or not args.pipelines:
+        p.error(f"--pipelines: {', '.join(unknown) or 'none given'}; choose from {', '.join(PIPELINES)}")
+    if args.files is None:
+        from fastload.synthetic import IMAGENET_TRAIN_FILES
+
+        args.files = IMAGENET_TRAIN_FILES
     if args.batches < 1 or args.files < args.batch_size:
         p.error("--batches must be >= 1 and --files at least --batch-size")
     result = run(args)

@@ -1,9 +1,13 @@
 """Loads two epochs through each path and prints a JSON line of what it got (run by
 ``tests/test_shm.py``, also inside a private mount namespace whose ``/dev/shm`` is a small tmpfs).
 
-Usage: ``python tests/_shm_run.py ROOT METHOD BATCH SIZE [torch]``: the synthetic tree at ROOT,
-multiprocessing start METHOD, batches of BATCH float32 images of SIZE px, 2 workers; ``torch``:
-torch's own DataLoader on the fast path's pipeline instead (the control, which fails there).
+Usage: ``python tests/_shm_run.py ROOT METHOD BATCH SIZE [torch | file_system | CASE,CASE...]``:
+the synthetic tree at ROOT, multiprocessing start METHOD, batches of BATCH float32 images of SIZE
+px, 2 workers; ``torch``: torch's own DataLoader on the fast path's pipeline instead (the control,
+which fails there); a list of case names: only those cases.
+
+torchvision is imported in ``main()``: spawned workers re-import this script, and those of the
+case without torchvision's classes then do not pay its import.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ import sys
 from typing import Any
 
 import torch
-import torchvision
-from torchvision import transforms as v1
 
 import fastload
 
@@ -50,12 +52,6 @@ def _digest(loader: Any) -> list[list[float]]:
 
 def main() -> None:
     root, method, batch, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    train = f"{root}/train"
-    norm = v1.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    fast = v1.Compose([v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ToTensor(), norm])
-    head = v1.Compose(
-        [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3), v1.ToTensor(), norm]
-    )
     common: dict[str, Any] = {"batch_size": batch, "num_workers": 2, "multiprocessing_context": method}
     if sys.argv[5:] == ["file_system"]:  # torch's sharing by name: fastload cannot use memfds
         torch.multiprocessing.set_sharing_strategy("file_system")
@@ -67,6 +63,15 @@ def main() -> None:
             return
         print(json.dumps({"error": None}))
         return
+    import torchvision
+    from torchvision import transforms as v1
+
+    train = f"{root}/train"
+    norm = v1.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    fast = v1.Compose([v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ToTensor(), norm])
+    head = v1.Compose(
+        [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3), v1.ToTensor(), norm]
+    )
     if sys.argv[5:] == ["torch"]:
         loader: Any = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(train, fast), **common)
         print(json.dumps({"torch": _digest(loader)}))
@@ -79,6 +84,10 @@ def main() -> None:
         ),
         "torch": fastload.DataLoader(_Tensors(2 * batch + 3, size), **common),
     }
+    if sys.argv[5:]:
+        chosen = sys.argv[5].split(",")
+        for name in set(cases) - set(chosen):
+            cases.pop(name).close()
     result: dict[str, Any] = {}
     for name, loader in cases.items():
         torch.manual_seed(0)  # the head path's jitter: torch's worker seeds

@@ -61,22 +61,25 @@ def reference(imagenet_root: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+PATHS = {"fast": "fast", "head": "head-accelerated", "head+collate": "head-accelerated", "torch": "torch"}
+
+
+@pytest.mark.parametrize(
+    ("method", "cases"), [("fork", tuple(PATHS)), ("spawn", ("fast", "head+collate", "torch"))]
+)
 def test_every_path_runs_two_epochs_in_a_small_dev_shm(
-    imagenet_root: Path, small_shm: None, reference: dict[str, Any], method: str
+    imagenet_root: Path, small_shm: None, reference: dict[str, Any], method: str, cases: tuple[str, ...]
 ) -> None:
     """The fast path, head acceleration (default_collate and a user collate_fn) and torch's
-    iterator inside fastload.DataLoader: the same batches as with a large /dev/shm."""
-    done = _run(imagenet_root, method, small=True)
+    iterator inside fastload.DataLoader: the same batches as with a large /dev/shm. With spawn
+    (new workers each of the two epochs, each importing torch and torchvision: about 7 s a case
+    here) the head path with default_collate is left out: it reaches the ring as the one with a
+    collate_fn does; what spawn changes is how workers attach to the memory, the same on every path."""
+    done = _run(imagenet_root, method, True, ",".join(cases))
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {name: r["path"] for name, r in got.items()} == {
-        "fast": "fast",
-        "head": "head-accelerated",
-        "head+collate": "head-accelerated",
-        "torch": "torch",
-    }
-    assert got == reference
+    assert {name: r["path"] for name, r in got.items()} == {name: PATHS[name] for name in cases}
+    assert got == {name: reference[name] for name in cases}
 
 
 def test_torchs_own_loader_fails_there(imagenet_root: Path, small_shm: None) -> None:
