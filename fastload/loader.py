@@ -94,6 +94,7 @@ from ._worker import (
     frozen_heap,
     reporting_context,
     ship_dataset,
+    start_method,
 )
 from .device import auto_num_workers, available_cpus, cuda_available
 from .distributed import get_rank, get_world_size
@@ -284,6 +285,17 @@ class _HostIterator:
         return next(self.source)
 
 
+def _pickling_error(error: BaseException) -> bool:
+    """Whether ``error`` says that something could not be pickled (what a spawn or forkserver
+    worker is sent): ``pickle.PicklingError``, or the ``AttributeError`` / ``TypeError`` pickle
+    raises for a local class or an object without pickle support."""
+    import pickle
+
+    if isinstance(error, pickle.PicklingError):
+        return True
+    return isinstance(error, (AttributeError, TypeError)) and "pickle" in str(error).lower()
+
+
 class DataLoaderIterator:
     """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
 
@@ -342,13 +354,30 @@ class DataLoaderIterator:
             elif loader.fast_path:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
-                source = FastPass(loader, engine, self.epoch, start, self.seed)
+                try:
+                    source = FastPass(loader, engine, self.epoch, start, self.seed)
+                except Exception as e:
+                    if not (loader._auto_workers and _pickling_error(e)):
+                        raise
+                    loader._give_up_workers(e)
+                    source = FastPass(loader, engine, self.epoch, start, self.seed)
                 self._generation = source.generation
             else:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
                 rng_state = torch.get_rng_state() if loader._auto_workers else None
-                torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
+                try:
+                    with warnings.catch_warnings():
+                        if loader._auto_workers:  # torch's notice of it: the fallback below says more
+                            warnings.filterwarnings("ignore", message="Got pickle error when attempting")
+                        torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
+                except Exception as e:
+                    if not (loader._auto_workers and _pickling_error(e)):
+                        raise
+                    loader._give_up_workers(e)
+                    if rng_state is not None:
+                        torch.set_rng_state(rng_state)  # torch's default draws from here
+                    torch_iter = loader._torch_iter()
                 fallback = None
                 if loader._auto_workers:
                     fallback = functools.partial(
@@ -1253,6 +1282,26 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         for _ in range(batch):  # the batches the consumer already has
             next(it)
         return it
+
+    def _give_up_workers(self, error: BaseException) -> None:
+        """Workers the user did not ask for could not be started: what a spawn or forkserver worker
+        is sent (the dataset, a ``collate_fn``, a ``worker_init_fn``) cannot be pickled, e.g. a
+        class defined inside a function. torch's default (``num_workers=0``) needs no pickling, so
+        this loader now loads in the main process (the caller starts the pass again; on torch's
+        path with torch's RNG set back to where it was when the pass began)."""
+        method = start_method(self.multiprocessing_context)
+        warnings.warn(
+            f"fastload.DataLoader tried to start {self.num_workers} worker processes (num_workers="
+            f"'auto', start method {method!r}), but what they are sent cannot be pickled "
+            f"({type(error).__name__}: {str(error).splitlines()[0]}); this loader now loads in the "
+            "main process, as torch's default num_workers=0 does. Pass num_workers=0 to skip the "
+            "attempt, or define the dataset's class (and collate_fn, worker_init_fn) at the top "
+            "level of a module to use workers.",
+            stacklevel=4,  # the loop's iter(): through DataLoader.__iter__ and DataLoaderIterator
+        )
+        self.close()
+        self.num_workers = 0
+        self._auto_workers = False
 
     def _batch_decoder(self, device: torch.device) -> BatchDecoder:
         """The device paths' decoder (nvImageCodec's or torchvision's), made once per loader and

@@ -447,6 +447,74 @@ def test_automatic_workers_fall_back_to_the_main_process_for_unsendable_batches(
     assert delivered == [] and len(errors) == 2 and all("could not send batch" in e for e in errors)
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_automatic_workers_that_cannot_be_started_fall_back_to_the_main_process(method: str) -> None:
+    """torch's own test suite sets the global start method to forkserver and then builds loaders of
+    datasets whose class is defined inside the test: torch's default (no workers) pickles nothing.
+    With num_workers='auto', a dataset a spawn/forkserver worker cannot be sent makes the loader warn
+    once (its words, not torch's notice) and load in the main process: torch's batches, and its
+    random draws (the RNG set back). An explicit num_workers keeps torch's pickling error."""
+
+    class Local(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> Any:
+            return torch.rand(2) + i, i
+
+    torch.manual_seed(0)
+    want = list(fastload.DataLoader(Local(), batch_size=4, num_workers=0))
+    torch.manual_seed(0)
+    loader = fastload.DataLoader(Local(), batch_size=4, multiprocessing_context=method)
+    assert loader.num_workers > 0  # "auto" on this machine
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = list(loader)
+    assert [str(w.message)[:34] for w in record] == ["fastload.DataLoader tried to start"]
+    words = str(record[0].message)
+    assert f"start method '{method}'" in words and "Can't pickle local object" in words, words
+    assert "num_workers=0" in words and record[0].filename == __file__  # the loop's line
+    assert loader.num_workers == 0
+    assert len(got) == len(want) == 2 and all(_same(a, b) for a, b in zip(want, got, strict=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the next pass: in the main process, nothing to say
+        assert [b[1].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5]]
+    explicit = fastload.DataLoader(Local(), batch_size=4, num_workers=1, multiprocessing_context=method)
+    torch_loader = torch.utils.data.DataLoader(
+        Local(), batch_size=4, num_workers=1, multiprocessing_context=method
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notice of the pickle error
+        with pytest.raises(AttributeError, match="Can't pickle local object") as theirs:
+            next(iter(torch_loader))
+        with pytest.raises(type(theirs.value), match="Can't pickle local object"):
+            next(iter(explicit))
+
+
+def test_automatic_fast_path_workers_that_cannot_be_started_fall_back_too(imagenet_root: Any) -> None:
+    """The fast path's workers: a subclass of fastload.ImageFolder defined inside a function cannot
+    be sent to spawned workers; with num_workers='auto' the loader warns once and decodes in the
+    main process, the same batches as num_workers=0 (fastload's are the same for any count)."""
+
+    class Mine(fastload.ImageFolder):
+        pass
+
+    def loader(**kw: Any) -> fastload.DataLoader[Any]:
+        dataset = Mine(imagenet_root / "val", transform=fastload.transforms.RandomResizedCrop(16))
+        return fastload.DataLoader(dataset, batch_size=8, seed=3, **kw)
+
+    want = list(loader(num_workers=0))
+    auto = loader(multiprocessing_context="spawn")
+    assert auto.path == "fast" and auto.num_workers > 0
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = list(auto)
+    assert [str(w.message)[:34] for w in record] == ["fastload.DataLoader tried to start"]
+    assert "Can't pickle local object" in str(record[0].message) and record[0].filename == __file__
+    assert auto.num_workers == 0 and len(got) == len(want)
+    assert all(_same(a, b) for a, b in zip(want, got, strict=True))
+
+
 # ------------------------------------------------------------------------------ tensors torch's collate
 # handles specially: nested and sparse tensors go to torch's own code, with or without a collate_fn
 
