@@ -504,11 +504,14 @@ def test_automatic_fast_path_workers_that_cannot_be_started_fall_back_too(imagen
         return fastload.DataLoader(dataset, batch_size=8, seed=3, **kw)
 
     want = list(loader(num_workers=0))
+    threads = torch.get_num_threads()
     auto = loader(multiprocessing_context="spawn")
     assert auto.path == "fast" and auto.num_workers > 0
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        got = list(auto)
+        it = iter(auto)
+        assert torch.get_num_threads() == threads  # the cap made for the workers is given back
+        got = list(it)
     assert [str(w.message)[:34] for w in record] == ["fastload.DataLoader tried to start"]
     assert "Can't pickle local object" in str(record[0].message) and record[0].filename == __file__
     assert auto.num_workers == 0 and len(got) == len(want)
