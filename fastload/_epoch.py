@@ -36,8 +36,18 @@ import torch
 from ._checks import check_int
 from ._position import consumed, shard_lengths
 from .distributed import get_world_size
+from .rng import mix_int
 
-__all__ = ["DefaultSeed", "EpochState", "Plan", "ResumeError", "Resume", "resolve_seed"]
+__all__ = [
+    "DefaultSeed",
+    "RNGState",
+    "base_seed",
+    "EpochState",
+    "Plan",
+    "ResumeError",
+    "Resume",
+    "resolve_seed",
+]
 
 STATE_VERSION = 2
 
@@ -51,24 +61,72 @@ class ResumeError(ValueError):
 class DefaultSeed:
     """The seed of a loader or sampler built with ``seed=None``.
 
-    Outside a distributed job it is a number drawn at construction from torch's global RNG (or
-    from ``generator``), so ``torch.manual_seed`` makes runs repeatable, as with torch. Inside one
-    -- a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first needed --
-    it is 0, torch's ``DistributedSampler`` default: every rank must shuffle alike before the
-    order is sharded, or some samples are never seen in an epoch and others twice. The value is
-    fixed at first use (construction with ``distributed=True``, else the first pass).
+    Inside a distributed job -- a process group is initialized, or ``WORLD_SIZE`` > 1, when the
+    seed is first needed -- it is 0, torch's ``DistributedSampler`` default: every rank must
+    shuffle alike before the order is sharded, or some samples are never seen in an epoch and
+    others twice.
+
+    Outside one it comes from torch's global RNG (or ``generator``) without a draw of its own:
+    torch's DataLoader draws nothing at construction and one base seed
+    (``torch.empty((), dtype=torch.int64).random_(generator=generator)``) when a pass starts its
+    iterator, so the seed is fixed at the loader's first pass from the base seed that pass draws
+    (read before the draw, which then happens as in torch), mixed so that the order's generator
+    (seeded ``seed + epoch``) is not the stream of a torch worker (seeded ``base_seed + worker
+    id``). Building a loader, or using it, then leaves torch's RNG where torch's loader leaves it,
+    and ``torch.manual_seed`` makes runs repeatable. Asked for earlier (``loader.seed``, a
+    ``state_dict()`` before the first pass), it is fixed then by a draw of its own: no two loaders
+    get the seed of one draw.
     """
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
-        self.drawn = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+        self.generator = generator
         self._value: int | None = None
 
     @property
     def value(self) -> int:
-        """The seed, fixed at the first call."""
+        """The seed, fixed at the first call (by a draw of its own, see the class docs)."""
+        return self.fix(at_pass=False)
+
+    def fix(self, at_pass: bool) -> int:
+        """The seed; the first call fixes it. ``at_pass``: called as a pass starts, before the
+        pass draws its base seed (read here without drawing); else a draw of its own."""
         if self._value is None:
-            self._value = 0 if get_world_size() > 1 else self.drawn
+            if get_world_size() > 1:
+                self._value = 0
+            else:
+                self._value = mix_int(base_seed(self.generator, consume=not at_pass)) >> 2  # 62 bits
         return self._value
+
+
+def base_seed(generator: torch.Generator | None = None, consume: bool = True) -> int:
+    """The base seed torch's DataLoader iterator draws as it starts: the next int64 of
+    ``generator`` (torch's global RNG when ``None``). ``consume=False`` reads it and leaves the
+    generator's state as it was."""
+    if consume:
+        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    state = torch.get_rng_state() if generator is None else generator.get_state()
+    try:
+        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    finally:
+        if generator is None:
+            torch.set_rng_state(state)
+        else:
+            generator.set_state(state)
+
+
+class RNGState:
+    """torch's global RNG state and ``generator``'s, taken now, to set back with :meth:`restore`."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+        self.state = torch.get_rng_state()
+        self.generator_state = None if generator is None else generator.get_state()
+
+    def restore(self) -> None:
+        """Sets both back to where they were when this was taken."""
+        torch.set_rng_state(self.state)
+        if self.generator is not None and self.generator_state is not None:
+            self.generator.set_state(self.generator_state)
 
 
 def resolve_seed(seed: int | DefaultSeed) -> int:
@@ -177,6 +235,12 @@ class EpochState:
     @seed.setter
     def seed(self, value: int) -> None:
         self._seed = int(value)
+
+    def pass_seed(self) -> int:
+        """The seed, as a pass starts (before it draws torch's base seed, see :class:`DefaultSeed`)."""
+        if isinstance(self._seed, DefaultSeed):
+            self._seed = self._seed.fix(at_pass=True)
+        return self._seed
 
     @property
     def seed_source(self) -> int | DefaultSeed:

@@ -75,6 +75,7 @@ from torch.utils.data import (
     IterableDataset,
     IterDataPipe,
     MapDataPipe,
+    RandomSampler,
     Sampler,
     default_collate,
 )
@@ -83,7 +84,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 from ._checks import check_choice, check_int
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import Engine, FastPass, split_batches
-from ._epoch import DefaultSeed, EpochState, Plan, Resume
+from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
@@ -322,7 +323,7 @@ class DataLoaderIterator:
         self._loader = loader
         self._engine = engine
         self._epochs = loader._epochs
-        self.seed = self._epochs.seed
+        self.seed = self._epochs.pass_seed()  # before the pass draws torch's base seed
         self.epoch, resume = self._epochs.begin_pass()
         self._ended = False
         self._generation: int | None = None
@@ -339,11 +340,26 @@ class DataLoaderIterator:
         elif self._length is not None:
             self._length = max(0, self._length - start)  # len(): the batches this pass yields
         loader._rest = self._rest = rest  # until the pass ends
+        # torch's RandomSampler with a generator draws again once its indices run out: at torch's
+        # fetch of a batch after the last one (of the last one, if short), which workers make
+        # prefetch_factor * num_workers batches ahead of the consumer
+        self._sampler_end_due = loader._replaces_random_sampler and loader.generator is not None
+        self._sampler_end_at: int | None = None
+        if self._sampler_end_due and self._length is not None:
+            size = len(loader.dataset)  # type: ignore[arg-type]
+            short_last = bool(loader.batch_size and not loader.drop_last and size % loader.batch_size)
+            fetch = self._length + (0 if short_last else 1)  # the fetch that exhausts the sampler
+            ahead = (loader.prefetch_factor or 2) * loader.num_workers
+            if fetch - ahead <= self._length:
+                self._sampler_end_at = start + max(0, fetch - ahead)
         self.stats = loader.stats
         self.stats.start()
         loader._refresh_path()
         try:
             source: Any
+            if loader.decode != "cpu" or loader.fast_path:
+                loader._draw_as_torch("iterator")  # torch's iterator would draw its base seed
+                loader._draw_as_torch("sampler")
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.decode == "hybrid":
@@ -365,7 +381,7 @@ class DataLoaderIterator:
             else:
                 if loader.limit_threads:
                     engine.limit_threads(loader.num_workers)
-                rng_state = torch.get_rng_state() if loader._auto_workers else None
+                rng_state = RNGState(loader.generator) if loader._auto_workers else None
                 try:
                     with warnings.catch_warnings():
                         if loader._auto_workers:  # torch's notice of it: the fallback below says more
@@ -376,8 +392,9 @@ class DataLoaderIterator:
                         raise
                     loader._give_up_workers(e)
                     if rng_state is not None:
-                        torch.set_rng_state(rng_state)  # torch's default draws from here
+                        rng_state.restore()  # torch's default draws from here
                     torch_iter = loader._torch_iter()
+                loader._draw_as_torch("sampler")  # after torch's base seed, as its RandomSampler
                 fallback = None
                 if loader._auto_workers:
                     fallback = functools.partial(
@@ -409,6 +426,8 @@ class DataLoaderIterator:
                     )
                 )
             self._it = it
+            if self._sampler_end_at == self._done:
+                self._sampler_end()  # torch's workers fetch the whole pass as they start
         except BaseException:
             self._end()
             raise
@@ -430,6 +449,8 @@ class DataLoaderIterator:
         try:
             batch = next(self._it)
         except StopIteration:
+            if not self._ended:
+                self._sampler_end()
             self._end()
             raise
         except Exception:
@@ -483,6 +504,14 @@ class DataLoaderIterator:
     def _count_handed_out(self) -> None:
         self._done += 1
         self._epochs.handed_out(self.epoch, self._done)
+        if self._done == self._sampler_end_at:
+            self._sampler_end()
+
+    def _sampler_end(self) -> None:
+        """The draw torch's ``RandomSampler`` makes as its indices run out (once per pass)."""
+        if self._sampler_end_due:
+            self._sampler_end_due = False
+            self._loader._draw_as_torch("sampler end")
 
     def close(self) -> None:
         """Ends the pass now (the next pass is the next epoch)."""
@@ -654,9 +683,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
             needed) 0, like torch's ``DistributedSampler``, so that every rank shuffles alike
             before the order is sharded (also by Lightning's or Accelerate's wrappers of
-            ``loader.sampler``); epochs then differ through the epoch. Otherwise a value drawn
-            from torch's global RNG (or ``generator``) at construction, so ``torch.manual_seed``
-            makes runs repeatable, as with torch.
+            ``loader.sampler``); epochs then differ through the epoch. Otherwise a value taken
+            at the first pass from the base seed torch's iterator draws from torch's global RNG
+            (or ``generator``), so ``torch.manual_seed`` makes runs repeatable, as with torch.
+            Building the loader draws nothing and each pass draws what torch's pass draws (its
+            base seed; for ``shuffle=True`` its ``RandomSampler``'s draws), so the loop's own
+            random numbers (weights initialised after the loader, dropout) are torch's.
         device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
         worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
@@ -775,7 +807,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             # torch's workers then report a batch that cannot be pickled instead of hanging
             multiprocessing_context = reporting_context(multiprocessing_context)
         is_iterable = isinstance(dataset, IterableDataset)
-        own_sampler = False
+        own_sampler = replaces_random_sampler = False
         if distributed:
             if sampler is not None or batch_sampler is not None:
                 raise ValueError(
@@ -792,10 +824,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             shuffle = False
             own_sampler = True
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:
+            RandomSampler(dataset, generator=generator)  # torch's checks and words (an empty dataset)
             sampler = EpochRandomSampler(dataset, self._epochs.seed_source)
             shuffle = False
             own_sampler = True
+            replaces_random_sampler = True
         self._own_sampler = own_sampler
+        #: the sampler stands in for the ``RandomSampler`` torch's loader would have made: a pass
+        #: makes that sampler's draws from torch's RNG too (:meth:`_draw_as_torch`)
+        self._replaces_random_sampler = replaces_random_sampler
+        self._base_seed_drawn = False  # a persistent pass iterator's base seed (:meth:`_draw_as_torch`)
         # torch's own default_collate passed explicitly (torchvision's reference script does) is no collate_fn
         self._given_collate = collate_fn is not None and collate_fn is not default_collate
         self._user_collate = collate_fn
@@ -1158,6 +1196,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 shutdown()
             self._iterator = None
         self._torch_workers_started = False
+        self._base_seed_drawn = False  # torch's next pass makes a new iterator
         ring = self.__dict__.get("_torch_ring")
         if ring is not None:
             ring.clear()
@@ -1250,7 +1289,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         error: UnsendableBatchError,
         batch: int,
         *,
-        rng_state: torch.Tensor | None,
+        rng_state: RNGState | None,
         start: int,
         rest: np.ndarray | None = None,
     ) -> Iterator[Any]:
@@ -1275,13 +1314,40 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.close()  # torch's workers stop
         self.num_workers = 0
         self._auto_workers = False
-        if batch == start and rng_state is not None:
-            torch.set_rng_state(rng_state)
+        restored = batch == start and rng_state is not None
+        if restored:
+            rng_state.restore()  # type: ignore[union-attr]
         self._rest = rest  # a resumed epoch: the same rest of it
         it = self._torch_iter()
+        if restored:
+            self._draw_as_torch("sampler")
         for _ in range(batch):  # the batches the consumer already has
             next(it)
         return it
+
+    def _draw_as_torch(self, what: str) -> None:
+        """The draws from torch's global RNG (or ``generator``) that torch's loader makes where
+        fastload's own code replaces torch's, so that a training loop's random numbers (dropout,
+        a dataset drawing in the main process) are those it gets with torch's loader.
+
+        ``"iterator"``: the base seed torch's iterator draws as it starts (every pass; with
+        persistent workers, at the first pass after the workers started), on the paths that do
+        not run torch's iterator. ``"sampler"`` / ``"sampler end"``: the draws of the
+        ``RandomSampler`` torch makes for ``shuffle=True`` (:class:`EpochRandomSampler` stands in
+        for it): its seed before its first index (without ``generator``), or a
+        ``torch.randperm`` of ``generator`` before its first index and another after its last.
+        """
+        if what == "iterator":
+            persistent = self.persistent_workers and self.num_workers > 0
+            if not (persistent and self._base_seed_drawn):
+                base_seed(self.generator)
+                self._base_seed_drawn = True
+        elif self._replaces_random_sampler:
+            if self.generator is None:
+                if what == "sampler":
+                    base_seed()  # RandomSampler's seed: the same expression, torch's global RNG
+            else:
+                torch.randperm(len(self.dataset), generator=self.generator)  # type: ignore[arg-type]
 
     def _give_up_workers(self, error: BaseException) -> None:
         """Workers the user did not ask for could not be started: what a spawn or forkserver worker

@@ -145,11 +145,15 @@ def test_epochs_differ_and_set_epoch_replays(train_set: ImageFolder) -> None:
 
 
 def test_seed_none_follows_torch_manual_seed(train_set: ImageFolder) -> None:
-    torch.manual_seed(123)
-    a = DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0)
-    torch.manual_seed(123)
-    b = DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0)
-    assert a.seed == b.seed and _same(_collect(a), _collect(b))
+    def run() -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        torch.manual_seed(123)
+        loader = DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0)
+        return loader.seed, _collect(loader)
+
+    (seed_a, a), (seed_b, b) = run(), run()
+    assert seed_a == seed_b and _same(a, b)
+    torch.manual_seed(124)
+    assert DataLoader(train_set, batch_size=8, shuffle=True, num_workers=0).seed != seed_a
 
 
 # ------------------------------------------------------------------------------------ resume

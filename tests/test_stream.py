@@ -472,8 +472,10 @@ def test_a_busy_worker_writes_into_memory_the_main_process_maps(imagenet_root: P
         kb = [int(v) for v in log.read_text().split()]
         assert len(kb) == 96
         private[reuse] = statistics.median(kb[k] for k in range(55, 96, 8))  # batches 7-12, 7 rows in
-    # 28 MB of rows written: private with new segments, shared in the ring (measured: ~29 MB apart)
-    assert private[False] - private[True] > 20 * 1024, private
+    # 28 MB of rows written: private with new segments, shared in the ring. Measured apart: 29 to
+    # 55 MB alone, 19 MB once beside the rest of the suite (2 processes on 2 cores); run to run
+    # each side varies by about 5 MB
+    assert private[False] - private[True] > 12 * 1024, private
 
 
 def test_a_batch_kept_past_the_end_of_a_pass_is_freed_when_dropped() -> None:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 import fastload
+from fastload._epoch import DefaultSeed
 from fastload.loader import DataLoaderIterator
 
 LOADERS = [torch.utils.data.DataLoader, fastload.DataLoader]
@@ -122,6 +123,16 @@ def test_constructor_errors_are_torchs(kwargs: dict[str, Any]) -> None:
     ours = _outcome(lambda: fastload.DataLoader(_Range(), **kwargs))
     assert theirs[0] != "ok"
     assert ours == theirs
+
+
+@pytest.mark.parametrize("generator", [None, torch.Generator()], ids=["global", "generator"])
+def test_shuffling_an_empty_dataset_is_torchs_error(generator: Any) -> None:
+    """torch's ``RandomSampler`` refuses an empty dataset (a wrong path, usually) at construction;
+    fastload's own sampler stands in for it and used to yield nothing instead."""
+    theirs = _outcome(lambda: torch.utils.data.DataLoader(_Range(0), shuffle=True, generator=generator))
+    ours = _outcome(lambda: fastload.DataLoader(_Range(0), shuffle=True, generator=generator))
+    assert theirs[0] == "ValueError" and ours == theirs
+    assert list(fastload.DataLoader(_Range(0))) == []  # not shuffled: no error, as torch
 
 
 def test_a_negative_num_workers_is_torchs_error_naming_auto_after_it() -> None:
@@ -283,6 +294,140 @@ def test_worker_init_fn_and_worker_info_on_torchs_path() -> None:
         seen.append([b.tolist() for b in batches])
     assert seen[0] == seen[1]
     assert {w for batch in seen[0] for _, w in batch} == {0, 1}  # batch k from worker k % 2
+
+
+class _Draws(torch.utils.data.Dataset[Any]):
+    """A dataset drawing from torch's RNG in ``__getitem__`` (in the main process, or a worker's)."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([i, int(torch.randint(0, 1000, ()).item())])
+
+
+def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
+    """What a training loop sees of torch's RNG (and of ``generator``) around a loader: its random
+    numbers after construction, and after each of two whole passes and a pass left after 2 batches
+    (and the batches, where they are a function of those numbers)."""
+
+    def after(step: str) -> tuple[Any, ...]:
+        return step, torch.rand(1).item(), None if g is None else torch.rand(1, generator=g).item()
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5) if generator else None
+    loader = make(g)
+    trace: list[Any] = [after("built")]
+    for p, stop in enumerate((None, None, 2)):
+        got = []
+        for k, batch in enumerate(loader):
+            got.append(batch[0].tolist() if batches else len(batch[1]))
+            if k + 1 == stop:
+                break
+        trace += [after(f"pass {p}"), got]
+    return trace
+
+
+@pytest.mark.parametrize("generator", [False, True], ids=["global", "generator"])
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
+    shuffle: bool, workers: int, persistent: bool, generator: bool
+) -> None:
+    """``seed=None`` draws nothing at construction (torch draws nothing there: a model built after
+    the loader gets its usual weights), and a pass draws what torch's pass draws: the iterator's
+    base seed and, for ``shuffle=True``, what torch's ``RandomSampler`` draws (a seed, or two
+    ``randperm`` of ``generator``). A dataset drawing in the main process or in workers (seeded
+    from the base seed) gets torch's numbers; the loop's own draws after each pass are torch's."""
+
+    def make(cls: Any) -> Any:
+        return lambda g: cls(
+            _Draws(),
+            batch_size=4,
+            shuffle=shuffle,
+            num_workers=workers,
+            persistent_workers=persistent,
+            generator=g,
+        )
+
+    want = _rng_trace(make(torch.utils.data.DataLoader), generator, batches=not shuffle)
+    got = _rng_trace(make(fastload.DataLoader), generator, batches=not shuffle)
+    assert got == want
+
+
+@pytest.mark.parametrize(("shuffle", "generator"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("path", ["fast", "device", "hybrid"])
+def test_fastloads_own_paths_draw_what_torchs_iterator_draws(
+    path: str, shuffle: bool, generator: bool, imagenet_root: Any
+) -> None:
+    """The paths that do not run torch's iterator (the fast path of a torchvision pipeline,
+    ``decode="device"`` and ``"hybrid"``, here on the CPU) make its draws all the same: the
+    training loop's random numbers are those it gets with torch's loader (2 persistent workers)."""
+    import torchvision
+    import torchvision.transforms as T
+
+    from fastload import gpu
+
+    root = imagenet_root / "train"
+    kwargs = dict(batch_size=8, shuffle=shuffle, num_workers=2)
+    pipeline = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
+    want = _rng_trace(
+        lambda g: torch.utils.data.DataLoader(
+            torchvision.datasets.ImageFolder(root, pipeline), generator=g, persistent_workers=True, **kwargs
+        ),
+        generator,
+        batches=False,
+    )
+
+    def make(g: Any) -> Any:
+        if path == "fast":
+            loader = fastload.DataLoader(
+                torchvision.datasets.ImageFolder(root, pipeline), generator=g, **kwargs
+            )
+            assert loader.fast_path
+            return loader
+        return fastload.DataLoader(
+            fastload.InMemoryImageFolder(root),
+            decode=path,
+            device="cpu",
+            gpu_transforms=gpu.Compose([gpu.RandomResizedCrop(16)]),
+            generator=g,
+            **kwargs,
+        )
+
+    got = _rng_trace(make, generator, batches=False)
+    assert got == want
+
+
+def _after_draws(seed: int, k: int) -> float:
+    """``torch.rand(1)`` after ``torch.manual_seed(seed)`` and ``k - 1`` int64 draws (a base seed's)."""
+    torch.manual_seed(seed)
+    for _ in range(k - 1):
+        torch.empty((), dtype=torch.int64).random_()
+    return torch.rand(1).item()
+
+
+def test_the_default_seed_is_fixed_at_the_first_pass_from_torchs_base_seed() -> None:
+    """Built with ``seed=None``, the seed is unknown until the first pass, which reads it from the
+    base seed it draws (one draw, as torch's); asked for earlier, it takes a draw of its own, so
+    two loaders asked in a row get two seeds. ``torch.manual_seed`` makes both repeatable."""
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    loader = fastload.DataLoader(_Range(6), batch_size=2, shuffle=True, num_workers=0)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn
+    assert isinstance(loader._epochs.seed_source, DefaultSeed)  # nothing fixed
+    first = [b[1].tolist() for b in loader]
+    assert torch.rand(1).item() == _after_draws(0, 3)  # the pass's base seed and sampler seed only
+    seed = loader.seed
+    torch.manual_seed(0)
+    again = fastload.DataLoader(_Range(6), batch_size=2, shuffle=True, num_workers=0)
+    assert [b[1].tolist() for b in again] == first and again.seed == seed
+    torch.manual_seed(0)
+    a = fastload.DataLoader(_Range(6), batch_size=2, shuffle=True, num_workers=0)
+    b = fastload.DataLoader(_Range(6), batch_size=2, shuffle=True, num_workers=0)
+    # asked before a pass: each its own draw (a's is the draw the first loader's pass read)
+    assert a.seed == seed and b.seed != seed
+    assert torch.rand(1).item() == _after_draws(0, 3)  # 2 draws of the seeds, then this one
 
 
 def test_generator_makes_the_shuffle_repeatable() -> None:
@@ -447,6 +592,34 @@ def test_automatic_workers_fall_back_to_the_main_process_for_unsendable_batches(
     assert delivered == [] and len(errors) == 2 and all("could not send batch" in e for e in errors)
 
 
+class _DrawsUnsendable(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.rand(1), lambda: i  # a sample no worker can send
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_fallback_to_the_main_process_draws_what_torchs_default_draws(shuffle: bool) -> None:
+    """Workers of num_workers='auto' that cannot send the first batch: the pass starts again in the
+    main process from torch's RNG as it was, so the dataset's draws and the loop's after the pass
+    are those of torch's default loader (num_workers=0)."""
+
+    def run(cls: Any) -> tuple[list[float], float]:
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fastload's notice of the fallback (tested above)
+            drawn = [
+                float(x)
+                for batch in cls(_DrawsUnsendable(), batch_size=2, shuffle=shuffle, collate_fn=list)
+                for x, _ in batch
+            ]
+        return sorted(drawn), torch.rand(1).item()
+
+    assert run(fastload.DataLoader) == run(torch.utils.data.DataLoader)
+
+
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_automatic_workers_that_cannot_be_started_fall_back_to_the_main_process(method: str) -> None:
     """torch's own test suite sets the global start method to forkserver and then builds loaders of
@@ -463,7 +636,7 @@ def test_automatic_workers_that_cannot_be_started_fall_back_to_the_main_process(
             return torch.rand(2) + i, i
 
     torch.manual_seed(0)
-    want = list(fastload.DataLoader(Local(), batch_size=4, num_workers=0))
+    want = list(torch.utils.data.DataLoader(Local(), batch_size=4))  # torch's default: no workers
     torch.manual_seed(0)
     loader = fastload.DataLoader(Local(), batch_size=4, multiprocessing_context=method)
     assert loader.num_workers > 0  # "auto" on this machine
