@@ -297,6 +297,43 @@ def _pickling_error(error: BaseException) -> bool:
     return isinstance(error, (AttributeError, TypeError)) and "pickle" in str(error).lower()
 
 
+class _SamplerDraws:
+    """One pass's draws of the ``RandomSampler`` torch's loader makes for ``shuffle=True``, where
+    :class:`EpochRandomSampler` stands in for it (else none): its seed before its first index
+    (without ``generator``), or a ``torch.randperm`` of ``generator`` there and another once its
+    indices run out. torch's iterator takes indices a batch at a time ("fetches"): the first one
+    draws, and the one after the last batch (the last batch itself, when it is short and kept)
+    runs out. Workers fetch ``prefetch_factor * num_workers`` batches as they start and one more
+    per batch handed out; without workers, each ``next()`` fetches its own batch."""
+
+    def __init__(self, loader: DataLoader[Any], length: int | None) -> None:
+        self._loader = loader
+        self._begin = loader._replaces_random_sampler
+        self._end = self._begin and loader.generator is not None
+        self._fetched = 0
+        self._last: int | None = None  # the fetch that runs out of indices (None: unknown)
+        if self._end and length is not None:
+            size = len(loader.dataset)  # type: ignore[arg-type]
+            short_last = bool(loader.batch_size and not loader.drop_last and size % loader.batch_size)
+            self._last = length + (0 if short_last else 1)
+
+    def fetch_to(self, fetches: int) -> None:
+        """torch's iterator has fetched ``fetches`` batches of indices (or tried to) in this pass."""
+        while self._fetched < fetches and (self._begin or self._end):
+            self._fetched += 1
+            if self._begin:
+                self._begin = False
+                self._loader._draw_as_torch("sampler")
+            if self._end and self._fetched == self._last:
+                self.exhausted()
+
+    def exhausted(self) -> None:
+        """The sampler ran out of indices (at the latest: the pass's end)."""
+        if self._end:
+            self._end = False
+            self._loader._draw_as_torch("sampler end")
+
+
 class DataLoaderIterator:
     """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
 
@@ -340,18 +377,8 @@ class DataLoaderIterator:
         elif self._length is not None:
             self._length = max(0, self._length - start)  # len(): the batches this pass yields
         loader._rest = self._rest = rest  # until the pass ends
-        # torch's RandomSampler with a generator draws again once its indices run out: at torch's
-        # fetch of a batch after the last one (of the last one, if short), which workers make
-        # prefetch_factor * num_workers batches ahead of the consumer
-        self._sampler_end_due = loader._replaces_random_sampler and loader.generator is not None
-        self._sampler_end_at: int | None = None
-        if self._sampler_end_due and self._length is not None:
-            size = len(loader.dataset)  # type: ignore[arg-type]
-            short_last = bool(loader.batch_size and not loader.drop_last and size % loader.batch_size)
-            fetch = self._length + (0 if short_last else 1)  # the fetch that exhausts the sampler
-            ahead = (loader.prefetch_factor or 2) * loader.num_workers
-            if fetch - ahead <= self._length:
-                self._sampler_end_at = start + max(0, fetch - ahead)
+        self._start = start
+        self._draws = _SamplerDraws(loader, self._length)  # torch's RandomSampler's, by index fetch
         self.stats = loader.stats
         self.stats.start()
         loader._refresh_path()
@@ -359,7 +386,6 @@ class DataLoaderIterator:
             source: Any
             if loader.decode != "cpu" or loader.fast_path:
                 loader._draw_as_torch("iterator")  # torch's iterator would draw its base seed
-                loader._draw_as_torch("sampler")
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.decode == "hybrid":
@@ -394,11 +420,14 @@ class DataLoaderIterator:
                     if rng_state is not None:
                         rng_state.restore()  # torch's default draws from here
                     torch_iter = loader._torch_iter()
-                loader._draw_as_torch("sampler")  # after torch's base seed, as its RandomSampler
                 fallback = None
                 if loader._auto_workers:
                     fallback = functools.partial(
-                        loader._load_in_process, rng_state=rng_state, start=start, rest=rest
+                        loader._load_in_process,
+                        rng_state=rng_state,
+                        start=start,
+                        rest=rest,
+                        restored=weakref.WeakMethod(self._rng_restored),  # no cycle through the pass
                     )
                 source = _TorchPass(
                     torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
@@ -426,8 +455,8 @@ class DataLoaderIterator:
                     )
                 )
             self._it = it
-            if self._sampler_end_at == self._done:
-                self._sampler_end()  # torch's workers fetch the whole pass as they start
+            if loader.num_workers > 0:  # torch's workers fetch this many batches as they start
+                self._draws.fetch_to((loader.prefetch_factor or 2) * loader.num_workers)
         except BaseException:
             self._end()
             raise
@@ -446,11 +475,13 @@ class DataLoaderIterator:
         if self._ended:
             raise StopIteration
         t0 = time.perf_counter()
+        if self._loader.num_workers == 0:  # torch's iterator fetches this call's batch now
+            self._draws.fetch_to(self._done - self._start + 1)
         try:
             batch = next(self._it)
         except StopIteration:
             if not self._ended:
-                self._sampler_end()
+                self._draws.exhausted()
             self._end()
             raise
         except Exception:
@@ -504,14 +535,15 @@ class DataLoaderIterator:
     def _count_handed_out(self) -> None:
         self._done += 1
         self._epochs.handed_out(self.epoch, self._done)
-        if self._done == self._sampler_end_at:
-            self._sampler_end()
+        workers = self._loader.num_workers
+        if workers > 0:  # torch's iterator fetches one batch ahead per batch it hands out
+            self._draws.fetch_to((self._loader.prefetch_factor or 2) * workers + self._done - self._start)
 
-    def _sampler_end(self) -> None:
-        """The draw torch's ``RandomSampler`` makes as its indices run out (once per pass)."""
-        if self._sampler_end_due:
-            self._sampler_end_due = False
-            self._loader._draw_as_torch("sampler end")
+    def _rng_restored(self) -> None:
+        """torch's RNG was set back to the pass's start, and the pass starts again without workers
+        (inside its first ``next()``): the sampler's draws are made again from there."""
+        self._draws = _SamplerDraws(self._loader, self._length)
+        self._draws.fetch_to(1)
 
     def close(self) -> None:
         """Ends the pass now (the next pass is the next epoch)."""
@@ -688,7 +720,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             (or ``generator``), so ``torch.manual_seed`` makes runs repeatable, as with torch.
             Building the loader draws nothing and each pass draws what torch's pass draws (its
             base seed; for ``shuffle=True`` its ``RandomSampler``'s draws), so the loop's own
-            random numbers (weights initialised after the loader, dropout) are torch's.
+            random numbers (weights initialised after the loader, dropout) are torch's -- except
+            with ``num_workers=0`` on fastload's own paths (the fast path, ``decode="device"`` /
+            ``"hybrid"``), whose augmentations draw from ``(seed, epoch, index)`` where torch's
+            random transforms would draw from the main process's RNG.
         device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
         worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
@@ -819,7 +854,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 num_replicas=get_world_size(),  # the process group's, else torchrun's variables, else 1
                 rank=get_rank(),
                 shuffle=bool(shuffle),
-                seed=self._epochs.seed,  # the sampler's own rule: pads when shuffling (see the docs)
+                seed=self._epochs.seed_source,  # the sampler's own rule: pads when shuffling (see the docs)
             )
             shuffle = False
             own_sampler = True
@@ -1125,8 +1160,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         n = None if isinstance(self.dataset, IterableDataset) and _pass_length(self) is None else len(self)
         self._epochs.load_state_dict(state, plan, n, self._sampler_epoch())
         seed = self._epochs.seed
-        if self._own_sampler and hasattr(self.sampler, "seed"):
-            self.sampler.seed = seed
+        if self._own_sampler and isinstance(self.sampler, (EpochRandomSampler, DistributedSampler)):
+            self.sampler.seed = seed  # (hasattr would read the property: a draw of its own)
         set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_sampler_epoch):
             resume = self._epochs.resume
@@ -1292,6 +1327,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         rng_state: RNGState | None,
         start: int,
         rest: np.ndarray | None = None,
+        restored: Callable[[], Callable[[], None] | None] | None = None,
     ) -> Iterator[Any]:
         """Workers the user did not ask for cannot send a batch: from now on this loader loads in
         the main process, as torch's default (``num_workers=0``) does, and the pass goes on with
@@ -1314,13 +1350,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.close()  # torch's workers stop
         self.num_workers = 0
         self._auto_workers = False
-        restored = batch == start and rng_state is not None
-        if restored:
+        is_restored = batch == start and rng_state is not None
+        if is_restored:
             rng_state.restore()  # type: ignore[union-attr]
         self._rest = rest  # a resumed epoch: the same rest of it
         it = self._torch_iter()
-        if restored:
-            self._draw_as_torch("sampler")
+        again = restored() if is_restored and restored is not None else None
+        if again is not None:
+            again()  # the pass's sampler draws, made again after torch's base seed
         for _ in range(batch):  # the batches the consumer already has
             next(it)
         return it

@@ -304,12 +304,13 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | DefaultSeed = 0,
         drop_last: bool = False,
         pad: bool | None = None,
     ) -> None:
         num_replicas, rank = _resolve_replicas_and_rank(num_replicas, rank)
-        seed = check_int(seed, "seed", type_error=True)
+        if not isinstance(seed, DefaultSeed):  # the loader's seed=None: fixed at its first pass
+            seed = check_int(seed, "seed", type_error=True)
         try:
             n = len(dataset)
         except TypeError:
@@ -324,9 +325,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             num_replicas=num_replicas,
             rank=rank,
             shuffle=bool(shuffle),
-            seed=seed,
+            seed=0,
             drop_last=bool(drop_last),
         )
+        self.seed = seed
         self.pad = bool(shuffle) if pad is None else bool(pad)
         self._len = n
         if self.drop_last and 0 < n < num_replicas:
@@ -344,10 +346,23 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
         self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
 
+    _seed: int | DefaultSeed
+
+    @property  # torch's plain attribute; a DefaultSeed (the loader's seed=None) is fixed at first use
+    def seed(self) -> int:
+        """The shuffling seed."""
+        self._seed = resolve_seed(self._seed)
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int | DefaultSeed) -> None:
+        self._seed = value if isinstance(value, DefaultSeed) else int(value)
+
     def __repr__(self) -> str:
+        seed = "fixed at the first pass" if isinstance(self._seed, DefaultSeed) else self._seed
         return (
             f"{type(self).__name__}(len(dataset)={self._len}, num_replicas={self.num_replicas}, "
-            f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+            f"rank={self.rank}, shuffle={self.shuffle}, seed={seed}, drop_last={self.drop_last}, "
             f"pad={self.pad}, epoch={self.epoch})"
         )
 

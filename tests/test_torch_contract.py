@@ -308,8 +308,9 @@ class _Draws(torch.utils.data.Dataset[Any]):
 
 def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
     """What a training loop sees of torch's RNG (and of ``generator``) around a loader: its random
-    numbers after construction, and after each of two whole passes and a pass left after 2 batches
-    (and the batches, where they are a function of those numbers)."""
+    numbers after construction, after ``iter()``, after each batch and after each pass, over two
+    whole passes and a pass left after 2 batches (and the batches, where they are a function of
+    those numbers)."""
 
     def after(step: str) -> tuple[Any, ...]:
         return step, torch.rand(1).item(), None if g is None else torch.rand(1, generator=g).item()
@@ -319,20 +320,23 @@ def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
     loader = make(g)
     trace: list[Any] = [after("built")]
     for p, stop in enumerate((None, None, 2)):
-        got = []
-        for k, batch in enumerate(loader):
-            got.append(batch[0].tolist() if batches else len(batch[1]))
+        it = iter(loader)
+        trace.append(after(f"pass {p} iter()"))
+        for k, batch in enumerate(it):
+            trace += [batch[0].tolist() if batches else len(batch[1]), after(f"pass {p} batch {k}")]
             if k + 1 == stop:
                 break
-        trace += [after(f"pass {p}"), got]
+        del it
+        trace.append(after(f"pass {p}"))
     return trace
 
 
 @pytest.mark.parametrize("generator", [False, True], ids=["global", "generator"])
 @pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [4, 5], ids=["short-last", "whole-batches"])
 def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
-    shuffle: bool, workers: int, persistent: bool, generator: bool
+    batch_size: int, shuffle: bool, workers: int, persistent: bool, generator: bool
 ) -> None:
     """``seed=None`` draws nothing at construction (torch draws nothing there: a model built after
     the loader gets its usual weights), and a pass draws what torch's pass draws: the iterator's
@@ -343,7 +347,7 @@ def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
     def make(cls: Any) -> Any:
         return lambda g: cls(
             _Draws(),
-            batch_size=4,
+            batch_size=batch_size,
             shuffle=shuffle,
             num_workers=workers,
             persistent_workers=persistent,
@@ -355,25 +359,30 @@ def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
     assert got == want
 
 
-@pytest.mark.parametrize(("shuffle", "generator"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    ("shuffle", "generator", "persistent"),
+    [(False, False, True), (True, False, True), (True, True, True), (True, True, False)],
+)
 @pytest.mark.parametrize("path", ["fast", "device", "hybrid"])
 def test_fastloads_own_paths_draw_what_torchs_iterator_draws(
-    path: str, shuffle: bool, generator: bool, imagenet_root: Any
+    path: str, shuffle: bool, generator: bool, persistent: bool, imagenet_root: Any
 ) -> None:
     """The paths that do not run torch's iterator (the fast path of a torchvision pipeline,
     ``decode="device"`` and ``"hybrid"``, here on the CPU) make its draws all the same: the
-    training loop's random numbers are those it gets with torch's loader (2 persistent workers)."""
+    training loop's random numbers are those it gets with torch's loader (2 workers). (Without
+    workers torch's random transforms draw in the main process; fastload's own paths draw them
+    from ``(seed, epoch, index)``: see docs/differences.md.)"""
     import torchvision
     import torchvision.transforms as T
 
     from fastload import gpu
 
     root = imagenet_root / "train"
-    kwargs = dict(batch_size=8, shuffle=shuffle, num_workers=2)
+    kwargs = dict(batch_size=8, shuffle=shuffle, num_workers=2, persistent_workers=persistent)
     pipeline = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
     want = _rng_trace(
         lambda g: torch.utils.data.DataLoader(
-            torchvision.datasets.ImageFolder(root, pipeline), generator=g, persistent_workers=True, **kwargs
+            torchvision.datasets.ImageFolder(root, pipeline), generator=g, **kwargs
         ),
         generator,
         batches=False,
@@ -397,6 +406,46 @@ def test_fastloads_own_paths_draw_what_torchs_iterator_draws(
 
     got = _rng_trace(make, generator, batches=False)
     assert got == want
+
+
+@pytest.mark.parametrize("generator", [False, True], ids=["global", "generator"])
+def test_distributed_and_resumed_loaders_draw_nothing_either(
+    generator: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``distributed=True`` in one process (its sampler's seed is fixed at the first pass too) and
+    ``load_state_dict`` into a new loader (the state's seed replaces the default one) leave torch's
+    RNG and the generator alone; the resumed loader goes on with the saved seed's order."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def untouched(build: Any) -> Any:
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1) if generator else None
+        states = torch.get_rng_state(), None if g is None else g.get_state()
+        made = build(g)
+        assert torch.equal(torch.get_rng_state(), states[0])
+        assert g is None or torch.equal(g.get_state(), states[1])
+        return made
+
+    for shuffle in (False, True):
+        loader = untouched(
+            lambda g, shuffle=shuffle: fastload.DataLoader(
+                _Range(6), batch_size=2, shuffle=shuffle, generator=g, num_workers=0, distributed=True
+            )
+        )
+        assert sorted(int(i) for b in loader for i in b[1]) == list(range(6))
+    saved = fastload.DataLoader(_Range(10), batch_size=2, shuffle=True, num_workers=0)
+    it = iter(saved)
+    first = [next(it)[1].tolist(), next(it)[1].tolist()]
+    state = saved.state_dict()
+    rest = [b[1].tolist() for b in it]
+
+    def resumed(g: Any) -> Any:
+        loader = fastload.DataLoader(_Range(10), batch_size=2, shuffle=True, num_workers=0, generator=g)
+        loader.load_state_dict(state)
+        return loader
+
+    loader = untouched(resumed)
+    assert loader.seed == saved.seed and [b[1].tolist() for b in loader] == rest and len(first) == 2
 
 
 def _after_draws(seed: int, k: int) -> float:
@@ -600,24 +649,38 @@ class _DrawsUnsendable(torch.utils.data.Dataset[Any]):
         return torch.rand(1), lambda: i  # a sample no worker can send
 
 
+@pytest.mark.parametrize("generator", [False, True], ids=["global", "generator"])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_the_fallback_to_the_main_process_draws_what_torchs_default_draws(shuffle: bool) -> None:
-    """Workers of num_workers='auto' that cannot send the first batch: the pass starts again in the
-    main process from torch's RNG as it was, so the dataset's draws and the loop's after the pass
-    are those of torch's default loader (num_workers=0)."""
+@pytest.mark.parametrize("failure", ["unsendable batch", "unpicklable dataset"])
+def test_the_fallback_to_the_main_process_draws_what_torchs_default_draws(
+    failure: str, shuffle: bool, generator: bool
+) -> None:
+    """Workers of num_workers='auto' that cannot send the first batch, or cannot be sent the dataset
+    (spawn, a local class): the pass starts again in the main process from torch's RNG (and the
+    generator) as they were, so the dataset's draws and the loop's after the pass are those of
+    torch's default loader (num_workers=0)."""
 
-    def run(cls: Any) -> tuple[list[float], float]:
+    class Local(_DrawsUnsendable):
+        def __getitem__(self, i: int) -> Any:
+            return torch.rand(1), i
+
+    def run(cls: Any) -> tuple[Any, ...]:
         torch.manual_seed(0)
+        g = torch.Generator().manual_seed(3) if generator else None
+        kwargs: dict[str, Any] = dict(batch_size=2, shuffle=shuffle, collate_fn=list, generator=g)
+        if failure == "unsendable batch":
+            loader = cls(_DrawsUnsendable(), **kwargs)
+        elif cls is fastload.DataLoader:
+            loader = cls(Local(), multiprocessing_context="spawn", **kwargs)
+        else:  # torch's default: no workers, no start method
+            loader = cls(Local(), **kwargs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fastload's notice of the fallback (tested above)
-            drawn = [
-                float(x)
-                for batch in cls(_DrawsUnsendable(), batch_size=2, shuffle=shuffle, collate_fn=list)
-                for x, _ in batch
-            ]
-        return sorted(drawn), torch.rand(1).item()
+            drawn = [float(x) for batch in loader for x, _ in batch]
+        return sorted(drawn), torch.rand(1).item(), None if g is None else torch.rand(1, generator=g).item()
 
-    assert run(fastload.DataLoader) == run(torch.utils.data.DataLoader)
+    ours = run(fastload.DataLoader)
+    assert ours == run(torch.utils.data.DataLoader)
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
