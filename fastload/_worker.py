@@ -358,6 +358,15 @@ class WorkerArgs:
     preload: Callable[[], None] | None = None
 
 
+def _numpy_seed(base_seed: int, worker_id: int) -> Any:
+    """The seed torch's workers give numpy's global RNG (torch's own function where it has it)."""
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+    except ImportError:  # pragma: no cover - torch before 1.9
+        return (base_seed + worker_id) % 2**32
+    return _generate_state(base_seed, worker_id)
+
+
 def worker_loop(args: WorkerArgs) -> None:
     """The loop of one worker: take a task, fill its slot, report. ``None`` ends it."""
     watchdog: _Watchdog | None = None
@@ -371,9 +380,11 @@ def worker_loop(args: WorkerArgs) -> None:
         torch.set_num_threads(1)
         if args.preload is not None:  # spawn/forkserver: imports now, not in the first task (fork: done)
             args.preload()
-        # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them).
+        # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them),
+        # numpy's too: forked workers would otherwise share the parent's (a worker_init_fn's draws)
         random.seed(args.base_seed + args.worker_id)
         torch.manual_seed(args.base_seed + args.worker_id)
+        np.random.seed(_numpy_seed(args.base_seed, args.worker_id))
     try:
         if args.worker_init_fn is not None:
             args.worker_init_fn(args.worker_id)

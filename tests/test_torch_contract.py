@@ -448,6 +448,35 @@ def test_distributed_and_resumed_loaders_draw_nothing_either(
     assert loader.seed == saved.seed and [b[1].tolist() for b in loader] == rest and len(first) == 2
 
 
+def _record_numpy_draw(worker_id: int) -> None:
+    """A ``worker_init_fn`` that draws from numpy's global RNG (into a file per worker)."""
+    import os
+
+    with open(os.path.join(os.environ["FL_TEST_DRAWS"], f"{worker_id}"), "w") as f:
+        f.write(str(np.random.randint(1 << 30)))
+
+
+@pytest.mark.parametrize("cls", LOADERS, ids=["torch", "fastload"])
+def test_process_workers_give_numpy_a_seed_of_their_own(
+    cls: Any, imagenet_root: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch seeds numpy's global RNG in each worker; forked fast-path workers used to keep the
+    parent's state, so every worker drew the same numbers (a worker_init_fn's, a get_bytes
+    override's)."""
+    import torchvision
+    import torchvision.transforms as T
+
+    monkeypatch.setenv("FL_TEST_DRAWS", str(tmp_path))
+    dataset = torchvision.datasets.ImageFolder(
+        imagenet_root / "train", T.Compose([T.RandomResizedCrop(16), T.PILToTensor()])
+    )
+    loader = cls(dataset, batch_size=8, num_workers=2, worker_init_fn=_record_numpy_draw)
+    assert getattr(loader, "fast_path", True)  # fastload's own workers
+    list(loader)
+    draws = [(tmp_path / str(w)).read_text() for w in (0, 1)]
+    assert draws[0] != draws[1]
+
+
 def _after_draws(seed: int, k: int) -> float:
     """``torch.rand(1)`` after ``torch.manual_seed(seed)`` and ``k - 1`` int64 draws (a base seed's)."""
     torch.manual_seed(seed)
