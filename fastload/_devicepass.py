@@ -24,6 +24,7 @@ from .gpu.hybrid import HybridSplit, apply_head, region_crop, split_head
 from .gpu.memory import host_memory
 from .gpu.prefetch import CUDAPrefetcher
 from .gpu.streams import pinned_device, stream_backend, use_device
+from .memory import InMemoryImageFolder
 
 if TYPE_CHECKING:
     from .loader import DataLoader
@@ -41,6 +42,17 @@ __all__ = [
 
 #: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.gpu.feeder).
 FEEDER_DEPTH = 2
+
+
+def reads_in_memory(dataset: Any) -> bool:
+    """Whether ``dataset.get_bytes`` is fastload's in-memory one (a slice of its buffer: no reader
+    threads needed), not a file read or a subclass's own."""
+    own = InMemoryImageFolder.get_bytes
+    return isinstance(dataset, InMemoryImageFolder) and type(dataset).get_bytes is own
+
+
+def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
+    return [get_bytes(i) for i in indices]
 
 
 class EncodedPass:
@@ -71,6 +83,7 @@ class EncodedPass:
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
         self.reads: dict[int, Any] = {}
+        self.reads_in_memory = reads_in_memory(loader.dataset)
         self.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-device-decode")
         self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
         self.backend = stream_backend(self.device)
@@ -105,9 +118,29 @@ class EncodedPass:
         return self.batches[k]
 
     def _read(self, k: int) -> None:
+        """Batch ``k``'s bytes asked for: read by the decoder thread itself where the dataset holds
+        them in memory (a slice each), else by the reader threads, a contiguous chunk each (one task
+        per reader, not per sample: hundreds of small tasks per batch would take the interpreter
+        from the training thread)."""
         if k < len(self.batches) and k not in self.reads:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
-            self.reads[k] = self.readers.map(dataset.get_bytes, self._device_indices(k).tolist())
+            indices = self._device_indices(k).tolist()
+            if self.reads_in_memory:
+                self.reads[k] = indices
+                return
+            size = -(-len(indices) // max(1, self.loader.num_workers))
+            self.reads[k] = [
+                self.readers.submit(_read_chunk, dataset.get_bytes, indices[a : a + size])
+                for a in range(0, len(indices), size)
+            ]
+
+    def _encoded(self, k: int) -> list[Any]:
+        """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any)."""
+        read = self.reads.pop(k)
+        if self.reads_in_memory:
+            dataset: Any = self.loader.dataset
+            return [dataset.get_bytes(i) for i in read]
+        return [data for chunk in read for data in chunk.result()]
 
     def _submit(self, k: int) -> None:
         """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""
@@ -126,7 +159,7 @@ class EncodedPass:
             self.batch_decoder = self.loader._batch_decoder(self.device)
         with backend.stream_context(self._decode_stream):
             indices = self._device_indices(k)
-            encoded = list(self.reads.pop(k))
+            encoded = self._encoded(k)
             self.headers.see(encoded, indices)
             on_device = self.headers.on_device(indices)
             regions = self._regions(indices, on_device)

@@ -513,6 +513,11 @@ def start_method(context: Any) -> str:
     return str(context.get_start_method())
 
 
+#: Objects frozen (``gc.get_freeze_count()``) when fastload was imported: the environment's (its
+#: start-up), not the program's own freeze of its heap, which :func:`frozen_heap` respects.
+FROZEN_AT_IMPORT = gc.get_freeze_count()
+
+
 @contextlib.contextmanager
 def frozen_heap(context: Any) -> Iterator[None]:
     """Process workers forked inside this block never run the garbage collector over the objects
@@ -531,8 +536,12 @@ def frozen_heap(context: Any) -> Iterator[None]:
     garbage later is freed by the next full collection rather than by the next young one.
 
     Not done when ``context`` does not fork (spawn and forkserver workers start from a fresh
-    interpreter), and not when objects are frozen already (``gc.get_freeze_count() > 0``): a
-    program that freezes its own heap keeps managing it, and ``gc.unfreeze()`` would undo that.
+    interpreter), and not when the program froze objects itself (more are frozen than when
+    fastload was imported, :data:`FROZEN_AT_IMPORT`): a program that freezes its own heap keeps
+    managing it, and ``gc.unfreeze()`` would undo that. What the environment froze before that
+    (seen: 375 objects frozen at the start of every Python process of one GPU machine's
+    environment) does not turn the freeze off; those objects are unfrozen with the rest after
+    the fork, which changes nothing but when the collector looks at them.
 
     Where CUDA is initialised, a full collection runs before the fork (with or without the
     freeze): a forked worker must never finalise the parent's CUDA objects.
@@ -545,7 +554,7 @@ def frozen_heap(context: Any) -> Iterator[None]:
         # forked workers too, where finalising a CUDA object (an event, a stream, a tensor's
         # memory) aborts the worker ("CUDA error: initialization error"): collect it here first.
         gc.collect()
-    if gc.get_freeze_count() > 0:
+    if gc.get_freeze_count() > FROZEN_AT_IMPORT:
         yield
         return
     gc.freeze()

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -726,3 +727,96 @@ def test_target_transform_on_every_path(imagenet_root: Path) -> None:
     for loader in (fast, device):
         assert torch.cat([y for _, y in loader]).tolist() == expected
         loader.close()
+
+
+class _RecordingReads(ImageFolder):
+    """A user's ``get_bytes`` (a subclass's own: read by the reader threads), recording the thread
+    that read each sample; sample ``fail`` raises."""
+
+    fail = -1
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[tuple[str, int]] = []
+
+    def get_bytes(self, i: int) -> bytes:
+        import threading
+
+        self.reads.append((threading.current_thread().name, i))
+        if i == self.fail:
+            raise OSError(f"sample {i} could not be read")
+        return super().get_bytes(i)
+
+
+def test_device_decode_reads_a_chunk_per_reader_and_in_memory_bytes_in_its_decoder_thread(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decode="device": a dataset's own ``get_bytes`` (files) runs in the reader threads, one task of
+    consecutive samples per reader and batch (not one per sample); an InMemoryImageFolder's slices
+    are taken by the decoder thread itself (no reader thread starts). Same batches either way."""
+    import threading
+
+    from fastload import InMemoryImageFolder, _devicepass, gpu
+
+    chunks: list[list[int]] = []
+    read_chunk = _devicepass._read_chunk
+
+    def recording(get_bytes: Any, indices: list[int]) -> list[Any]:
+        chunks.append(list(indices))
+        return read_chunk(get_bytes, indices)
+
+    monkeypatch.setattr(_devicepass, "_read_chunk", recording)
+    options: dict[str, Any] = dict(
+        batch_size=7, shuffle=True, seed=4, num_workers=2, decode="device", device="cpu"
+    )
+    tf = gpu.Compose([gpu.RandomResizedCrop(16), gpu.RandomHorizontalFlip()])
+    files = _RecordingReads(imagenet_root / "train")
+    loader = DataLoader(files, gpu_transforms=tf, **options)
+    from_files = _collect(loader)
+    loader.close()
+    order = fastload.rng.epoch_permutation(len(files), 4, 0).tolist()
+    batches = [order[a : a + 7] for a in range(0, len(order), 7)]
+    assert sorted(i for c in chunks for i in c) == sorted(order)  # every sample read once
+    for batch in batches:  # a chunk of consecutive samples per reader, in the batch's order
+        mine = [c for c in chunks if c[0] in batch]
+        assert len(mine) == min(2, len(batch)) and [i for c in mine for i in c] == batch
+    assert all(name.startswith("fastload-read") for name, _ in files.reads)
+
+    chunks.clear()
+    memory = InMemoryImageFolder(imagenet_root / "train")
+    loader = DataLoader(memory, gpu_transforms=tf, **options)
+    started = {t.ident for t in threading.enumerate()}
+    from_memory = []
+    for images, labels in loader:
+        from_memory.append((images.clone(), labels.clone()))
+        new = [t.name for t in threading.enumerate() if t.ident not in started]
+        assert not [name for name in new if name.startswith("fastload-read")]
+    loader.close()
+    assert chunks == []  # no reader task
+    assert len(from_memory) == len(from_files)
+    for (a, y), (b, z) in zip(from_files, from_memory, strict=True):
+        assert torch.equal(a, b) and torch.equal(y, z)
+
+
+def test_device_decode_read_error_is_raised_by_its_batch(imagenet_root: Path) -> None:
+    from fastload import gpu
+
+    files = _RecordingReads(imagenet_root / "train")
+    order = fastload.rng.epoch_permutation(len(files), 4, 0).tolist()
+    files.fail = order[9]  # batch 1 (of 7 samples each)
+    loader = DataLoader(
+        files,
+        batch_size=7,
+        shuffle=True,
+        seed=4,
+        num_workers=2,
+        decode="device",
+        device="cpu",
+        gpu_transforms=gpu.Resize((8, 8)),
+    )
+    it = iter(loader)
+    assert next(it)[1].shape == (7,)
+    with pytest.raises(OSError, match=f"sample {order[9]} could not be read"):
+        next(it)
+    assert next(it)[1].shape == (7,)  # the pass goes on
+    loader.close()

@@ -244,7 +244,7 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
     torch.cuda.synchronize()
     assert not [k for k, image in enumerate(out) if image is None]  # none refused
     for image, full, (top, left, h, w) in zip(out, references, regions, strict=True):
-        assert image is not None
+        assert image is not None and image.is_contiguous()  # channels first, in torch's memory
         got = image.cpu().permute(1, 2, 0).int()
         ref = full[top : top + h, left : left + w]
         assert got.shape == ref.shape
@@ -261,3 +261,26 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
         assert float((got - shifted).abs().float().mean()) > 2 * mean + 0.5  # the controls
         assert float((got - ref.flip(1)).abs().float().mean()) > 2 * mean + 0.5
     assert len(out) >= len(ds) // 2
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, 0.9), ("1.0", 1.0), ("0", 0.0), (" 0.5 ", 0.5)])
+def test_the_hardware_decoders_share_is_set_by_the_environment(
+    stand_in: Any, monkeypatch: pytest.MonkeyPatch, setting: str | None, expected: float
+) -> None:
+    if setting is None:
+        monkeypatch.delenv("FASTLOAD_HW_DECODER_LOAD", raising=False)
+    else:
+        monkeypatch.setenv("FASTLOAD_HW_DECODER_LOAD", setting)
+    nvimgcodec.RegionDecoder(torch.device("cpu"))
+    backends = fake.Decoder.made[-1].backends
+    assert backends[0].backend_kind is fake.BackendKind.HW_GPU_ONLY
+    assert backends[0].load_hint == expected
+
+
+@pytest.mark.parametrize("setting", ["1.5", "-0.1", "all", "nan"])
+def test_a_hardware_decoder_share_out_of_range_is_a_clear_error(
+    stand_in: Any, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    monkeypatch.setenv("FASTLOAD_HW_DECODER_LOAD", setting)
+    with pytest.raises(ValueError, match="FASTLOAD_HW_DECODER_LOAD=.*from 0 to 1"):
+        nvimgcodec.RegionDecoder(torch.device("cpu"))

@@ -10,7 +10,8 @@ fastload info`` say which runs. ``FASTLOAD_NVIMGCODEC=0`` turns it off.
 What fastload asks of it (:class:`RegionDecoder`):
 
 - backends: the hardware decoder (A100, H100, H200, ... have one) takes ``hw_load`` of each batch
-  (0.9, DALI's default), nvJPEG on CUDA and the hybrid CPU/GPU nvJPEG the rest;
+  (0.9, DALI's default; ``FASTLOAD_HW_DECODER_LOAD`` sets it, e.g. 1.0 leaves the SMs to the model),
+  nvJPEG on CUDA and the hybrid CPU/GPU nvJPEG the rest;
 - ``:fancy_upsampling=1``: chroma upsampled as libjpeg-turbo does (PIL, torchvision on the CPU),
   where the decoder supports it; no EXIF rotation (PIL does not rotate either); RGB, uint8;
 - regions: when the device transforms begin with ``gpu.RandomResizedCrop``, each sample's crop box
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,7 +43,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["MARGIN", "OPTIONS", "RegionDecoder", "available", "nvimgcodec_version", "use_module"]
+__all__ = [
+    "MARGIN",
+    "OPTIONS",
+    "RegionDecoder",
+    "available",
+    "hw_decoder_load",
+    "nvimgcodec_version",
+    "use_module",
+]
 
 #: The decoder's options: libjpeg-turbo's chroma upsampling, also when decoding a region.
 OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
@@ -96,17 +106,37 @@ def nvimgcodec_version() -> str | None:
     return None if module is None else str(getattr(module, "__version__", "unknown"))
 
 
+def hw_decoder_load() -> float:
+    """The share of each batch for the hardware JPEG decoder: ``FASTLOAD_HW_DECODER_LOAD`` where
+    set (0 to 1), else 0.9 (DALI's default)."""
+    text = os.environ.get("FASTLOAD_HW_DECODER_LOAD", "").strip()
+    if not text:
+        return 0.9
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"FASTLOAD_HW_DECODER_LOAD={text!r}: give the share of each batch for the GPU's hardware JPEG "
+            "decoder, a number from 0 to 1 (e.g. 1.0: all of it), or unset it for 0.9"
+        )
+    return value
+
+
 class RegionDecoder:
     """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
 
     Args:
         device: The CUDA device (its index) the images are decoded on.
-        hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one.
+        hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one
+            (``None``: :func:`hw_decoder_load`).
         cpu_threads: Its CPU threads (host-side parsing, the hybrid backend's Huffman decoding);
             0: one per CPU.
     """
 
-    def __init__(self, device: torch.device, hw_load: float = 0.9, cpu_threads: int = 0) -> None:
+    def __init__(self, device: torch.device, hw_load: float | None = None, cpu_threads: int = 0) -> None:
+        hw_load = hw_decoder_load() if hw_load is None else hw_load
         nv = _module()
         if nv is None:  # pragma: no cover - callers check available() first
             raise ImportError(
@@ -185,8 +215,11 @@ class RegionDecoder:
                     out.append(None)  # not what was asked: the CPU decodes it
                     continue
             # on a GPU, a copy in torch's allocator: its users' streams are then recorded on it
-            # (record_stream), which memory torch did not allocate cannot be
-            out.append(view.clone() if cuda else view)
+            # (record_stream), which memory torch did not allocate cannot be; made channels-first
+            # contiguous here, so that the crop's resize gathers the batch with one kernel
+            if cuda:
+                view = view.clone() if view.is_contiguous() else view.contiguous()
+            out.append(view)
         if cuda:  # pragma: no cover - needs CUDA
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
