@@ -284,3 +284,30 @@ def test_a_hardware_decoder_share_out_of_range_is_a_clear_error(
     monkeypatch.setenv("FASTLOAD_HW_DECODER_LOAD", setting)
     with pytest.raises(ValueError, match="FASTLOAD_HW_DECODER_LOAD=.*from 0 to 1"):
         nvimgcodec.RegionDecoder(torch.device("cpu"))
+
+
+class _Producer:
+    """A DLPack producer that takes only ``stream`` (as nvImageCodec's images) and records each
+    call."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.calls: list[dict[str, Any]] = []
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        self.calls.append({"stream": stream})
+        return self.tensor.__dlpack__()
+
+    def __dlpack_device__(self) -> Any:
+        return self.tensor.__dlpack_device__()
+
+
+@pytest.mark.parametrize("stream", [None, 7])
+def test_a_decoded_image_becomes_a_tensor_with_one_call_and_no_copy(stream: int | None) -> None:
+    """Each decoded image asks its producer once, for the decoder thread's stream (None on the
+    CPU), and shares its memory."""
+    source = torch.arange(24, dtype=torch.uint8).view(2, 4, 3)
+    producer = _Producer(source)
+    tensor = nvimgcodec.dlpack_tensor(producer, stream)
+    assert producer.calls == [{"stream": stream}]
+    assert tensor.data_ptr() == source.data_ptr() and torch.equal(tensor, source)

@@ -45,6 +45,7 @@ import torch
 
 __all__ = [
     "MARGIN",
+    "dlpack_tensor",
     "OPTIONS",
     "RegionDecoder",
     "available",
@@ -124,6 +125,19 @@ def hw_decoder_load() -> float:
     return value
 
 
+def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
+    """``image`` (anything with ``__dlpack__``) as a tensor sharing its memory, its capsule made
+    ready on the CUDA stream ``stream`` (``None``: a CPU image).
+
+    What ``torch.from_dlpack(image)`` does, asked once: handing torch the capsule skips its
+    per-call stream lookup and, where the producer takes only ``stream``, the protocol-version
+    retries it makes through ``TypeError`` (four calls per image) -- hundreds of images per batch.
+    """
+    if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
+        return torch.from_dlpack(image)
+    return torch.from_dlpack(image.__dlpack__(stream=stream))
+
+
 class RegionDecoder:
     """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
 
@@ -197,12 +211,15 @@ class RegionDecoder:
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
         cuda = self.device.type == "cuda"
+        # the stream torch.from_dlpack would ask the images' DLPack capsules to be ready on (the
+        # current one: the decoder thread's; 1 is DLPack's name for CUDA's legacy default stream)
+        ready_on = (torch.cuda.current_stream(self.device).cuda_stream or 1) if cuda else None
         out: list[torch.Tensor | None] = []
         for image, region, outer in zip(decoded, regions, asked, strict=True):
             if image is None:
                 out.append(None)
                 continue
-            view = torch.from_dlpack(image).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
+            view = dlpack_tensor(image, ready_on).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
             if region is not None and outer is not None:
                 top, left, height, width = region
                 if tuple(view.shape[1:]) == (outer[2], outer[3]):  # the region asked for: cut the margin
