@@ -128,7 +128,7 @@ class EncodedPass:
             if self.reads_in_memory:
                 self.reads[k] = indices
                 return
-            size = -(-len(indices) // max(1, self.loader.num_workers))
+            size = max(1, -(-len(indices) // max(1, self.loader.num_workers)))  # none: no task
             self.reads[k] = [
                 self.readers.submit(_read_chunk, dataset.get_bytes, indices[a : a + size])
                 for a in range(0, len(indices), size)

@@ -440,3 +440,28 @@ def test_the_loader_names_the_hybrid_decoder(imagenet_root: Path, caplog: pytest
         f"fastload.DataLoader decodes this InMemoryImageFolder on cpu with {loader.decoder}, in a feeder "
         "thread 2 batches ahead of the loop"
     ]
+
+
+@pytest.mark.parametrize("share", [1.0, 0.0])
+def test_a_file_dataset_split_all_to_one_side_reads_what_the_device_decodes(
+    imagenet_root: Path, share: float
+) -> None:
+    """An ImageFolder (its bytes read by the reader threads) with the whole batch on the CPU (the
+    device reads nothing) or on the device: the same batches as the in-memory set's."""
+    files = fastload.DataLoader(
+        fastload.ImageFolder(imagenet_root / "train"),
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        num_workers=2,
+        device="cpu",
+        decode="hybrid",
+        gpu_transforms=_pipeline(),
+    )
+    assert files.hybrid is not None
+    files.hybrid.cpu_share = share
+    got, expected = _take(files), _take(_hybrid(imagenet_root, share))
+    files.close()
+    assert len(got) == len(expected) > 0
+    for (a, y, i), (b, z, j) in zip(got, expected, strict=True):
+        assert torch.equal(i, j) and torch.equal(y, z) and torch.equal(a, b)
