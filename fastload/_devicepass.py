@@ -44,11 +44,20 @@ __all__ = [
 FEEDER_DEPTH = 2
 
 
+#: Read tasks per reader thread and batch (where the reader threads read): a few, so that one slow
+#: file holds up only its own run of samples, not hundreds of tasks per batch.
+READ_TASKS_PER_READER = 4
+
+
 def reads_in_memory(dataset: Any) -> bool:
-    """Whether ``dataset.get_bytes`` is fastload's in-memory one (a slice of its buffer: no reader
-    threads needed), not a file read or a subclass's own."""
+    """Whether ``dataset.get_bytes`` is fastload's in-memory one (a slice of its buffer), not a file
+    read or a subclass's (or an instance's) own."""
     own = InMemoryImageFolder.get_bytes
-    return isinstance(dataset, InMemoryImageFolder) and type(dataset).get_bytes is own
+    return (
+        isinstance(dataset, InMemoryImageFolder)
+        and type(dataset).get_bytes is own
+        and "get_bytes" not in vars(dataset)
+    )
 
 
 def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
@@ -118,29 +127,33 @@ class EncodedPass:
         return self.batches[k]
 
     def _read(self, k: int) -> None:
-        """Batch ``k``'s bytes asked for: read by the decoder thread itself where the dataset holds
-        them in memory (a slice each), else by the reader threads, a contiguous chunk each (one task
-        per reader, not per sample: hundreds of small tasks per batch would take the interpreter
-        from the training thread)."""
+        """Batch ``k``'s bytes asked for: taken by the decoder thread itself where each is a slice
+        of an in-memory dataset's buffer with nothing left to check (its CRC-32 checked in an
+        earlier epoch, or ``check_crc`` off), else read by the reader threads in runs of
+        consecutive samples (:data:`READ_TASKS_PER_READER` per reader, not one task per sample:
+        hundreds of small tasks per batch would take the interpreter from the training thread).
+        """
         if k < len(self.batches) and k not in self.reads:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
-            indices = self._device_indices(k).tolist()
-            if self.reads_in_memory:
-                self.reads[k] = indices
+            indices = self._device_indices(k)
+            if self.reads_in_memory and dataset.slices_only(indices):
+                self.reads[k] = indices.tolist()
                 return
-            size = max(1, -(-len(indices) // max(1, self.loader.num_workers)))  # none: no task
+            tasks = max(1, self.loader.num_workers) * READ_TASKS_PER_READER
+            size = max(1, -(-len(indices) // tasks))  # no sample: no task
+            wanted = indices.tolist()
             self.reads[k] = [
-                self.readers.submit(_read_chunk, dataset.get_bytes, indices[a : a + size])
-                for a in range(0, len(indices), size)
+                self.readers.submit(_read_chunk, dataset.get_bytes, wanted[a : a + size])
+                for a in range(0, len(wanted), size)
             ]
 
     def _encoded(self, k: int) -> list[Any]:
         """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any)."""
         read = self.reads.pop(k)
-        if self.reads_in_memory:
-            dataset: Any = self.loader.dataset
-            return [dataset.get_bytes(i) for i in read]
-        return [data for chunk in read for data in chunk.result()]
+        if read and isinstance(read[0], Future):
+            return [data for chunk in read for data in chunk.result()]
+        dataset: Any = self.loader.dataset
+        return [dataset.get_bytes(i) for i in read]
 
     def _submit(self, k: int) -> None:
         """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""

@@ -343,6 +343,12 @@ class PackView:
             checked[j] = True  # (a race between threads only checks a sample twice)
         return data
 
+    def all_checked(self, indices: np.ndarray) -> bool:
+        """Whether :meth:`get_bytes` of every sample in ``indices`` (non-negative) checks nothing
+        more: ``check_crc`` is off, or each was checked already (each read is then a slice)."""
+        checked = self._checked
+        return checked is None or bool(checked[indices].all())
+
     @property
     def check_crc(self) -> bool:
         """Whether :meth:`get_bytes` checks a sample's CRC-32 the first time this process reads it.

@@ -513,9 +513,18 @@ def start_method(context: Any) -> str:
     return str(context.get_start_method())
 
 
-#: Objects frozen (``gc.get_freeze_count()``) when fastload was imported: the environment's (its
-#: start-up), not the program's own freeze of its heap, which :func:`frozen_heap` respects.
+#: Objects frozen (``gc.get_freeze_count()``) when fastload was imported.
 FROZEN_AT_IMPORT = gc.get_freeze_count()
+
+#: At most this many objects frozen at fastload's import are taken for the environment's doing (seen:
+#: 375 in every process of one machine's Python), not the program's: a ``gc.freeze()`` freezes every
+#: object the collector tracks, at least the interpreter's 4,000-8,000 from its start-up.
+ENVIRONMENT_FROZEN_LIMIT = 2_000
+
+
+def _frozen_by_environment() -> int:
+    """How many frozen objects :func:`frozen_heap` does not take for the program's own freeze."""
+    return FROZEN_AT_IMPORT if FROZEN_AT_IMPORT <= ENVIRONMENT_FROZEN_LIMIT else 0
 
 
 @contextlib.contextmanager
@@ -536,12 +545,13 @@ def frozen_heap(context: Any) -> Iterator[None]:
     garbage later is freed by the next full collection rather than by the next young one.
 
     Not done when ``context`` does not fork (spawn and forkserver workers start from a fresh
-    interpreter), and not when the program froze objects itself (more are frozen than when
-    fastload was imported, :data:`FROZEN_AT_IMPORT`): a program that freezes its own heap keeps
-    managing it, and ``gc.unfreeze()`` would undo that. What the environment froze before that
-    (seen: 375 objects frozen at the start of every Python process of one GPU machine's
-    environment) does not turn the freeze off; those objects are unfrozen with the rest after
-    the fork, which changes nothing but when the collector looks at them.
+    interpreter), and not when the program froze objects itself (``gc.get_freeze_count() > 0``,
+    before or after fastload's import): a program that freezes its own heap keeps managing it,
+    and ``gc.unfreeze()`` would undo that. A few objects frozen before fastload's import (at most
+    :data:`ENVIRONMENT_FROZEN_LIMIT`; seen: 375 frozen at the start of every Python process of one
+    GPU machine's environment) are the environment's and do not turn the freeze off; they are
+    unfrozen with the rest after the fork, which changes nothing but when the collector looks at
+    them.
 
     Where CUDA is initialised, a full collection runs before the fork (with or without the
     freeze): a forked worker must never finalise the parent's CUDA objects.
@@ -554,7 +564,7 @@ def frozen_heap(context: Any) -> Iterator[None]:
         # forked workers too, where finalising a CUDA object (an event, a stream, a tensor's
         # memory) aborts the worker ("CUDA error: initialization error"): collect it here first.
         gc.collect()
-    if gc.get_freeze_count() > FROZEN_AT_IMPORT:
+    if gc.get_freeze_count() > _frozen_by_environment():
         yield
         return
     gc.freeze()

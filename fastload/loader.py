@@ -102,6 +102,7 @@ from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers, device_decoder
 from .gpu.hybrid import DeviceHead, HybridSplit, split_head
+from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
 from .recognize import is_image_folder, recognize, worker_view
@@ -1497,6 +1498,7 @@ def _check_device_decode(
     decode: str, dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any, on_error: str
 ) -> None:
     """The arguments ``decode="device"`` / ``"hybrid"`` need, checked with a message naming the fix."""
+    hw_decoder_load()  # FASTLOAD_HW_DECODER_LOAD, if set, is a share from 0 to 1
     if not callable(getattr(dataset, "get_bytes", None)):
         raise ValueError(
             f"decode={decode!r} needs a dataset that serves encoded images "

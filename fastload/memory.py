@@ -788,6 +788,12 @@ class InMemoryImageFolder(EncodedImageDataset):
         """
         return self._require().get_bytes(i)
 
+    def slices_only(self, indices: np.ndarray) -> bool:
+        """Whether :meth:`get_bytes` of each of ``indices`` (in range: a sampler's) is a slice of the
+        buffer and nothing else: ``check_crc`` off, or each checked already in this process. The
+        device paths read such samples in their decoder thread instead of reader threads."""
+        return self._require().all_checked(np.asarray(indices, dtype=np.int64) % max(1, self._len))
+
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and original relative path."""
         return f"sample {i} ({self.index.relpath(i)!r})"

@@ -748,14 +748,14 @@ class _RecordingReads(ImageFolder):
         return super().get_bytes(i)
 
 
-def test_device_decode_reads_a_chunk_per_reader_and_in_memory_bytes_in_its_decoder_thread(
+def test_device_decode_reads_runs_of_samples_and_checked_in_memory_bytes_in_its_decoder_thread(
     imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """decode="device": a dataset's own ``get_bytes`` (files) runs in the reader threads, one task of
-    consecutive samples per reader and batch (not one per sample); an InMemoryImageFolder's slices
-    are taken by the decoder thread itself (no reader thread starts). Same batches either way."""
-    import threading
-
+    """decode="device": a dataset's own ``get_bytes`` (files) runs in the reader threads, in runs of
+    consecutive samples (READ_TASKS_PER_READER per reader and batch, not a task per sample); an
+    InMemoryImageFolder's bytes too while their CRC-32 is still to be checked (its first epoch),
+    then its slices are taken by the decoder thread itself (no reader task), at once where
+    check_crc is off; an instance's own get_bytes is the user's (reader threads). Same batches."""
     from fastload import InMemoryImageFolder, _devicepass, gpu
 
     chunks: list[list[int]] = []
@@ -766,36 +766,66 @@ def test_device_decode_reads_a_chunk_per_reader_and_in_memory_bytes_in_its_decod
         return read_chunk(get_bytes, indices)
 
     monkeypatch.setattr(_devicepass, "_read_chunk", recording)
-    options: dict[str, Any] = dict(
-        batch_size=7, shuffle=True, seed=4, num_workers=2, decode="device", device="cpu"
-    )
     tf = gpu.Compose([gpu.RandomResizedCrop(16), gpu.RandomHorizontalFlip()])
-    files = _RecordingReads(imagenet_root / "train")
-    loader = DataLoader(files, gpu_transforms=tf, **options)
-    from_files = _collect(loader)
-    loader.close()
-    order = fastload.rng.epoch_permutation(len(files), 4, 0).tolist()
-    batches = [order[a : a + 7] for a in range(0, len(order), 7)]
-    assert sorted(i for c in chunks for i in c) == sorted(order)  # every sample read once
-    for batch in batches:  # a chunk of consecutive samples per reader, in the batch's order
-        mine = [c for c in chunks if c[0] in batch]
-        assert len(mine) == min(2, len(batch)) and [i for c in mine for i in c] == batch
-    assert all(name.startswith("fastload-read") for name, _ in files.reads)
 
-    chunks.clear()
-    memory = InMemoryImageFolder(imagenet_root / "train")
-    loader = DataLoader(memory, gpu_transforms=tf, **options)
-    started = {t.ident for t in threading.enumerate()}
-    from_memory = []
-    for images, labels in loader:
-        from_memory.append((images.clone(), labels.clone()))
-        new = [t.name for t in threading.enumerate() if t.ident not in started]
-        assert not [name for name in new if name.startswith("fastload-read")]
-    loader.close()
-    assert chunks == []  # no reader task
-    assert len(from_memory) == len(from_files)
-    for (a, y), (b, z) in zip(from_files, from_memory, strict=True):
-        assert torch.equal(a, b) and torch.equal(y, z)
+    def two_epochs(dataset: Any) -> tuple[list[Any], list[list[list[int]]]]:
+        loader = DataLoader(
+            dataset, batch_size=15, shuffle=True, seed=4, num_workers=1, decode="device",
+            device="cpu", gpu_transforms=tf,
+        )  # fmt: skip
+        batches, tasks = [], []
+        for epoch in range(2):
+            chunks.clear()
+            loader.set_epoch(epoch)
+            batches.append(_collect(loader))
+            tasks.append(list(chunks))
+        loader.close()
+        return batches, tasks
+
+    files = _RecordingReads(imagenet_root / "train")
+    expected, tasks = two_epochs(files)
+    assert all(name.startswith("fastload-read") for name, _ in files.reads)
+    for epoch in range(2):
+        order = fastload.rng.epoch_permutation(len(files), 4, epoch).tolist()
+        assert sorted(i for c in tasks[epoch] for i in c) == sorted(order)  # every sample read once
+        for a in range(0, len(order), 15):
+            batch = order[a : a + 15]
+            runs = [c for c in tasks[epoch] if c[0] in batch]
+            size = -(-len(batch) // _devicepass.READ_TASKS_PER_READER)
+            assert [i for c in runs for i in c] == batch and [len(c) for c in runs[:-1]] == [size] * (
+                len(runs) - 1
+            )
+            assert 1 < len(runs) <= _devicepass.READ_TASKS_PER_READER
+
+    checked = InMemoryImageFolder(imagenet_root / "train")
+    assert checked.check_crc
+    got, tasks = two_epochs(checked)
+    assert sorted(i for c in tasks[0] for i in c) == list(range(len(files)))  # checked by readers
+    assert tasks[1] == []  # then slices, taken by the decoder thread
+    unchecked = InMemoryImageFolder(imagenet_root / "train", check_crc=False)
+    got_unchecked, tasks_unchecked = two_epochs(unchecked)
+    assert tasks_unchecked == [[], []]
+    patched = InMemoryImageFolder(imagenet_root / "train", check_crc=False)
+    patched.get_bytes = patched.get_bytes  # type: ignore[method-assign]  # an instance's own
+    got_patched, tasks_patched = two_epochs(patched)
+    assert all(tasks_patched)
+    for batches in (got, got_unchecked, got_patched):
+        for epoch in range(2):
+            assert len(batches[epoch]) == len(expected[epoch])
+            for (x, y), (u, v) in zip(batches[epoch], expected[epoch], strict=True):
+                assert torch.equal(x, u) and torch.equal(y, v)
+
+
+def test_a_bad_hardware_decoder_share_is_an_error_when_the_loader_is_made(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload import gpu
+
+    monkeypatch.setenv("FASTLOAD_HW_DECODER_LOAD", "all")
+    for decode in ("device", "hybrid"):
+        with pytest.raises(ValueError, match="FASTLOAD_HW_DECODER_LOAD='all'"):
+            DataLoader(ImageFolder(imagenet_root / "val"), decode=decode, gpu_transforms=gpu.Resize((8, 8)))
+    DataLoader(ImageFolder(imagenet_root / "val"))  # decode="cpu" does not read it
 
 
 def test_device_decode_read_error_is_raised_by_its_batch(imagenet_root: Path) -> None:

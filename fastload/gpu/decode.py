@@ -191,8 +191,9 @@ class BatchDecoder:
         self.refused = self.asked = 0
         self._count_lock = threading.Lock()
         if nvimgcodec.available(device):
+            hw_load = nvimgcodec.hw_decoder_load()  # a bad FASTLOAD_HW_DECODER_LOAD is the user's to fix
             try:
-                self.region_decoder = nvimgcodec.RegionDecoder(device, cpu_threads=cpu_threads)
+                self.region_decoder = nvimgcodec.RegionDecoder(device, hw_load, cpu_threads=cpu_threads)
             except Exception as e:  # noqa: BLE001 - e.g. a driver or nvJPEG library it cannot use
                 warnings.warn(
                     f"nvImageCodec could not make a decoder on {device} ({e}); decoding with "

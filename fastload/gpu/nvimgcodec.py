@@ -131,7 +131,7 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
 
     What ``torch.from_dlpack(image)`` does, asked once: handing torch the capsule skips its
     per-call stream lookup and, where the producer takes only ``stream``, the protocol-version
-    retries it makes through ``TypeError`` (four calls per image) -- hundreds of images per batch.
+    retry it makes through ``TypeError`` (two calls per image) -- hundreds of images per batch.
     """
     if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
         return torch.from_dlpack(image)
