@@ -68,6 +68,7 @@ class Decoder:
     refuse_progressive = False
     refuse_all = False  # as nvJPEG < 13.2 does for regions with fancy upsampling not enabled
     refuse_every = 0  # > 0: every this many-th image it is given (an odd file now and then)
+    pitch = 0  # > 0: each image's rows padded by this many pixels (a decoder's pitched buffer)
     seen = 0
 
     def __init__(
@@ -90,5 +91,10 @@ class Decoder:
             if s.region is not None:
                 (y0, x0), (y1, x1) = s.region.start, s.region.end
                 pixels = pixels[y0:y1, x0:x1]
-            out.append(np.ascontiguousarray(pixels))  # HWC uint8; torch.from_dlpack takes it
+            if self.pitch:  # the image as a view of a wider buffer: rows further apart than its width
+                h, w, c = pixels.shape
+                wide = np.full((h, w + self.pitch, c), 77, dtype=np.uint8)
+                wide[:, :w] = pixels
+                pixels = wide[:, :w]
+            out.append(pixels if self.pitch else np.ascontiguousarray(pixels))  # HWC uint8, DLPack
         return out

@@ -27,11 +27,11 @@ from fastload.gpu.decode import GIVE_UP_AFTER, BatchDecoder, device_decoder
 def stand_in() -> Iterator[Any]:
     fake.Decoder.made.clear()
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
-    fake.Decoder.refuse_every = 0
+    fake.Decoder.refuse_every = fake.Decoder.pitch = 0
     with nvimgcodec.use_module(fake):
         yield fake
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
-    fake.Decoder.refuse_every = 0
+    fake.Decoder.refuse_every = fake.Decoder.pitch = 0
 
 
 def _pipeline() -> gpu.Compose:
@@ -311,3 +311,23 @@ def test_a_decoded_image_becomes_a_tensor_with_one_call_and_no_copy(stream: int 
     tensor = nvimgcodec.dlpack_tensor(producer, stream)
     assert producer.calls == [{"stream": stream}]
     assert tensor.data_ptr() == source.data_ptr() and torch.equal(tensor, source)
+
+
+def test_images_in_a_pitched_buffer_give_the_same_crops(stand_in: Any) -> None:
+    """A decoder whose images' rows lie further apart than their width (a pitched buffer): each
+    box is cut from the right pixels, margin or none, whole images too."""
+    files = []
+    for k, (height, width) in enumerate([(40, 60), (33, 21), (64, 64)]):
+        pixels = np.random.default_rng(k).integers(0, 255, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=95)
+        files.append(buf.getvalue())
+    regions = [(5, 7, 20, 30), (0, 0, 33, 21), None]  # inside; the whole image as a box; no box
+    plain = nvimgcodec.RegionDecoder(torch.device("cpu")).decode(files, regions)
+    fake.Decoder.pitch = 5
+    pitched = nvimgcodec.RegionDecoder(torch.device("cpu")).decode(files, regions)
+    assert [None if t is None else tuple(t.shape) for t in pitched] == [(3, 20, 30), (3, 33, 21), (3, 64, 64)]
+    for a, b in zip(plain, pitched, strict=True):
+        assert a is not None and b is not None and torch.equal(a, b)
+    whole = np.asarray(Image.open(io.BytesIO(files[0])).convert("RGB"))
+    assert torch.equal(pitched[0], torch.from_numpy(whole[5:25, 7:37].copy()).permute(2, 0, 1))

@@ -219,18 +219,27 @@ class RegionDecoder:
             if image is None:
                 out.append(None)
                 continue
-            view = dlpack_tensor(image, ready_on).permute(2, 0, 1)  # HWC -> CHW, nvImageCodec's memory
+            hwc = dlpack_tensor(image, ready_on)  # nvImageCodec's memory, (H, W, C)
+            got_h, got_w, channels = hwc.shape
+            dy = dx = 0
+            height, width = got_h, got_w
             if region is not None and outer is not None:
                 top, left, height, width = region
-                if tuple(view.shape[1:]) == (outer[2], outer[3]):  # the region asked for: cut the margin
-                    view = view[
-                        :, top - outer[0] : top - outer[0] + height, left - outer[1] : left - outer[1] + width
-                    ]
+                if got_h == outer[2] and got_w == outer[3]:  # the region asked for: cut the margin
+                    dy, dx = top - outer[0], left - outer[1]
                 else:  # a backend that ignored the region (the whole image): cut the box here
-                    view = view[:, top : top + height, left : left + width]
-                if tuple(view.shape[1:]) != (height, width):
+                    dy, dx = top, left
+                if dy + height > got_h or dx + width > got_w:
                     out.append(None)  # not what was asked: the CPU decodes it
                     continue
+            # the box, channels first, as one view (a single call: a few microseconds per image
+            # less than slicing and permuting, hundreds of images per batch)
+            row, column, channel = hwc.stride()
+            view = hwc.as_strided(
+                (channels, height, width),
+                (channel, row, column),
+                hwc.storage_offset() + dy * row + dx * column,
+            )
             # on a GPU, a copy in torch's allocator: its users' streams are then recorded on it
             # (record_stream), which memory torch did not allocate cannot be; made channels-first
             # contiguous here, so that the crop's resize gathers the batch with one kernel
