@@ -226,6 +226,39 @@ def test_one_huge_image_does_not_pad_the_whole_batch():
     assert len(_group_by_extent(sizes, sizes)) == 1
 
 
+def _grouped_one_by_one(span_y: np.ndarray, span_x: np.ndarray, waste: float = 2.0) -> list[list[int]]:
+    """The grouping rule, one image at a time (the reference for the vectorised one)."""
+    area = span_y.astype(np.float64) * span_x
+    groups: list[list[int]] = []
+    current: list[int] = []
+    max_y = max_x = 0
+    total = 0.0
+    for i in np.argsort(-area, kind="stable"):
+        new_y, new_x = max(max_y, int(span_y[i])), max(max_x, int(span_x[i]))
+        if current and (len(current) + 1) * new_y * new_x > waste * (total + area[i]):
+            groups.append(sorted(current))
+            current, new_y, new_x, total = [], int(span_y[i]), int(span_x[i]), 0.0
+        current.append(int(i))
+        max_y, max_x, total = new_y, new_x, total + area[i]
+    groups.append(sorted(current))
+    return groups
+
+
+def test_grouping_by_extent_follows_the_rule_image_by_image():
+    from fastload.gpu.transforms import _group_by_extent
+
+    rs = np.random.RandomState(1)
+    seen = set()
+    for trial in range(300):
+        n = int(rs.randint(1, 300))
+        high = [20, 500, 4000][trial % 3]
+        span_y, span_x = rs.randint(1, high, n), rs.randint(1, high, n)
+        expected = _grouped_one_by_one(span_y, span_x)
+        assert [g.tolist() for g in _group_by_extent(span_y, span_x)] == expected
+        seen.add(len(expected))
+    assert len(seen) > 3  # one group, and several
+
+
 def test_epoch_and_seed_change_the_draws():
     images = batch(16, 100, 100)
     t = gpu.RandomResizedCrop(32)

@@ -601,18 +601,22 @@ def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 2.0)
     """
     area = span_y.astype(np.float64) * span_x
     order = np.argsort(-area, kind="stable")
+    # Greedy, largest first: a group takes the next image unless the group padded to its largest
+    # extent would then cost more than ``waste`` times its images' own area (whole arrays per group
+    # rather than a Python step per image: hundreds of images per batch, a few groups).
+    ys, xs, areas = span_y[order].astype(np.float64), span_x[order].astype(np.float64), area[order]
     groups: list[np.ndarray] = []
-    current: list[int] = []
-    max_y = max_x = 0
-    total = 0.0
-    for i in order:
-        new_y, new_x = max(max_y, int(span_y[i])), max(max_x, int(span_x[i]))
-        if current and (len(current) + 1) * new_y * new_x > waste * (total + area[i]):
-            groups.append(np.sort(np.array(current, dtype=np.int64)))
-            current, new_y, new_x, total = [], int(span_y[i]), int(span_x[i]), 0.0
-        current.append(int(i))
-        max_y, max_x, total = new_y, new_x, total + area[i]
-    groups.append(np.sort(np.array(current, dtype=np.int64)))
+    start, n = 0, len(order)
+    while start < n:
+        padded = (
+            np.arange(1, n - start + 1)
+            * np.maximum.accumulate(ys[start:])
+            * np.maximum.accumulate(xs[start:])
+        )
+        over = np.flatnonzero(padded[1:] > waste * np.cumsum(areas[start:])[1:])
+        end = n if len(over) == 0 else start + 1 + int(over[0])
+        groups.append(np.sort(order[start:end]).astype(np.int64))
+        start = end
     return groups
 
 
