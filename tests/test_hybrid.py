@@ -36,8 +36,11 @@ def _pipeline(size: int = 24) -> gpu.Compose:
     )
 
 
-def _hybrid(root: Path, share: float | None = None, **kwargs: Any) -> fastload.DataLoader[Any]:
-    ds = fastload.InMemoryImageFolder(root / "train")
+def _hybrid(
+    root: Path, share: float | None = None, files: bool = False, **kwargs: Any
+) -> fastload.DataLoader[Any]:
+    """A hybrid loader over the train split: in memory, or (``files``) an ImageFolder."""
+    ds: Any = fastload.ImageFolder(root / "train") if files else fastload.InMemoryImageFolder(root / "train")
     options: dict[str, Any] = dict(batch_size=4, shuffle=True, seed=3, num_workers=2, device="cpu")
     loader = fastload.DataLoader(ds, decode="hybrid", gpu_transforms=_pipeline(), **{**options, **kwargs})
     assert loader.hybrid is not None
@@ -448,18 +451,7 @@ def test_a_file_dataset_split_all_to_one_side_reads_what_the_device_decodes(
 ) -> None:
     """An ImageFolder (its bytes read by the reader threads) with the whole batch on the CPU (the
     device reads nothing) or on the device: the same batches as the in-memory set's."""
-    files = fastload.DataLoader(
-        fastload.ImageFolder(imagenet_root / "train"),
-        batch_size=4,
-        shuffle=True,
-        seed=3,
-        num_workers=2,
-        device="cpu",
-        decode="hybrid",
-        gpu_transforms=_pipeline(),
-    )
-    assert files.hybrid is not None
-    files.hybrid.cpu_share = share
+    files = _hybrid(imagenet_root, share, files=True)
     got, expected = _take(files), _take(_hybrid(imagenet_root, share))
     files.close()
     assert len(got) == len(expected) > 0
