@@ -196,8 +196,9 @@ class EncodedPass:
             heights[sized], widths[sized], indices=indices[sized], epoch=self.epoch, seed=self.seed
         )
         regions: list[tuple[int, int, int, int] | None] = [None] * len(indices)
+        tops, lefts, box_heights, box_widths = (np.asarray(b).tolist() for b in boxes)
         for r, k in enumerate(sized.tolist()):
-            regions[k] = (int(boxes[0][r]), int(boxes[1][r]), int(boxes[2][r]), int(boxes[3][r]))
+            regions[k] = (tops[r], lefts[r], box_heights[r], box_widths[r])
         return regions
 
     def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:

@@ -129,10 +129,10 @@ class Headers:
         self, encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor], indices: np.ndarray
     ) -> None:
         """Fills in the samples ``indices`` not seen yet from their files ``encoded``."""
-        for k, i in enumerate(indices.tolist()):
-            if self.route[i] == ROUTE_UNKNOWN:
-                data = encoded[k]
-                self._read(i, data.numpy() if isinstance(data, torch.Tensor) else data)
+        indices = np.asarray(indices)
+        for k in np.flatnonzero(self.route[indices] == ROUTE_UNKNOWN).tolist():  # (all seen: no step)
+            data = encoded[k]
+            self._read(int(indices[k]), data.numpy() if isinstance(data, torch.Tensor) else data)
 
     def _read(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
         if cpu_decoding._jpeg is not None and cpu_decoding.USE_ROI_DECODE:
