@@ -18,7 +18,7 @@ import torch
 from ._engine import Engine, FastPass, SampleNames, split_batches
 from .batch import IndexedBatch
 from .gpu import Compose, apply_transform
-from .gpu.decode import BatchDecoder
+from .gpu.decode import BatchDecoder, RegionBatch
 from .gpu.feeder import DeviceFeeder
 from .gpu.hybrid import HybridSplit, apply_head, region_crop, split_head
 from .gpu.memory import host_memory
@@ -177,9 +177,13 @@ class EncodedPass:
             on_device = self.headers.on_device(indices)
             regions = self._regions(indices, on_device)
             names = SampleNames(self.loader.dataset, indices)
-            images = self.batch_decoder.decode(encoded, names, on_device, regions, self._decode_stream)
-            cropped = None if regions is None else [r is not None for r in regions]
-            return self._decoded(images, indices, cropped), backend.record_event(self._decode_stream)
+            decoder, stream = self.batch_decoder, self._decode_stream
+            images: list[torch.Tensor] | RegionBatch
+            if regions is None:
+                images = decoder.decode(encoded, names, on_device, None, stream)
+            else:  # the boxes, into one buffer where the decoder can (no tensor per image)
+                images = decoder.decode_regions(encoded, names, on_device, regions, stream)
+            return self._decoded(images, indices, None), backend.record_event(self._decode_stream)
 
     def _regions(
         self, indices: np.ndarray, on_device: list[bool]
@@ -201,7 +205,9 @@ class EncodedPass:
             regions[k] = (tops[r], lefts[r], box_heights[r], box_widths[r])
         return regions
 
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+    def _decoded(
+        self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray, cropped: list[bool] | None
+    ) -> Any:
         """What the decoder thread hands over for a batch's decoded images (here: the images, and
         which of them are their crop box only)."""
         return images, cropped
@@ -210,6 +216,11 @@ class EncodedPass:
         """``gpu_transforms`` on a batch's decoded images (the head on the cropped ones: a resize)."""
         transforms = self.loader.gpu_transforms
         assert transforms is not None  # decode="device" needs them (checked in DataLoader.__init__)
+        if isinstance(images, RegionBatch):  # decoded for the head: made only when there is one
+            assert self.head_rest is not None
+            head, rest = self.head_rest
+            out = apply_head(head, images, indices, self.epoch, self.seed)
+            return apply_transform(Compose(rest), out, indices, self.epoch, self.seed) if rest else out
         if cropped is None or not any(cropped) or self.head_rest is None:
             return apply_transform(transforms, images, indices, self.epoch, self.seed)
         head, rest = self.head_rest
@@ -225,7 +236,7 @@ class EncodedPass:
         backend = self.backend
         stream = backend.current_stream(self.device)
         backend.wait_event(stream, decoded)
-        for image in images:
+        for image in images.tensors() if isinstance(images, RegionBatch) else images:
             backend.record_stream(image, stream)  # made on the decoder's stream, used on this one
         dataset: Any = self.loader.dataset
         indices = self.batches[k]
@@ -341,7 +352,9 @@ class HybridPass(EncodedPass):
         self.split.record_device(len(images), time.perf_counter() - t0)
         return images, event
 
-    def _decoded(self, images: list[torch.Tensor], indices: np.ndarray, cropped: list[bool] | None) -> Any:
+    def _decoded(
+        self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray, cropped: list[bool] | None
+    ) -> Any:
         out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed, cropped)
         return out.contiguous(memory_format=torch.channels_last)
 

@@ -12,7 +12,7 @@ import io
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image as PILImage
 
 __version__ = "0.9.0-stand-in"
 
@@ -30,6 +30,7 @@ class ColorSpec(enum.Enum):
 
 class SampleFormat(enum.Enum):
     I_RGB = 1
+    P_RGB = 2
 
 
 class Backend:
@@ -42,6 +43,26 @@ class DecodeParams:
         self.kwargs = kwargs
 
 
+class Image:
+    """An external buffer wrapped by :func:`as_images` (host memory: ``__array_interface__``)."""
+
+    def __init__(self, source: Any, sample_format: SampleFormat | None) -> None:
+        self.array = np.asarray(source)  # a view of the caller's memory
+        self.sample_format = sample_format
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return self.array.__array_interface__
+
+
+def as_images(sources: list[Any], cuda_stream: int = 0, *, sample_format: Any = None) -> list[Image]:
+    as_images.calls += 1  # type: ignore[attr-defined]
+    return [Image(s, sample_format) for s in sources]
+
+
+as_images.calls = 0  # type: ignore[attr-defined]
+
+
 class Region:
     def __init__(self, start_y: int, start_x: int, end_y: int, end_x: int) -> None:
         self.start = (start_y, start_x)
@@ -52,7 +73,7 @@ class CodeStream:
     def __init__(self, array: Any, region: Region | None = None) -> None:
         self.data = bytes(np.asarray(array, dtype=np.uint8))
         self.region = region
-        with Image.open(io.BytesIO(self.data)) as img:
+        with PILImage.open(io.BytesIO(self.data)) as img:
             self.width, self.height = img.size
             self.progressive = bool(img.info.get("progressive"))
 
@@ -69,6 +90,7 @@ class Decoder:
     refuse_all = False  # as nvJPEG < 13.2 does for regions with fancy upsampling not enabled
     refuse_every = 0  # > 0: every this many-th image it is given (an odd file now and then)
     pitch = 0  # > 0: each image's rows padded by this many pixels (a decoder's pitched buffer)
+    ignore_images = False  # True: images= ignored, new memory returned (as a decoder that cannot reuse)
     seen = 0
 
     def __init__(
@@ -78,19 +100,42 @@ class Decoder:
         self.calls: list[list[tuple[tuple[int, int], tuple[int, int]] | None]] = []
         Decoder.made.append(self)
 
-    def decode(self, srcs: list[CodeStream], *, params: Any = None, cuda_stream: int = 0) -> list[Any]:
+    def decode(
+        self,
+        srcs: list[CodeStream],
+        *,
+        images: list[Image] | None = None,
+        params: Any = None,
+        cuda_stream: int = 0,
+    ) -> list[Any]:
         self.calls.append([None if s.region is None else (s.region.start, s.region.end) for s in srcs])
+        planar = params is not None and params.kwargs.get("sample_format") == SampleFormat.P_RGB
+        if images is not None and len(images) != len(srcs):
+            raise ValueError(
+                f"Size mismatch - images list has {len(images)} items, but code_streams list has {len(srcs)}"
+            )
         out: list[Any] = []
-        for s in srcs:
+        for k, s in enumerate(srcs):
             Decoder.seen += 1
             odd = self.refuse_every > 0 and Decoder.seen % self.refuse_every == 0
             if self.refuse_all or odd or (s.progressive and self.refuse_progressive):
                 out.append(None)
                 continue
-            pixels = np.asarray(Image.open(io.BytesIO(s.data)).convert("RGB"))
+            pixels = np.asarray(PILImage.open(io.BytesIO(s.data)).convert("RGB"))
             if s.region is not None:
                 (y0, x0), (y1, x1) = s.region.start, s.region.end
                 pixels = pixels[y0:y1, x0:x1]
+            if images is not None and not self.ignore_images:  # into the caller's buffer
+                target = images[k].array
+                want = (3, *pixels.shape[:2]) if planar else pixels.shape
+                if target.shape != want:
+                    raise ValueError("Existing buffer is too small to fit new image")
+                target[...] = pixels.transpose(2, 0, 1) if planar else pixels
+                out.append(images[k])
+                continue
+            if planar:
+                out.append(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+                continue
             if self.pitch:  # the image as a view of a wider buffer: rows further apart than its width
                 h, w, c = pixels.shape
                 wide = np.full((h, w + self.pitch, c), 77, dtype=np.uint8)

@@ -13,6 +13,7 @@ from _nosimd import run_without_simd
 
 import fastload.decode
 from fastload import gpu, rng
+from fastload.gpu.transforms import PackedImages, Resize, crop_resize
 
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -760,3 +761,37 @@ def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
             positions = local[i, o] + int(lo[i])
             assert positions[: len(want)].tolist() == [int(axis.src0[i]) + xmin + k for k in range(len(want))]
             assert bool((positions >= lo[i]).all() and (positions <= hi[i]).all())
+
+
+def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:
+    """gpu.PackedImages (images back to back in one buffer, as a region decoder writes them):
+    crop_resize gives the pixels Resize gives on each box cut out as its own tensor; a buffer the
+    images do not fit in, or not 1-D, is a clear error."""
+    g = torch.Generator().manual_seed(0)
+    sizes = np.random.default_rng(0).integers(5, 120, (30, 2))
+    images = [torch.randint(0, 256, (3, int(h), int(w)), dtype=torch.uint8, generator=g) for h, w in sizes]
+    rng = np.random.default_rng(1)
+    boxes = []
+    for t in images:
+        h, w = t.shape[1:]
+        bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+        boxes.append((int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)), bh, bw))
+    top, left, height, width = np.array(boxes).T
+    flat = torch.cat([t.reshape(-1) for t in images])  # no room past the end: padded when read
+    offsets = np.concatenate([[0], np.cumsum([t.numel() for t in images])[:-1]])
+    packed = PackedImages(flat, offsets, sizes[:, 0], sizes[:, 1], channels=3)
+    assert len(packed) == 30 and torch.equal(packed.image(7), images[7])
+    reference = Resize((17, 23))(
+        [t[:, a : a + c, b : b + d] for t, (a, b, c, d) in zip(images, boxes, strict=True)]
+    )
+    assert torch.equal(crop_resize(packed, top, left, height, width, (17, 23)), reference)
+    assert torch.equal(crop_resize(images, top, left, height, width, (17, 23)), reference)
+    rows = np.array([4, 2, 9])
+    assert torch.equal(
+        crop_resize(packed.select(rows), top[rows], left[rows], height[rows], width[rows], (17, 23)),
+        reference[rows],
+    )
+    with pytest.raises(ValueError, match="run past the end of flat"):
+        PackedImages(flat[:-1], offsets, sizes[:, 0], sizes[:, 1], channels=3)
+    with pytest.raises(ValueError, match="1-D"):
+        PackedImages(flat.view(1, -1), offsets, sizes[:, 0], sizes[:, 1], channels=3)

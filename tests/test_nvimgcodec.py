@@ -28,10 +28,12 @@ def stand_in() -> Iterator[Any]:
     fake.Decoder.made.clear()
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
     fake.Decoder.refuse_every = fake.Decoder.pitch = 0
+    fake.Decoder.ignore_images = False
     with nvimgcodec.use_module(fake):
         yield fake
     fake.Decoder.refuse_progressive = fake.Decoder.refuse_all = False
     fake.Decoder.refuse_every = fake.Decoder.pitch = 0
+    fake.Decoder.ignore_images = False
 
 
 def _pipeline() -> gpu.Compose:
@@ -331,3 +333,109 @@ def test_images_in_a_pitched_buffer_give_the_same_crops(stand_in: Any) -> None:
         assert a is not None and b is not None and torch.equal(a, b)
     whole = np.asarray(Image.open(io.BytesIO(files[0])).convert("RGB"))
     assert torch.equal(pitched[0], torch.from_numpy(whole[5:25, 7:37].copy()).permute(2, 0, 1))
+
+
+def _jpegs(sizes: list[tuple[int, int]], progressive: tuple[int, ...] = ()) -> list[bytes]:
+    files = []
+    for k, (height, width) in enumerate(sizes):
+        pixels = np.random.default_rng(k).integers(0, 255, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=95, progressive=k in progressive)
+        files.append(buf.getvalue())
+    return files
+
+
+def test_regions_are_decoded_into_one_buffer_and_resized_from_it(stand_in: Any) -> None:
+    """decode_regions: the device-decoded boxes (and their margins) land in one buffer, channels
+    first, with no tensor per image; what the decoder refuses and what it does not take (a PNG)
+    are decoded by the CPU, each its own tensor; the head then gives the images that decoding
+    each box into its own tensor gives, bit for bit."""
+    stand_in.Decoder.refuse_progressive = True
+    files = _jpegs([(40, 60), (33, 21), (64, 64), (50, 45)], progressive=(2,))
+    png = io.BytesIO()
+    Image.fromarray(np.full((30, 30, 3), 9, dtype=np.uint8)).save(png, "PNG")
+    files.insert(1, png.getvalue())
+    regions = [(5, 7, 20, 30), (2, 3, 10, 12), (0, 0, 33, 21), (10, 11, 30, 40), (1, 2, 48, 40)]
+    on_device = [True, False, True, True, True]
+    names = [f"sample {k}" for k in range(5)]
+    calls = stand_in.as_images.calls
+    decoder = BatchDecoder(torch.device("cpu"))
+    batch = decoder.decode_regions(files, names, on_device, regions)
+    assert stand_in.as_images.calls == calls + 1  # one call wraps the whole batch's buffer
+    assert batch.positions.tolist() == [0, 2, 4] and batch.packed is not None and len(batch) == 5
+    assert [(k, tuple(t.shape), box) for k, t, box in batch.others] == [
+        (1, (3, 10, 12), True),
+        (3, (3, 30, 40), True),
+    ]
+    assert decoder.refused == 1 and decoder.asked == 4
+    flat = batch.packed.flat
+    assert all(
+        flat.data_ptr() <= batch.packed.image(r).data_ptr() < flat.data_ptr() + flat.numel() for r in range(3)
+    )
+    assert batch.tensors()[0] is flat and len(batch.tensors()) == 3
+    # each packed image is its region with a one-pixel margin where the image has one
+    assert batch.boxes.tolist() == [[1, 1, 20, 30], [0, 0, 33, 21], [1, 1, 48, 40]]
+    whole = [np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in files]
+    first = torch.from_numpy(whole[0][4:26, 6:38].copy()).permute(2, 0, 1)
+    assert torch.equal(batch.packed.image(0), first)
+    copied = BatchDecoder(torch.device("cpu")).decode(files, names, on_device, regions)
+    head = [gpu.RandomResizedCrop(16)]
+    indices = np.arange(5)
+    from fastload.gpu.hybrid import apply_head
+
+    assert torch.equal(
+        apply_head(head, batch, indices, 0, 0), apply_head(head, copied, indices, 0, 0, [True] * 5)
+    )
+
+
+def test_the_loaders_batches_do_not_depend_on_decoding_in_place(
+    imagenet_root: Path, stand_in: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decode="device" and "hybrid" with nvImageCodec decoding into one buffer per batch give the
+    batches that copying each image out of its own memory gives, bit for bit, an odd refused
+    image included."""
+
+    def loaders() -> list[fastload.DataLoader[Any]]:
+        device, hybrid = _loader(imagenet_root), _loader(imagenet_root, "hybrid")
+        assert hybrid.hybrid is not None
+        hybrid.hybrid.cpu_share = 0.5
+        return [device, hybrid]
+
+    stand_in.Decoder.refuse_every = 7
+    monkeypatch.setattr(nvimgcodec, "PACKED", False)
+    calls = stand_in.as_images.calls
+    copied = [_take(loader) for loader in loaders()]
+    assert stand_in.as_images.calls == calls
+    monkeypatch.setattr(nvimgcodec, "PACKED", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        packed = [_take(loader) for loader in loaders()]
+    assert stand_in.as_images.calls > calls
+    for got, reference in zip(packed, copied, strict=True):
+        assert len(got) == len(reference) == 8
+        for (x, y), (rx, ry) in zip(got, reference, strict=True):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_a_decoder_that_does_not_decode_in_place_is_caught_on_the_first_batch(
+    imagenet_root: Path, stand_in: Any
+) -> None:
+    """Where nvImageCodec hands back images elsewhere than the buffer it was given (or cannot
+    wrap it), one warning says so and each image is copied out of its own memory from then on:
+    the same batches. Without ``as_images`` (older nvImageCodec) the copies run with no warning."""
+    reference = _take(_loader(imagenet_root))
+    stand_in.Decoder.ignore_images = True
+    with pytest.warns(UserWarning, match="could not decode into fastload's batch buffer") as caught:
+        got = _take(_loader(imagenet_root))
+    assert sum("batch buffer" in str(w.message) for w in caught) == 1
+    for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+    stand_in.Decoder.ignore_images = False
+    older = type(fake)("older_nvimgcodec")
+    older.__dict__.update({k: v for k, v in vars(fake).items() if k != "as_images"})
+    with nvimgcodec.use_module(older), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not nvimgcodec.RegionDecoder(torch.device("cpu")).packs
+        got = _take(_loader(imagenet_root))
+    for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)

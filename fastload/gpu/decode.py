@@ -31,6 +31,7 @@ from ..decode import (
 )
 from . import nvimgcodec
 from .memory import host_memory
+from .transforms import PackedImages
 
 __all__ = [
     "ROUTE_CPU",
@@ -38,6 +39,7 @@ __all__ = [
     "ROUTE_UNKNOWN",
     "BatchDecoder",
     "Headers",
+    "RegionBatch",
     "decode_batch",
     "device_decoder",
     "device_routes",
@@ -168,6 +170,39 @@ class Headers:
         return (self.route[indices] == ROUTE_DEVICE).tolist()
 
 
+class RegionBatch:
+    """A batch decoded for a device head that begins with ``gpu.RandomResizedCrop`` (its crop boxes
+    drawn before decoding; :meth:`BatchDecoder.decode_regions`): the images the device's decoder
+    wrote in place, each its box with a margin, in one buffer, and the others, each its own tensor.
+
+    Attributes:
+        n: The batch's images.
+        packed: The in-place images (:class:`~fastload.gpu.transforms.PackedImages`), or ``None``.
+        positions: Each packed image's position in the batch.
+        boxes: Each packed image's crop box in it, ``(len(packed), 4)``: top, left, height, width.
+        others: ``(position, image, is_box)`` for the rest: ``is_box``: the image is its crop box
+            (decoded by the CPU and cut to it), else the whole image (the head crops it).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        packed: PackedImages | None,
+        positions: np.ndarray,
+        boxes: np.ndarray,
+        others: list[tuple[int, torch.Tensor, bool]],
+    ) -> None:
+        self.n, self.packed, self.positions, self.boxes, self.others = n, packed, positions, boxes, others
+
+    def __len__(self) -> int:
+        return self.n
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The device memory the batch's images are in (what streams that use them record)."""
+        out = [] if self.packed is None else [self.packed.flat]
+        return out + [image for _, image, _ in self.others]
+
+
 #: nvImageCodec is given up when it has refused most of the first this many JPEGs or more.
 GIVE_UP_AFTER = 16
 
@@ -244,18 +279,65 @@ class BatchDecoder:
                 out[k] = image
         refused = [k for k in slots if out[k] is None]
         for k, image in enumerate(out):
-            if image is not None:
-                continue
-            raw = raws[k]
-            blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
-            full = torch.from_numpy(np.array(decode_pil(blob, names[k]))).permute(2, 0, 1)
-            region = wanted[k]
-            if region is not None:
-                top, left, height, width = region
-                full = full[:, top : top + height, left : left + width]
-            out[k] = _to_device(full.contiguous(), self.device)
+            if image is None:
+                out[k] = self._on_cpu(raws[k], names[k], wanted[k])
         self._count_refused(len(refused), len(slots))
         return [t for t in out if t is not None]
+
+    def _on_cpu(
+        self, raw: bytes | memoryview | np.ndarray, name: str, region: tuple[int, int, int, int] | None
+    ) -> torch.Tensor:
+        """An image the device's decoder does not take, decoded by the CPU (only its ``region``
+        kept where one is given) and copied to the device; a broken file raises a DecodeError
+        naming ``name``."""
+        blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
+        full = torch.from_numpy(np.array(decode_pil(blob, name))).permute(2, 0, 1)
+        if region is not None:
+            top, left, height, width = region
+            full = full[:, top : top + height, left : left + width]
+        return _to_device(full.contiguous(), self.device)
+
+    def decode_regions(
+        self,
+        encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor],
+        names: Sequence[str],
+        on_device: Sequence[bool],
+        regions: Sequence[tuple[int, int, int, int] | None],
+        stream: Any = None,
+    ) -> RegionBatch:
+        """:meth:`decode` for a batch whose crop boxes are known (``regions``, which needs
+        :attr:`regions`): the device's decoder writes its images' boxes (and their margins)
+        straight into one buffer where it can (:meth:`~fastload.gpu.nvimgcodec.RegionDecoder.
+        decode_packed`); the CPU decodes the rest as in :meth:`decode`.
+        """
+        n = len(encoded)
+        region_decoder = self.region_decoder
+        slots = [k for k in range(n) if on_device[k] and regions[k] is not None]
+        result = None
+        if region_decoder is not None and region_decoder.packs and slots:
+            raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
+            wanted = [r for r in (regions[k] for k in slots) if r is not None]  # all of them (slots)
+            result = region_decoder.decode_packed([raws[k] for k in slots], wanted, stream)
+        if result is None:  # no in-place decoding here: each image its own tensor
+            images = self.decode(encoded, names, on_device, regions, stream)
+            return RegionBatch(
+                n,
+                None,
+                np.zeros(0, np.int64),
+                np.zeros((0, 4), np.int64),
+                [(k, image, regions[k] is not None) for k, image in enumerate(images)],
+            )
+        packed, boxes, ok = result
+        done = np.flatnonzero(ok)
+        positions = np.asarray(slots, dtype=np.int64)[done]
+        decoded = set(positions.tolist())
+        others = [
+            (k, self._on_cpu(raws[k], names[k], regions[k]), regions[k] is not None)
+            for k in range(n)
+            if k not in decoded
+        ]
+        self._count_refused(len(slots) - len(done), len(slots))
+        return RegionBatch(n, packed.select(done) if len(done) else None, positions, boxes[done], others)
 
     def _count_refused(self, refused: int, asked: int) -> None:
         """Never a silent slow path: valid JPEGs that nvImageCodec returned nothing for (the CPU

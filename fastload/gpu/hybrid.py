@@ -54,7 +54,8 @@ import torch
 from .. import rng as _rng
 from ..transforms import CenterCrop as _CpuCenterCrop
 from ..transforms import Plan, Transform
-from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize, apply_transform
+from .decode import RegionBatch
+from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize, apply_transform, crop_resize
 
 __all__ = ["DeviceHead", "HybridSplit", "apply_head", "region_crop", "split_head"]
 
@@ -101,7 +102,7 @@ def region_crop(head: Sequence[Any]) -> RandomResizedCrop | None:
 
 def apply_head(
     head: Sequence[Any],
-    images: list[torch.Tensor],
+    images: list[torch.Tensor] | RegionBatch,
     indices: np.ndarray,
     epoch: int,
     seed: int,
@@ -109,10 +110,16 @@ def apply_head(
 ) -> torch.Tensor:
     """``head`` (see :func:`split_head`) on a batch's decoded images, one ``(N, C, H, W)`` tensor.
 
+    A :class:`~fastload.gpu.decode.RegionBatch` (its boxes drawn by :func:`region_crop`'s
+    ``boxes``) has its in-place images' boxes resized in one pass from their buffer
+    (:func:`~fastload.gpu.transforms.crop_resize`), the other images as below.
+
     ``cropped[k]``: image ``k`` was decoded as its crop box only (region decoding, the box drawn
     by :func:`region_crop`'s ``boxes`` for its size and key), so it is only resized, as the crop
     resizes its box: the same taps, relative to the box (a crop's resize never reads outside it).
     """
+    if isinstance(images, RegionBatch):
+        return _head_on_regions(head, images, indices, epoch, seed)
     compose = Compose(list(head))
     if cropped is None or not any(cropped):
         return apply_transform(compose, images, indices, epoch, seed)
@@ -130,6 +137,38 @@ def apply_head(
     out[torch.tensor(boxes, device=out.device)] = resized
     rest = apply_transform(compose, [images[k] for k in whole], indices[whole], epoch, seed)
     out[torch.tensor(whole, device=out.device)] = rest
+    return out
+
+
+def _head_on_regions(
+    head: Sequence[Any], batch: RegionBatch, indices: np.ndarray, epoch: int, seed: int
+) -> torch.Tensor:
+    """:func:`apply_head` on a :class:`~fastload.gpu.decode.RegionBatch`."""
+    crop = region_crop(head)
+    if crop is None:
+        raise ValueError(
+            f"a RegionBatch needs a head that is one gpu.RandomResizedCrop, but got {list(head)!r}"
+        )
+    parts: list[tuple[np.ndarray, torch.Tensor]] = []
+    if batch.packed is not None:
+        top, left, height, width = batch.boxes.T
+        resized = crop_resize(batch.packed, top, left, height, width, crop.size, crop.antialias)
+        parts.append((batch.positions, resized))
+    boxes = [(k, image) for k, image, is_box in batch.others if is_box]
+    if boxes:
+        resize = Resize(crop.size, antialias=crop.antialias)
+        parts.append((np.array([k for k, _ in boxes]), resize([image for _, image in boxes])))
+    whole = [(k, image) for k, image, is_box in batch.others if not is_box]
+    if whole:
+        rows = np.array([k for k, _ in whole])
+        made = apply_transform(Compose(list(head)), [image for _, image in whole], indices[rows], epoch, seed)
+        parts.append((rows, made))
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(batch.n)):
+        return parts[0][1]
+    first = parts[0][1]
+    out = first.new_empty((batch.n, *first.shape[1:]))
+    for rows, made in parts:
+        out[torch.as_tensor(rows, device=out.device)] = made
     return out
 
 

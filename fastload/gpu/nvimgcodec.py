@@ -37,14 +37,19 @@ import functools
 import importlib
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from .transforms import PackedImages
+
 __all__ = [
     "MARGIN",
+    "PACKED",
+    "NotInPlace",
     "dlpack_tensor",
     "OPTIONS",
     "RegionDecoder",
@@ -60,6 +65,10 @@ OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
 #: Pixels decoded around each region (where the image has them) and then cut off: the region
 #: decode's outermost pixels, which nvJPEG before 13.2 may get wrong with fancy upsampling.
 MARGIN = 1
+
+#: Whether region decoding writes straight into one buffer per batch (:meth:`RegionDecoder.
+#: decode_packed`) where nvImageCodec can; ``False``: each image is copied out of its own memory.
+PACKED = True
 
 #: The module :func:`_module` returns instead of ``nvidia.nvimgcodec`` (tests: a CPU stand-in).
 _injected: Any = None
@@ -138,6 +147,48 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
     return torch.from_dlpack(image.__dlpack__(stream=stream))
 
 
+class _Plane:
+    """A channels-first ``(3, H, W)`` uint8 image in a buffer fastload allocated, described by the
+    array interface nvImageCodec reads (``__cuda_array_interface__`` on a GPU, else
+    ``__array_interface__``): decoded into in place, with no tensor made per image."""
+
+    __slots__ = ("ptr", "_interface", "_cuda")
+
+    def __init__(self, ptr: int, height: int, width: int, cuda: bool, stream: int | None) -> None:
+        self.ptr, self._cuda = ptr, cuda
+        self._interface = {
+            "shape": (3, height, width),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+        if cuda:
+            self._interface["stream"] = stream  # the decode's own stream: no synchronisation
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if not self._cuda:
+            raise AttributeError("__cuda_array_interface__")
+        return self._interface
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if self._cuda:
+            raise AttributeError("__array_interface__")
+        return self._interface
+
+
+def _data_ptr(image: Any, cuda: bool) -> int:
+    """Where an nvImageCodec image's pixels are."""
+    interface = image.__cuda_array_interface__ if cuda else image.__array_interface__
+    return int(interface["data"][0])
+
+
+class NotInPlace(RuntimeError):
+    """nvImageCodec did not decode into the buffer it was given (see :meth:`RegionDecoder.decode_packed`)."""
+
+
 class RegionDecoder:
     """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
 
@@ -177,6 +228,45 @@ class RegionDecoder:
             allow_any_depth=False,
             sample_format=nv.SampleFormat.I_RGB,
         )
+        #: Whether :meth:`decode_packed` decodes into fastload's buffer (nvImageCodec 0.9's
+        #: ``as_images`` and planar output); turned off, with a warning, where a first try fails.
+        self.packs = PACKED and hasattr(nv, "as_images") and hasattr(nv.SampleFormat, "P_RGB")
+        self._checked = False  # the first packed decode is checked to have landed in place
+        self.planar_params = (
+            nv.DecodeParams(
+                apply_exif_orientation=False,
+                color_spec=nv.ColorSpec.SRGB,
+                allow_any_depth=False,
+                sample_format=nv.SampleFormat.P_RGB,
+            )
+            if self.packs
+            else None
+        )
+
+    def _sources(
+        self,
+        encoded: Sequence[bytes | memoryview | np.ndarray],
+        regions: Sequence[tuple[int, int, int, int] | None],
+    ) -> tuple[list[Any], list[tuple[int, int, int, int] | None]]:
+        """nvImageCodec's code streams of ``encoded``, each limited to its region and margin, and
+        the regions asked for (with their margin; ``None``: the whole image)."""
+        nv = self.nv
+        sources = []
+        asked: list[tuple[int, int, int, int] | None] = []
+        for data, region in zip(encoded, regions, strict=True):
+            array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+            source = nv.CodeStream(array)
+            if region is not None:
+                top, left, height, width = region
+                y0, x0 = max(0, top - MARGIN), max(0, left - MARGIN)
+                y1 = min(int(source.height), top + height + MARGIN)
+                x1 = min(int(source.width), left + width + MARGIN)
+                source = source.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
+                asked.append((y0, x0, y1 - y0, x1 - x0))
+            else:
+                asked.append(None)
+            sources.append(source)
+        return sources, asked
 
     def decode(
         self,
@@ -191,22 +281,7 @@ class RegionDecoder:
             One ``(3, H, W)`` uint8 tensor per image (the region's size), or ``None`` where
             nvImageCodec could not decode the file (the caller decodes it on the CPU).
         """
-        nv = self.nv
-        sources = []
-        asked: list[tuple[int, int, int, int] | None] = []  # the regions decoded: with their margin
-        for data, region in zip(encoded, regions, strict=True):
-            array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-            source = nv.CodeStream(array)
-            if region is not None:
-                top, left, height, width = region
-                y0, x0 = max(0, top - MARGIN), max(0, left - MARGIN)
-                y1 = min(int(source.height), top + height + MARGIN)
-                x1 = min(int(source.width), left + width + MARGIN)
-                source = source.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
-                asked.append((y0, x0, y1 - y0, x1 - x0))
-            else:
-                asked.append(None)
-            sources.append(source)
+        sources, asked = self._sources(encoded, regions)
         self.release()
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
@@ -251,6 +326,70 @@ class RegionDecoder:
             event.record(torch.cuda.current_stream(self.device))
             self._held = (event, decoded)  # nvImageCodec's images live until the copies are done
         return out
+
+    def decode_packed(
+        self,
+        encoded: Sequence[bytes | memoryview | np.ndarray],
+        regions: Sequence[tuple[int, int, int, int]],
+        stream: Any = None,
+    ) -> tuple[PackedImages, np.ndarray, list[bool]] | None:
+        """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
+        :data:`MARGIN`, channels first into one buffer allocated here on the current stream
+        (``stream``: its CUDA stream object): no tensor, copy or allocation per image, and no
+        nvImageCodec memory to hold on to.
+
+        Returns:
+            The decoded regions (:class:`~fastload.gpu.transforms.PackedImages`, one per image;
+            a refused image's is left as it was), each region's box within its decoded region
+            (``(n, 4)``: top, left, height, width), and whether nvImageCodec decoded each image
+            (``False``: the caller decodes it on the CPU). ``None`` where decoding in place is
+            not available here (then :attr:`packs` is off and :meth:`decode` takes over).
+        """
+        nv = self.nv
+        sources, asked = self._sources(encoded, regions)
+        outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
+        wanted = np.array(regions, dtype=np.int64).reshape(-1, 4)
+        boxes = np.stack(
+            [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
+        )
+        heights, widths = outer[:, 2], outer[:, 3]
+        sizes = 3 * heights * widths
+        offsets = np.zeros(len(sizes), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        # room past the last image for the resampler's row windows (see gpu.transforms._resample)
+        total = int(sizes.sum()) + (int(widths.max()) if len(widths) else 0)
+        flat = torch.empty(total, dtype=torch.uint8, device=self.device)
+        cuda = self.device.type == "cuda"
+        handle = int(getattr(stream, "cuda_stream", 0) or 0) if (cuda and stream is not None) else 0
+        base = flat.data_ptr()
+        planes = [
+            _Plane(base + o, h, w, cuda, handle or None)
+            for o, h, w in zip(offsets.tolist(), heights.tolist(), widths.tolist(), strict=True)
+        ]
+        self.release()
+        try:
+            images = nv.as_images(planes, cuda_stream=handle, sample_format=nv.SampleFormat.P_RGB)
+            decoded = self.decoder.decode(
+                sources, images=images, params=self.planar_params, cuda_stream=handle
+            )
+            if not self._checked:  # once per decoder: the pixels are where they were asked to be
+                for image, plane in zip(decoded, planes, strict=True):
+                    if image is not None and _data_ptr(image, cuda) != plane.ptr:
+                        raise NotInPlace("the decoded images are not in the buffer given")
+                self._checked = True
+        except Exception as e:  # noqa: BLE001 - a first try only: then every error is the caller's
+            if self._checked:
+                raise
+            self.packs = False
+            warnings.warn(
+                f"nvImageCodec {nvimgcodec_version()} could not decode into fastload's batch buffer "
+                f"({type(e).__name__}: {e}); each image is copied out of nvImageCodec's own memory "
+                "instead (a few microseconds more per image)",
+                stacklevel=3,
+            )
+            return None
+        ok = [image is not None for image in decoded]
+        return PackedImages(flat, offsets, heights, widths, 3), boxes, ok
 
     def release(self) -> None:
         """Lets go of the last call's nvImageCodec images once the copies out of them are done

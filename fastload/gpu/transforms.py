@@ -109,15 +109,70 @@ __all__ = [
     "HostBufferPool",
     "IndexedBatch",
     "Normalize",
+    "PackedImages",
     "RandomErasing",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
     "apply_transform",
+    "crop_resize",
     "host_pool",
 ]
 
-Images = torch.Tensor | Sequence[torch.Tensor]
+
+class PackedImages:
+    """Images of different sizes back to back in one flat buffer, each channels first (what a
+    region decoder writes a batch's crops into): the geometric transforms read them from there,
+    with no tensor per image.
+
+    Args:
+        flat: The buffer, 1-D (it may hold more than the images, e.g. a refused image's space).
+        offsets: Where each image starts in ``flat`` (elements).
+        heights: Each image's height.
+        widths: Each image's width.
+        channels: Channels of every image.
+
+    Example:
+        >>> flat = torch.arange(2 * 3 + 2 * 2 * 3, dtype=torch.uint8)
+        >>> packed = PackedImages(flat, np.array([0, 6]), np.array([1, 2]), np.array([2, 2]), channels=3)
+        >>> packed.image(1).shape
+        torch.Size([3, 2, 2])
+    """
+
+    def __init__(
+        self, flat: torch.Tensor, offsets: np.ndarray, heights: np.ndarray, widths: np.ndarray, channels: int
+    ) -> None:
+        if flat.ndim != 1:
+            raise ValueError(f"flat should be a 1-D tensor, but got shape {tuple(flat.shape)}")
+        self.flat, self.channels = flat, int(channels)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.heights = np.asarray(heights, dtype=np.int64)
+        self.widths = np.asarray(widths, dtype=np.int64)
+        if not len(self.offsets) == len(self.heights) == len(self.widths):
+            raise ValueError(
+                f"offsets, heights and widths should have one entry per image, but got {len(self.offsets)}, "
+                f"{len(self.heights)} and {len(self.widths)}"
+            )
+        ends = self.offsets + self.channels * self.heights * self.widths
+        if len(ends) and (self.offsets.min() < 0 or int(ends.max()) > flat.numel()):
+            raise ValueError(f"the images run past the end of flat ({flat.numel()} elements)")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def image(self, k: int) -> torch.Tensor:
+        """Image ``k`` as a ``(C, H, W)`` view of the buffer."""
+        h, w = int(self.heights[k]), int(self.widths[k])
+        start = int(self.offsets[k])
+        return self.flat[start : start + self.channels * h * w].view(self.channels, h, w)
+
+    def select(self, rows: np.ndarray) -> PackedImages:
+        """The images ``rows`` (in that order), in the same buffer."""
+        offsets, heights, widths = self.offsets[rows], self.heights[rows], self.widths[rows]
+        return PackedImages(self.flat, offsets, heights, widths, self.channels)
+
+
+Images = torch.Tensor | Sequence[torch.Tensor] | PackedImages
 Indices = Sequence[int] | np.ndarray | torch.Tensor | None
 
 
@@ -157,7 +212,7 @@ def _batch_size(images: Images) -> int:
                 f"images should be an (N, C, H, W) tensor, but got a tensor of shape {tuple(images.shape)}"
             )
         return images.shape[0]
-    if isinstance(images, (list, tuple)):
+    if isinstance(images, (list, tuple, PackedImages)):
         return len(images)
     raise TypeError(
         "images should be an (N, C, H, W) tensor or a list of (C, H, W) tensors, but got "
@@ -170,6 +225,8 @@ def _image_sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
     n = _batch_size(images)
     if isinstance(images, torch.Tensor):
         return np.full(n, images.shape[2], dtype=np.int64), np.full(n, images.shape[3], dtype=np.int64)
+    if isinstance(images, PackedImages):
+        return images.heights.copy(), images.widths.copy()
     for k, t in enumerate(images):
         if not isinstance(t, torch.Tensor) or t.ndim != 3:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -379,6 +436,7 @@ class _AntialiasTaps(_Taps):
         self.src0, self.m0, self.m1, self.size = axis.src0, axis.m0, axis.m1, axis.size
         self.xmin, self.xsize, self.center, self.valid = xmin, xsize, center, valid
         self.invscale = np.broadcast_to(invscale, xmin.shape)
+        self._made: tuple[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _clip(self, pos: np.ndarray) -> np.ndarray:
         return np.clip(pos, 0, self.size - 1)
@@ -394,17 +452,31 @@ class _AntialiasTaps(_Taps):
     def on_device(
         self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Made once per batch for every image, as wide as the widest filter, and cut per group of
+        # rows: a few kernels per group instead of a few dozen (taps past an image's own width
+        # weigh 0 and add nothing to its sums, so its taps are the same bits either way).
+        key = (device, dtype)
+        if self._made is None or self._made[0] != key:
+            self._made = (key, self._make(device, dtype))
+        pos, w = self._made[1]
         width = self.width(rows)
+        if len(rows) == len(self.xmin) and bool((rows == np.arange(len(rows))).all()):
+            return pos[:, :, :width] - _to_device(origin, device)[:, None, None], w[:, :, :width]
+        picked = _to_device(np.stack([rows, origin]), device)  # one copy: the rows and their origins
+        pos, w = pos.index_select(0, picked[0]), w.index_select(0, picked[0])
+        return pos[:, :, :width] - picked[1][:, None, None], w[:, :, :width]
+
+    def _make(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every image's ``(positions, weights)``, ``(N, L, widest)``, on ``device``."""
+        width = max(int(self.xsize.max()), 1)
 
         def there(a: np.ndarray) -> torch.Tensor:
             return _to_device(np.ascontiguousarray(a), device)
 
-        xmin, xsize = there(self.xmin[rows])[:, :, None], there(self.xsize[rows])[:, :, None]
-        center, invscale = there(self.center[rows])[:, :, None], there(self.invscale[rows])[:, :, None]
-        per_image = there(
-            np.stack([self.src0[rows], self.m0[rows], self.m1[rows], self.size[rows] - 1, origin], 1)
-        )
-        src0, m0, m1, top, origin_t = (per_image[:, c, None, None] for c in range(5))
+        xmin, xsize = there(self.xmin)[:, :, None], there(self.xsize)[:, :, None]
+        center, invscale = there(self.center)[:, :, None], there(self.invscale)[:, :, None]
+        per_image = there(np.stack([self.src0, self.m0, self.m1, self.size - 1], 1))
+        src0, m0, m1, top = (per_image[:, c, None, None] for c in range(4))
         k = torch.arange(width, device=device)
         used = k < xsize
         j = xmin + k
@@ -416,10 +488,10 @@ class _AntialiasTaps(_Taps):
         w = w / total.masked_fill(~(total > 0), 1.0)[:, :, None]
         pos = src0 + j
         inside = (pos >= m0) & (pos < m1)
-        w = w * inside * there(self.valid[rows])[:, :, None]
+        w = w * inside * there(self.valid)[:, :, None]
         pos = torch.minimum(pos.clamp_min(0), top)
         pos = torch.where(used, pos, pos[:, :, :1])
-        return pos - origin_t, w.to(dtype)
+        return pos, w.to(dtype)
 
 
 class _Plan:
@@ -427,7 +499,10 @@ class _Plan:
 
     def __init__(self, images: Images) -> None:
         heights, widths = _image_sizes(images)
-        if not isinstance(images, torch.Tensor):
+        if isinstance(images, PackedImages):
+            if len(images) == 0:
+                raise ValueError("images should hold at least one image, but got an empty PackedImages")
+        elif not isinstance(images, torch.Tensor):
             if len(images) == 0:
                 raise ValueError(
                     "images should be a non-empty list of (C, H, W) tensors, but got an empty list"
@@ -538,9 +613,14 @@ class _Plan:
     def _execute_general(self) -> torch.Tensor:
         images = self.images
         n = self.n
-        first = images if isinstance(images, torch.Tensor) else images[0]
+        if isinstance(images, PackedImages):
+            first, channels = images.flat, images.channels
+        elif isinstance(images, torch.Tensor):
+            first, channels = images, images.shape[1]
+        else:
+            first = images[0]
+            channels = first.shape[0]
         device, dtype = first.device, first.dtype
-        channels = first.shape[1] if isinstance(images, torch.Tensor) else first.shape[0]
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         taps_y = self.y.taps(None, self.antialias)
         taps_x = self.x.taps(self.flip, self.antialias)
@@ -560,6 +640,13 @@ class _Plan:
         if isinstance(images, torch.Tensor):
             flat = images.contiguous().view(-1)
             offsets = np.arange(n, dtype=np.int64) * (channels * heights * widths)
+        elif isinstance(images, PackedImages):
+            flat, offsets = images.flat, images.offsets
+            # padding: a window that starts in a narrow image may run past the buffer's end (a
+            # region decoder leaves room for it: no copy then)
+            reach = int((offsets + channels * heights * widths).max()) + int(span_x.max())
+            if flat.numel() < reach:
+                flat = torch.cat([flat, flat.new_zeros(reach - flat.numel())])
         else:
             numels = np.array([t.numel() for t in images], dtype=np.int64)
             offsets = np.concatenate([[0], np.cumsum(numels)[:-1]]).astype(np.int64)
@@ -765,6 +852,29 @@ class Compose(BatchTransform):
     def __repr__(self) -> str:
         inner = "".join(f"\n    {t!r}," for t in self.transforms)
         return f"Compose([{inner}\n])"
+
+
+def crop_resize(
+    images: Images,
+    top: np.ndarray,
+    left: np.ndarray,
+    height: np.ndarray,
+    width: np.ndarray,
+    size: tuple[int, int],
+    antialias: bool = True,
+) -> torch.Tensor:
+    """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size``, for the
+    whole batch in one resampling pass: what :class:`RandomResizedCrop` does with the boxes it
+    draws (the same taps, so the same pixels), for boxes drawn elsewhere (a region decoder's).
+
+    Returns:
+        An ``(N, C, size[0], size[1])`` tensor, of the images' dtype.
+    """
+    plan = _Plan(images)
+    plan.crop(top, left, height, width)
+    plan.resize(np.full(plan.n, size[0]), np.full(plan.n, size[1]), antialias)
+    plan.random_geometry = True
+    return plan.execute()
 
 
 class RandomResizedCrop(_Geometric):
