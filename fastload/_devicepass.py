@@ -60,6 +60,19 @@ def reads_in_memory(dataset: Any) -> bool:
     )
 
 
+def _labels(dataset: Any, indices: np.ndarray) -> torch.Tensor:
+    """The samples' labels (``dataset.targets``, through its ``target_transform`` where it has
+    one), int64: one array step for a numpy column, else one sample at a time."""
+    targets = dataset.targets
+    target_transform = getattr(dataset, "target_transform", None)
+    if target_transform is None and isinstance(targets, np.ndarray) and targets.dtype.kind in "iu":
+        return torch.from_numpy(targets[indices].astype(np.int64))
+    picked = [int(targets[int(i)]) for i in indices]
+    if target_transform is not None:
+        picked = [int(target_transform(t)) for t in picked]
+    return torch.tensor(picked, dtype=torch.int64)
+
+
 def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
     return [get_bytes(i) for i in indices]
 
@@ -182,7 +195,8 @@ class EncodedPass:
             if regions is None:
                 images = decoder.decode(encoded, names, on_device, None, stream)
             else:  # the boxes, into one buffer where the decoder can (no tensor per image)
-                images = decoder.decode_regions(encoded, names, on_device, regions, stream)
+                sizes = (self.headers.height[indices], self.headers.width[indices])
+                images = decoder.decode_regions(encoded, names, on_device, regions, stream, sizes)
             return self._decoded(images, indices, None), backend.record_event(self._decode_stream)
 
     def _regions(
@@ -238,13 +252,8 @@ class EncodedPass:
         backend.wait_event(stream, decoded)
         for image in images.tensors() if isinstance(images, RegionBatch) else images:
             backend.record_stream(image, stream)  # made on the decoder's stream, used on this one
-        dataset: Any = self.loader.dataset
         indices = self.batches[k]
-        target_transform = getattr(dataset, "target_transform", None)
-        targets = [int(dataset.targets[int(i)]) for i in indices]
-        if target_transform is not None:
-            targets = [int(target_transform(t)) for t in targets]
-        labels, order = torch.tensor(targets, dtype=torch.int64), torch.from_numpy(indices)
+        labels, order = _labels(self.loader.dataset, indices), torch.from_numpy(indices)
         if self.pin:
             labels, order = self.host.pin(labels), self.host.pin(order)
         non_blocking = self.pin
@@ -382,11 +391,7 @@ class HybridPass(EncodedPass):
         d = self.shares.device_count(k)
         stream = backend.current_stream(self.device)
         parts: list[torch.Tensor] = []
-        targets = [int(dataset.targets[int(i)]) for i in indices[:d]]
-        target_transform = getattr(dataset, "target_transform", None)
-        if target_transform is not None:
-            targets = [int(target_transform(t)) for t in targets]
-        labels = torch.tensor(targets, dtype=torch.int64)
+        labels = _labels(dataset, indices[:d])
         if device_images is not None:
             backend.wait_event(stream, decoded)
             backend.record_stream(device_images, stream)  # made on the decoder's stream, used on this one

@@ -439,3 +439,31 @@ def test_a_decoder_that_does_not_decode_in_place_is_caught_on_the_first_batch(
         got = _take(_loader(imagenet_root))
     for (x, y), (rx, ry) in zip(got, reference, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+class _ListedTargets(fastload.InMemoryImageFolder):
+    """Targets as a list, as torchvision's datasets keep them."""
+
+    @property
+    def targets(self) -> list[int]:
+        return [int(t) for t in super().targets]
+
+
+@pytest.mark.parametrize("decode", ["device", "hybrid"])
+def test_labels_come_from_the_targets_column_or_through_target_transform(
+    imagenet_root: Path, stand_in: Any, decode: str
+) -> None:
+    """The device paths' labels: the dataset's targets in the batch's order, through its
+    target_transform where it has one, from a numpy column or a list alike."""
+    plain = fastload.InMemoryImageFolder(imagenet_root / "train")
+    moved = fastload.InMemoryImageFolder(imagenet_root / "train", target_transform=lambda t: 10 * t + 1)
+    listed = _ListedTargets(imagenet_root / "train")
+    options: dict[str, Any] = dict(batch_size=4, shuffle=True, seed=3, num_workers=1, device="cpu")
+    order = fastload.rng.epoch_permutation(len(plain), 3, 0).numpy()
+    expected = np.asarray(plain.targets)[order]
+    for ds, want in ((plain, expected), (moved, 10 * expected + 1), (listed, expected)):
+        loader = fastload.DataLoader(ds, decode=decode, gpu_transforms=_pipeline(), **options)
+        if loader.hybrid is not None:
+            loader.hybrid.cpu_share = 0.5
+        labels = torch.cat([y for _, y in _take(loader)])
+        assert labels.dtype == torch.int64 and labels.tolist() == want.tolist()

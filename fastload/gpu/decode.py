@@ -304,11 +304,13 @@ class BatchDecoder:
         on_device: Sequence[bool],
         regions: Sequence[tuple[int, int, int, int] | None],
         stream: Any = None,
+        sizes: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> RegionBatch:
         """:meth:`decode` for a batch whose crop boxes are known (``regions``, which needs
         :attr:`regions`): the device's decoder writes its images' boxes (and their margins)
         straight into one buffer where it can (:meth:`~fastload.gpu.nvimgcodec.RegionDecoder.
-        decode_packed`); the CPU decodes the rest as in :meth:`decode`.
+        decode_packed`); the CPU decodes the rest as in :meth:`decode`. ``sizes``: the images'
+        heights and widths where known (the header columns).
         """
         n = len(encoded)
         region_decoder = self.region_decoder
@@ -317,7 +319,11 @@ class BatchDecoder:
         if region_decoder is not None and region_decoder.packs and slots:
             raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
             wanted = [r for r in (regions[k] for k in slots) if r is not None]  # all of them (slots)
-            result = region_decoder.decode_packed([raws[k] for k in slots], wanted, stream)
+            known = None
+            if sizes is not None:
+                heights, widths = sizes[0].tolist(), sizes[1].tolist()
+                known = [(heights[k], widths[k]) for k in slots]
+            result = region_decoder.decode_packed([raws[k] for k in slots], wanted, stream, known)
         if result is None:  # no in-place decoding here: each image its own tensor
             images = self.decode(encoded, names, on_device, regions, stream)
             return RegionBatch(

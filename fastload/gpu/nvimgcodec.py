@@ -247,20 +247,24 @@ class RegionDecoder:
         self,
         encoded: Sequence[bytes | memoryview | np.ndarray],
         regions: Sequence[tuple[int, int, int, int] | None],
+        sizes: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[list[Any], list[tuple[int, int, int, int] | None]]:
         """nvImageCodec's code streams of ``encoded``, each limited to its region and margin, and
-        the regions asked for (with their margin; ``None``: the whole image)."""
+        the regions asked for (with their margin; ``None``: the whole image). ``sizes``: each
+        image's ``(height, width)`` where known (the header columns), else read from its code
+        stream (two more calls into nvImageCodec per image)."""
         nv = self.nv
         sources = []
         asked: list[tuple[int, int, int, int] | None] = []
-        for data, region in zip(encoded, regions, strict=True):
+        for k, (data, region) in enumerate(zip(encoded, regions, strict=True)):
             array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
             source = nv.CodeStream(array)
             if region is not None:
                 top, left, height, width = region
+                full_h, full_w = sizes[k] if sizes is not None else (int(source.height), int(source.width))
                 y0, x0 = max(0, top - MARGIN), max(0, left - MARGIN)
-                y1 = min(int(source.height), top + height + MARGIN)
-                x1 = min(int(source.width), left + width + MARGIN)
+                y1 = min(full_h, top + height + MARGIN)
+                x1 = min(full_w, left + width + MARGIN)
                 source = source.get_sub_code_stream(region=nv.Region(y0, x0, y1, x1))
                 asked.append((y0, x0, y1 - y0, x1 - x0))
             else:
@@ -332,11 +336,13 @@ class RegionDecoder:
         encoded: Sequence[bytes | memoryview | np.ndarray],
         regions: Sequence[tuple[int, int, int, int]],
         stream: Any = None,
+        sizes: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[PackedImages, np.ndarray, list[bool]] | None:
         """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
         :data:`MARGIN`, channels first into one buffer allocated here on the current stream
         (``stream``: its CUDA stream object): no tensor, copy or allocation per image, and no
-        nvImageCodec memory to hold on to.
+        nvImageCodec memory to hold on to. ``sizes``: each image's ``(height, width)`` where
+        known (the header columns).
 
         Returns:
             The decoded regions (:class:`~fastload.gpu.transforms.PackedImages`, one per image;
@@ -346,18 +352,18 @@ class RegionDecoder:
             not available here (then :attr:`packs` is off and :meth:`decode` takes over).
         """
         nv = self.nv
-        sources, asked = self._sources(encoded, regions)
+        sources, asked = self._sources(encoded, regions, sizes)
         outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
         wanted = np.array(regions, dtype=np.int64).reshape(-1, 4)
         boxes = np.stack(
             [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
         )
         heights, widths = outer[:, 2], outer[:, 3]
-        sizes = 3 * heights * widths
-        offsets = np.zeros(len(sizes), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=offsets[1:])
+        numels = 3 * heights * widths
+        offsets = np.zeros(len(numels), dtype=np.int64)
+        np.cumsum(numels[:-1], out=offsets[1:])
         # room past the last image for the resampler's row windows (see gpu.transforms._resample)
-        total = int(sizes.sum()) + (int(widths.max()) if len(widths) else 0)
+        total = int(numels.sum()) + (int(widths.max()) if len(widths) else 0)
         flat = torch.empty(total, dtype=torch.uint8, device=self.device)
         cuda = self.device.type == "cuda"
         handle = int(getattr(stream, "cuda_stream", 0) or 0) if (cuda and stream is not None) else 0
