@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import itertools
 import math
 import os
 import warnings
@@ -114,6 +115,16 @@ def nvimgcodec_version() -> str | None:
     """nvImageCodec's version where it imports, else ``None``."""
     module = _module()
     return None if module is None else str(getattr(module, "__version__", "unknown"))
+
+
+def _version_at_least(module: Any, wanted: tuple[int, int]) -> bool:
+    """Whether ``module.__version__`` (``"0.9.0"``, ``"0.9.0-stand-in"``) is ``wanted`` or later."""
+    parts = str(getattr(module, "__version__", "0")).split(".")
+    numbers = []
+    for part in parts[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits) if digits else 0)
+    return hasattr(module, "as_images") and tuple(numbers + [0] * (2 - len(numbers))) >= wanted
 
 
 def hw_decoder_load() -> float:
@@ -229,8 +240,9 @@ class RegionDecoder:
             sample_format=nv.SampleFormat.I_RGB,
         )
         #: Whether :meth:`decode_packed` decodes into fastload's buffer (nvImageCodec 0.9's
-        #: ``as_images`` and planar output); turned off, with a warning, where a first try fails.
-        self.packs = PACKED and hasattr(nv, "as_images") and hasattr(nv.SampleFormat, "P_RGB")
+        #: ``as_images`` of planar buffers; older versions copy each image out of their own
+        #: memory); turned off, with a warning, where a first try fails.
+        self.packs = PACKED and _version_at_least(nv, (0, 9)) and hasattr(nv.SampleFormat, "P_RGB")
         self._checked = False  # the first packed decode is checked to have landed in place
         self.planar_params = (
             nv.DecodeParams(
