@@ -265,6 +265,48 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
     assert len(out) >= len(ds) // 2
 
 
+@pytest.mark.cuda
+def test_nvimgcodec_decodes_in_place_on_the_gpu(imagenet_root: Path) -> None:  # pragma: no cover
+    """The real decoder (nvImageCodec 0.9 and a CUDA device) writes each region, planar, into the
+    batch buffer it is given, on the decoder's stream: the pixels of copying each image out of its
+    own memory, and nothing refused."""
+    from fastload.decode import jpeg_header
+
+    if not nvimgcodec.available("cuda"):
+        pytest.skip("nvImageCodec is not installed (pip install 'fastload[nvimgcodec-cu12]' or -cu13)")
+    ds = fastload.ImageFolder(imagenet_root / "train")
+    files, regions, sizes = [], [], []
+    for i in range(len(ds)):
+        data = bytes(ds.get_bytes(i))
+        header = jpeg_header(data)
+        if header is None:
+            continue
+        width, height, _ = header
+        files.append(data)
+        regions.append((height // 5, width // 7, max(1, height // 2), max(1, width // 2)))
+        sizes.append((height, width))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        decoder = nvimgcodec.RegionDecoder(torch.device("cuda"))
+        assert decoder.packs, f"nvImageCodec {nvimgcodec.nvimgcodec_version()} does not decode in place"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = decoder.decode_packed(files, regions, stream, sizes)
+        assert result is not None and decoder.packs
+        packed, boxes, ok = result
+        copied = decoder.decode(files, regions, stream)
+    stream.synchronize()
+    assert all(ok) and None not in copied
+    for k, (image, (top, left, h, w)) in enumerate(zip(copied, boxes.tolist(), strict=True)):
+        assert image is not None
+        got = packed.image(k)[:, top : top + h, left : left + w]
+        assert got.shape == image.shape, f"image {k}"
+        # the same decode, planar instead of interleaved (the backend that takes an image may
+        # differ between the two calls: the hardware decoder's and nvJPEG's IDCT rounding)
+        diff = (got.int() - image.int()).abs().float()
+        assert float(diff.mean()) <= 0.5 and float(diff.max()) <= 8, f"image {k}"
+
+
 @pytest.mark.parametrize(("setting", "expected"), [(None, 0.9), ("1.0", 1.0), ("0", 0.0), (" 0.5 ", 0.5)])
 def test_the_hardware_decoders_share_is_set_by_the_environment(
     stand_in: Any, monkeypatch: pytest.MonkeyPatch, setting: str | None, expected: float
