@@ -1,0 +1,28 @@
+"""``bench/device_overhead.py``: decode="device" with its null decoder on small JPEGs (CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "device_overhead.py"
+
+
+def test_device_overhead_bench_reports_both_rows(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    args = ["--images", "130", "--batch-size", "32", "--batches", "3", "--repeat", "1", "--json", str(out)]
+    run = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["row"] for r in rows] == ["in place", "copies"]
+    assert all(r["images_per_s"] > 0 and r["cpu_us_per_image"] > 0 for r in rows)
+    assert "in place / copies:" in run.stdout
+    too_few = subprocess.run(
+        [sys.executable, str(BENCH), "--images", "10", "--batch-size", "32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert too_few.returncode == 2 and "fewer than one batch of 32" in too_few.stderr
