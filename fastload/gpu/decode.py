@@ -319,10 +319,7 @@ class BatchDecoder:
         if region_decoder is not None and region_decoder.packs and slots:
             raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
             wanted = [r for r in (regions[k] for k in slots) if r is not None]  # all of them (slots)
-            known = None
-            if sizes is not None:
-                heights, widths = sizes[0].tolist(), sizes[1].tolist()
-                known = [(heights[k], widths[k]) for k in slots]
+            known = None if sizes is None else np.stack([sizes[0][slots], sizes[1][slots]], axis=1)
             result = region_decoder.decode_packed([raws[k] for k in slots], wanted, stream, known)
         if result is None:  # no in-place decoding here: each image its own tensor
             images = self.decode(encoded, names, on_device, regions, stream)

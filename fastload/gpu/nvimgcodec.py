@@ -259,21 +259,19 @@ class RegionDecoder:
         self,
         encoded: Sequence[bytes | memoryview | np.ndarray],
         regions: Sequence[tuple[int, int, int, int] | None],
-        sizes: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[list[Any], list[tuple[int, int, int, int] | None]]:
-        """nvImageCodec's code streams of ``encoded``, each limited to its region and margin, and
-        the regions asked for (with their margin; ``None``: the whole image). ``sizes``: each
-        image's ``(height, width)`` where known (the header columns), else read from its code
-        stream (two more calls into nvImageCodec per image)."""
+        """nvImageCodec's code streams of ``encoded``, each limited to its region and margin
+        (clipped to the image's size, read from its code stream), and the regions asked for (with
+        their margin; ``None``: the whole image)."""
         nv = self.nv
         sources = []
         asked: list[tuple[int, int, int, int] | None] = []
-        for k, (data, region) in enumerate(zip(encoded, regions, strict=True)):
+        for data, region in zip(encoded, regions, strict=True):
             array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
             source = nv.CodeStream(array)
             if region is not None:
                 top, left, height, width = region
-                full_h, full_w = sizes[k] if sizes is not None else (int(source.height), int(source.width))
+                full_h, full_w = int(source.height), int(source.width)
                 y0, x0 = max(0, top - MARGIN), max(0, left - MARGIN)
                 y1 = min(full_h, top + height + MARGIN)
                 x1 = min(full_w, left + width + MARGIN)
@@ -348,13 +346,13 @@ class RegionDecoder:
         encoded: Sequence[bytes | memoryview | np.ndarray],
         regions: Sequence[tuple[int, int, int, int]],
         stream: Any = None,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: np.ndarray | Sequence[tuple[int, int]] | None = None,
     ) -> tuple[PackedImages, np.ndarray, list[bool]] | None:
         """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
         :data:`MARGIN`, channels first into one buffer allocated here on the current stream
         (``stream``: its CUDA stream object): no tensor, copy or allocation per image, and no
         nvImageCodec memory to hold on to. ``sizes``: each image's ``(height, width)`` where
-        known (the header columns).
+        known (the header columns; ``(n, 2)``), else read from its code stream.
 
         Returns:
             The decoded regions (:class:`~fastload.gpu.transforms.PackedImages`, one per image;
@@ -364,9 +362,24 @@ class RegionDecoder:
             not available here (then :attr:`packs` is off and :meth:`decode` takes over).
         """
         nv = self.nv
-        sources, asked = self._sources(encoded, regions, sizes)
-        outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
         wanted = np.array(regions, dtype=np.int64).reshape(-1, 4)
+        if sizes is None:
+            sources, asked = self._sources(encoded, regions)
+            outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
+        else:  # the margins for the whole batch in array steps; per image, only nvImageCodec's calls
+            full = np.array(sizes, dtype=np.int64).reshape(-1, 2)
+            y0 = np.maximum(wanted[:, 0] - MARGIN, 0)
+            x0 = np.maximum(wanted[:, 1] - MARGIN, 0)
+            y1 = np.minimum(full[:, 0], wanted[:, 0] + wanted[:, 2] + MARGIN)
+            x1 = np.minimum(full[:, 1], wanted[:, 1] + wanted[:, 3] + MARGIN)
+            code_stream, region = nv.CodeStream, nv.Region
+            sources = [
+                code_stream(
+                    data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+                ).get_sub_code_stream(region=region(*r))
+                for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
+            ]
+            outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
         boxes = np.stack(
             [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
         )
