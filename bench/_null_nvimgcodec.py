@@ -72,6 +72,10 @@ class Image:
         interface: dict[str, Any] = self.source.__array_interface__
         return interface
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.__array_interface__["shape"])
+
 
 def as_images(sources: list[Any], cuda_stream: int = 0, *, sample_format: Any = None) -> list[Image]:
     return [Image(s) for s in sources]

@@ -54,6 +54,10 @@ class Image:
     def __array_interface__(self) -> dict[str, Any]:
         return self.array.__array_interface__
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
 
 def as_images(sources: list[Any], cuda_stream: int = 0, *, sample_format: Any = None) -> list[Image]:
     as_images.calls += 1  # type: ignore[attr-defined]
@@ -91,6 +95,8 @@ class Decoder:
     refuse_every = 0  # > 0: every this many-th image it is given (an odd file now and then)
     pitch = 0  # > 0: each image's rows padded by this many pixels (a decoder's pitched buffer)
     ignore_images = False  # True: images= ignored, new memory returned (as a decoder that cannot reuse)
+    ignore_images_after: int | None = None  # ignored from the call after this many in-place calls
+    in_place_calls = 0
     seen = 0
 
     def __init__(
@@ -114,6 +120,11 @@ class Decoder:
             raise ValueError(
                 f"Size mismatch - images list has {len(images)} items, but code_streams list has {len(srcs)}"
             )
+        ignore = self.ignore_images
+        if images is not None:
+            Decoder.in_place_calls += 1
+            after = self.ignore_images_after
+            ignore = ignore or (after is not None and Decoder.in_place_calls > after)
         out: list[Any] = []
         for k, s in enumerate(srcs):
             Decoder.seen += 1
@@ -125,7 +136,7 @@ class Decoder:
             if s.region is not None:
                 (y0, x0), (y1, x1) = s.region.start, s.region.end
                 pixels = pixels[y0:y1, x0:x1]
-            if images is not None and not self.ignore_images:  # into the caller's buffer
+            if images is not None and not ignore:  # into the caller's buffer
                 target = images[k].array
                 want = (3, *pixels.shape[:2]) if planar else pixels.shape
                 if target.shape != want:

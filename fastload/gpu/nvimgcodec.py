@@ -71,6 +71,9 @@ MARGIN = 1
 #: decode_packed`) where nvImageCodec can; ``False``: each image is copied out of its own memory.
 PACKED = True
 
+#: The byte boundary each image of an in-place batch buffer starts on.
+ALIGN = 256
+
 #: The module :func:`_module` returns instead of ``nvidia.nvimgcodec`` (tests: a CPU stand-in).
 _injected: Any = None
 
@@ -373,25 +376,35 @@ class RegionDecoder:
             y1 = np.minimum(full[:, 0], wanted[:, 0] + wanted[:, 2] + MARGIN)
             x1 = np.minimum(full[:, 1], wanted[:, 1] + wanted[:, 3] + MARGIN)
             code_stream, region = nv.CodeStream, nv.Region
-            sources = [
-                code_stream(
-                    data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-                ).get_sub_code_stream(region=region(*r))
-                for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
-            ]
-            outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
+            try:
+                sources = [
+                    code_stream(
+                        data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+                    ).get_sub_code_stream(region=region(*r))
+                    for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
+                ]
+                outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
+            except Exception:  # noqa: BLE001 - e.g. a size nvImageCodec reads otherwise: its own sizes
+                sources, asked = self._sources(encoded, regions)
+                outer = np.array(asked, dtype=np.int64).reshape(-1, 4)
         boxes = np.stack(
             [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
         )
         heights, widths = outer[:, 2], outer[:, 3]
         numels = 3 * heights * widths
+        # each image on a 256-byte boundary (as CUDA's own allocations are)
+        spans = (numels + ALIGN - 1) // ALIGN * ALIGN
         offsets = np.zeros(len(numels), dtype=np.int64)
-        np.cumsum(numels[:-1], out=offsets[1:])
+        np.cumsum(spans[:-1], out=offsets[1:])
         # room past the last image for the resampler's row windows (see gpu.transforms._resample)
-        total = int(numels.sum()) + (int(widths.max()) if len(widths) else 0)
+        total = int(spans.sum()) + (int(widths.max()) if len(widths) else 0)
         flat = torch.empty(total, dtype=torch.uint8, device=self.device)
         cuda = self.device.type == "cuda"
-        handle = int(getattr(stream, "cuda_stream", 0) or 0) if (cuda and stream is not None) else 0
+        handle = 0
+        if cuda:  # the stream the buffer is allocated on: the decode is queued there
+            handle = int(
+                getattr(stream, "cuda_stream", 0) or torch.cuda.current_stream(self.device).cuda_stream
+            )
         base = flat.data_ptr()
         planes = [
             _Plane(base + o, h, w, cuda, handle or None)
@@ -403,24 +416,41 @@ class RegionDecoder:
             decoded = self.decoder.decode(
                 sources, images=images, params=self.planar_params, cuda_stream=handle
             )
-            if not self._checked:  # once per decoder: the pixels are where they were asked to be
-                for image, plane in zip(decoded, planes, strict=True):
-                    if image is not None and _data_ptr(image, cuda) != plane.ptr:
-                        raise NotInPlace("the decoded images are not in the buffer given")
-                self._checked = True
-        except Exception as e:  # noqa: BLE001 - a first try only: then every error is the caller's
-            if self._checked:
-                raise
-            self.packs = False
-            warnings.warn(
-                f"nvImageCodec {nvimgcodec_version()} could not decode into fastload's batch buffer "
-                f"({type(e).__name__}: {e}); each image is copied out of nvImageCodec's own memory "
-                "instead (a few microseconds more per image)",
-                stacklevel=3,
-            )
+        except Exception as e:  # noqa: BLE001 - the copies decode the batch (and raise what is the files')
+            if not self._checked:
+                self._give_up(e)
             return None
+        # Every batch: each image is the one given (nvImageCodec hands back the Image it decoded
+        # into); anything else is looked at where it is, and the first verified image's shape too.
+        for image, wrapper, plane in zip(decoded, images, planes, strict=True):
+            if image is None or image is wrapper:
+                continue
+            if _data_ptr(image, cuda) != plane.ptr:
+                self._give_up(NotInPlace("an image came back outside the buffer given"))
+                return None
+        if not self._checked:
+            for image, h, w in zip(decoded, heights.tolist(), widths.tolist(), strict=True):
+                if image is None:
+                    continue
+                if tuple(image.shape) != (3, h, w):
+                    self._give_up(
+                        NotInPlace(f"an image came back {tuple(image.shape)}, not planar (3, {h}, {w})")
+                    )
+                    return None
+                self._checked = True
+                break
         ok = [image is not None for image in decoded]
         return PackedImages(flat, offsets, heights, widths, 3), boxes, ok
+
+    def _give_up(self, error: BaseException) -> None:
+        """Decoding in place turned off for this decoder, with one warning saying why."""
+        self.packs = False
+        warnings.warn(
+            f"nvImageCodec {nvimgcodec_version()} could not decode into fastload's batch buffer "
+            f"({type(error).__name__}: {error}); each image is copied out of nvImageCodec's own memory "
+            "from now on (a few microseconds more per image)",
+            stacklevel=4,
+        )
 
     def release(self) -> None:
         """Lets go of the last call's nvImageCodec images once the copies out of them are done
