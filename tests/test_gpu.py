@@ -795,3 +795,23 @@ def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:
         PackedImages(flat[:-1], offsets, sizes[:, 0], sizes[:, 1], channels=3)
     with pytest.raises(ValueError, match="1-D"):
         PackedImages(flat.view(1, -1), offsets, sizes[:, 0], sizes[:, 1], channels=3)
+
+
+def test_a_flip_and_normalize_do_not_import_torchvision() -> None:
+    """Only a resize needs torchvision's kernels: a flip (the device paths' rest after the crop)
+    runs without importing it (seconds of imports in the feeder thread's first batch otherwise)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from fastload import gpu\n"
+        "x = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)\n"
+        "rest = gpu.Compose([gpu.RandomHorizontalFlip(), gpu.Normalize([0.5] * 3, [0.2] * 3)])\n"
+        "rest(x, indices=np.arange(4))\n"
+        "assert 'torchvision' not in sys.modules, 'torchvision imported'\n"
+        "gpu.Resize((4, 4))(x)\n"
+        "assert 'torchvision' in sys.modules\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]

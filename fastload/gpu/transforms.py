@@ -581,8 +581,6 @@ class _Plan:
 
     def _execute_uniform(self, images: torch.Tensor) -> torch.Tensor | None:
         """Same geometry for every image and no padding: slices plus torchvision's batched resize."""
-        from torchvision.transforms.v2 import functional as tvf  # on first use: keeps the import cheap
-
         for axis in (self.y, self.x):
             if axis.resampled:
                 if axis.src0[0] < axis.m0[0] or axis.src0[0] + axis.srclen[0] > axis.m1[0]:
@@ -597,6 +595,9 @@ class _Plan:
             if start != 0 or length != out.shape[dim]:
                 out = out.narrow(dim, int(start), int(length))
         if self.resampled:
+            # on first use (a flip or a crop alone does not need torchvision: seconds of imports)
+            from torchvision.transforms.v2 import functional as tvf
+
             size = [
                 int(self.y.reslen[0]) if self.y.resampled else out.shape[2],
                 int(self.x.reslen[0]) if self.x.resampled else out.shape[3],
