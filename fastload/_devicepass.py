@@ -197,7 +197,7 @@ class EncodedPass:
             else:  # the boxes, into one buffer where the decoder can (no tensor per image)
                 sizes = (self.headers.height[indices], self.headers.width[indices])
                 images = decoder.decode_regions(encoded, names, on_device, regions, stream, sizes)
-            return self._decoded(images, indices, None), backend.record_event(self._decode_stream)
+            return self._decoded(images, indices), backend.record_event(self._decode_stream)
 
     def _regions(
         self, indices: np.ndarray, on_device: list[bool]
@@ -219,34 +219,28 @@ class EncodedPass:
             regions[k] = (tops[r], lefts[r], box_heights[r], box_widths[r])
         return regions
 
-    def _decoded(
-        self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray, cropped: list[bool] | None
-    ) -> Any:
-        """What the decoder thread hands over for a batch's decoded images (here: the images, and
-        which of them are their crop box only)."""
-        return images, cropped
+    def _decoded(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
+        """What the decoder thread hands over for a batch's decoded images (here: the images, each
+        its own tensor, or a :class:`~fastload.gpu.decode.RegionBatch` of crop regions)."""
+        return images
 
-    def _transform(self, images: Any, cropped: list[bool] | None, indices: np.ndarray) -> Any:
-        """``gpu_transforms`` on a batch's decoded images (the head on the cropped ones: a resize)."""
+    def _transform(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
+        """``gpu_transforms`` on a batch's decoded images (on crop regions: the head is a resize)."""
         transforms = self.loader.gpu_transforms
         assert transforms is not None  # decode="device" needs them (checked in DataLoader.__init__)
-        if isinstance(images, RegionBatch):  # decoded for the head: made only when there is one
-            assert self.head_rest is not None
-            head, rest = self.head_rest
-            out = apply_head(head, images, indices, self.epoch, self.seed)
-            return apply_transform(Compose(rest), out, indices, self.epoch, self.seed) if rest else out
-        if cropped is None or not any(cropped) or self.head_rest is None:
+        if not isinstance(images, RegionBatch):
             return apply_transform(transforms, images, indices, self.epoch, self.seed)
+        assert self.head_rest is not None  # regions are decoded only for such a head (see _regions)
         head, rest = self.head_rest
-        images = apply_head(head, images, indices, self.epoch, self.seed, cropped)
-        return apply_transform(Compose(rest), images, indices, self.epoch, self.seed) if rest else images
+        out = apply_head(head, images, indices, self.epoch, self.seed)
+        return apply_transform(Compose(rest), out, indices, self.epoch, self.seed) if rest else out
 
     def _prepare(self, k: int) -> IndexedBatch:
         """Batch ``k`` on the device: in the feeder thread, on its stream."""
         self._submit(k)
         self._submit(k + 1)  # decoded while this one is transformed
         self._read(k + 2)  # its bytes arrive meanwhile
-        (images, cropped), decoded = self.decodes.pop(k).result()  # batch k's decode error, if any
+        images, decoded = self.decodes.pop(k).result()  # batch k's decode error, if any
         backend = self.backend
         stream = backend.current_stream(self.device)
         backend.wait_event(stream, decoded)
@@ -259,7 +253,7 @@ class EncodedPass:
         non_blocking = self.pin
         labels = labels.to(self.device, non_blocking=non_blocking)
         order = order.to(self.device, non_blocking=non_blocking)
-        images = self._transform(images, cropped, indices)
+        images = self._transform(images, indices)
         return IndexedBatch(images, labels, order)
 
     def __next__(self) -> IndexedBatch:
@@ -361,10 +355,8 @@ class HybridPass(EncodedPass):
         self.split.record_device(len(images), time.perf_counter() - t0)
         return images, event
 
-    def _decoded(
-        self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray, cropped: list[bool] | None
-    ) -> Any:
-        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed, cropped)
+    def _decoded(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
+        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed)
         return out.contiguous(memory_format=torch.channels_last)
 
     def _prepare(self, k: int) -> IndexedBatch:
