@@ -188,6 +188,7 @@ def test_the_loader_names_nvimgcodec(
     with caplog.at_level(logging.INFO, logger="fastload"):
         loader = _loader(imagenet_root)
     assert loader.decoder.startswith("nvImageCodec 0.9.0-stand-in (the hardware JPEG decoder")
+    assert loader.decoder.endswith("; the crops decoded into one buffer per batch)")
     assert any(loader.decoder in r.getMessage() for r in caplog.records)
     from fastload.info import environment, summary_line
 
@@ -447,7 +448,11 @@ def test_the_loaders_batches_do_not_depend_on_decoding_in_place(
     stand_in.Decoder.refuse_every = 7
     monkeypatch.setattr(nvimgcodec, "PACKED", False)
     calls = stand_in.as_images.calls
-    copied = [_take(loader) for loader in loaders()]
+    made = loaders()
+    assert made[0].decoder.endswith(
+        "copied out of nvImageCodec's memory: fastload.gpu.nvimgcodec.PACKED is off)"
+    )
+    copied = [_take(loader) for loader in made]
     assert stand_in.as_images.calls == calls
     monkeypatch.setattr(nvimgcodec, "PACKED", True)
     with warnings.catch_warnings():
@@ -473,7 +478,11 @@ def test_a_decoder_that_does_not_decode_in_place_is_caught_on_the_first_batch(
     reference = _take(_loader(imagenet_root))
     stand_in.Decoder.ignore_images = True
     with pytest.warns(UserWarning, match="could not decode into fastload's batch buffer") as caught:
-        got = _take(_loader(imagenet_root))
+        loader = _loader(imagenet_root)
+        got = _take(loader)
+    assert loader.decoder.endswith(
+        "copied out of nvImageCodec's memory: decoding in place failed, see its warning)"
+    )
     assert sum("batch buffer" in str(w.message) for w in caught) == 1
     for (x, y), (rx, ry) in zip(got, reference, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)
@@ -493,7 +502,9 @@ def test_a_decoder_that_does_not_decode_in_place_is_caught_on_the_first_batch(
         with nvimgcodec.use_module(older), warnings.catch_warnings():
             warnings.simplefilter("error")
             assert not nvimgcodec.RegionDecoder(torch.device("cpu")).packs
-            got = _take(_loader(imagenet_root))
+            loader = _loader(imagenet_root)
+            got = _take(loader)
+            assert "nvImageCodec 0.9 decodes the crops in place: pip install -U" in loader.decoder
         for (x, y), (rx, ry) in zip(got, reference, strict=True):
             assert torch.equal(x, rx) and torch.equal(y, ry)
     assert stand_in.as_images.calls == calls

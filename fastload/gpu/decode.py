@@ -56,16 +56,32 @@ def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
     return image.to(device)
 
 
-def device_decoder(device: torch.device | str | None, nvimgcodec_usable: bool = True) -> str:
+def device_decoder(
+    device: torch.device | str | None, nvimgcodec_usable: bool = True, in_place: bool | None = None
+) -> str:
     """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
     log line, ``python -m fastload info``): nvImageCodec where it is usable (see
-    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), else what
-    :func:`decode_batch` runs."""
+    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), and whether it
+    decodes each batch's crops into one buffer (``in_place``; ``None``: whether it would, see
+    :func:`~fastload.gpu.nvimgcodec.decodes_in_place`), else what :func:`decode_batch` runs."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if nvimgcodec_usable and nvimgcodec.available(device):
+        if in_place is None:
+            in_place = nvimgcodec.decodes_in_place()
+        if in_place:
+            how = "the crops decoded into one buffer per batch"
+        elif not nvimgcodec.PACKED:
+            how = "each image copied out of nvImageCodec's memory: fastload.gpu.nvimgcodec.PACKED is off"
+        elif nvimgcodec.decodes_in_place():
+            how = "each image copied out of nvImageCodec's memory: decoding in place failed, see its warning"
+        else:
+            how = (
+                "each image copied out of nvImageCodec's memory; nvImageCodec 0.9 decodes the crops in "
+                "place: pip install -U 'fastload[nvimgcodec-cu12]' or -cu13"
+            )
         return (
             f"nvImageCodec {nvimgcodec.nvimgcodec_version()} (the hardware JPEG decoder where the GPU has "
-            "one, nvJPEG on CUDA otherwise; decoding only the crop of a RandomResizedCrop)"
+            f"one, nvJPEG on CUDA otherwise; decoding only the crop of a RandomResizedCrop; {how})"
         )
     if not torchvision_jpeg_available():
         return "PIL on the CPU (torchvision.io.decode_jpeg is not available)"
@@ -239,7 +255,9 @@ class BatchDecoder:
     @property
     def name(self) -> str:
         """What this decoder runs, in words (:func:`device_decoder`)."""
-        return device_decoder(self.device, self.region_decoder is not None)
+        region_decoder = self.region_decoder
+        in_place = None if region_decoder is None else region_decoder.packs
+        return device_decoder(self.device, region_decoder is not None, in_place)
 
     @property
     def regions(self) -> bool:

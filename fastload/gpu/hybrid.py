@@ -55,6 +55,7 @@ from .. import rng as _rng
 from ..transforms import CenterCrop as _CpuCenterCrop
 from ..transforms import Plan, Transform
 from .decode import RegionBatch
+from .memory import host_memory
 from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize, apply_transform, crop_resize
 
 __all__ = ["DeviceHead", "HybridSplit", "apply_head", "region_crop", "split_head"]
@@ -168,7 +169,11 @@ def _head_on_regions(
     first = parts[0][1]
     out = first.new_empty((batch.n, *first.shape[1:]))
     for rows, made in parts:
-        out[torch.as_tensor(rows, device=out.device)] = made
+        index = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+        if out.device.type != "cpu":  # through pinned memory: no synchronous pageable copy
+            host = host_memory()
+            index = (host.pin(index) if host.can_pin() else index).to(out.device, non_blocking=True)
+        out[index] = made
     return out
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "OPTIONS",
     "RegionDecoder",
     "available",
+    "decodes_in_place",
     "hw_decoder_load",
     "nvimgcodec_version",
     "use_module",
@@ -128,6 +129,19 @@ def _version_at_least(module: Any, wanted: tuple[int, int]) -> bool:
         digits = "".join(itertools.takewhile(str.isdigit, part))
         numbers.append(int(digits) if digits else 0)
     return hasattr(module, "as_images") and tuple(numbers + [0] * (2 - len(numbers))) >= wanted
+
+
+def decodes_in_place() -> bool:
+    """Whether region decoding writes each batch's crops into one buffer (:data:`PACKED` on and
+    nvImageCodec 0.9 or later: ``as_images`` of planar buffers), else each image is copied out of
+    nvImageCodec's own memory."""
+    nv = _module()
+    return (
+        PACKED
+        and nv is not None
+        and _version_at_least(nv, (0, 9))
+        and hasattr(getattr(nv, "SampleFormat", None), "P_RGB")
+    )
 
 
 def hw_decoder_load() -> float:
@@ -245,7 +259,7 @@ class RegionDecoder:
         #: Whether :meth:`decode_packed` decodes into fastload's buffer (nvImageCodec 0.9's
         #: ``as_images`` of planar buffers; older versions copy each image out of their own
         #: memory); turned off, with a warning, where a first try fails.
-        self.packs = PACKED and _version_at_least(nv, (0, 9)) and hasattr(nv.SampleFormat, "P_RGB")
+        self.packs = decodes_in_place()
         self._checked = False  # the first packed decode is checked to have landed in place
         self.planar_params = (
             nv.DecodeParams(
