@@ -766,7 +766,8 @@ def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
 def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:
     """gpu.PackedImages (images back to back in one buffer, as a region decoder writes them):
     crop_resize gives the pixels Resize gives on each box cut out as its own tensor; a buffer the
-    images do not fit in, or not 1-D, is a clear error."""
+    images do not fit in, or not 1-D, an empty box or one outside its image, and box arguments of
+    the wrong length are clear errors."""
     g = torch.Generator().manual_seed(0)
     sizes = np.random.default_rng(0).integers(5, 120, (30, 2))
     images = [torch.randint(0, 256, (3, int(h), int(w)), dtype=torch.uint8, generator=g) for h, w in sizes]
@@ -791,6 +792,14 @@ def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:
         crop_resize(packed.select(rows), top[rows], left[rows], height[rows], width[rows], (17, 23)),
         reference[rows],
     )
+    with pytest.raises(
+        ValueError, match=r"box 0 \(top 0, left 0, height 0, width 3\) should be non-empty and inside"
+    ):
+        crop_resize(images[:1], [0], [0], [0], [3], (4, 4))
+    with pytest.raises(ValueError, match=r"box 1 .* inside image 1 \(\d+x\d+\)"):
+        crop_resize(images[:2], [0, 0], [0, int(sizes[1, 1])], [1, 1], [1, 1], (4, 4))
+    with pytest.raises(ValueError, match=r"top should have one entry per image \(2\), but got 1"):
+        crop_resize(images[:2], [0], [0, 0], [1, 1], [1, 1], (4, 4))
     with pytest.raises(ValueError, match="run past the end of flat"):
         PackedImages(flat[:-1], offsets, sizes[:, 0], sizes[:, 1], channels=3)
     with pytest.raises(ValueError, match="1-D"):

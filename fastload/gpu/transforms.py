@@ -870,9 +870,29 @@ def crop_resize(
 
     Returns:
         An ``(N, C, size[0], size[1])`` tensor, of the images' dtype.
+
+    Raises:
+        ValueError: If a box argument has not one entry per image, or a box is empty or reaches
+            outside its image (naming the first such image).
     """
+    heights, widths = _image_sizes(images)
+    n = len(heights)
+    box = []
+    for name, value in (("top", top), ("left", left), ("height", height), ("width", width)):
+        array = np.asarray(value, dtype=np.int64).reshape(-1)
+        if len(array) != n:
+            raise ValueError(f"{name} should have one entry per image ({n}), but got {len(array)}")
+        box.append(array)
+    t, lft, h, w = box
+    bad = np.flatnonzero((h < 1) | (w < 1) | (t < 0) | (lft < 0) | (t + h > heights) | (lft + w > widths))
+    if len(bad):
+        k = int(bad[0])
+        raise ValueError(
+            f"box {k} (top {t[k]}, left {lft[k]}, height {h[k]}, width {w[k]}) should be non-empty and "
+            f"inside image {k} ({heights[k]}x{widths[k]})"
+        )
     plan = _Plan(images)
-    plan.crop(top, left, height, width)
+    plan.crop(t, lft, h, w)
     plan.resize(np.full(plan.n, size[0]), np.full(plan.n, size[1]), antialias)
     plan.random_geometry = True
     return plan.execute()
