@@ -4,6 +4,10 @@
 (Debian/Ubuntu: ``libjpeg-dev``; Fedora: ``libjpeg-turbo-devel``; macOS: ``brew install jpeg-turbo``).
 It is optional: without a compiler or the headers the build prints a warning and fastload
 decodes with torchvision.io / PIL instead (same pixels, slower).
+
+``fastload._nvimgcodec`` (whole batches of JPEG regions through nvImageCodec's C API, without the
+interpreter) needs no library at build time: it opens nvImageCodec's, where installed, at run time.
+Also optional: without it, fastload calls nvImageCodec through its Python API.
 """
 
 from setuptools import Extension, setup
@@ -18,6 +22,13 @@ setup(
             # -march=native), as the arithmetic checked against torch's and Pillow's bits assumes
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
-        )
+        ),
+        Extension(
+            "fastload._nvimgcodec",
+            sources=["fastload/_nvimgcodec.c"],
+            libraries=["dl", "pthread"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -49,6 +49,7 @@ from .transforms import PackedImages
 
 __all__ = [
     "MARGIN",
+    "NATIVE",
     "PACKED",
     "NotInPlace",
     "dlpack_tensor",
@@ -57,6 +58,7 @@ __all__ = [
     "available",
     "decodes_in_place",
     "hw_decoder_load",
+    "native_interface",
     "nvimgcodec_version",
     "use_module",
 ]
@@ -71,6 +73,15 @@ MARGIN = 1
 #: Whether region decoding writes straight into one buffer per batch (:meth:`RegionDecoder.
 #: decode_packed`) where nvImageCodec can; ``False``: each image is copied out of its own memory.
 PACKED = True
+
+#: Whether an in-place batch is decoded by one call into nvImageCodec's C interface
+#: (``fastload._nvimgcodec``: no Python object per image, the interpreter released for the whole
+#: batch) where it can be, rather than through nvImageCodec's Python objects
+#: (``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off too).
+NATIVE = True
+
+#: nvImageCodec's device id for a decoder that runs on the CPU only (its NVIMGCODEC_DEVICE_CPU_ONLY).
+CPU_ONLY_DEVICE = -99999
 
 #: The byte boundary each image of an in-place batch buffer starts on.
 ALIGN = 256
@@ -144,6 +155,34 @@ def decodes_in_place() -> bool:
     )
 
 
+def _library_path(module: Any) -> str | None:
+    """The nvImageCodec library ``module`` (``nvidia.nvimgcodec``) loads, where it is a file."""
+    folder = os.path.dirname(getattr(module, "__file__", None) or "")
+    path = os.path.join(folder, "libnvimgcodec.so.0")
+    return path if folder and os.path.isfile(path) else None
+
+
+def native_interface() -> tuple[bool, str]:
+    """Whether in-place batches go through nvImageCodec's C interface in one call per batch
+    (``fastload._nvimgcodec``), and if not, why (in words)."""
+    nv = _module()
+    if nv is None:
+        return False, "nvImageCodec is not installed"
+    if not decodes_in_place():
+        return False, "the crops are not decoded in place"
+    if not NATIVE or os.environ.get("FASTLOAD_NVIMGCODEC_NATIVE", "1") == "0":
+        return False, "turned off (FASTLOAD_NVIMGCODEC_NATIVE=0 or fastload.gpu.nvimgcodec.NATIVE)"
+    try:
+        importlib.import_module("fastload._nvimgcodec")
+    except ImportError:
+        return False, "fastload's C extension for it is not built (a C compiler at install time builds it)"
+    if _library_path(nv) is None:
+        return False, f"nvImageCodec {nvimgcodec_version()} has no libnvimgcodec.so.0 beside its module"
+    if not _version_at_least(nv, (0, 9)) or _version_at_least(nv, (0, 10)):
+        return False, f"nvImageCodec {nvimgcodec_version()}: fastload declares the C interface of 0.9 only"
+    return True, "each batch in one call to its C interface, without the interpreter"
+
+
 def hw_decoder_load() -> float:
     """The share of each batch for the hardware JPEG decoder: ``FASTLOAD_HW_DECODER_LOAD`` where
     set (0 to 1), else 0.9 (DALI's default)."""
@@ -170,8 +209,10 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
     per-call stream lookup and, where the producer takes only ``stream``, the protocol-version
     retry it makes through ``TypeError`` (two calls per image) -- hundreds of images per batch.
     """
-    if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
-        return torch.from_dlpack(image)
+    if stream is None:  # on the CPU: its array interface (nvImageCodec's DLPack export asks CUDA)
+        if hasattr(image, "__array_interface__") and not isinstance(image, torch.Tensor):
+            return torch.from_numpy(np.asarray(image))
+        return torch.from_dlpack(image)  # torch's own negotiation (e.g. a read-only numpy array)
     return torch.from_dlpack(image.__dlpack__(stream=stream))
 
 
@@ -239,14 +280,19 @@ class RegionDecoder:
         self.nv = nv
         self.device = device
         kinds = nv.BackendKind
+        # on a CPU device, nvImageCodec's own CPU decoder where it has one (nvImageCodec itself,
+        # for the tests without a GPU); the tests' stand-in takes any device
+        cpu_only = device.type != "cuda" and hasattr(nv, "NVIMGCODEC_DEVICE_CPU_ONLY")
+        device_id = (device.index or 0) if device.type == "cuda" else CPU_ONLY_DEVICE if cpu_only else 0
+        backends = (
+            [(kinds.CPU_ONLY, 1.0)]
+            if cpu_only
+            else [(kinds.HW_GPU_ONLY, hw_load), (kinds.GPU_ONLY, 1.0), (kinds.HYBRID_CPU_GPU, 1.0)]
+        )
         self.decoder = nv.Decoder(
-            device_id=(device.index or 0) if device.type == "cuda" else 0,
+            device_id=device_id,
             max_num_cpu_threads=cpu_threads,
-            backends=[
-                nv.Backend(kinds.HW_GPU_ONLY, load_hint=hw_load),
-                nv.Backend(kinds.GPU_ONLY),
-                nv.Backend(kinds.HYBRID_CPU_GPU),
-            ],
+            backends=[nv.Backend(kind, load_hint=load) for kind, load in backends],
             options=OPTIONS,
         )
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
@@ -271,6 +317,23 @@ class RegionDecoder:
             if self.packs
             else None
         )
+        #: nvImageCodec's C interface for whole in-place batches (``fastload._nvimgcodec``), or
+        #: ``None``; :attr:`native_reason` says why not.
+        self.native: Any = None
+        usable, self.native_reason = native_interface()
+        if usable:
+            try:
+                native = importlib.import_module("fastload._nvimgcodec")
+                self.native = native.Session(
+                    _library_path(nv),
+                    device_id,
+                    [(int(kind.value), float(load)) for kind, load in backends],
+                    OPTIONS,
+                    cpu_threads,
+                    device.type == "cuda",
+                )
+            except Exception as e:  # noqa: BLE001 - its Python interface decodes instead
+                self.native_reason = f"its C interface could not be used ({type(e).__name__}: {e})"
 
     def _sources(
         self,
@@ -390,17 +453,20 @@ class RegionDecoder:
             y1 = np.minimum(full[:, 0], wanted[:, 0] + wanted[:, 2] + MARGIN)
             x1 = np.minimum(full[:, 1], wanted[:, 1] + wanted[:, 3] + MARGIN)
             code_stream, region = nv.CodeStream, nv.Region
-            try:
-                sources = [
-                    code_stream(
-                        data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-                    ).get_sub_code_stream(region=region(*r))
-                    for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
-                ]
-                outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
-            except Exception:  # noqa: BLE001 - e.g. a size nvImageCodec reads otherwise: its own sizes
-                sources, asked = self._sources(encoded, regions)
-                outer = np.array(asked, dtype=np.int64).reshape(-1, 4)
+            if self.native is not None:  # the C interface makes them, without the interpreter
+                sources, outer = None, np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
+            else:
+                try:
+                    sources = [
+                        code_stream(
+                            data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+                        ).get_sub_code_stream(region=region(*r))
+                        for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
+                    ]
+                    outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
+                except Exception:  # noqa: BLE001 - e.g. a size nvImageCodec reads otherwise: its own sizes
+                    sources, asked = self._sources(encoded, regions)
+                    outer = np.array(asked, dtype=np.int64).reshape(-1, 4)
         boxes = np.stack(
             [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
         )
@@ -425,6 +491,27 @@ class RegionDecoder:
             for o, h, w in zip(offsets.tolist(), heights.tolist(), widths.tolist(), strict=True)
         ]
         self.release()
+        if sources is None:
+            try:
+                done = self.native.decode(
+                    encoded,
+                    np.stack([outer[:, 0], outer[:, 1], outer[:, 0] + heights, outer[:, 1] + widths], axis=1),
+                    (offsets + base).astype(np.uint64),
+                    handle,
+                )
+            except Exception as e:  # noqa: BLE001 - its Python interface takes over, from this batch on
+                self.native, self.native_reason = None, f"its C interface failed ({type(e).__name__}: {e})"
+                warnings.warn(
+                    f"nvImageCodec's C interface failed ({type(e).__name__}: {e}); fastload calls its Python "
+                    "interface from now on (more interpreter time per image)",
+                    stacklevel=4,
+                )
+                return self.decode_packed(encoded, regions, stream, sizes)
+            return (
+                PackedImages(flat, offsets, heights, widths, 3),
+                boxes,
+                np.frombuffer(done, dtype=np.bool_).tolist(),
+            )
         try:
             images = nv.as_images(planes, cuda_stream=handle, sample_format=nv.SampleFormat.P_RGB)
             decoded = self.decoder.decode(
