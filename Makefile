@@ -53,7 +53,7 @@ $(PY):
 # One stamp per extra set, re-made when pyproject.toml or the C extension changes (or WITH_DALI).
 # pip prints its own progress: the first install downloads torch (about 2.6 GB with its CUDA
 # packages; TORCH=cpu: about 200 MB) and takes minutes.
-$(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c | $(PY)
+$(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c fastload/_nvimgcodec.c | $(PY)
 	@echo "==> set-up: installing fastload, torch, torchvision, the test tools$(DALI_NOTE) into $(VENV)"
 	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[test,bench$(DALI_EXTRA)]'

@@ -407,7 +407,7 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->library = library;
-    self->device_buffers = device_buffers;
+    self->device_buffers = device_id == -99999 ? 0 : device_buffers; /* a CPU-only decoder: host memory */
     return 0;
 }
 
@@ -617,7 +617,7 @@ PyDoc_STRVAR(Session_doc,
              "nvImageCodec 0.9's decoder through its C API: ``library`` the path of libnvimgcodec.so.0,\n"
              "``device_id`` its device (-99999: the CPU only), ``backends`` (kind, load_hint) pairs as\n"
              "nvImageCodec's BackendKind numbers, ``options`` its decoder options, ``device_buffers``:\n"
-             "whether decode()'s destinations are device memory (else host memory).");
+             "whether decode()'s destinations are device memory (else host memory; always so for the CPU only).");
 
 static PyTypeObject SessionType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fastload._nvimgcodec.Session",
@@ -742,6 +742,28 @@ PyMODINIT_FUNC PyInit__nvimgcodec(void) {
     if (PyType_Ready(&SessionType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module) return NULL;
+    /* the header's constants this file uses, for the ABI test */
+    PyObject *constants = Py_BuildValue(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
+        "NVIMGCODEC_STRUCTURE_TYPE_PROPERTIES", FL_NV_ST_PROPERTIES, "NVIMGCODEC_STRUCTURE_TYPE_INSTANCE_CREATE_INFO",
+        FL_NV_ST_INSTANCE_CREATE_INFO, "NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS", FL_NV_ST_DECODE_PARAMS,
+        "NVIMGCODEC_STRUCTURE_TYPE_ORIENTATION", FL_NV_ST_ORIENTATION, "NVIMGCODEC_STRUCTURE_TYPE_REGION",
+        FL_NV_ST_REGION, "NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW", FL_NV_ST_CODE_STREAM_VIEW,
+        "NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO", FL_NV_ST_IMAGE_INFO, "NVIMGCODEC_STRUCTURE_TYPE_IMAGE_PLANE_INFO",
+        FL_NV_ST_IMAGE_PLANE_INFO, "NVIMGCODEC_STRUCTURE_TYPE_BACKEND", FL_NV_ST_BACKEND,
+        "NVIMGCODEC_STRUCTURE_TYPE_BACKEND_PARAMS", FL_NV_ST_BACKEND_PARAMS, "NVIMGCODEC_STRUCTURE_TYPE_EXECUTION_PARAMS",
+        FL_NV_ST_EXECUTION_PARAMS, "NVIMGCODEC_COLORSPEC_SRGB", FL_NV_COLORSPEC_SRGB, "NVIMGCODEC_SAMPLING_NONE",
+        FL_NV_SAMPLING_NONE, "NVIMGCODEC_SAMPLEFORMAT_P_RGB", FL_NV_SAMPLEFORMAT_P_RGB,
+        "NVIMGCODEC_SAMPLE_DATA_TYPE_UINT8", FL_NV_SAMPLE_DATA_TYPE_UINT8, "NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_DEVICE",
+        FL_NV_BUFFER_STRIDED_DEVICE, "NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST", FL_NV_BUFFER_STRIDED_HOST,
+        "NVIMGCODEC_PROCESSING_STATUS_SUCCESS", FL_NV_PROCESSING_SUCCESS, "NVIMGCODEC_LOAD_HINT_POLICY_FIXED",
+        FL_NV_LOAD_HINT_POLICY_FIXED, "NVIMGCODEC_MAX_CODEC_NAME_SIZE", FL_NV_MAX_CODEC_NAME_SIZE,
+        "NVIMGCODEC_MAX_NUM_DIM", FL_NV_MAX_NUM_DIM, "NVIMGCODEC_MAX_NUM_PLANES", FL_NV_MAX_NUM_PLANES);
+    if (!constants || PyModule_AddObject(module, "CONSTANTS", constants) < 0) {
+        Py_XDECREF(constants);
+        Py_DECREF(module);
+        return NULL;
+    }
     Py_INCREF(&SessionType);
     if (PyModule_AddObject(module, "Session", (PyObject *)&SessionType) < 0) {
         Py_DECREF(&SessionType);

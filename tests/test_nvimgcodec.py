@@ -188,7 +188,10 @@ def test_the_loader_names_nvimgcodec(
     with caplog.at_level(logging.INFO, logger="fastload"):
         loader = _loader(imagenet_root)
     assert loader.decoder.startswith("nvImageCodec 0.9.0-stand-in (the hardware JPEG decoder")
-    assert loader.decoder.endswith("; the crops decoded into one buffer per batch)")
+    assert loader.decoder.endswith(
+        "; the crops decoded into one buffer per batch, through its Python interface: nvImageCodec "
+        "0.9.0-stand-in has no libnvimgcodec.so.0 beside its module)"
+    )
     assert any(loader.decoder in r.getMessage() for r in caplog.records)
     from fastload.info import environment, summary_line
 

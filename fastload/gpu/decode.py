@@ -57,19 +57,27 @@ def _to_device(image: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def device_decoder(
-    device: torch.device | str | None, nvimgcodec_usable: bool = True, in_place: bool | None = None
+    device: torch.device | str | None,
+    nvimgcodec_usable: bool = True,
+    in_place: bool | None = None,
+    native: tuple[bool, str] | None = None,
 ) -> str:
     """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
     log line, ``python -m fastload info``): nvImageCodec where it is usable (see
-    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), and whether it
+    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), whether it
     decodes each batch's crops into one buffer (``in_place``; ``None``: whether it would, see
-    :func:`~fastload.gpu.nvimgcodec.decodes_in_place`), else what :func:`decode_batch` runs."""
+    :func:`~fastload.gpu.nvimgcodec.decodes_in_place`) and through which of its interfaces
+    (``native``: whether its C interface and why not; ``None``: see
+    :func:`~fastload.gpu.nvimgcodec.native_interface`), else what :func:`decode_batch` runs."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if nvimgcodec_usable and nvimgcodec.available(device):
         if in_place is None:
             in_place = nvimgcodec.decodes_in_place()
         if in_place:
-            how = "the crops decoded into one buffer per batch"
+            through_c, why = nvimgcodec.native_interface() if native is None else native
+            how = "the crops decoded into one buffer per batch, " + (
+                why if through_c else f"through its Python interface: {why}"
+            )
         elif not nvimgcodec.PACKED:
             how = "each image copied out of nvImageCodec's memory: fastload.gpu.nvimgcodec.PACKED is off"
         elif nvimgcodec.decodes_in_place():
@@ -256,8 +264,10 @@ class BatchDecoder:
     def name(self) -> str:
         """What this decoder runs, in words (:func:`device_decoder`)."""
         region_decoder = self.region_decoder
-        in_place = None if region_decoder is None else region_decoder.packs
-        return device_decoder(self.device, region_decoder is not None, in_place)
+        if region_decoder is None:
+            return device_decoder(self.device, False)
+        native = (region_decoder.native is not None, region_decoder.native_reason)
+        return device_decoder(self.device, True, region_decoder.packs, native)
 
     @property
     def regions(self) -> bool:

@@ -180,7 +180,7 @@ def native_interface() -> tuple[bool, str]:
         return False, f"nvImageCodec {nvimgcodec_version()} has no libnvimgcodec.so.0 beside its module"
     if not _version_at_least(nv, (0, 9)) or _version_at_least(nv, (0, 10)):
         return False, f"nvImageCodec {nvimgcodec_version()}: fastload declares the C interface of 0.9 only"
-    return True, "each batch in one call to its C interface, without the interpreter"
+    return True, "by one call into its C interface per batch, without the interpreter"
 
 
 def hw_decoder_load() -> float:
@@ -209,10 +209,11 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
     per-call stream lookup and, where the producer takes only ``stream``, the protocol-version
     retry it makes through ``TypeError`` (two calls per image) -- hundreds of images per batch.
     """
-    if stream is None:  # on the CPU: its array interface (nvImageCodec's DLPack export asks CUDA)
-        if hasattr(image, "__array_interface__") and not isinstance(image, torch.Tensor):
+    if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
+        try:
+            return torch.from_dlpack(image)
+        except RuntimeError:  # nvImageCodec's host images: its DLPack export asks CUDA
             return torch.from_numpy(np.asarray(image))
-        return torch.from_dlpack(image)  # torch's own negotiation (e.g. a read-only numpy array)
     return torch.from_dlpack(image.__dlpack__(stream=stream))
 
 
