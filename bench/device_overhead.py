@@ -1,6 +1,7 @@
 """The device paths' own CPU work per image, without a GPU: decode="device" with a null decoder.
 
-Usage: ``python bench/device_overhead.py [--images 3000] [--batches 60] [--repeat 5] [--json PATH]``
+Usage: ``python bench/device_overhead.py [--images 3000] [--batches 60] [--repeat 5]
+[--decoder null|nvimgcodec] [--json PATH]``
 
 On a GPU, ``decode="device"`` runs two Python threads beside the training loop (the decoder
 thread: read, header columns, crop boxes, nvImageCodec's calls, the images into tensors; the
@@ -16,6 +17,13 @@ both rows alternated in every repeat:
 * ``copies``: each image copied out of nvImageCodec's memory (``nvimgcodec.PACKED = False``: older
   versions, or a decoder that cannot decode in place).
 
+``--decoder nvimgcodec``: nvImageCodec itself instead of the null stand-in, with its own CPU decoder
+(the small crops really decoded), and a third row first:
+
+* ``C interface``: in place, each batch in one call into nvImageCodec's C interface without the
+  interpreter (``fastload._nvimgcodec``); ``in place`` is then the same through nvImageCodec's
+  Python objects (``nvimgcodec.NATIVE = False``).
+
 images/s and the process's CPU time per image (both threads; the CPU's own normalisation and
 resize are a part of it that a GPU does not have). A CPU measure of the overhead, not a GPU's
 figures: bench/throughput.py ``--model`` on a GPU machine is the real one.
@@ -24,6 +32,7 @@ figures: bench/throughput.py ``--model`` on a GPU machine is the real one.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -61,9 +70,14 @@ def write_small_jpegs(root: Path, images: int, classes: int = 10, seed: int = 0)
     return train
 
 
-def _run(dataset: Any, batches: int, batch_size: int, packed: bool, epoch: int) -> tuple[float, float]:
+#: Each row's settings: (nvimgcodec.PACKED, nvimgcodec.NATIVE).
+ROWS = {"C interface": (True, True), "in place": (True, False), "copies": (False, False)}
+
+
+def _run(dataset: Any, batches: int, batch_size: int, row: str, epoch: int) -> tuple[float, float]:
     """One timed run: (images/s, CPU microseconds per image)."""
-    nvimgcodec.PACKED = packed
+    packed, native = ROWS[row]
+    nvimgcodec.PACKED, nvimgcodec.NATIVE = packed, native
     loader = fastload.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -88,8 +102,12 @@ def _run(dataset: Any, batches: int, batch_size: int, packed: bool, epoch: int) 
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     region_decoder = loader._batch_decoder(torch.device("cpu")).region_decoder
     loader.close()
-    if region_decoder is None or region_decoder.packs != packed:
-        raise RuntimeError(f"the {'in place' if packed else 'copies'} row did not run its path")
+    if (
+        region_decoder is None
+        or region_decoder.packs != packed
+        or (region_decoder.native is not None) != native
+    ):
+        raise RuntimeError(f"the {row} row did not run its path")
     return n / wall, cpu / n * 1e6
 
 
@@ -99,26 +117,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=60, help="batches per timed run (default 60)")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument(
+        "--decoder",
+        choices=["null", "nvimgcodec"],
+        default="null",
+        help="null: the stand-in that decodes nothing (default); nvimgcodec: nvImageCodec's CPU decoder",
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows here")
     args = p.parse_args(argv)
+    module: Any = null
+    if args.decoder == "nvimgcodec":
+        try:
+            module = importlib.import_module("nvidia.nvimgcodec")
+        except ImportError:
+            print(
+                "error: --decoder nvimgcodec needs nvImageCodec: pip install nvidia-nvimgcodec-cu13",
+                file=sys.stderr,
+            )
+            return 2
     if args.images < args.batch_size:
         print(f"error: --images {args.images} is fewer than one batch of {args.batch_size}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the loader's note on a CPU device with device transforms
-    rows: dict[str, list[tuple[float, float]]] = {"in place": [], "copies": []}
-    previous = nvimgcodec.PACKED
-    with tempfile.TemporaryDirectory(prefix="fastload-overhead-") as tmp, nvimgcodec.use_module(null):
+    names = ["C interface", "in place", "copies"] if args.decoder == "nvimgcodec" else ["in place", "copies"]
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    previous = nvimgcodec.PACKED, nvimgcodec.NATIVE
+    with tempfile.TemporaryDirectory(prefix="fastload-overhead-") as tmp, nvimgcodec.use_module(module):
         dataset = fastload.InMemoryImageFolder(write_small_jpegs(Path(tmp), args.images))
         try:
-            _run(dataset, 2, args.batch_size, True, 0)  # warm-up: imports, first-use set-up
+            _run(dataset, 2, args.batch_size, names[0], 0)  # warm-up: imports, first-use set-up
             for r in range(args.repeat):
-                for name, packed in (("in place", True), ("copies", False)):
-                    rows[name].append(_run(dataset, args.batches, args.batch_size, packed, 1000 * r))
+                for name in names:
+                    rows[name].append(_run(dataset, args.batches, args.batch_size, name, 1000 * r))
         finally:
-            nvimgcodec.PACKED = previous
+            nvimgcodec.PACKED, nvimgcodec.NATIVE = previous
     out = []
-    print(f"decode='device', null decoder, {args.images} small JPEGs, batch {args.batch_size}, CPU")
+    what = (
+        "null decoder"
+        if args.decoder == "null"
+        else f"nvImageCodec {nvimgcodec.nvimgcodec_version()}'s CPU decoder"
+    )
+    print(f"decode='device', {what}, {args.images} small JPEGs, batch {args.batch_size}, CPU")
     print(f"{'row':10s} {'images/s':>9s} {'min-max':>13s} {'CPU us/image':>13s}")
     for name, runs in rows.items():
         rates, cpu = [r for r, _ in runs], [c for _, c in runs]
@@ -134,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:10s} {row['images_per_s']:9.0f} {row['min']:6.0f}-{row['max']:<6.0f} "
             f"{row['cpu_us_per_image']:13.1f}"
         )
-    print(f"in place / copies: {out[0]['images_per_s'] / out[1]['images_per_s']:.2f}x images/s")
+    rate = {row["row"]: row["images_per_s"] for row in out}
+    if "C interface" in rate:
+        print(f"C interface / in place: {rate['C interface'] / rate['in place']:.2f}x images/s")
+    print(f"in place / copies: {rate['in place'] / rate['copies']:.2f}x images/s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -160,13 +160,15 @@ class EncodedPass:
                 for a in range(0, len(wanted), size)
             ]
 
-    def _encoded(self, k: int) -> list[Any]:
-        """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any)."""
+    def _encoded(self, k: int) -> Sequence[Any]:
+        """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any):
+        slices of an in-memory dataset's buffer as one :class:`~fastload._packformat.ByteSlices`
+        (no Python object per sample)."""
         read = self.reads.pop(k)
         if read and isinstance(read[0], Future):
             return [data for chunk in read for data in chunk.result()]
         dataset: Any = self.loader.dataset
-        return [dataset.get_bytes(i) for i in read]
+        return dataset.byte_slices(np.asarray(read, dtype=np.int64))
 
     def _submit(self, k: int) -> None:
         """Batch ``k``'s bytes asked for, and its decode queued behind the one before."""

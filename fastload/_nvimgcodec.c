@@ -279,8 +279,7 @@ static int grow(Session *self, Py_ssize_t n) {
     if (!streams || !subs || !images || !batch_subs || !batch_images || !batch_slots || !statuses) {
         free(streams), free(subs), free(images), free(batch_subs), free(batch_images), free(batch_slots);
         free(statuses);
-        PyErr_NoMemory();
-        return -1;
+        return -1; /* (no interpreter here: the caller says so) */
     }
     if (self->capacity) {
         memcpy(streams, self->streams, (size_t)self->capacity * sizeof(fl_nv_handle));
@@ -424,8 +423,9 @@ static int get_column(PyObject *object, Py_buffer *view, Py_ssize_t itemsize, Py
 }
 
 /* one batch, without the interpreter: returns nvImageCodec's status of the decode call (0: made) */
-static fl_nv_status decode_batch(Session *self, const Py_buffer *views, Py_ssize_t n, const int64_t *regions,
-                                 const uint64_t *destinations, uint64_t cuda_stream, char *ok) {
+static fl_nv_status decode_batch(Session *self, const unsigned char *const *files, const size_t *lengths, Py_ssize_t n,
+                                 const int64_t *regions, const uint64_t *destinations, uint64_t cuda_stream,
+                                 char *ok) {
     fl_nv_status failed = 0;
     fl_nv_code_stream_view view;
     memset(&view, 0, sizeof(view));
@@ -459,8 +459,8 @@ static fl_nv_status decode_batch(Session *self, const Py_buffer *views, Py_ssize
         int64_t height = r[2] - r[0], width = r[3] - r[1];
         ok[i] = 0;
         if (r[0] < 0 || r[1] < 0 || height <= 0 || width <= 0 || r[2] > INT32_MAX || r[3] > INT32_MAX) continue;
-        if (self->api.code_stream_from_host_mem(self->instance, &self->streams[i], (const unsigned char *)views[i].buf,
-                                                (size_t)views[i].len, NULL) != 0) {
+        if (!files[i] || self->api.code_stream_from_host_mem(self->instance, &self->streams[i], files[i], lengths[i],
+                                                             NULL) != 0) {
             forget(self, i);
             continue;
         }
@@ -518,6 +518,51 @@ static fl_nv_status decode_batch(Session *self, const Py_buffer *views, Py_ssize
     return failed;
 }
 
+/* the batch decoded from `n` files at `files[i]` (`lengths[i]` bytes; NULL: left to the caller),
+   with the regions and destinations columns: one status byte per file, or NULL with an error */
+static PyObject *run_batch(Session *self, Py_ssize_t n, const unsigned char *const *files, const size_t *lengths,
+                           PyObject *regions_object, PyObject *destinations_object, unsigned long long cuda_stream) {
+    Py_buffer regions_view, destinations_view;
+    if (get_column(regions_object, &regions_view, 8, 4 * n, "regions") < 0) return NULL;
+    if (get_column(destinations_object, &destinations_view, 8, n, "destinations") < 0) {
+        PyBuffer_Release(&regions_view);
+        return NULL;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, n);
+    fl_nv_status failed = 0;
+    if (result) {
+        char *ok = PyBytes_AS_STRING(result);
+        int grown;
+        /* the lock taken without the interpreter: a second caller waits for it without holding
+           the interpreter the first needs back */
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->lock);
+        grown = grow(self, n);
+        if (grown == 0)
+            failed = decode_batch(self, files, lengths, n, (const int64_t *)regions_view.buf,
+                                  (const uint64_t *)destinations_view.buf, (uint64_t)cuda_stream, ok);
+        pthread_mutex_unlock(&self->lock);
+        Py_END_ALLOW_THREADS
+        if (grown < 0) {
+            Py_CLEAR(result);
+            PyErr_NoMemory();
+        }
+    }
+    PyBuffer_Release(&regions_view);
+    PyBuffer_Release(&destinations_view);
+    if (result && failed != 0) {
+        Py_CLEAR(result);
+        PyErr_Format(PyExc_RuntimeError, "nvImageCodec's decode call failed (status %d)", (int)failed);
+    }
+    return result;
+}
+
+static int check_ready(Session *self) {
+    if (self->library) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "Session is not initialised");
+    return -1;
+}
+
 PyDoc_STRVAR(Session_decode_doc,
              "decode(encoded, regions, destinations, cuda_stream) -> bytes\n\n"
              "Decodes each JPEG of the sequence ``encoded`` (objects with the buffer protocol) in its region\n"
@@ -530,64 +575,81 @@ static PyObject *Session_decode(Session *self, PyObject *args) {
     PyObject *encoded, *regions_object, *destinations_object;
     unsigned long long cuda_stream = 0;
     if (!PyArg_ParseTuple(args, "OOOK", &encoded, &regions_object, &destinations_object, &cuda_stream)) return NULL;
-    if (!self->library) {
-        PyErr_SetString(PyExc_RuntimeError, "Session is not initialised");
-        return NULL;
-    }
+    if (check_ready(self) < 0) return NULL;
     PyObject *seq = PySequence_Fast(encoded, "encoded should be a sequence of buffers");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_buffer regions_view, destinations_view;
-    if (get_column(regions_object, &regions_view, 8, 4 * n, "regions") < 0) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    if (get_column(destinations_object, &destinations_view, 8, n, "destinations") < 0) {
-        PyBuffer_Release(&regions_view);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, n);
-    Py_buffer *views = calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    size_t count = (size_t)(n ? n : 1);
+    Py_buffer *views = calloc(count, sizeof(Py_buffer));
+    const unsigned char **files = calloc(count, sizeof(*files));
+    size_t *lengths = calloc(count, sizeof(size_t));
+    PyObject *result = NULL;
     Py_ssize_t taken = 0;
-    if (!result || !views) {
-        if (!views) PyErr_NoMemory();
-        goto fail;
+    if (!views || !files || !lengths) {
+        PyErr_NoMemory();
+    } else {
+        for (; taken < n; taken++) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, taken), &views[taken], PyBUF_SIMPLE) < 0) break;
+            files[taken] = (const unsigned char *)views[taken].buf;
+            lengths[taken] = (size_t)views[taken].len;
+        }
+        if (taken == n)
+            result = run_batch(self, n, files, lengths, regions_object, destinations_object, cuda_stream);
     }
-    for (; taken < n; taken++)
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, taken), &views[taken], PyBUF_SIMPLE) < 0) goto fail;
-    pthread_mutex_lock(&self->lock);
-    if (grow(self, n) < 0) {
-        pthread_mutex_unlock(&self->lock);
-        goto fail;
-    }
-    char *ok = PyBytes_AS_STRING(result);
-    fl_nv_status failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = decode_batch(self, views, n, (const int64_t *)regions_view.buf, (const uint64_t *)destinations_view.buf,
-                          (uint64_t)cuda_stream, ok);
-    Py_END_ALLOW_THREADS
-    pthread_mutex_unlock(&self->lock);
     for (Py_ssize_t i = 0; i < taken; i++) PyBuffer_Release(&views[i]);
     free(views);
-    PyBuffer_Release(&regions_view);
-    PyBuffer_Release(&destinations_view);
+    free(files);
+    free(lengths);
     Py_DECREF(seq);
-    if (failed != 0) {
-        Py_DECREF(result);
-        PyErr_Format(PyExc_RuntimeError, "nvImageCodec's decode call failed (status %d)", (int)failed);
+    return result;
+}
+
+PyDoc_STRVAR(Session_decode_slices_doc,
+             "decode_slices(buffer, starts, ends, regions, destinations, cuda_stream) -> bytes\n\n"
+             "decode() of the files ``buffer[starts[i]:ends[i]]`` (int64 columns): one buffer for the batch,\n"
+             "no object per file. A slice outside the buffer is not decoded (its byte is 0).");
+
+static PyObject *Session_decode_slices(Session *self, PyObject *args) {
+    PyObject *buffer_object, *starts_object, *ends_object, *regions_object, *destinations_object;
+    unsigned long long cuda_stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOK", &buffer_object, &starts_object, &ends_object, &regions_object,
+                          &destinations_object, &cuda_stream))
+        return NULL;
+    if (check_ready(self) < 0) return NULL;
+    Py_buffer buffer, starts_view, ends_view;
+    if (PyObject_GetBuffer(buffer_object, &buffer, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(starts_object, &starts_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&buffer);
         return NULL;
     }
+    Py_ssize_t n = starts_view.len / 8;
+    PyObject *result = NULL;
+    if (starts_view.itemsize != 8 || get_column(ends_object, &ends_view, 8, n, "ends") < 0) {
+        if (starts_view.itemsize != 8) PyErr_SetString(PyExc_ValueError, "starts should be int64");
+        PyBuffer_Release(&starts_view);
+        PyBuffer_Release(&buffer);
+        return NULL;
+    }
+    size_t count = (size_t)(n ? n : 1);
+    const unsigned char **files = calloc(count, sizeof(*files));
+    size_t *lengths = calloc(count, sizeof(size_t));
+    if (!files || !lengths) {
+        PyErr_NoMemory();
+    } else {
+        const int64_t *starts = (const int64_t *)starts_view.buf, *ends = (const int64_t *)ends_view.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int inside = starts[i] >= 0 && starts[i] <= ends[i] && ends[i] <= (int64_t)buffer.len;
+            files[i] = inside ? (const unsigned char *)buffer.buf + starts[i] : NULL;
+            lengths[i] = inside ? (size_t)(ends[i] - starts[i]) : 0;
+        }
+        result = run_batch(self, n, files, lengths, regions_object, destinations_object, cuda_stream);
+    }
+    free(files);
+    free(lengths);
+    PyBuffer_Release(&ends_view);
+    PyBuffer_Release(&starts_view);
+    PyBuffer_Release(&buffer);
     return result;
-
-fail:
-    for (Py_ssize_t i = 0; i < taken; i++) PyBuffer_Release(&views[i]);
-    free(views);
-    Py_XDECREF(result);
-    PyBuffer_Release(&regions_view);
-    PyBuffer_Release(&destinations_view);
-    Py_DECREF(seq);
-    return NULL;
 }
 
 static PyObject *Session_version(Session *self, void *closure) {
@@ -604,6 +666,7 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
 
 static PyMethodDef Session_methods[] = {
     {"decode", (PyCFunction)Session_decode, METH_VARARGS, Session_decode_doc},
+    {"decode_slices", (PyCFunction)Session_decode_slices, METH_VARARGS, Session_decode_slices_doc},
     {NULL, NULL, 0, NULL},
 };
 

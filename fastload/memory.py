@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_choice, check_int, check_optional_int
-from ._packformat import HeadPlan, PackView
+from ._packformat import ByteSlices, HeadPlan, PackView
 from .device import available_cpus
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, scan_folder
 from .pack import PackFile, bounded_map, progress_bar
@@ -793,6 +793,11 @@ class InMemoryImageFolder(EncodedImageDataset):
         buffer and nothing else: ``check_crc`` off, or each checked already in this process. The
         device paths read such samples in their decoder thread instead of reader threads."""
         return self._require().all_checked(np.asarray(indices, dtype=np.int64) % max(1, self._len))
+
+    def byte_slices(self, indices: np.ndarray) -> ByteSlices:
+        """Samples ``indices`` (a sampler's) as slices of the buffer, for :meth:`slices_only`
+        samples: what :meth:`get_bytes` returns for each, with no Python object per sample."""
+        return self._require().slices(np.asarray(indices, dtype=np.int64) % max(1, self._len))
 
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and original relative path."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "device_overhead.py"
 
 
@@ -26,3 +28,27 @@ def test_device_overhead_bench_reports_both_rows(tmp_path: Path) -> None:
         timeout=300,
     )
     assert too_few.returncode == 2 and "fewer than one batch of 32" in too_few.stderr
+
+
+def test_device_overhead_bench_with_nvimgcodec_itself(tmp_path: Path) -> None:
+    pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed (make test installs it)")
+    pytest.importorskip("fastload._nvimgcodec", reason="fastload._nvimgcodec is not built")
+    out = tmp_path / "overhead.json"
+    args = [
+        "--images",
+        "130",
+        "--batch-size",
+        "32",
+        "--batches",
+        "3",
+        "--repeat",
+        "1",
+        "--decoder",
+        "nvimgcodec",
+    ]
+    run = subprocess.run(
+        [sys.executable, str(BENCH), *args, "--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [r["row"] for r in json.loads(out.read_text())] == ["C interface", "in place", "copies"]
+    assert "nvImageCodec 0.9" in run.stdout and "C interface / in place:" in run.stdout

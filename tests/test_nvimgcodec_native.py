@@ -199,8 +199,8 @@ def test_the_interpreter_is_released_for_the_whole_batch(imagenet_root: Path, re
     assert len(inside) > 1000
 
 
-def _device_loader(root: Path, decode: str = "device") -> fastload.DataLoader[Any]:
-    ds = fastload.InMemoryImageFolder(root / "train")
+def _device_loader(root: Path, decode: str = "device", check_crc: bool = True) -> fastload.DataLoader[Any]:
+    ds = fastload.InMemoryImageFolder(root / "train", check_crc=check_crc)
     pipeline = gpu.Compose(
         [gpu.RandomResizedCrop(24), gpu.RandomHorizontalFlip(), gpu.Normalize([0.0], [1 / 255])]
     )
@@ -225,13 +225,32 @@ def _take(loader: fastload.DataLoader[Any]) -> list[tuple[torch.Tensor, torch.Te
     return out
 
 
-@pytest.mark.parametrize("decode", ["device", "hybrid"])
+class _Recording:
+    """nvImageCodec's C interface, each call's method name recorded."""
+
+    calls: list[str] = []
+    made = getattr(_native(), "Session", None)
+
+    def __init__(self, *args: Any) -> None:
+        assert self.made is not None
+        self.session = self.made(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        _Recording.calls.append(name)
+        return getattr(self.session, name)
+
+
+@pytest.mark.parametrize(("decode", "check_crc"), [("device", True), ("device", False), ("hybrid", False)])
 def test_the_loaders_batches_are_the_same_through_either_interface(
-    imagenet_root: Path, real: Any, decode: str
+    imagenet_root: Path, real: Any, decode: str, check_crc: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """(``check_crc`` on: the first epoch's bytes come from the reader threads, one object per
+    sample; off: as slices of the dataset's buffer, handed to the C interface as columns.)"""
     import _fakenvimgcodec as fake
 
-    loader = _device_loader(imagenet_root, decode)
+    monkeypatch.setattr(_native(), "Session", _Recording)
+    _Recording.calls.clear()
+    loader = _device_loader(imagenet_root, decode, check_crc)
     native = _take(loader)
     assert (
         "one buffer per batch, by one call into its C interface per batch, without the interpreter)"
@@ -239,18 +258,40 @@ def test_the_loaders_batches_are_the_same_through_either_interface(
     )
     batch_decoder = loader._batch_decoder(torch.device("cpu"))
     assert batch_decoder.asked > 0 and batch_decoder.refused == 0  # nvImageCodec decoded its share
+    assert set(_Recording.calls) == {"decode" if check_crc else "decode_slices"}
     nvimgcodec.NATIVE = False
-    loader = _device_loader(imagenet_root, decode)
+    loader = _device_loader(imagenet_root, decode, check_crc)
     python = _take(loader)
     assert "through its Python interface: turned off (FASTLOAD_NVIMGCODEC_NATIVE=0" in loader.decoder
     nvimgcodec.PACKED = False
-    copies = _take(_device_loader(imagenet_root, decode))
+    copies = _take(_device_loader(imagenet_root, decode, check_crc))
     with nvimgcodec.use_module(fake):
-        stand_in = _take(_device_loader(imagenet_root, decode))
+        stand_in = _take(_device_loader(imagenet_root, decode, check_crc))
     assert len(native) == len(python) == len(copies) == len(stand_in) == 8
     for (x, y), (px, py), (cx, cy), (sx, sy) in zip(native, python, copies, stand_in, strict=True):
         assert torch.equal(x, px) and torch.equal(x, cx) and torch.equal(y, py) and torch.equal(y, cy)
         assert torch.equal(y, sy) and (x - sx).abs().max() <= 1.0  # nvImageCodec's libjpeg-turbo vs PIL's
+
+
+def test_slices_of_one_buffer_decode_as_the_files_do(imagenet_root: Path, real: Any) -> None:
+    files = [p.read_bytes() for p in _files(imagenet_root)][:8]
+    buffer = np.frombuffer(b"".join(files), dtype=np.uint8)
+    ends = np.cumsum([len(f) for f in files]).astype(np.int64)
+    starts = ends - np.array([len(f) for f in files], dtype=np.int64)
+    starts[-1], ends[-1] = len(buffer) - 10, len(buffer) + 5  # past the buffer's end: not decoded
+    box = np.tile(np.array([[0, 0, 16, 16]], dtype=np.int64), (8, 1))
+    by_slices, by_files = np.zeros(8 * 768, np.uint8), np.zeros(8 * 768, np.uint8)
+    session = _session(real)
+    ok = session.decode_slices(
+        buffer, starts, ends, box, (by_slices.ctypes.data + np.arange(8) * 768).astype(np.uint64), 0
+    )
+    ok_files = session.decode(
+        files[:7] + [b""], box, (by_files.ctypes.data + np.arange(8) * 768).astype(np.uint64), 0
+    )
+    assert ok == ok_files and ok[-1] == 0 and sum(ok) >= 5
+    assert np.array_equal(by_slices, by_files)
+    with pytest.raises(ValueError, match="ends should hold 8 items"):
+        session.decode_slices(buffer, starts, ends[:7], box, np.zeros(8, np.uint64), 0)
 
 
 def test_a_failing_c_interface_is_given_up_with_one_warning_and_the_batch_decoded(

@@ -18,6 +18,7 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 from .. import decode as cpu_decoding
+from .._packformat import ByteSlices
 from ..decode import (
     _DECODE_ERRORS,
     JPEG_FORMATS,
@@ -345,10 +346,16 @@ class BatchDecoder:
         slots = [k for k in range(n) if on_device[k] and regions[k] is not None]
         result = None
         if region_decoder is not None and region_decoder.packs and slots:
-            raws = [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
+            # slices of one buffer stay that (nvImageCodec's C interface takes them as columns)
+            raws: Sequence[Any] = (
+                encoded
+                if isinstance(encoded, ByteSlices)
+                else [data.numpy() if isinstance(data, torch.Tensor) else data for data in encoded]
+            )
             wanted = [r for r in (regions[k] for k in slots) if r is not None]  # all of them (slots)
             known = None if sizes is None else np.stack([sizes[0][slots], sizes[1][slots]], axis=1)
-            result = region_decoder.decode_packed([raws[k] for k in slots], wanted, stream, known)
+            chosen = raws.take(slots) if isinstance(raws, ByteSlices) else [raws[k] for k in slots]
+            result = region_decoder.decode_packed(chosen, wanted, stream, known)
         if result is None:  # no in-place decoding here: each image its own tensor
             images = self.decode(encoded, names, on_device, regions, stream)
             return RegionBatch(

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._packformat import ByteSlices
 from .transforms import PackedImages
 
 __all__ = [
@@ -487,19 +488,19 @@ class RegionDecoder:
                 getattr(stream, "cuda_stream", 0) or torch.cuda.current_stream(self.device).cuda_stream
             )
         base = flat.data_ptr()
-        planes = [
-            _Plane(base + o, h, w, cuda, handle or None)
-            for o, h, w in zip(offsets.tolist(), heights.tolist(), widths.tolist(), strict=True)
-        ]
         self.release()
         if sources is None:
+            boxes_with_margin = np.stack(
+                [outer[:, 0], outer[:, 1], outer[:, 0] + heights, outer[:, 1] + widths], axis=1
+            )
+            destinations = (offsets + base).astype(np.uint64)
             try:
-                done = self.native.decode(
-                    encoded,
-                    np.stack([outer[:, 0], outer[:, 1], outer[:, 0] + heights, outer[:, 1] + widths], axis=1),
-                    (offsets + base).astype(np.uint64),
-                    handle,
-                )
+                if isinstance(encoded, ByteSlices):  # one buffer: no object per file either
+                    done = self.native.decode_slices(
+                        encoded.data, encoded.starts, encoded.ends, boxes_with_margin, destinations, handle
+                    )
+                else:
+                    done = self.native.decode(encoded, boxes_with_margin, destinations, handle)
             except Exception as e:  # noqa: BLE001 - its Python interface takes over, from this batch on
                 self.native, self.native_reason = None, f"its C interface failed ({type(e).__name__}: {e})"
                 warnings.warn(
@@ -513,6 +514,10 @@ class RegionDecoder:
                 boxes,
                 np.frombuffer(done, dtype=np.bool_).tolist(),
             )
+        planes = [
+            _Plane(base + o, h, w, cuda, handle or None)
+            for o, h, w in zip(offsets.tolist(), heights.tolist(), widths.tolist(), strict=True)
+        ]
         try:
             images = nv.as_images(planes, cuda_stream=handle, sample_format=nv.SampleFormat.P_RGB)
             decoded = self.decoder.decode(
