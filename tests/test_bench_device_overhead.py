@@ -52,3 +52,19 @@ def test_device_overhead_bench_with_nvimgcodec_itself(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert [r["row"] for r in json.loads(out.read_text())] == ["C interface", "in place", "copies"]
     assert "nvImageCodec 0.9" in run.stdout and "C interface / in place:" in run.stdout
+
+
+def test_nvimgcodec_interpreter_bench_reports_both_interfaces(tmp_path: Path) -> None:
+    pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed (make test installs it)")
+    pytest.importorskip("fastload._nvimgcodec", reason="fastload._nvimgcodec is not built")
+    bench = BENCH.parent / "nvimgcodec_interpreter.py"
+    out = tmp_path / "interpreter.json"
+    args = ["--images", "16", "--seconds", "0.2", "--repeat", "1", "--json", str(out)]
+    run = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["interface"] for r in rows] == ["Python interface", "C interface"]
+    assert all(
+        r["images_per_s"] > 0 and r["images_per_s_beside"] > 0 and r["counting_thread_share"] > 0
+        for r in rows
+    )

@@ -291,12 +291,13 @@ class RegionDecoder:
             if cpu_only
             else [(kinds.HW_GPU_ONLY, hw_load), (kinds.GPU_ONLY, 1.0), (kinds.HYBRID_CPU_GPU, 1.0)]
         )
-        self.decoder = nv.Decoder(
+        self._decoder_args: dict[str, Any] = dict(
             device_id=device_id,
             max_num_cpu_threads=cpu_threads,
             backends=[nv.Backend(kind, load_hint=load) for kind, load in backends],
             options=OPTIONS,
         )
+        self._decoder: Any = None
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
@@ -336,6 +337,16 @@ class RegionDecoder:
                 )
             except Exception as e:  # noqa: BLE001 - its Python interface decodes instead
                 self.native_reason = f"its C interface could not be used ({type(e).__name__}: {e})"
+        if self.native is None:  # made now: a decoder nvImageCodec cannot make is said at once
+            self._decoder = nv.Decoder(**self._decoder_args)
+
+    @property
+    def decoder(self) -> Any:
+        """nvImageCodec's Python decoder (made the first time it is needed where the C interface
+        decodes: each decoder has its own GPU state and CPU threads)."""
+        if self._decoder is None:
+            self._decoder = self.nv.Decoder(**self._decoder_args)
+        return self._decoder
 
     def _sources(
         self,
