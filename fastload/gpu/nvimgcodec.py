@@ -24,7 +24,11 @@ What fastload asks of it (:class:`RegionDecoder`):
   that margin cut off.
 - the decode is queued on the calling thread's CUDA stream (the decoder thread's own); each image
   is copied into torch's memory there (so that the streams that use it can be recorded on it), and
-  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later).
+  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later);
+  from nvImageCodec 0.9 the crops are decoded in place instead, into one buffer per batch
+  (:meth:`RegionDecoder.decode_packed`), and where fastload's C extension ``fastload._nvimgcodec``
+  is built, by one call into nvImageCodec's C interface per batch with the interpreter released
+  (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off).
 
 An image it cannot decode (``None`` in its output) is decoded by the CPU instead, which names the
 sample in a :class:`fastload.DecodeError` if the file is broken.
