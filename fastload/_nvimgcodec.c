@@ -226,6 +226,9 @@ typedef struct {
     unsigned int version;
 } Session;
 
+/* the table above is filled as an array of pointers, in this order */
+_Static_assert(sizeof(fl_nv_api) == 15 * sizeof(void *), "fl_nv_api: one function pointer per symbol");
+
 static const char *const SYMBOLS[] = {
     "nvimgcodecGetProperties",
     "nvimgcodecInstanceCreate",
@@ -297,8 +300,9 @@ static int grow(Session *self, Py_ssize_t n) {
 
 static void Session_dealloc(Session *self) {
     if (self->library) {
-        release_slots(self);
+        /* the decoder first: its threads may still hold the images and code streams */
         if (self->decoder) self->api.decoder_destroy(self->decoder);
+        release_slots(self);
         if (self->instance) self->api.instance_destroy(self->instance);
         /* the library stays loaded: nvidia.nvimgcodec has it open too */
     }
@@ -379,7 +383,10 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwargs) {
     info.struct_size = sizeof(info);
     info.load_builtin_modules = 1;
     info.load_extension_modules = 1;
-    fl_nv_status status = self->api.instance_create(&self->instance, &info);
+    fl_nv_status status;
+    Py_BEGIN_ALLOW_THREADS /* it loads the extension modules and looks for CUDA */
+    status = self->api.instance_create(&self->instance, &info);
+    Py_END_ALLOW_THREADS
     if (status != 0) {
         PyErr_Format(PyExc_RuntimeError, "nvImageCodec could not create an instance (status %d)", (int)status);
         self->instance = NULL;
@@ -411,11 +418,20 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwargs) {
 }
 
 /* a C-contiguous buffer of `count` items of `itemsize` bytes, read-only */
-static int get_column(PyObject *object, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, const char *name) {
+/* whether a buffer's struct format is a 64-bit integer, signed ("q", "l") or not ("Q", "L") */
+static int is_int64(const Py_buffer *view, int is_signed) {
+    const char *format = view->format ? view->format : "B";
+    if (*format == '<' || *format == '=' || *format == '@') format++;
+    if (view->itemsize != 8 || format[1] != '\0') return 0;
+    return is_signed ? (*format == 'q' || *format == 'l') : (*format == 'Q' || *format == 'L');
+}
+
+/* a C-contiguous column of `count` 64-bit integers (int64, or uint64 where not `is_signed`) */
+static int get_column(PyObject *object, Py_buffer *view, int is_signed, Py_ssize_t count, const char *name) {
     if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != itemsize || view->len != itemsize * count) {
-        PyErr_Format(PyExc_ValueError, "%s should hold %zd items of %zd bytes, but holds %zd bytes of items of %zd",
-                     name, count, itemsize, view->len, view->itemsize);
+    if (!is_int64(view, is_signed) || view->len != 8 * count) {
+        PyErr_Format(PyExc_ValueError, "%s should hold %zd %s items, but holds %zd bytes of format '%s'", name,
+                     count, is_signed ? "int64" : "uint64", view->len, view->format ? view->format : "B");
         PyBuffer_Release(view);
         return -1;
     }
@@ -523,8 +539,8 @@ static fl_nv_status decode_batch(Session *self, const unsigned char *const *file
 static PyObject *run_batch(Session *self, Py_ssize_t n, const unsigned char *const *files, const size_t *lengths,
                            PyObject *regions_object, PyObject *destinations_object, unsigned long long cuda_stream) {
     Py_buffer regions_view, destinations_view;
-    if (get_column(regions_object, &regions_view, 8, 4 * n, "regions") < 0) return NULL;
-    if (get_column(destinations_object, &destinations_view, 8, n, "destinations") < 0) {
+    if (get_column(regions_object, &regions_view, 1, 4 * n, "regions") < 0) return NULL;
+    if (get_column(destinations_object, &destinations_view, 0, n, "destinations") < 0) {
         PyBuffer_Release(&regions_view);
         return NULL;
     }
@@ -622,10 +638,15 @@ static PyObject *Session_decode_slices(Session *self, PyObject *args) {
         PyBuffer_Release(&buffer);
         return NULL;
     }
+    if (!is_int64(&starts_view, 1)) {
+        PyErr_SetString(PyExc_ValueError, "starts should be an int64 column");
+        PyBuffer_Release(&starts_view);
+        PyBuffer_Release(&buffer);
+        return NULL;
+    }
     Py_ssize_t n = starts_view.len / 8;
     PyObject *result = NULL;
-    if (starts_view.itemsize != 8 || get_column(ends_object, &ends_view, 8, n, "ends") < 0) {
-        if (starts_view.itemsize != 8) PyErr_SetString(PyExc_ValueError, "starts should be int64");
+    if (get_column(ends_object, &ends_view, 1, n, "ends") < 0) {
         PyBuffer_Release(&starts_view);
         PyBuffer_Release(&buffer);
         return NULL;

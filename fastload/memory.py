@@ -792,12 +792,21 @@ class InMemoryImageFolder(EncodedImageDataset):
         """Whether :meth:`get_bytes` of each of ``indices`` (in range: a sampler's) is a slice of the
         buffer and nothing else: ``check_crc`` off, or each checked already in this process. The
         device paths read such samples in their decoder thread instead of reader threads."""
-        return self._require().all_checked(np.asarray(indices, dtype=np.int64) % max(1, self._len))
+        wanted = np.asarray(indices, dtype=np.int64)
+        wanted = np.where(wanted < 0, wanted + self._len, wanted)
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self._len):
+            return False  # get_bytes names the sample out of range
+        return self._require().all_checked(wanted)
 
     def byte_slices(self, indices: np.ndarray) -> ByteSlices:
         """Samples ``indices`` (a sampler's) as slices of the buffer, for :meth:`slices_only`
         samples: what :meth:`get_bytes` returns for each, with no Python object per sample."""
-        return self._require().slices(np.asarray(indices, dtype=np.int64) % max(1, self._len))
+        wanted = np.asarray(indices, dtype=np.int64)
+        wanted = np.where(wanted < 0, wanted + self._len, wanted)  # negative: from the end, as get_bytes
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self._len):
+            bad = int(np.asarray(indices)[(wanted < 0) | (wanted >= self._len)][0])
+            raise IndexError(f"sample index {bad} is out of range for a dataset of {self._len} samples")
+        return self._require().slices(wanted)
 
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and original relative path."""

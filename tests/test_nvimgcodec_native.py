@@ -290,8 +290,14 @@ def test_slices_of_one_buffer_decode_as_the_files_do(imagenet_root: Path, real: 
     )
     assert ok == ok_files and ok[-1] == 0 and sum(ok) >= 5
     assert np.array_equal(by_slices, by_files)
-    with pytest.raises(ValueError, match="ends should hold 8 items"):
+    with pytest.raises(ValueError, match="ends should hold 8 int64 items"):
         session.decode_slices(buffer, starts, ends[:7], box, np.zeros(8, np.uint64), 0)
+    with pytest.raises(
+        ValueError, match="regions should hold 32 int64 items, but holds 256 bytes of format 'd'"
+    ):
+        session.decode_slices(buffer, starts, ends, box.astype(np.float64), np.zeros(8, np.uint64), 0)
+    with pytest.raises(ValueError, match="destinations should hold 8 uint64 items"):
+        session.decode(files, box, np.zeros(8, np.int64), 0)
 
 
 def test_a_failing_c_interface_is_given_up_with_one_warning_and_the_batch_decoded(
@@ -302,10 +308,12 @@ def test_a_failing_c_interface_is_given_up_with_one_warning_and_the_batch_decode
     regions = [(1, 2, int(h) // 2, int(w) // 2) for h, w in sizes]
     decoder = BatchDecoder(torch.device("cpu"))
     region_decoder = decoder.region_decoder
-    assert region_decoder is not None and region_decoder.native is not None
+    assert region_decoder is not None and region_decoder.native is None  # made by the first batch
     reference = decoder.decode_regions(
         files, [str(k) for k in range(6)], [True] * 6, regions, None, (sizes[:, 0], sizes[:, 1])
     )
+
+    assert region_decoder.native is not None and region_decoder._decoder is None  # no Python decoder
 
     class Broken:
         def decode(self, *args: Any) -> bytes:
@@ -338,3 +346,27 @@ def test_a_failing_c_interface_is_given_up_with_one_warning_and_the_batch_decode
         decoder.decode_regions(
             files, [str(k) for k in range(6)], [True] * 6, regions, None, (sizes[:, 0], sizes[:, 1])
         )
+
+
+def test_nvimgcodecs_python_decoder_made_late_and_failing_gives_it_up(
+    imagenet_root: Path, real: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside the C interface, nvImageCodec's Python decoder is made only when a batch needs it
+    (here: whole images, no regions); if nvImageCodec cannot make it then, it is given up with one
+    warning and torchvision decodes the batch."""
+    files = [p.read_bytes() for p in _files(imagenet_root) if p.read_bytes()[:2] == b"\xff\xd8"][:4]
+    decoder = BatchDecoder(torch.device("cpu"))
+    assert decoder.region_decoder is not None and decoder.region_decoder._decoder is None
+
+    def cannot(**kwargs: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(real, "Decoder", cannot)
+    names = [f"sample {k}" for k in range(4)]
+    with pytest.warns(
+        UserWarning, match=r"could not make a decoder \(RuntimeError: out of memory\); fastload decodes"
+    ):
+        images = decoder.decode(files, names, [True] * 4, None, None)
+    assert decoder.region_decoder is None and "torchvision" in decoder.name
+    for image, data in zip(images, files, strict=True):
+        assert torch.equal(image, torch.from_numpy(_pil(data).copy()).permute(2, 0, 1))

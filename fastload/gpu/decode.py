@@ -303,7 +303,15 @@ class BatchDecoder:
         out: list[torch.Tensor | None] = [None] * len(encoded)
         slots = [k for k in range(len(encoded)) if on_device[k]]
         if slots:
-            decoded = region_decoder.decode([raws[k] for k in slots], [wanted[k] for k in slots], stream)
+            try:
+                decoded = region_decoder.decode([raws[k] for k in slots], [wanted[k] for k in slots], stream)
+            except nvimgcodec.DecoderUnavailable as e:  # made only now (beside its C interface): given up
+                self._give_up_nvimgcodec(
+                    region_decoder,
+                    f"{e}; fastload decodes with torchvision.io.decode_jpeg from now on "
+                    "(FASTLOAD_NVIMGCODEC=0 skips nvImageCodec)",
+                )
+                return self.decode(encoded, names, on_device, regions, stream)
             for k, image in zip(slots, decoded, strict=True):
                 out[k] = image
         refused = [k for k in slots if out[k] is None]
@@ -388,14 +396,21 @@ class BatchDecoder:
             region_decoder = self.region_decoder
             if region_decoder is None or self.asked < GIVE_UP_AFTER or self.refused * 2 <= self.asked:
                 return
+        self._give_up_nvimgcodec(
+            region_decoder,
+            f"nvImageCodec decoded only {self.asked - self.refused} of the {self.asked} JPEGs it was "
+            "given that the CPU could decode (its log above says why); fastload decodes with "
+            "torchvision.io.decode_jpeg from the next batch on, as with FASTLOAD_NVIMGCODEC=0",
+        )
+
+    def _give_up_nvimgcodec(self, region_decoder: nvimgcodec.RegionDecoder, message: str) -> None:
+        """nvImageCodec given up (torchvision's decoder from now on), with one warning: ``message``."""
+        with self._count_lock:
+            if self.region_decoder is not region_decoder:
+                return  # (given up already, by another pass's thread)
             self.region_decoder = None
-            region_decoder.release()  # its last images are let go of once the copies out of them are done
-            warnings.warn(
-                f"nvImageCodec decoded only {self.asked - self.refused} of the {self.asked} JPEGs it was "
-                "given that the CPU could decode (its log above says why); fastload decodes with "
-                "torchvision.io.decode_jpeg from the next batch on, as with FASTLOAD_NVIMGCODEC=0",
-                stacklevel=3,
-            )
+        region_decoder.release()  # its last images are let go of once the copies out of them are done
+        warnings.warn(message, stacklevel=4)
 
 
 def device_routes(

@@ -53,6 +53,7 @@ from .._packformat import ByteSlices
 from .transforms import PackedImages
 
 __all__ = [
+    "DecoderUnavailable",
     "MARGIN",
     "NATIVE",
     "PACKED",
@@ -260,6 +261,10 @@ def _data_ptr(image: Any, cuda: bool) -> int:
     return int(interface["data"][0])
 
 
+class DecoderUnavailable(RuntimeError):
+    """nvImageCodec could not make its decoder when first needed (:attr:`RegionDecoder.decoder`)."""
+
+
 class NotInPlace(RuntimeError):
     """nvImageCodec did not decode into the buffer it was given (see :meth:`RegionDecoder.decode_packed`)."""
 
@@ -324,32 +329,57 @@ class RegionDecoder:
             if self.packs
             else None
         )
-        #: nvImageCodec's C interface for whole in-place batches (``fastload._nvimgcodec``), or
-        #: ``None``; :attr:`native_reason` says why not.
+        #: nvImageCodec's C interface for whole in-place batches (``fastload._nvimgcodec``), made
+        #: by the first batch that decodes in place, or ``None``; :attr:`native_reason` says why not.
         self.native: Any = None
         usable, self.native_reason = native_interface()
-        if usable:
+        self._native_args: tuple[Any, ...] | None = (
+            (
+                _library_path(nv),
+                device_id,
+                [(int(kind.value), float(load)) for kind, load in backends],
+                OPTIONS,
+                cpu_threads,
+                device.type == "cuda",
+            )
+            if usable
+            else None
+        )
+        if not usable:  # made now: a decoder nvImageCodec cannot make is said at once
+            self._decoder = nv.Decoder(**self._decoder_args)
+
+    def _native_session(self) -> Any:
+        """The C interface's session, made the first time an in-place batch asks for it (a loader
+        whose batches never decode in place makes none); ``None`` where it cannot be made (said
+        once, and by :attr:`native_reason`)."""
+        args, self._native_args = self._native_args, None
+        if args is not None:
             try:
-                native = importlib.import_module("fastload._nvimgcodec")
-                self.native = native.Session(
-                    _library_path(nv),
-                    device_id,
-                    [(int(kind.value), float(load)) for kind, load in backends],
-                    OPTIONS,
-                    cpu_threads,
-                    device.type == "cuda",
-                )
+                self.native = importlib.import_module("fastload._nvimgcodec").Session(*args)
             except Exception as e:  # noqa: BLE001 - its Python interface decodes instead
                 self.native_reason = f"its C interface could not be used ({type(e).__name__}: {e})"
-        if self.native is None:  # made now: a decoder nvImageCodec cannot make is said at once
-            self._decoder = nv.Decoder(**self._decoder_args)
+                warnings.warn(
+                    f"nvImageCodec's C interface could not be used ({type(e).__name__}: {e}); fastload calls "
+                    "its Python interface instead (more interpreter time per image)",
+                    stacklevel=4,
+                )
+        return self.native
 
     @property
     def decoder(self) -> Any:
         """nvImageCodec's Python decoder (made the first time it is needed where the C interface
-        decodes: each decoder has its own GPU state and CPU threads)."""
+        decodes: each decoder has its own GPU state and CPU threads).
+
+        Raises:
+            DecoderUnavailable: nvImageCodec could not make it (the caller gives nvImageCodec up).
+        """
         if self._decoder is None:
-            self._decoder = self.nv.Decoder(**self._decoder_args)
+            try:
+                self._decoder = self.nv.Decoder(**self._decoder_args)
+            except Exception as e:  # noqa: BLE001 - said by the caller, which decodes otherwise
+                raise DecoderUnavailable(
+                    f"nvImageCodec could not make a decoder ({type(e).__name__}: {e})"
+                ) from e
         return self._decoder
 
     def _sources(
@@ -460,6 +490,7 @@ class RegionDecoder:
         """
         nv = self.nv
         wanted = np.array(regions, dtype=np.int64).reshape(-1, 4)
+        native = None
         if sizes is None:
             sources, asked = self._sources(encoded, regions)
             outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
@@ -470,7 +501,8 @@ class RegionDecoder:
             y1 = np.minimum(full[:, 0], wanted[:, 0] + wanted[:, 2] + MARGIN)
             x1 = np.minimum(full[:, 1], wanted[:, 1] + wanted[:, 3] + MARGIN)
             code_stream, region = nv.CodeStream, nv.Region
-            if self.native is not None:  # the C interface makes them, without the interpreter
+            native = self._native_session()  # (read once: another pass's thread may drop it)
+            if native is not None:  # the C interface makes them, without the interpreter
                 sources, outer = None, np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
             else:
                 try:
@@ -504,19 +536,20 @@ class RegionDecoder:
             )
         base = flat.data_ptr()
         self.release()
-        if sources is None:
+        if native is not None:
             boxes_with_margin = np.stack(
                 [outer[:, 0], outer[:, 1], outer[:, 0] + heights, outer[:, 1] + widths], axis=1
             )
             destinations = (offsets + base).astype(np.uint64)
             try:
                 if isinstance(encoded, ByteSlices):  # one buffer: no object per file either
-                    done = self.native.decode_slices(
-                        encoded.data, encoded.starts, encoded.ends, boxes_with_margin, destinations, handle
+                    starts, ends = np.ascontiguousarray(encoded.starts), np.ascontiguousarray(encoded.ends)
+                    done = native.decode_slices(
+                        encoded.data, starts, ends, boxes_with_margin, destinations, handle
                     )
                 else:
-                    done = self.native.decode(encoded, boxes_with_margin, destinations, handle)
-            except Exception as e:  # noqa: BLE001 - its Python interface takes over, from this batch on
+                    done = native.decode(encoded, boxes_with_margin, destinations, handle)
+            except (RuntimeError, OSError) as e:  # nvImageCodec's: its Python interface takes over
                 self.native, self.native_reason = None, f"its C interface failed ({type(e).__name__}: {e})"
                 warnings.warn(
                     f"nvImageCodec's C interface failed ({type(e).__name__}: {e}); fastload calls its Python "
@@ -538,6 +571,8 @@ class RegionDecoder:
             decoded = self.decoder.decode(
                 sources, images=images, params=self.planar_params, cuda_stream=handle
             )
+        except DecoderUnavailable:  # the caller gives nvImageCodec up
+            return None
         except Exception as e:  # noqa: BLE001 - the copies decode the batch (and raise what is the files')
             if not self._checked:
                 self._give_up(e)
