@@ -251,7 +251,9 @@ def test_the_loaders_batches_are_the_same_through_either_interface(
     monkeypatch.setattr(_native(), "Session", _Recording)
     _Recording.calls.clear()
     loader = _device_loader(imagenet_root, decode, check_crc)
+    before = loader.decoder  # (the C interface's session is made by the first batch)
     native = _take(loader)
+    assert loader.decoder == before
     assert (
         "one buffer per batch, by one call into its C interface per batch, without the interpreter)"
         in loader.decoder

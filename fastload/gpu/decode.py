@@ -267,7 +267,7 @@ class BatchDecoder:
         region_decoder = self.region_decoder
         if region_decoder is None:
             return device_decoder(self.device, False)
-        native = (region_decoder.native is not None, region_decoder.native_reason)
+        native = (region_decoder.through_c, region_decoder.native_reason)
         return device_decoder(self.device, True, region_decoder.packs, native)
 
     @property

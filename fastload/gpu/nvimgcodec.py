@@ -348,6 +348,11 @@ class RegionDecoder:
         if not usable:  # made now: a decoder nvImageCodec cannot make is said at once
             self._decoder = nv.Decoder(**self._decoder_args)
 
+    @property
+    def through_c(self) -> bool:
+        """Whether in-place batches go through the C interface (made, or to be made by the first)."""
+        return self.native is not None or self._native_args is not None
+
     def _native_session(self) -> Any:
         """The C interface's session, made the first time an in-place batch asks for it (a loader
         whose batches never decode in place makes none); ``None`` where it cannot be made (said
