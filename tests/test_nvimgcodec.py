@@ -272,14 +272,21 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
 
 
 @pytest.mark.cuda
-def test_nvimgcodec_decodes_in_place_on_the_gpu(imagenet_root: Path) -> None:  # pragma: no cover
+@pytest.mark.parametrize("through_c", [True, False])
+def test_nvimgcodec_decodes_in_place_on_the_gpu(
+    imagenet_root: Path, through_c: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:  # pragma: no cover
     """The real decoder (nvImageCodec 0.9 and a CUDA device) writes each region, planar, into the
     batch buffer it is given, on the decoder's stream: the pixels of copying each image out of its
-    own memory (one backend, the hardware decoder, for both), and nothing refused."""
+    own memory (one backend, the hardware decoder, for both), and nothing refused; through its C
+    interface (where fastload's extension for it is built) and through its Python interface."""
     from fastload.decode import jpeg_header
 
     if not nvimgcodec.available("cuda"):
         pytest.skip("nvImageCodec is not installed (pip install 'fastload[nvimgcodec-cu12]' or -cu13)")
+    if through_c and not nvimgcodec.native_interface()[0]:
+        pytest.skip(f"nvImageCodec's C interface: {nvimgcodec.native_interface()[1]}")
+    monkeypatch.setattr(nvimgcodec, "NATIVE", through_c)
     ds = fastload.ImageFolder(imagenet_root / "train")
     files, regions, sizes = [], [], []
     for i in range(len(ds)):
@@ -301,6 +308,7 @@ def test_nvimgcodec_decodes_in_place_on_the_gpu(imagenet_root: Path) -> None:  #
             warnings.simplefilter("error")
             result = decoder.decode_packed(files, regions, stream, sizes)
         assert result is not None and decoder.packs
+        assert (decoder.native is not None) == through_c, decoder.native_reason
         packed, boxes, ok = result
         copied = decoder.decode(files, regions, stream)
     stream.synchronize()

@@ -479,7 +479,7 @@ class RegionDecoder:
         regions: Sequence[tuple[int, int, int, int]],
         stream: Any = None,
         sizes: np.ndarray | Sequence[tuple[int, int]] | None = None,
-    ) -> tuple[PackedImages, np.ndarray, list[bool]] | None:
+    ) -> tuple[PackedImages, np.ndarray, list[bool] | np.ndarray] | None:
         """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
         :data:`MARGIN`, channels first into one buffer allocated here on the current stream
         (``stream``: its CUDA stream object): no tensor, copy or allocation per image, and no
@@ -565,7 +565,7 @@ class RegionDecoder:
             return (
                 PackedImages(flat, offsets, heights, widths, 3),
                 boxes,
-                np.frombuffer(done, dtype=np.bool_).tolist(),
+                np.frombuffer(done, dtype=np.bool_),  # (a column: no object per image)
             )
         planes = [
             _Plane(base + o, h, w, cuda, handle or None)
