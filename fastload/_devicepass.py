@@ -162,7 +162,7 @@ class EncodedPass:
 
     def _encoded(self, k: int) -> Sequence[Any]:
         """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any):
-        slices of an in-memory dataset's buffer as one :class:`~fastload._packformat.ByteSlices`
+        slices of an in-memory dataset's buffer as one :class:`~fastload._slices.ByteSlices`
         (no Python object per sample)."""
         read = self.reads.pop(k)
         if read and isinstance(read[0], Future):

@@ -61,7 +61,8 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_choice, check_int, check_optional_int
-from ._packformat import ByteSlices, HeadPlan, PackView
+from ._packformat import HeadPlan, PackView
+from ._slices import ByteSlices
 from .device import available_cpus
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, scan_folder
 from .pack import PackFile, bounded_map, progress_bar

@@ -18,7 +18,7 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 from .. import decode as cpu_decoding
-from .._packformat import ByteSlices
+from .._slices import ByteSlices
 from ..decode import (
     _DECODE_ERRORS,
     JPEG_FORMATS,

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._packformat import ByteSlices
+from .._slices import ByteSlices
 from .transforms import PackedImages
 
 __all__ = [
