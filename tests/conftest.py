@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.dali)
         if not cuda and "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collects what the tests left (e.g. a torch DataLoader iterator with worker processes) while
+    this test process still runs: under pytest-xdist, a worker still busy 5 s after the run asks it
+    to stop is sent SIGINT, and a torch iterator then finalised mid-shutdown reports the interrupt."""
+    gc.collect()
