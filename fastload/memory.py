@@ -793,21 +793,28 @@ class InMemoryImageFolder(EncodedImageDataset):
         """Whether :meth:`get_bytes` of each of ``indices`` (in range: a sampler's) is a slice of the
         buffer and nothing else: ``check_crc`` off, or each checked already in this process. The
         device paths read such samples in their decoder thread instead of reader threads."""
-        wanted = np.asarray(indices, dtype=np.int64)
-        wanted = np.where(wanted < 0, wanted + self._len, wanted)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self._len):
-            return False  # get_bytes names the sample out of range
-        return self._require().all_checked(wanted)
+        wanted, bad = self._positions(indices)
+        return bad is None and self._require().all_checked(wanted)  # out of range: get_bytes says so
 
     def byte_slices(self, indices: np.ndarray) -> ByteSlices:
         """Samples ``indices`` (a sampler's) as slices of the buffer, for :meth:`slices_only`
-        samples: what :meth:`get_bytes` returns for each, with no Python object per sample."""
-        wanted = np.asarray(indices, dtype=np.int64)
-        wanted = np.where(wanted < 0, wanted + self._len, wanted)  # negative: from the end, as get_bytes
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self._len):
-            bad = int(np.asarray(indices)[(wanted < 0) | (wanted >= self._len)][0])
+        samples: what :meth:`get_bytes` returns for each, with no Python object per sample.
+
+        Raises:
+            IndexError: A sample index out of range (as :meth:`get_bytes`).
+        """
+        wanted, bad = self._positions(indices)
+        if bad is not None:
             raise IndexError(f"sample index {bad} is out of range for a dataset of {self._len} samples")
         return self._require().slices(wanted)
+
+    def _positions(self, indices: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """``indices`` as positions in the buffer (negative ones count from the end, as in
+        :meth:`get_bytes`), and the first index out of range (``None``: none is)."""
+        given = np.asarray(indices, dtype=np.int64)
+        wanted = np.where(given < 0, given + self._len, given)
+        outside = (wanted < 0) | (wanted >= self._len)
+        return wanted, int(given[outside][0]) if outside.any() else None
 
     def describe(self, i: int) -> str:
         """How errors name sample ``i``: its index and original relative path."""

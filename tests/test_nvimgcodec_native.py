@@ -386,3 +386,66 @@ def test_nvimgcodecs_python_decoder_made_late_and_failing_gives_it_up(
     assert decoder.region_decoder is None and "torchvision" in decoder.name
     for image, data in zip(images, files, strict=True):
         assert torch.equal(image, torch.from_numpy(_pil(data).copy()).permute(2, 0, 1))
+
+
+def test_in_memory_slices_are_what_get_bytes_returns(imagenet_root: Path) -> None:
+    ds = fastload.InMemoryImageFolder(imagenet_root / "train", check_crc=False)
+    n = len(ds)
+    slices = ds.byte_slices(np.array([0, 3, -1, -n], dtype=np.int64))
+    for k, i in enumerate([0, 3, n - 1, 0]):
+        assert bytes(slices[k]) == bytes(ds.get_bytes(i))
+    assert [bytes(s) for s in slices] == [bytes(ds.get_bytes(i)) for i in (0, 3, n - 1, 0)]
+    assert [bytes(s) for s in slices.take([2, 0])] == [bytes(ds.get_bytes(n - 1)), bytes(ds.get_bytes(0))]
+    for bad in (n, -n - 1):
+        with pytest.raises(
+            IndexError, match=f"sample index {bad} is out of range for a dataset of {n} samples"
+        ):
+            ds.byte_slices(np.array([1, bad]))
+        assert not ds.slices_only(np.array([1, bad]))  # the reader threads' get_bytes raises it
+    assert ds.slices_only(np.array([1, -1]))
+
+
+def test_the_c_interface_says_why_it_is_not_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import types
+
+    with nvimgcodec.use_module(None):
+        monkeypatch.setattr(nvimgcodec, "_imported", lambda: None)
+        assert nvimgcodec.native_interface() == (False, "nvImageCodec is not installed")
+    (tmp_path / "libnvimgcodec.so.0").write_bytes(b"")
+    newer = types.SimpleNamespace(
+        __file__=str(tmp_path / "__init__.py"),
+        __version__="0.10.0",
+        as_images=None,
+        SampleFormat=types.SimpleNamespace(P_RGB=7),
+    )
+    with nvimgcodec.use_module(newer):
+        assert nvimgcodec.native_interface() == (
+            False,
+            "nvImageCodec 0.10.0: fastload declares the C interface of 0.9 only",
+        )
+        monkeypatch.setenv("FASTLOAD_NVIMGCODEC_NATIVE", "0")
+        assert nvimgcodec.native_interface()[1].startswith("turned off (FASTLOAD_NVIMGCODEC_NATIVE=0")
+    with pytest.raises(OSError, match=r"could not open nvImageCodec's library /nowhere/libnvimgcodec.so.0"):
+        _native().Session("/nowhere/libnvimgcodec.so.0", nvimgcodec.CPU_ONLY_DEVICE, [(1, 1.0)])
+    with pytest.raises(TypeError):
+        _native().Session(str(tmp_path / "libnvimgcodec.so.0"), nvimgcodec.CPU_ONLY_DEVICE, [(1,)])
+
+
+def test_a_c_interface_that_cannot_be_made_is_said_once_and_the_python_interface_decodes(
+    imagenet_root: Path, real: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = _take(_device_loader(imagenet_root))
+
+    def cannot(*args: Any) -> Any:
+        raise OSError("nvImageCodec's library is version 0.8, not 0.9")
+
+    monkeypatch.setattr(_native(), "Session", cannot)
+    loader = _device_loader(imagenet_root)
+    with pytest.warns(
+        UserWarning, match="C interface could not be used .*Python interface instead"
+    ) as caught:
+        got = _take(loader)
+    assert len([w for w in caught if "C interface" in str(w.message)]) == 1
+    assert "through its Python interface: its C interface could not be used (OSError: " in loader.decoder
+    for (x, y), (rx, ry) in zip(got, reference, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
