@@ -758,7 +758,12 @@ of ceiling   images/s divided by the ceiling's: how busy the loader keeps the de
 waiting      share of the wall time the loop waited in next() for a batch; each step ends
              synchronised (as a loop that logs its loss does), so the device was idle meanwhile
 CPU cores    CPU time of this process and its workers over the wall time (1.0 = one core busy):
-             the ceiling's is the training loop's own; the rest is what the loader costs"""
+             the ceiling's is the training loop's own; the rest is what the loader costs
+step ms      median time of a step outside next(): its launch and the wait for the device to
+             finish it. Above the ceiling's without waiting: the loader slows the step itself
+launch ms    of which the training thread's own work (the step's call, before the wait): above
+             the ceiling's, the loader's threads take the loop's interpreter or cores; a longer
+             rest, the loader's own device work shares the device with the model"""
 
 
 def model_counts(config: BenchConfig, num_workers: int) -> tuple[int, int]:
@@ -820,6 +825,8 @@ def run_model(
             "share_of_ceiling": None,
             "waiting": result["waiting"],
             "cpu_cores": result.get("cpu_cores"),
+            "step_ms": result.get("step_ms"),
+            "launch_ms": result.get("launch_ms"),
             "device": config.device,
             "device_name": device_name,
             "warmup_steps": warmup,
@@ -888,6 +895,8 @@ def run_model(
                 "images_per_s_runs": runs,
                 "waiting": statistics.median([before["waiting"], after["waiting"]]),
                 "cpu_cores": statistics.median([before["cpu_cores"], after["cpu_cores"]]),
+                "step_ms": statistics.median([before["step_ms"], after["step_ms"]]),
+                "launch_ms": statistics.median([before["launch_ms"], after["launch_ms"]]),
             },
             warmup,
             steps,

@@ -181,7 +181,13 @@ def time_steps(
         share of a run's wall time spent in ``next(batches)`` (each step ends synchronised, so the
         device is idle meanwhile); ``cpu_cores``: the median of a run's CPU time over its wall time
         (1.0 = one core busy all the run: the training loop, the loader's threads and workers), or
-        ``None`` without ``cpu_seconds``.
+        ``None`` without ``cpu_seconds``; ``step_ms``: the median step outside ``next()`` in
+        milliseconds (its launch and the wait for the device to finish it), and ``launch_ms``: the
+        median of its launch alone (the training thread's own work: the step's call, before the
+        synchronisation). Beside a loader these say why a loop that does not wait for data still
+        trains slower than at the ceiling: a longer launch is the training thread slowed (the
+        loader's threads take its interpreter or its cores), a longer rest is the device's time
+        shared with the loader's own device work.
     """
     sync = _synchronize(step.device)
     for _ in range(warmup):
@@ -191,6 +197,8 @@ def time_steps(
         if on_step is not None:
             on_step()
     rates, waits, cores = [], [], []
+    launches: list[float] = []
+    spans: list[float] = []
     for _ in range(repeat):
         samples, waited = 0, 0.0
         cpu0 = cpu_seconds() if cpu_seconds is not None else 0.0
@@ -198,9 +206,14 @@ def time_steps(
         for _ in range(steps):
             t0 = time.perf_counter()
             images, labels = next(batches)
-            waited += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            waited += t1 - t0
             step(images, labels)
+            t2 = time.perf_counter()
             sync()
+            t3 = time.perf_counter()
+            launches.append(t2 - t1)
+            spans.append(t3 - t1)
             samples += len(images)
             del images, labels
             if on_step is not None:
@@ -215,13 +228,19 @@ def time_steps(
         "images_per_s_runs": rates,
         "waiting": statistics.median(waits),
         "cpu_cores": statistics.median(cores) if cores else None,
+        "step_ms": 1e3 * statistics.median(spans) if spans else None,
+        "launch_ms": 1e3 * statistics.median(launches) if launches else None,
     }
 
 
 _HEADER = (
     f"{'feeding the step':<34} {'workers':>7} {'images/s':>9} {'min-max':>13} "
-    f"{'of ceiling':>10} {'waiting':>8} {'CPU cores':>9}"
+    f"{'of ceiling':>10} {'waiting':>8} {'CPU cores':>9} {'step ms':>8} {'launch ms':>9}"
 )
+
+
+def _ms(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.1f}"
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -232,7 +251,7 @@ def _row(r: dict[str, Any]) -> str:
     cores = "-" if r.get("cpu_cores") is None else f"{r['cpu_cores']:.1f}"
     return (
         f"{r['feeding']:<34} {workers:>7} {r['images_per_s']:>9.0f} {spread:>13} {share:>10} "
-        f"{100 * r['waiting']:>6.0f} % {cores:>9}"
+        f"{100 * r['waiting']:>6.0f} % {cores:>9} {_ms(r.get('step_ms'), 8)} {_ms(r.get('launch_ms'), 9)}"
     )
 
 

@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -608,6 +609,8 @@ def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
     # CPU cores: this process tree's CPU time over the wall time; the loop itself keeps one busy
     assert all(0.2 < r["cpu_cores"] < 64 for r in records)
     assert any("CPU cores" in line for line in lines)
+    assert all(0 < r["launch_ms"] <= r["step_ms"] for r in records)  # the step apart from next()
+    assert any("step ms" in line and "launch ms" in line for line in lines)
     assert any("These figures are not a GPU's" in line for line in lines)
     shares = [f"{100 * r['share_of_ceiling']:.0f} %" for r in records[1:]]
     assert lines[-1] == (
@@ -615,6 +618,34 @@ def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
         f"swap {shares[1]}, fastload's own pipeline {shares[2]} (1 workers, batch 2). Not a GPU's figures: "
         "without CUDA the model shares the CPUs with the loader's workers"
     )
+
+
+def test_model_mode_splits_each_step_into_launch_and_the_device_finishing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """time_steps times the step outside next(): its launch (the step's call) and the wait for the
+    device (the synchronisation), apart from the time next() took. Stand-ins with known durations:
+    a loader that takes 15 ms per batch, a step whose call takes 20 ms, a device that finishes 10 ms
+    after it."""
+    from fastload import modelbench
+
+    def slow_batches() -> Any:
+        while True:
+            time.sleep(0.015)
+            yield torch.zeros(2, 1), torch.zeros(2)
+
+    class Step:
+        device = torch.device("cpu")
+
+        def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+            time.sleep(0.020)
+
+    monkeypatch.setattr(modelbench, "_synchronize", lambda device: lambda: time.sleep(0.010))
+    result = modelbench.time_steps(slow_batches(), Step(), warmup=1, steps=4, repeat=2)  # type: ignore[arg-type]
+    assert 20.0 <= result["launch_ms"] < 1000.0
+    assert result["step_ms"] - result["launch_ms"] >= 10.0 - 0.5  # (medians of different steps)
+    assert result["step_ms"] >= 30.0
+    assert 0.2 < result["waiting"] < 0.5  # 15 of about 45 ms: next() is not a part of the step
 
 
 def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
