@@ -351,7 +351,7 @@ def test_the_split_moves_to_the_device_when_the_cpu_workers_are_slow(
     real_plan = DeviceHead._plan
 
     def slow_plan(self: Any, plan: Any, sample_rng: Any) -> None:
-        time.sleep(0.1)  # injected slow CPU workers (thread workers share this module): ~20 images/s
+        time.sleep(0.25)  # injected slow CPU workers (thread workers share this module): ~8 images/s
         real_plan(self, plan, sample_rng)
 
     monkeypatch.setattr(fastload.gpu.hybrid.DeviceHead, "_plan", slow_plan)

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The device paths measured on a GPU machine in one run, most important first, into one log.
+#
+# Usage, from the project root on a machine with an NVIDIA GPU and torch/torchvision installed:
+#     bench/gpu_machine.sh [OUT]           (default OUT: /tmp/fastload-gpu)
+# Environment:
+#     WHEELS=DIR   wheels installed first without an index (a machine without a registry:
+#                  nvidia-nvimgcodec-cu13 and nvidia-nvjpeg, downloaded elsewhere)
+#     DATA=ROOT    the synthetic set (default /tmp/fastload-synth: 10 classes x 1024 train
+#                  images, made here, about 20 s on 16 CPUs)
+#     WORKERS=N    the loaders' workers (default: the CPUs less two)
+#     BIG=resnet50 FAST=resnet18 BATCH=256 WARMUP=30 STEPS=28: the model runs (a check of this
+#                  script on a CPU: BIG=tiny FAST=tiny BATCH=16 WARMUP=2 STEPS=4 DATA=a small set)
+#
+# What it runs (each step bounded in time; OUT/gpu.log says what each printed, with the time):
+#   1. the C extensions built in place, `python -m fastload info`, nvImageCodec's C interface;
+#   2. the nvImageCodec tests (CUDA ones included: in-place images against copies);
+#   3. decoding alone (bench/device_decode.py): nvImageCodec through its C interface, through
+#      its Python interface (FASTLOAD_NVIMGCODEC_NATIVE=0), and torchvision's nvJPEG
+#      (FASTLOAD_NVIMGCODEC=0);
+#   4. bench/throughput.py --model resnet50 and resnet18 (fastload's own pipeline, decode="device",
+#      decode="hybrid"), then the device paths again through the Python interface and on
+#      torchvision's decoder: images/s, share of the ceiling, waiting, step ms and launch ms;
+#   5. the rest of the GPU-relevant tests, if time is left.
+# Every JSON record goes to OUT (at most 8 files in all, with the log).
+set -u
+OUT=${1:-/tmp/fastload-gpu}
+mkdir -p "$OUT"
+LOG=$OUT/gpu.log
+: >"$LOG"
+START=$(date +%s)
+CPUS=$(nproc)
+WORKERS=${WORKERS:-$((CPUS > 3 ? CPUS - 2 : 1))}
+DATA=${DATA:-/tmp/fastload-synth}
+PY=${PYTHON:-python3}
+BIG=${BIG:-resnet50}
+FAST=${FAST:-resnet18}
+BATCH=${BATCH:-256}
+WARMUP=${WARMUP:-30}
+STEPS=${STEPS:-28}
+
+say() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
+# step SECONDS NAME COMMAND...: runs it with a time limit, its output into the log
+step() {
+    local limit=$1 name=$2
+    shift 2
+    say "== $name"
+    timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || say "   ($name: exit status $rc$([ $rc -eq 124 ] && echo ", stopped after ${limit} s"))"
+    return 0
+}
+
+say "fastload $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $CPUS CPUs, workers $WORKERS"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1 || say "(no nvidia-smi)"
+if [ -n "${WHEELS:-}" ]; then
+    step 120 "wheels from $WHEELS" "$PY" -m pip install -q --no-deps --no-index "$WHEELS"/*.whl
+fi
+step 180 "C extensions" "$PY" setup.py -q build_ext --inplace
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+step 60 "fastload info" "$PY" -m fastload info
+step 30 "nvImageCodec interfaces" "$PY" -c "
+import torch
+from fastload.gpu import nvimgcodec
+usable, how = nvimgcodec.native_interface()
+print('nvImageCodec', nvimgcodec.nvimgcodec_version(), '| C interface:', 'used,' if usable else 'not used:', how)
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+if [ ! -f "$DATA/.complete" ]; then
+    step 240 "synthetic set" "$PY" -m fastload synth "$DATA" --classes 10 --per-class 1024 --val-per-class 40 --seed 0 \
+        && touch "$DATA/.complete"
+fi
+step 150 "nvImageCodec tests" "$PY" -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfEs \
+    tests/test_nvimgcodec.py tests/test_nvimgcodec_native.py
+
+decode() {  # decode NAME [ENV...]: decoding alone
+    local name=$1
+    shift
+    step 120 "decoding alone: $name" env "$@" "$PY" bench/device_decode.py --data "$DATA" --batches 10 --repeat 3 \
+        --batch-size "$BATCH" --workers 4 --json "$OUT/decode-$name.json"
+}
+decode c-interface
+decode python-interface FASTLOAD_NVIMGCODEC_NATIVE=0
+
+model() {  # model NAME MODEL BACKENDS [ENV...]: a training step fed by each backend
+    local name=$1 net=$2 backends=$3
+    shift 3
+    step 240 "$net: $backends ($name)" env "$@" "$PY" bench/throughput.py --data "$DATA" --model "$net" \
+        --backends "$backends" --workers "$WORKERS" --batch-size "$BATCH" --warmup "$WARMUP" --batches "$STEPS" --repeat 2 \
+        --no-progress --json "$OUT/model-$net-$name.json"
+}
+model c-interface "$BIG" fastload,device-decode,hybrid
+model c-interface "$FAST" device-decode,hybrid,fastload
+model python-interface "$BIG" device-decode FASTLOAD_NVIMGCODEC_NATIVE=0
+model python-interface "$FAST" hybrid FASTLOAD_NVIMGCODEC_NATIVE=0
+decode torchvision FASTLOAD_NVIMGCODEC=0
+
+step 240 "GPU tests" "$PY" -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfEs \
+    tests/test_gpu.py tests/test_device_decode.py tests/test_hybrid.py tests/test_feeder.py tests/test_prefetch.py \
+    tests/test_pinned.py tests/test_device.py
+say "done"
