@@ -20,9 +20,10 @@
 #      (FASTLOAD_NVIMGCODEC=0);
 #   4. bench/throughput.py --model resnet50 and resnet18 (fastload's own pipeline, decode="device",
 #      decode="hybrid"), then the device paths again through the Python interface and on
-#      torchvision's decoder: images/s, share of the ceiling, waiting, step ms and launch ms;
+#      torchvision's decoder, and with the hardware decoder alone: images/s, share of the
+#      ceiling, waiting, step ms and launch ms;
 #   5. the rest of the GPU-relevant tests, if time is left.
-# Every JSON record goes to OUT (at most 8 files in all, with the log).
+# Every JSON record goes to OUT/records.jsonl, one line each with the run's name: two files in all.
 set -u
 OUT=${1:-/tmp/fastload-gpu}
 mkdir -p "$OUT"
@@ -38,6 +39,19 @@ FAST=${FAST:-resnet18}
 BATCH=${BATCH:-256}
 WARMUP=${WARMUP:-30}
 STEPS=${STEPS:-28}
+
+RECORDS=$OUT/records.jsonl
+: >"$RECORDS"
+TMPJSON=$(mktemp -d)
+trap 'rm -rf "$TMPJSON"' EXIT
+# keep NAME FILE: FILE's records (a JSON list) appended to records.jsonl, each with "run": NAME
+keep() {
+    [ -f "$2" ] && "$PY" -c "
+import json, sys
+for r in json.load(open(sys.argv[2])):
+    print(json.dumps({'run': sys.argv[1], **r}))" "$1" "$2" >>"$RECORDS"
+    return 0
+}
 
 say() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
 # step SECONDS NAME COMMAND...: runs it with a time limit, its output into the log
@@ -76,7 +90,8 @@ decode() {  # decode NAME [ENV...]: decoding alone
     local name=$1
     shift
     step 120 "decoding alone: $name" env "$@" "$PY" bench/device_decode.py --data "$DATA" --batches 10 --repeat 3 \
-        --batch-size "$BATCH" --workers 4 --json "$OUT/decode-$name.json"
+        --batch-size "$BATCH" --workers 4 --json "$TMPJSON/decode-$name.json"
+    keep "decode $name" "$TMPJSON/decode-$name.json"
 }
 decode c-interface
 decode python-interface FASTLOAD_NVIMGCODEC_NATIVE=0
@@ -86,12 +101,15 @@ model() {  # model NAME MODEL BACKENDS [ENV...]: a training step fed by each bac
     shift 3
     step 240 "$net: $backends ($name)" env "$@" "$PY" bench/throughput.py --data "$DATA" --model "$net" \
         --backends "$backends" --workers "$WORKERS" --batch-size "$BATCH" --warmup "$WARMUP" --batches "$STEPS" --repeat 2 \
-        --no-progress --json "$OUT/model-$net-$name.json"
+        --no-progress --json "$TMPJSON/model-$net-$name.json"
+    keep "$net $name" "$TMPJSON/model-$net-$name.json"
 }
 model c-interface "$BIG" fastload,device-decode,hybrid
 model c-interface "$FAST" device-decode,hybrid,fastload
 model python-interface "$BIG" device-decode FASTLOAD_NVIMGCODEC_NATIVE=0
 model python-interface "$FAST" hybrid FASTLOAD_NVIMGCODEC_NATIVE=0
+# the hardware decoder alone: no decoding on the SMs beside the model (compare step ms)
+model hardware-decoder-only "$BIG" device-decode FASTLOAD_HW_DECODER_LOAD=1.0
 decode torchvision FASTLOAD_NVIMGCODEC=0
 
 step 240 "GPU tests" "$PY" -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfEs \
