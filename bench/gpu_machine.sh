@@ -5,7 +5,10 @@
 #     bench/gpu_machine.sh [OUT]           (default OUT: /tmp/fastload-gpu)
 # Environment:
 #     WHEELS=DIR   wheels installed first without an index (a machine without a registry:
-#                  nvidia-nvimgcodec-cu13 and nvidia-nvjpeg, downloaded elsewhere)
+#                  nvidia-nvimgcodec-cu13 and nvidia-nvjpeg 13.3 or later, downloaded elsewhere:
+#                  pip download --no-deps -d DIR --python-version 3.12 --only-binary=:all:
+#                  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
+#                  nvidia-nvimgcodec-cu13==0.9.* 'nvidia-nvjpeg>=13.3')
 #     DATA=ROOT    the synthetic set (default /tmp/fastload-synth: 10 classes x 1024 train
 #                  images, made here, about 20 s on 16 CPUs)
 #     WORKERS=N    the loaders' workers (default: the CPUs less two)
