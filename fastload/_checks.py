@@ -9,10 +9,32 @@ from __future__ import annotations
 
 import numbers
 import operator
+import os
+import sys
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["check_choice", "check_int", "check_optional_int", "check_probability", "check_size"]
+__all__ = [
+    "caller_stacklevel",
+    "check_choice",
+    "check_int",
+    "check_optional_int",
+    "check_probability",
+    "check_size",
+]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn`` called where this is called that names the first
+    caller outside fastload (the user's line, however deep inside fastload the warning is made)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _describe(low: int | None, high: int | None) -> str:

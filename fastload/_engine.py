@@ -26,7 +26,13 @@ from .transforms import import_decode_modules
 if TYPE_CHECKING:
     from .loader import DataLoader
 
-__all__ = ["Engine", "FastPass", "Lookahead", "SampleNames", "predicted_order", "split_batches"]
+__all__ = ["SUPERSEDED", "Engine", "FastPass", "Lookahead", "SampleNames", "predicted_order", "split_batches"]
+
+#: What the ``next()`` of a pass says once a newer pass of its loader has taken over the workers.
+SUPERSEDED = (
+    "this pass of the DataLoader cannot go on: a newer pass of the same loader (a new "
+    "iter(loader)) has taken over its workers; finish or close a pass before starting the next"
+)
 
 
 def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
@@ -262,10 +268,7 @@ class FastPass:
     def _superseded(self) -> None:
         """Raises if a newer pass of the loader has taken over the workers."""
         if self.engine.live_pass != self.generation:
-            raise RuntimeError(
-                "this pass of the DataLoader cannot go on: a newer pass of the same loader (a new "
-                "iter(loader)) has taken over its workers; finish or close a pass before starting the next"
-            )
+            raise RuntimeError(SUPERSEDED)
 
     def skip(self, k: int) -> None:
         """Gives up batch ``k`` (the next one) without its report: an error not of its own (a
@@ -306,6 +309,7 @@ class FastPass:
         """The report of batch ``next_batch``, from before this pass or from the workers."""
         pool = self.pool
         engine = self.engine
+        self._superseded()  # not even a batch this pass received before: its next() raises
         while True:
             if self.next_batch in self.reports:  # decoded ahead, before this pass began
                 return self.reports.pop(self.next_batch)

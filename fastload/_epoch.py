@@ -263,8 +263,13 @@ class EpochState:
     def begin_pass(self) -> tuple[int, Resume | None]:
         """Starts a pass; returns its epoch and where a loaded state resumes it (``None``: its start).
 
-        The loader then says where the pass begins with :meth:`start_at`.
+        The loader then says where the pass begins with :meth:`start_at`. A pass that begins
+        while an earlier one is unfinished (its iterator still held: a batch peeked at before the
+        loop) takes over from it: the earlier pass ends here, as if it had been closed, so the
+        new one is the next epoch (unless ``set_epoch`` was called since), as after a ``break``.
         """
+        if self.pass_epoch is not None:
+            self.end_pass(self.pass_epoch)
         epoch, resume = self.epoch, self.resume
         self.resume = self.completed = None
         self.pass_epoch = epoch

@@ -31,6 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ._checks import caller_stacklevel
 from ._stream import fetch
 from .decode import load_sample
 
@@ -179,6 +180,46 @@ def _class_dirs(root: str | os.PathLike[str]) -> list[str]:
         raise FileNotFoundError(f"dataset folder {root!r} does not exist or is not a directory")
     with os.scandir(root) as it:
         return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
+
+
+def _check_train_beside(root: str, found: list[str]) -> None:
+    """A split labelled by its own class folders (torchvision's rule) next to a ``train`` split whose
+    class list gives some of its classes other labels (a class missing here, or one train lacks)
+    gets a warning naming them: the same label would mean different classes in the two splits."""
+    parent, name = os.path.split(os.path.normpath(root))
+    train = os.path.join(parent, "train")
+    if name == "train" or not os.path.isdir(train):
+        return
+    try:
+        train_classes = _class_dirs(train)
+    except OSError:
+        return
+    label = {c: k for k, c in enumerate(train_classes)}
+    moved = [c for k, c in enumerate(found) if c in label and label[c] != k]
+    unknown = [c for c in found if c not in label]
+    if not train_classes or not (moved or unknown):
+        return
+
+    def names(classes: list[str]) -> str:
+        more = f" and {len(classes) - 5} more" if len(classes) > 5 else ""
+        return ", ".join(repr(c) for c in classes[:5]) + more
+
+    present = set(found)
+    missing = [c for c in train_classes if c not in present]
+    what = []
+    if moved:
+        what.append(f"{len(moved)} of its classes get another label than there ({names(moved)})")
+    if unknown:
+        what.append(f"{len(unknown)} are not classes of train ({names(unknown)})")
+    if missing:
+        what.append(f"{len(missing)} of train's classes have no folder here ({names(missing)})")
+    warnings.warn(
+        f"{root!r} is labelled by its own {len(found)} class folders, unlike {train!r} beside it: "
+        + "; ".join(what)
+        + f". Pass the training split's class list to every split, e.g. classes=ClassIndex.from_folder("
+        f"{train!r}), to label them alike.",
+        stacklevel=caller_stacklevel(),
+    )
 
 
 class _PathList(Sequence[str]):
@@ -628,6 +669,7 @@ def scan_folder(
     found = _class_dirs(root)
     if class_index is None:
         class_index = ClassIndex(found)
+        _check_train_beside(root, found)
     unknown = [d for d in found if d not in class_index]
     if unknown:
         shown = ", ".join(repr(d) for d in unknown[:10]) + (
@@ -707,7 +749,7 @@ def scan_folder(
         warnings.warn(
             f"{len(missing)} of {len(class_index)} classes have no samples in {root!r}: {shown}. "
             "The labels of the other classes are unchanged.",
-            stacklevel=2,
+            stacklevel=caller_stacklevel(),
         )
     offsets = scan.offsets()
     path_bytes = np.frombuffer(scan.buf, dtype=np.uint8) if scan.buf else np.zeros(0, dtype=np.uint8)

@@ -83,7 +83,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 
 from ._checks import check_choice, check_int
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
-from ._engine import Engine, FastPass, split_batches
+from ._engine import SUPERSEDED, Engine, FastPass, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
@@ -102,6 +102,7 @@ from .distributed import get_rank, get_world_size
 from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers, device_decoder
 from .gpu.hybrid import DeviceHead, HybridSplit, split_head
+from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
@@ -335,6 +336,17 @@ class _SamplerDraws:
             self._loader._draw_as_torch("sampler end")
 
 
+def _accelerator_available() -> bool:
+    """Whether torch finds an accelerator (``torch.accelerator``, torch >= 2.6; CUDA before), or
+    fastload can pin memory (a test's stand-in for CUDA, see :func:`fastload.gpu.streams.simulate_cuda`)."""
+    if host_memory().can_pin():
+        return True
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return False
+
+
 class DataLoaderIterator:
     """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
 
@@ -475,6 +487,8 @@ class DataLoaderIterator:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
+        if self._generation is not None and self._engine.live_pass != self._generation:
+            raise RuntimeError(SUPERSEDED)  # not even a batch prepared before the newer pass began
         t0 = time.perf_counter()
         if self._loader.num_workers == 0:  # torch's iterator fetches this call's batch now
             self._draws.fetch_to(self._done - self._start + 1)
@@ -1247,7 +1261,29 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     # ---------------------------------------------------------------- iteration
 
     def __iter__(self) -> DataLoaderIterator:  # type: ignore[override]
+        self._check_as_torch_iterator()
         return DataLoaderIterator(self, self._engine)
+
+    def _check_as_torch_iterator(self) -> None:
+        """What torch's iterator checks and says as a pass starts, in its words, on every path
+        (torch's own path would say it a little later, inside torch's iterator).
+
+        Raises:
+            AssertionError: ``timeout`` without workers, or ``prefetch_factor=0`` with workers, as
+                torch's iterators raise (the loader itself accepts both, as torch's does).
+        """
+        if self.num_workers == 0 and self.timeout != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        if self.num_workers > 0 and self.prefetch_factor is not None and self.prefetch_factor <= 0:
+            raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
+        if self.pin_memory and not self.fast_path and self.decode == "cpu":
+            return  # torch's iterator warns itself below
+        if self.pin_memory and not _accelerator_available():
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, "
+                "then device pinned memory won't be used.",
+                stacklevel=3,
+            )
 
     def _torch_iter(self) -> Iterator[Any]:
         """torch's own iterator for this loader (the path for everything the fast path does not serve).
@@ -1405,6 +1441,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         )
         self.close()
         self.num_workers = 0
+        self.timeout = 0  # a wait for workers: none now (torch's single-process iterator requires 0)
         self._auto_workers = False
 
     def _batch_decoder(self, device: torch.device) -> BatchDecoder:

@@ -120,15 +120,15 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
     if num_replicas is None or rank is None:
         if not dist.is_available():
             raise RuntimeError("Requires distributed package to be available")
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "Requires distributed package to be initialized: call "
-                "torch.distributed.init_process_group() first, or pass num_replicas and rank explicitly"
-            )
-        if num_replicas is None:
-            num_replicas = dist.get_world_size()
-        if rank is None:
-            rank = dist.get_rank()
+        try:  # torch's own error where no process group is initialized (its type and words)
+            if num_replicas is None:
+                num_replicas = dist.get_world_size()
+            if rank is None:
+                rank = dist.get_rank()
+        except (RuntimeError, ValueError) as e:
+            if dist.is_initialized():
+                raise
+            raise type(e)(f"{e} (or pass num_replicas and rank explicitly)") from None
     # Not an integer: TypeError ("should be an integer"); an integer out of range: ValueError.
     num_replicas = check_int(num_replicas, "num_replicas", type_error=True)
     num_replicas = check_int(num_replicas, "num_replicas", low=1)
@@ -154,8 +154,9 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
         A ``range`` (usable with ``torch.utils.data.Subset``).
 
     Raises:
-        RuntimeError: ``num_replicas`` or ``rank`` is missing and no process group is initialized.
-        ValueError: ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
+        ValueError: ``num_replicas`` or ``rank`` is missing and no process group is initialized
+            (torch.distributed's own error and type, as torch's sampler raises it: ``RuntimeError``
+            in older torch); ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
 
     Example:
         ``n=7`` on 3 ranks, then ``n=2`` on 3 ranks (rank 2 gets nothing):
@@ -276,9 +277,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             shuffling (training), not otherwise (evaluation).
 
     Raises:
-        RuntimeError: ``num_replicas`` or ``rank`` is not given and no process group is
-            initialized.
-        ValueError: ``num_replicas`` is not positive or ``rank`` is outside ``[0, num_replicas - 1]``.
+        ValueError: ``num_replicas`` or ``rank`` is not given and no process group is initialized
+            (torch.distributed's own error and type, as torch's sampler raises it: ``RuntimeError``
+            in older torch); ``num_replicas`` is not positive or ``rank`` is outside
+            ``[0, num_replicas - 1]``.
         TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, or ``dataset`` has no
             ``len()``.
 

@@ -304,7 +304,9 @@ def test_the_fast_path_on_a_cuda_device_copies_and_transforms_beside_the_loop(
 
     caplog.set_level(logging.INFO, logger="fastload")
     normalize = gpu.Normalize([0.5], [0.25])
-    reference = _take(_fast_loader(imagenet_root, gpu.Compose([_Where(), normalize]), num_workers=2))
+    reference = _take(
+        _fast_loader(imagenet_root, gpu.Compose([_Where(), normalize]), num_workers=2, pin_memory=False)
+    )
     where = _Where()
     with fake_cuda() as (streams, _):
         loader = _fast_loader(imagenet_root, gpu.Compose([where, normalize]), num_workers=2)

@@ -90,6 +90,36 @@ def test_missing_class_in_val_keeps_labels_unlike_torchvision(tmp_path: Path) ->
     assert ds[1][1] == 2
 
 
+def test_a_split_labelled_by_its_own_folders_beside_train_is_warned_where_labels_differ(
+    tmp_path: Path,
+) -> None:
+    """Without a class list a split is numbered by its own folders (torchvision's rule, kept): next
+    to a train split, any class that then gets another label than in train is named, with the fix,
+    at the user's line. Where every label agrees (only trailing classes missing), nothing is said."""
+    _tree(tmp_path / "train", {"a": 1, "b": 1, "c": 1})
+    _tree(tmp_path / "val", {"a": 1, "c": 1})
+    with pytest.warns(UserWarning, match=r"1 of its classes get another label than there \('c'\)") as caught:
+        ds = ImageFolder(tmp_path / "val")
+    assert ds.class_to_idx == {"a": 0, "c": 1}  # torchvision's labels: a loop gets what it got
+    message = str(caught[0].message)
+    assert "1 of train's classes have no folder here ('b')" in message
+    assert "classes=ClassIndex.from_folder(" in message
+    assert caught[0].filename == __file__  # names the line that made the dataset
+    _tree(tmp_path / "test", {"a": 1, "b": 1})  # only the last class missing: the same labels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ImageFolder(tmp_path / "train")
+        ImageFolder(tmp_path / "test")
+        with pytest.warns(UserWarning, match="no samples"):  # a class list given: only its own warning
+            ImageFolder(tmp_path / "val", classes=ClassIndex.from_folder(tmp_path / "train"))
+    _tree(tmp_path / "extra", {"a": 1, "b": 1, "c": 1, "z": 1})  # one train lacks, at the end
+    with pytest.warns(UserWarning, match=r"1 are not classes of train \('z'\)"):
+        scan_folder(tmp_path / "extra")
+    _tree(tmp_path / "early", {"0": 1, "a": 1})  # one train lacks, sorted first: the others move
+    with pytest.warns(UserWarning, match=r"1 of its classes get another label than there \('a'\); 1 are not"):
+        scan_folder(tmp_path / "early")
+
+
 def test_unknown_class_is_an_error_or_left_out(tmp_path: Path) -> None:
     train = _tree(tmp_path / "train", {"a": 1, "b": 1})
     val = _tree(tmp_path / "val", {"a": 1, "b": 1, "zebra": 2})

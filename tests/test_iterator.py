@@ -111,7 +111,9 @@ def test_iterator_object(train_set: ImageFolder) -> None:
 @pytest.mark.parametrize(("workers", "kind"), [(0, "process"), (2, "process"), (2, "thread")])
 def test_fast_path_continues_after_a_failing_batch(broken_root: Path, workers: int, kind: str) -> None:
     ds = ImageFolder(broken_root, transform=_train_tf())
-    loader = DataLoader(ds, batch_size=4, num_workers=workers, worker_type=kind, seed=0, timeout=60)
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=workers, worker_type=kind, seed=0, timeout=60 if workers else 0
+    )
     assert loader.fast_path
     delivered, errors = _drain(loader)
     # 32 images in 8 batches; the garbage files are in batches 0 and 3 (sequential order).
@@ -135,7 +137,9 @@ def test_fast_path_continues_after_a_failing_batch(broken_root: Path, workers: i
 @pytest.mark.parametrize("workers", [0, 2])
 def test_device_path_continues_after_a_failing_batch(broken_root: Path, workers: int) -> None:
     ds = ImageFolder(broken_root, transform=_train_tf())
-    loader = DataLoader(ds, batch_size=4, num_workers=workers, seed=0, device="cpu", timeout=60)
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=workers, seed=0, device="cpu", timeout=60 if workers else 0
+    )
     delivered, errors = _drain(loader)
     assert errors == ["DecodeError", "DecodeError"] and len(delivered) == 6
     assert loader.state_dict()["batches"] == 0 and loader.epoch == 1  # the pass ended normally

@@ -628,6 +628,36 @@ def test_a_pass_left_alive_under_a_newer_one_says_so_and_takes_none_of_its_batch
     loader.close()
 
 
+def test_a_newer_pass_is_the_next_epoch_and_the_one_it_took_over_from_stops_at_once(
+    imagenet_root: Path,
+) -> None:
+    """A batch peeked at with an iterator kept aside, then the loop: the loop's pass is the next
+    epoch (as after a break; set_epoch still decides), and the kept iterator's next() raises, even
+    where its workers had already delivered its next batches (process workers, given time)."""
+    ds = ImageFolder(imagenet_root / "train", transform=_train_tf(8))
+    reference = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=0)
+    epochs = [[b.indices.tolist() for b in reference] for _ in range(3)]
+    reference.close()
+    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=2)
+    for trial in range(3):
+        loader.set_epoch(0)
+        kept = iter(loader)
+        assert next(kept).indices.tolist() == epochs[0][0]
+        time.sleep(0.5)  # its workers deliver the batches after it
+        loop = iter(loader)
+        assert loop.epoch == 1, trial
+        with pytest.raises(RuntimeError, match="a newer pass of the same loader"):
+            next(kept)
+        assert [b.indices.tolist() for b in loop] == epochs[1]
+        del kept
+    loader.set_epoch(0)
+    kept = iter(loader)
+    next(kept)
+    loader.set_epoch(2)
+    assert [b.indices.tolist() for b in loader] == epochs[2]  # set_epoch between them decides
+    loader.close()
+
+
 def test_close_while_iterating_raises_instead_of_hanging() -> None:
     loader = DataLoader(
         _FakeSet(400, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread", timeout=0

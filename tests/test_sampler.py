@@ -341,12 +341,12 @@ def test_dataset_size_change_is_reported() -> None:
 
 
 def test_needs_a_process_group_when_rank_is_not_given() -> None:
-    assert not dist.is_initialized()
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    assert not dist.is_initialized()  # torch's error: ValueError in recent torch, RuntimeError before
+    with pytest.raises((RuntimeError, ValueError), match="init_process_group"):
         DistributedSampler(range(10))
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises((RuntimeError, ValueError), match="init_process_group"):
         DistributedSampler(range(10), num_replicas=2)
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises((RuntimeError, ValueError), match="init_process_group"):
         shard_indices(10)
 
 
@@ -386,3 +386,19 @@ def test_epoch_random_sampler_is_the_one_replica_order_of_each_epoch() -> None:
     sampler.set_epoch(1)
     assert list(sampler) == epoch_permutation(7, 3, 1).tolist() != epoch_permutation(7, 3, 0).tolist()
     assert sorted(sampler) == list(range(7))
+
+
+def test_without_a_process_group_the_error_is_torchs_with_a_hint_after_it() -> None:
+    """No process group and no num_replicas/rank: torch's DistributedSampler raises what
+    torch.distributed raises (ValueError in recent torch, RuntimeError in older); fastload's
+    raises the same type, torch's words first."""
+    assert not dist.is_initialized()
+    with pytest.raises(Exception) as theirs:
+        TorchDistributedSampler(list(range(10)))
+    with pytest.raises(type(theirs.value)) as ours:
+        DistributedSampler(list(range(10)))
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value).startswith(str(theirs.value))
+    assert "pass num_replicas and rank explicitly" in str(ours.value)
+    with pytest.raises(type(theirs.value)):
+        DistributedSampler(list(range(10)), num_replicas=2)  # the rank still comes from the group

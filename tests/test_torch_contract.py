@@ -730,7 +730,7 @@ def test_automatic_workers_that_cannot_be_started_fall_back_to_the_main_process(
     torch.manual_seed(0)
     want = list(torch.utils.data.DataLoader(Local(), batch_size=4))  # torch's default: no workers
     torch.manual_seed(0)
-    loader = fastload.DataLoader(Local(), batch_size=4, multiprocessing_context=method)
+    loader = fastload.DataLoader(Local(), batch_size=4, multiprocessing_context=method, timeout=30)
     assert loader.num_workers > 0  # "auto" on this machine
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -739,7 +739,7 @@ def test_automatic_workers_that_cannot_be_started_fall_back_to_the_main_process(
     words = str(record[0].message)
     assert f"start method '{method}'" in words and "Can't pickle local object" in words, words
     assert "num_workers=0" in words and record[0].filename == __file__  # the loop's line
-    assert loader.num_workers == 0
+    assert loader.num_workers == 0 and loader.timeout == 0  # (no workers to wait for: torch requires 0)
     assert len(got) == len(want) == 2 and all(_same(a, b) for a, b in zip(want, got, strict=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the next pass: in the main process, nothing to say
@@ -939,3 +939,41 @@ def test_shutdown_workers_stops_persistent_workers(fast: bool, imagenet_root: An
     assert not any(w.is_alive() for w in workers)
     assert len(list(loader)) == len(loader)  # the next pass starts new workers
     loader.close()
+
+
+# torch's multiprocessing iterator, refused in its __init__, fails again in its __del__ (torch's own)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "kwargs", [{"num_workers": 0, "timeout": 5}, {"num_workers": 2, "prefetch_factor": 0}]
+)
+@pytest.mark.parametrize("fast", [False, True])
+def test_what_torchs_iterator_refuses_as_a_pass_starts_is_refused_alike(
+    kwargs: dict[str, Any], fast: bool, imagenet_root: Any
+) -> None:
+    """Both loaders accept these arguments; torch's iterator refuses them as a pass starts (its
+    error type and words), and so does fastload's on its own path too."""
+    ds: Any = _images(imagenet_root) if fast else _Range(12)
+    outcomes = []
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=2, **kwargs)
+        if cls is fastload.DataLoader:
+            assert loader.fast_path == fast
+        outcomes.append(_outcome(lambda loader=loader: iter(loader)))
+    assert outcomes[0][0] == "AssertionError"
+    assert outcomes[1] == outcomes[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is for a machine without an accelerator")
+@pytest.mark.parametrize("fast", [False, True])
+def test_pin_memory_without_an_accelerator_warns_in_torchs_words(fast: bool, imagenet_root: Any) -> None:
+    ds: Any = _images(imagenet_root) if fast else _Range(12)
+    said = []
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=2, num_workers=0, pin_memory=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            it = iter(loader)
+            next(it)
+        said.append([str(w.message) for w in caught if "pin_memory" in str(w.message)])
+        del it
+    assert len(said[0]) == 1 and said[1] == said[0]
