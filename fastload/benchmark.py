@@ -877,10 +877,12 @@ def run_model(
                         cpu_seconds=cpu,
                     )
                     decoder = getattr(loader, "decoder", None)  # after the run: a decoder given up shows
+                    hybrid = getattr(loader, "hybrid", None)  # the split it settled on, and why
+                    split = None if hybrid is None else repr(hybrid)
                 finally:
                     shutdown(loader)
                     del loader
-            rows.append({**record(name, w, result, warmup, steps), "decoder": decoder})
+            rows.append({**record(name, w, result, warmup, steps), "decoder": decoder, "split": split})
         with _bar(progress, total, f"{model} ceiling (after)") as bar:
             resident = resident_batches(config.batch_size, classes, device)
             after = time_steps(
@@ -948,6 +950,8 @@ def _main_model(
     for r in records:
         if r.get("decoder") and r["backend"] in ("device-decode", "hybrid"):
             print(f"{r['backend']} ({r['num_workers']} workers) decoded with {r['decoder']}")
+        if r.get("split"):
+            print(f"{r['backend']} ({r['num_workers']} workers) split each batch: {r['split']}")
     print()
     print("rows: ceiling, host ceiling (on a GPU), then each backend (--help lists them)")
     print("columns:")

@@ -620,6 +620,20 @@ def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
     )
 
 
+def test_model_mode_says_how_the_hybrid_split_each_batch(
+    imagenet_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """decode='hybrid' rows record the split the loader settled on and the rates it followed."""
+    out = tmp_path / "model.json"
+    args = ["--data", str(imagenet_root), "--model", "tiny", "--batch-size", "4", "--workers", "1"]
+    args += ["--warmup", "2", "--batches", "3", "--repeat", "1", "--device", "cpu", "--json", str(out)]
+    assert benchmark.main([*args, "--backends", "hybrid"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    hybrid = [r for r in json.loads(out.read_text()) if r["backend"] == "hybrid"]
+    assert len(hybrid) == 1 and hybrid[0]["split"].startswith("HybridSplit(adaptive: CPU share ")
+    assert f"hybrid (1 workers) split each batch: {hybrid[0]['split']}" in lines
+
+
 def test_model_mode_splits_each_step_into_launch_and_the_device_finishing_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
