@@ -426,6 +426,7 @@ def test_spawned_workers_start_without_waiting_for_each_other(
     labels = first_batch(ship=False, workers=1)
     assert len(written) == 1 and written[0] > 2_000_000, written
     assert labels.tolist() == dataset.targets[:4]
+
     # nothing left behind in /dev/shm. multiprocessing's named semaphores (sem.mp-*) are not
     # looked at: any process of the machine (another test process, beside this one) makes and
     # unlinks them at any time, and multiprocessing's resource tracker owns them
