@@ -12,6 +12,8 @@
 #     DATA=ROOT    the synthetic set (default /tmp/fastload-synth: 10 classes x 1024 train
 #                  images, made here, about 20 s on 16 CPUs)
 #     WORKERS=N    the loaders' workers (default: the CPUs less two)
+#     BUDGET=570   seconds for the whole run: a step that would end after it is cut to fit,
+#                  one that cannot start before it is skipped (said in the log)
 #     BIG=resnet50 FAST=resnet18 BATCH=256 WARMUP=30 STEPS=28: the model runs (a check of this
 #                  script on a CPU: BIG=tiny FAST=tiny BATCH=16 WARMUP=2 STEPS=4 DATA=a small set)
 #
@@ -57,15 +59,23 @@ for r in json.load(open(sys.argv[2])):
 }
 
 say() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
-# step SECONDS NAME COMMAND...: runs it with a time limit, its output into the log
+BUDGET=${BUDGET:-570}
+# step SECONDS NAME COMMAND...: runs it with a time limit (cut to what is left of BUDGET), its
+# output into the log; returns its exit status (124: stopped at the limit, or skipped)
 step() {
     local limit=$1 name=$2
     shift 2
+    local left=$((BUDGET - ($(date +%s) - START)))
+    if [ "$left" -lt 20 ]; then
+        say "== $name: skipped (${left} s of the ${BUDGET} s budget left)"
+        return 124
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
     say "== $name"
     timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
     local rc=$?
     [ $rc -eq 0 ] || say "   ($name: exit status $rc$([ $rc -eq 124 ] && echo ", stopped after ${limit} s"))"
-    return 0
+    return $rc
 }
 
 say "fastload $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $CPUS CPUs, workers $WORKERS"

@@ -223,6 +223,10 @@ class EpochState:
         #: a loaded state that ended its epoch: (that epoch, the resume that yields nothing of it)
         self.completed: tuple[int, Resume] | None = None
         self.pass_epoch: int | None = None  # epoch of the pass in progress
+        #: the pass in progress (a number from :meth:`begin_pass`): what an earlier pass, still
+        #: held, says of itself later (:meth:`handed_out`, :meth:`end_pass`) is not taken for it
+        self.live_pass: int | None = None
+        self._passes = 0
         self.pass_start = 0  # global position the pass in progress began at
         self.done = 0  # batches of the pass in progress handed to the consumer
 
@@ -259,6 +263,7 @@ class EpochState:
         self.epoch = epoch
         self.epoch_set = True
         self.pass_epoch = None
+        self.live_pass = None  # the pass in progress, if any, no longer decides the epoch
 
     def begin_pass(self) -> tuple[int, Resume | None]:
         """Starts a pass; returns its epoch and where a loaded state resumes it (``None``: its start).
@@ -269,24 +274,39 @@ class EpochState:
         new one is the next epoch (unless ``set_epoch`` was called since), as after a ``break``.
         """
         if self.pass_epoch is not None:
-            self.end_pass(self.pass_epoch)
+            self.end_pass(self.pass_epoch, self.live_pass)
         epoch, resume = self.epoch, self.resume
         self.resume = self.completed = None
         self.pass_epoch = epoch
         self.pass_start = self.done = 0
+        self._passes += 1
+        self.live_pass = self._passes
         return epoch, resume
 
     def start_at(self, position: int, batches: int) -> None:
         """The pass in progress begins at global ``position`` and counts ``batches`` as handed out."""
         self.pass_start, self.done = position, batches
 
-    def handed_out(self, epoch: int, done: int) -> None:
-        """The consumer has received ``done`` batches of the pass of ``epoch``."""
+    def handed_out(self, epoch: int, done: int, pass_id: int | None = None) -> None:
+        """The consumer has received ``done`` batches of the pass of ``epoch`` (``pass_id``: the
+        pass's number from :attr:`live_pass`; a pass no longer in progress changes nothing)."""
+        if pass_id is not None and pass_id != self.live_pass:
+            return
         if self.pass_epoch == epoch:
             self.done = done
 
-    def end_pass(self, epoch: int) -> None:
-        """The pass of ``epoch`` ended (all batches, a ``break``, or its iterator was dropped)."""
+    def end_pass(self, epoch: int, pass_id: int | None = None) -> None:
+        """The pass of ``epoch`` ended (all batches, a ``break``, or its iterator was dropped).
+
+        ``pass_id``: the pass's number from :attr:`live_pass` as it began. A pass that is no longer
+        the one in progress (a newer pass began, or ``set_epoch`` or ``load_state_dict`` decided
+        the next pass since) changes nothing: an old iterator dropped late cannot end a newer pass
+        of the same epoch number, nor undo a ``set_epoch``.
+        """
+        if pass_id is not None:
+            if pass_id != self.live_pass:
+                return
+            self.live_pass = None
         if self.pass_epoch == epoch:
             self.pass_epoch = None
         if self.epoch == epoch:

@@ -503,6 +503,7 @@ class DALILoader:
         self._active = False  # a pass holds the pipeline (its batches may be in flight)
         self._generation = 0  # bumped when a pass is ended from outside (new pass, close)
         self._active_epoch = 0
+        self._active_pass: int | None = None  # the EpochState number of the active pass
 
     # ---------------------------------------------------------------- torch-like surface
 
@@ -603,8 +604,9 @@ class DALILoader:
         return [order[k : k + b] for k in range(0, n, b)]
 
     def _finish_epoch(self, epoch: int) -> None:
-        # The next pass without set_epoch() is the next epoch (also after a partial pass).
-        self._epochs.end_pass(epoch)
+        # The next pass without set_epoch() is the next epoch (also after a partial pass); a
+        # set_epoch() or load_state_dict() since the pass began decides instead.
+        self._epochs.end_pass(epoch, self._active_pass)
 
     def _build(self) -> Any:
         fn, types, Pipeline, _ = self._dali
@@ -728,6 +730,7 @@ class DALILoader:
             self._end_pass(complete=False)
             self._finish_epoch(self._active_epoch)
         epoch, resume = self._epochs.begin_pass()
+        self._active_pass = pass_id = self._epochs.live_pass
         position = 0 if resume is None else resume.position
         self._epochs.start_at(position, 0)
         done = 0
@@ -763,7 +766,7 @@ class DALILoader:
                     labels = labels.to(self.device, non_blocking=True)
                 self.stats.record_batch(len(batch), time.perf_counter() - t0)
                 done += 1
-                self._epochs.handed_out(epoch, done)
+                self._epochs.handed_out(epoch, done, pass_id)
                 yield images, labels
                 if generation != self._generation:
                     raise RuntimeError(

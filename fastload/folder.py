@@ -182,13 +182,18 @@ def _class_dirs(root: str | os.PathLike[str]) -> list[str]:
         return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
 
 
+#: Folder names taken for evaluation splits of the ``train`` split beside them.
+EVAL_SPLITS = ("val", "valid", "validation", "test", "eval", "dev")
+
+
 def _check_train_beside(root: str, found: list[str]) -> None:
-    """A split labelled by its own class folders (torchvision's rule) next to a ``train`` split whose
-    class list gives some of its classes other labels (a class missing here, or one train lacks)
+    """An evaluation split (a folder named as in :data:`EVAL_SPLITS`) labelled by its own class
+    folders (torchvision's rule) next to a ``train`` split that shares classes with it, where some
+    of its classes then get other labels than in train (a class missing here, or one train lacks),
     gets a warning naming them: the same label would mean different classes in the two splits."""
-    parent, name = os.path.split(os.path.normpath(root))
+    parent, name = os.path.split(os.path.abspath(root))
     train = os.path.join(parent, "train")
-    if name == "train" or not os.path.isdir(train):
+    if name.lower() not in EVAL_SPLITS or not os.path.isdir(train):
         return
     try:
         train_classes = _class_dirs(train)
@@ -197,8 +202,8 @@ def _check_train_beside(root: str, found: list[str]) -> None:
     label = {c: k for k, c in enumerate(train_classes)}
     moved = [c for k, c in enumerate(found) if c in label and label[c] != k]
     unknown = [c for c in found if c not in label]
-    if not train_classes or not (moved or unknown):
-        return
+    if len(unknown) == len(found) or not (moved or unknown):
+        return  # no class in common (not train's split), or the same labels
 
     def names(classes: list[str]) -> str:
         more = f" and {len(classes) - 5} more" if len(classes) > 5 else ""

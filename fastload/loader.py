@@ -81,7 +81,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from ._checks import check_choice, check_int
+from ._checks import caller_stacklevel, check_choice, check_int
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
@@ -336,6 +336,28 @@ class _SamplerDraws:
             self._loader._draw_as_torch("sampler end")
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_pin_memory_warning() -> str | None:
+    """What torch's iterator says of ``pin_memory=True`` where no accelerator is found (recent
+    torch warns; older torch said nothing): asked of torch's own loader once, with a generator of
+    its own (torch's global RNG is not drawn from)."""
+    torch_loader = DataLoader.__bases__[0]  # torch's class, even where torch's name was replaced
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        iter(torch_loader([0], pin_memory=True, generator=torch.Generator()))
+    said = [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+    return said[0] if said else None
+
+
+def _warn_as_torch_of_pin_memory(loader: DataLoader[Any]) -> None:
+    """torch's warning of ``pin_memory=True`` without an accelerator, on fastload's own paths
+    (torch's iterator gives it on torch's path), naming the user's line."""
+    if loader.pin_memory and not _accelerator_available():
+        message = _torch_pin_memory_warning()
+        if message is not None:
+            warnings.warn(message, stacklevel=caller_stacklevel())
+
+
 def _accelerator_available() -> bool:
     """Whether torch finds an accelerator (``torch.accelerator``, torch >= 2.6; CUDA before), or
     fastload can pin memory (a test's stand-in for CUDA, see :func:`fastload.gpu.streams.simulate_cuda`)."""
@@ -375,6 +397,7 @@ class DataLoaderIterator:
         self._epochs = loader._epochs
         self.seed = self._epochs.pass_seed()  # before the pass draws torch's base seed
         self.epoch, resume = self._epochs.begin_pass()
+        self._pass_id = self._epochs.live_pass
         self._ended = False
         self._generation: int | None = None
         sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
@@ -398,6 +421,7 @@ class DataLoaderIterator:
         try:
             source: Any
             if loader.decode != "cpu" or loader.fast_path:
+                _warn_as_torch_of_pin_memory(loader)
                 loader._draw_as_torch("iterator")  # torch's iterator would draw its base seed
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start)
@@ -549,7 +573,7 @@ class DataLoaderIterator:
 
     def _count_handed_out(self) -> None:
         self._done += 1
-        self._epochs.handed_out(self.epoch, self._done)
+        self._epochs.handed_out(self.epoch, self._done, self._pass_id)
         workers = self._loader.num_workers
         if workers > 0:  # torch's iterator fetches one batch ahead per batch it hands out
             self._draws.fetch_to((self._loader.prefetch_factor or 2) * workers + self._done - self._start)
@@ -582,7 +606,7 @@ class DataLoaderIterator:
             and prefetcher.loader.epoch == self.epoch
         ):
             prefetcher.loader = []  # no cycle through the finished pass: the loader is freed at once
-        self._epochs.end_pass(self.epoch)
+        self._epochs.end_pass(self.epoch, self._pass_id)
         loader = self._loader
         if loader._rest is self._rest:
             loader._rest = None
@@ -1266,7 +1290,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def _check_as_torch_iterator(self) -> None:
         """What torch's iterator checks and says as a pass starts, in its words, on every path
-        (torch's own path would say it a little later, inside torch's iterator).
+        (torch's own path would say it a little later, inside torch's iterator). Its warning of
+        ``pin_memory=True`` without an accelerator is given where the pass starts
+        (:func:`_warn_as_torch_of_pin_memory`).
 
         Raises:
             AssertionError: ``timeout`` without workers, or ``prefetch_factor=0`` with workers, as
@@ -1276,14 +1302,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
         if self.num_workers > 0 and self.prefetch_factor is not None and self.prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-        if self.pin_memory and not self.fast_path and self.decode == "cpu":
-            return  # torch's iterator warns itself below
-        if self.pin_memory and not _accelerator_available():
-            warnings.warn(
-                "'pin_memory' argument is set as true but no accelerator is found, "
-                "then device pinned memory won't be used.",
-                stacklevel=3,
-            )
 
     def _torch_iter(self) -> Iterator[Any]:
         """torch's own iterator for this loader (the path for everything the fast path does not serve).
@@ -1385,8 +1403,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             stacklevel=5,  # the loop's next(): through DataLoaderIterator, _HostIterator, _TorchPass
         )
         self.close()  # torch's workers stop
-        self.num_workers = 0
-        self._auto_workers = False
+        self._in_main_process()
         is_restored = batch == start and rng_state is not None
         if is_restored:
             rng_state.restore()  # type: ignore[union-attr]
@@ -1440,8 +1457,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             stacklevel=4,  # the loop's iter(): through DataLoader.__iter__ and DataLoaderIterator
         )
         self.close()
+        self._in_main_process()
+
+    def _in_main_process(self) -> None:
+        """From now on, no workers (the automatic ones were given up): ``timeout``, a wait for
+        workers, goes too (torch's single-process iterator requires 0)."""
         self.num_workers = 0
-        self.timeout = 0  # a wait for workers: none now (torch's single-process iterator requires 0)
+        self.timeout = 0
         self._auto_workers = False
 
     def _batch_decoder(self, device: torch.device) -> BatchDecoder:

@@ -33,6 +33,7 @@ from .rng import epoch_permutation
 __all__ = [
     "DistributedSampler",
     "EpochRandomSampler",
+    "NoProcessGroupError",
     "blockwise_permutation",
     "epoch_order",
     "global_order",
@@ -115,6 +116,12 @@ def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
     return blockwise_permutation(blocks[0], blocks[1], seed, epoch)
 
 
+class NoProcessGroupError(ValueError, RuntimeError):
+    """No process group is initialized and ``num_replicas`` or ``rank`` was not given: torch's
+    words (torch.distributed raises ``ValueError`` in recent torch, ``RuntimeError`` in older), so
+    code that catches either catches it."""
+
+
 def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     """Explicit values win; missing ones come from the default process group, as in torch."""
     if num_replicas is None or rank is None:
@@ -128,7 +135,7 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
         except (RuntimeError, ValueError) as e:
             if dist.is_initialized():
                 raise
-            raise type(e)(f"{e} (or pass num_replicas and rank explicitly)") from None
+            raise NoProcessGroupError(f"{e} (or pass num_replicas and rank explicitly)") from None
     # Not an integer: TypeError ("should be an integer"); an integer out of range: ValueError.
     num_replicas = check_int(num_replicas, "num_replicas", type_error=True)
     num_replicas = check_int(num_replicas, "num_replicas", low=1)
@@ -154,9 +161,9 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
         A ``range`` (usable with ``torch.utils.data.Subset``).
 
     Raises:
-        ValueError: ``num_replicas`` or ``rank`` is missing and no process group is initialized
-            (torch.distributed's own error and type, as torch's sampler raises it: ``RuntimeError``
-            in older torch); ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
+        NoProcessGroupError: ``num_replicas`` or ``rank`` is missing and no process group is
+            initialized (a ``ValueError`` and a ``RuntimeError``, in torch's words).
+        ValueError: ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
 
     Example:
         ``n=7`` on 3 ranks, then ``n=2`` on 3 ranks (rank 2 gets nothing):
@@ -277,9 +284,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
             shuffling (training), not otherwise (evaluation).
 
     Raises:
-        ValueError: ``num_replicas`` or ``rank`` is not given and no process group is initialized
-            (torch.distributed's own error and type, as torch's sampler raises it: ``RuntimeError``
-            in older torch); ``num_replicas`` is not positive or ``rank`` is outside
+        NoProcessGroupError: ``num_replicas`` or ``rank`` is not given and no process group is
+            initialized (a ``ValueError`` and a ``RuntimeError``, in torch's words).
+        ValueError: ``num_replicas`` is not positive or ``rank`` is outside
             ``[0, num_replicas - 1]``.
         TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, or ``dataset`` has no
             ``len()``.

@@ -659,7 +659,7 @@ def test_model_mode_splits_each_step_into_launch_and_the_device_finishing_it(
     assert 20.0 <= result["launch_ms"] < 1000.0
     assert result["step_ms"] - result["launch_ms"] >= 10.0 - 0.5  # (medians of different steps)
     assert result["step_ms"] >= 30.0
-    assert 0.2 < result["waiting"] < 0.5  # 15 of about 45 ms: next() is not a part of the step
+    assert 0.1 < result["waiting"] < 0.6  # 15 of about 45 ms: next() is not a part of the step
 
 
 def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:

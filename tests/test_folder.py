@@ -105,19 +105,34 @@ def test_a_split_labelled_by_its_own_folders_beside_train_is_warned_where_labels
     assert "1 of train's classes have no folder here ('b')" in message
     assert "classes=ClassIndex.from_folder(" in message
     assert caught[0].filename == __file__  # names the line that made the dataset
-    _tree(tmp_path / "test", {"a": 1, "b": 1})  # only the last class missing: the same labels
+    _tree(tmp_path / "valid", {"a": 1, "b": 1})  # only the last class missing: the same labels
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ImageFolder(tmp_path / "train")
-        ImageFolder(tmp_path / "test")
+        ImageFolder(tmp_path / "valid")
         with pytest.warns(UserWarning, match="no samples"):  # a class list given: only its own warning
             ImageFolder(tmp_path / "val", classes=ClassIndex.from_folder(tmp_path / "train"))
-    _tree(tmp_path / "extra", {"a": 1, "b": 1, "c": 1, "z": 1})  # one train lacks, at the end
+    _tree(tmp_path / "test", {"a": 1, "b": 1, "c": 1, "z": 1})  # one train lacks, at the end
     with pytest.warns(UserWarning, match=r"1 are not classes of train \('z'\)"):
-        scan_folder(tmp_path / "extra")
-    _tree(tmp_path / "early", {"0": 1, "a": 1})  # one train lacks, sorted first: the others move
+        scan_folder(tmp_path / "test")
+    _tree(tmp_path / "eval", {"0": 1, "a": 1})  # one train lacks, sorted first: the others move
     with pytest.warns(UserWarning, match=r"1 of its classes get another label than there \('a'\); 1 are not"):
-        scan_folder(tmp_path / "early")
+        scan_folder(str(tmp_path / "eval") + "/")  # (a trailing slash)
+    # not evaluation splits of this train: another name, or no class in common
+    _tree(tmp_path / "train100", {"b": 1, "c": 1})
+    _tree(tmp_path / "pets", {"cat": 1, "dog": 1})
+    _tree(tmp_path / "dev", {"cat": 1, "dog": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for other in ("train100", "pets", "dev"):
+            scan_folder(tmp_path / other)
+    previous = os.getcwd()
+    os.chdir(tmp_path / "val")
+    try:  # "." from inside the split
+        with pytest.warns(UserWarning, match="another label"):
+            scan_folder(".")
+    finally:
+        os.chdir(previous)
 
 
 def test_unknown_class_is_an_error_or_left_out(tmp_path: Path) -> None:

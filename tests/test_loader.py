@@ -632,8 +632,8 @@ def test_a_newer_pass_is_the_next_epoch_and_the_one_it_took_over_from_stops_at_o
     imagenet_root: Path,
 ) -> None:
     """A batch peeked at with an iterator kept aside, then the loop: the loop's pass is the next
-    epoch (as after a break; set_epoch still decides), and the kept iterator's next() raises, even
-    where its workers had already delivered its next batches (process workers, given time)."""
+    epoch (as after a break; set_epoch still decides), and the kept iterator's next() raises every
+    time, its workers given time to decode its next batches first (process workers)."""
     ds = ImageFolder(imagenet_root / "train", transform=_train_tf(8))
     reference = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=0)
     epochs = [[b.indices.tolist() for b in reference] for _ in range(3)]
@@ -655,6 +655,43 @@ def test_a_newer_pass_is_the_next_epoch_and_the_one_it_took_over_from_stops_at_o
     next(kept)
     loader.set_epoch(2)
     assert [b.indices.tolist() for b in loader] == epochs[2]  # set_epoch between them decides
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_old_iterator_dropped_late_leaves_a_newer_pass_of_the_same_epoch_alone(
+    imagenet_root: Path, workers: int
+) -> None:
+    """An iterator kept past load_state_dict (or set_epoch) and a new pass of the same epoch: when
+    it is dropped, the new pass goes on being that epoch, and the state says so."""
+    import gc
+
+    ds = ImageFolder(imagenet_root / "train", transform=_train_tf(8))
+    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    whole = [b.indices.tolist() for b in loader]  # epoch 0
+    loader.set_epoch(0)
+    old = iter(loader)
+    next(old), next(old)
+    loader.load_state_dict(loader.state_dict())  # epoch 0, 2 batches handed out
+    new = iter(loader)
+    got = [next(new).indices.tolist()]
+    del old
+    gc.collect()
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 3 * 4)  # 3 batches of 4 of epoch 0 handed out
+    got += [b.indices.tolist() for b in new]
+    assert got == whole[2:]
+    loader.set_epoch(3)
+    old = iter(loader)
+    next(old)
+    loader.set_epoch(3)
+    new = iter(loader)
+    next(new)
+    del old
+    gc.collect()
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"]) == (3, 4)
+    del new
     loader.close()
 
 
