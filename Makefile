@@ -36,6 +36,8 @@ TORCH_FIRST = $(PY) -m pip install $(TORCH_CPU_ARGS)
 else
 TORCH_FIRST = true
 endif
+# Said where no NVIDIA driver is found and the default (CUDA) build of torch is installed.
+TORCH_NOTE := $(if $(filter default,$(TORCH)),$(if $(shell command -v nvidia-smi 2>/dev/null),,; no NVIDIA driver here: TORCH=cpu installs torch's CPU build instead (1.4 GB of venv instead of 5.7 GB)))
 # pytest's processes (pytest-xdist): most tests wait on the worker processes they start, so two
 # share 2 cores well (about 10 minutes instead of 15 on this project's 2 cores); at most 8.
 # TEST_JOBS=0: one process, no xdist.
@@ -54,13 +56,13 @@ $(PY):
 # pip prints its own progress: the first install downloads torch (about 2.6 GB with its CUDA
 # packages; TORCH=cpu: about 200 MB) and takes minutes.
 $(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c fastload/_nvimgcodec.c | $(PY)
-	@echo "==> set-up: installing fastload, torch, torchvision, the test tools$(DALI_NOTE) into $(VENV)"
+	@echo "==> set-up: installing fastload, torch, torchvision, the test tools$(DALI_NOTE) into $(VENV)$(TORCH_NOTE)"
 	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[test,bench$(DALI_EXTRA)]'
 	touch $@
 
 $(VENV)/.installed-bench$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c | $(PY)
-	@echo "==> set-up: installing fastload, torch, torchvision, matplotlib$(DALI_NOTE) into $(VENV)"
+	@echo "==> set-up: installing fastload, torch, torchvision, matplotlib$(DALI_NOTE) into $(VENV)$(TORCH_NOTE)"
 	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[bench$(DALI_EXTRA)]'
 	touch $@

@@ -17,6 +17,7 @@ import torch
 
 from ._engine import Engine, FastPass, SampleNames, split_batches
 from .batch import IndexedBatch
+from .decode import DecodeError, without_skip_hint
 from .gpu import Compose, apply_transform
 from .gpu.decode import BatchDecoder, RegionBatch
 from .gpu.feeder import DeviceFeeder
@@ -259,7 +260,12 @@ class EncodedPass:
         return IndexedBatch(images, labels, order)
 
     def __next__(self) -> IndexedBatch:
-        batch: IndexedBatch = next(self.feeder)
+        try:
+            batch: IndexedBatch = next(self.feeder)
+        except DecodeError as error:  # its advice without on_error='skip', which these paths refuse
+            if error.args and isinstance(error.args[0], str):
+                error.args = (without_skip_hint(error.args[0]), *error.args[1:])
+            raise
         return batch
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from torch.utils.data import SequentialSampler
 
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
 from .batch import IndexedBatch
+from .decode import without_skip_hint
 from .device import available_cpus
 from .sampler import DistributedSampler, EpochRandomSampler
 from .transforms import import_decode_modules
@@ -366,7 +367,9 @@ class FastPass:
         if report.skipped:
             indices = indices[~np.isin(indices, [i for i, _ in report.skipped])]
             for index, message in report.skipped:
-                warnings.warn(f"skipped sample {index} (on_error='skip'): {message}", stacklevel=3)
+                warnings.warn(
+                    f"skipped sample {index} (on_error='skip'): {without_skip_hint(message)}", stacklevel=3
+                )
             self.loader.stats.skipped += len(report.skipped)
         slot, filled = report.slot, report.filled
         if self.loader.reuse_buffers:  # reused once nothing refers to this batch any more

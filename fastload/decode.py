@@ -44,6 +44,7 @@ from PIL import Image, UnidentifiedImageError
 __all__ = [
     "DecodeError",
     "affine_for_table",
+    "SKIP_HINT",
     "decode_error",
     "describe_unknown",
     "decode_jpeg_tensor",
@@ -54,6 +55,7 @@ __all__ = [
     "jpeg_header",
     "jpeg_info",
     "load_reduced",
+    "without_skip_hint",
     "load_sample",
     "open_image",
     "pil_resample",
@@ -151,10 +153,17 @@ def decode_error(
             reason += " (PIL.Image.MAX_IMAGE_PIXELS sets the limit)"
         if data is not None:
             reason += f"; the file has {len(data)} bytes"
-    return DecodeError(
-        f"cannot decode {name}: {reason}. Remove or replace the file (or use on_error='skip' in "
-        "fastload.DataLoader)."
-    )
+    return DecodeError(f"cannot decode {name}: {reason}. Remove or replace the file{SKIP_HINT}.")
+
+
+#: The end of a :class:`DecodeError`'s advice where a loader can skip the file; left out where it
+#: cannot (``decode="device"``/``"hybrid"``) or already does (the warning of a skipped sample).
+SKIP_HINT = " (or use on_error='skip' in fastload.DataLoader)"
+
+
+def without_skip_hint(message: str) -> str:
+    """A :class:`DecodeError` message without :data:`SKIP_HINT`."""
+    return message.replace(SKIP_HINT, "")
 
 
 def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:

@@ -868,8 +868,24 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         check_choice(worker_type, "worker_type", ("process", "thread"))
         check_choice(decode, "decode", ("cpu", "device", "hybrid"))
         check_choice(on_error, "on_error", ("raise", "skip"))
+        if gpu_transforms is not None and not callable(gpu_transforms):
+            raise TypeError(
+                "gpu_transforms should be a callable taking a batch (e.g. fastload.gpu.Compose([...])) or "
+                f"None, but got gpu_transforms={gpu_transforms!r}"
+            )
+        if device is not None and torch.device(device).type == "cuda" and not host_memory().can_pin():
+            raise ValueError(
+                f"device should be available, but got device={str(torch.device(device))!r} and CUDA is not "
+                "available: pass device='cpu', or leave device out (the batches then stay in host memory)"
+            )
         if decode != "cpu":
             _check_device_decode(decode, dataset, gpu_transforms, collate_fn, batch_sampler, on_error)
+            if device is None and cuda_available():
+                warnings.warn(
+                    f"decode={decode!r} decodes on the loader's device, and device is not given: it decodes "
+                    "on the CPU. Pass device='cuda' to decode on the GPU",
+                    stacklevel=caller_stacklevel(),
+                )
         if seed is not None:
             check_int(seed, "seed", type_error=True)
         if pin_memory is None:

@@ -231,6 +231,8 @@ def test_a_corrupt_image_is_named_by_its_batch_and_the_next_batch_follows(tmp_pa
             outcomes.append(str(e))
     assert outcomes[0] == 2 and outcomes[2:] == [2, 2, 2]
     assert isinstance(outcomes[1], str) and bad.name in outcomes[1]  # batch 1: samples 2 and 3
+    # the advice, without on_error='skip' (which decode='device' refuses)
+    assert outcomes[1].endswith("Remove or replace the file.") and "on_error" not in outcomes[1]
     with pytest.raises(StopIteration):
         next(it)
 

@@ -308,6 +308,7 @@ def test_a_corrupt_image_is_named_by_its_batch_on_either_side(tmp_path: Path) ->
             outcomes.append(str(e))
     assert outcomes[0] == 2 and outcomes[3:] == [2, 2]
     assert files[3].name in outcomes[1] and files[4].name in outcomes[2]
+    assert all("on_error" not in outcome for outcome in outcomes[1:3])  # hybrid refuses it: not advised
     with pytest.raises(StopIteration):
         next(it)
     # The loop's demand is sampled only between two batches it got: not across a batch that raised

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from _batches import collect as _collect
 from _batches import same as _same
 
 import fastload
-from fastload import ImageFolder
+from fastload import ImageFolder, gpu
 from fastload import transforms as T
 from fastload.loader import DataLoader, EpochRandomSampler, auto_num_workers
 
@@ -917,3 +918,32 @@ def test_device_decode_read_error_is_raised_by_its_batch(imagenet_root: Path) ->
         next(it)
     assert next(it)[1].shape == (7,)  # the pass goes on
     loader.close()
+
+
+def test_a_device_or_gpu_transforms_that_cannot_work_is_refused_when_the_loader_is_made(
+    imagenet_root: Path,
+) -> None:
+    ds = ImageFolder(imagenet_root / "val")
+    with pytest.raises(TypeError, match=r"gpu_transforms should be a callable .* gpu_transforms='normalize'"):
+        DataLoader(ds, batch_size=4, gpu_transforms="normalize")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda' and CUDA is not available: pass device='cpu'"):
+            DataLoader(ds, batch_size=4, device="cuda")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            DataLoader(ds, batch_size=4, device="cuda:0", decode="device", gpu_transforms=gpu.Resize((8, 8)))
+
+
+def test_device_decoding_without_a_device_where_cuda_is_says_it_decodes_on_the_cpu(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never a silent slow path: decode='device' without device= decodes on the CPU; where CUDA is
+    (here: said to be), the loader says so when it is made. Without CUDA that is the CPU's mode."""
+    ds = ImageFolder(imagenet_root / "val")
+    if not torch.cuda.is_available():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            DataLoader(ds, decode="device", gpu_transforms=gpu.Resize((8, 8)), pin_memory=False)
+    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: True)
+    with pytest.warns(UserWarning, match="it decodes on the CPU. Pass device='cuda'") as record:
+        DataLoader(ds, decode="device", gpu_transforms=gpu.Resize((8, 8)), pin_memory=False)
+    assert record[0].filename == __file__
