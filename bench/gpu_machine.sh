@@ -12,6 +12,7 @@
 #     DATA=ROOT    the synthetic set (default /tmp/fastload-synth: 10 classes x 1024 train
 #                  images, made here, about 20 s on 16 CPUs)
 #     WORKERS=N    the loaders' workers (default: the CPUs less two)
+#     BUILD=0      the C extensions are built already (default: built in place first)
 #     BUDGET=570   seconds for the whole run: a step that would end after it is cut to fit,
 #                  one that cannot start before it is skipped (said in the log)
 #     BIG=resnet50 FAST=resnet18 BATCH=256 WARMUP=30 STEPS=28: the model runs (a check of this
@@ -83,7 +84,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 if [ -n "${WHEELS:-}" ]; then
     step 120 "wheels from $WHEELS" "$PY" -m pip install -q --no-deps --no-index "$WHEELS"/*.whl
 fi
-step 180 "C extensions" "$PY" setup.py -q build_ext --inplace
+[ "${BUILD:-1}" = 0 ] || step 180 "C extensions" "$PY" setup.py -q build_ext --inplace
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 step 60 "fastload info" "$PY" -m fastload info
 step 30 "nvImageCodec interfaces" "$PY" -c "
