@@ -31,7 +31,8 @@ def test_the_gpu_machine_script_keeps_to_its_budget_and_says_what_it_skipped(tmp
     (data / ".complete").touch()  # no synthetic set is made
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "BUILD": "0", "BUDGET": "1", "DATA": str(data)}
-    run = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, timeout=120, env=env)
+    command = ["bash", str(SCRIPT), str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     log = (out / "gpu.log").read_text()
     assert (out / "records.jsonl").read_text() == ""  # nothing measured, the file is there
