@@ -4,11 +4,12 @@
 # Usage, from the project root on a machine with an NVIDIA GPU and torch/torchvision installed:
 #     bench/gpu_machine.sh [OUT]           (default OUT: /tmp/fastload-gpu)
 # Environment:
-#     WHEELS=DIR   wheels installed first without an index (a machine without a registry:
-#                  nvidia-nvimgcodec-cu13 and nvidia-nvjpeg 13.3 or later, downloaded elsewhere:
-#                  pip download --no-deps -d DIR --python-version 3.12 --only-binary=:all:
-#                  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64
-#                  nvidia-nvimgcodec-cu13==0.9.* 'nvidia-nvjpeg>=13.3')
+#     WHEELS=DIR   wheels installed first without an index, into SITE (default /tmp/fastload-site,
+#                  put first on PYTHONPATH; a machine without a registry, whose Python may not take
+#                  packages in its own site-packages): nvidia-nvimgcodec-cu13 and nvidia-nvjpeg 13.3
+#                  or later, downloaded elsewhere: pip download --no-deps -d DIR --only-binary=:all:
+#                  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+#                  --platform manylinux2014_x86_64 nvidia-nvimgcodec-cu13==0.9.* 'nvidia-nvjpeg>=13.3'
 #     DATA=ROOT    the synthetic set (default /tmp/fastload-synth: 10 classes x 1024 train
 #                  images, made here, about 20 s on 16 CPUs)
 #     WORKERS=N    the loaders' workers (default: the CPUs less two)
@@ -82,7 +83,10 @@ step() {
 say "fastload $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $CPUS CPUs, workers $WORKERS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1 || say "(no nvidia-smi)"
 if [ -n "${WHEELS:-}" ]; then
-    step 120 "wheels from $WHEELS" "$PY" -m pip install -q --no-deps --no-index "$WHEELS"/*.whl
+    SITE=${SITE:-/tmp/fastload-site}
+    step 120 "wheels from $WHEELS into $SITE" "$PY" -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 [ "${BUILD:-1}" = 0 ] || step 180 "C extensions" "$PY" setup.py -q build_ext --inplace
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
