@@ -359,8 +359,9 @@ def _warn_as_torch_of_pin_memory(loader: DataLoader[Any]) -> None:
 
 
 def _accelerator_available() -> bool:
-    """Whether torch finds an accelerator (``torch.accelerator``, torch >= 2.6; CUDA before), or
-    fastload can pin memory (a test's stand-in for CUDA, see :func:`fastload.gpu.streams.simulate_cuda`)."""
+    """Whether fastload can pin memory (CUDA, or a test's stand-in for it: see
+    :func:`fastload.gpu.streams.simulate_cuda`), or torch finds another accelerator
+    (``torch.accelerator``, torch >= 2.6)."""
     if host_memory().can_pin():
         return True
     accelerator = getattr(torch, "accelerator", None)
