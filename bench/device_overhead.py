@@ -1,7 +1,7 @@
 """The device paths' own CPU work per image, without a GPU: decode="device" with a null decoder.
 
 Usage: ``python bench/device_overhead.py [--images 3000] [--batches 60] [--repeat 5]
-[--decoder null|nvimgcodec] [--json PATH]``
+[--decoder null|nvimgcodec] [--beside] [--json PATH]``
 
 On a GPU, ``decode="device"`` runs two Python threads beside the training loop (the decoder
 thread: read, header columns, crop boxes, nvImageCodec's calls, the images into tensors; the
@@ -27,6 +27,14 @@ both rows alternated in every repeat:
 images/s and the process's CPU time per image (both threads; the CPU's own normalisation and
 resize are a part of it that a GPU does not have). A CPU measure of the overhead, not a GPU's
 figures: bench/throughput.py ``--model`` on a GPU machine is the real one.
+
+``--beside``: a stand-in for the training thread runs beside each pass (:class:`BusyThread`: tiny
+torch operations in a loop, each of which lets go of the interpreter as a kernel launch does, on a
+CPU of its own where the machine has two or more; the loader's threads and workers on the
+others), and a ``busy ms/batch`` column says how much of that thread's time each batch took: its
+operations per second alone (measured just before the pass) against beside the pass. What the
+loader's threads take from a training thread's interpreter (their Python, numpy and each torch
+call's return to the interpreter), the cost that ``--model``'s ``launch ms`` shows on a GPU.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -70,12 +80,82 @@ def write_small_jpegs(root: Path, images: int, classes: int = 10, seed: int = 0)
     return train
 
 
+class BusyThread:
+    """A training thread's stand-in: tiny torch operations in a loop, counted.
+
+    Each operation lets go of the interpreter and takes it back, as each kernel launch of a
+    training step does, so the count falls by what other threads of the process hold the
+    interpreter for (and by each hand-over). Runs on ``cpu`` alone where given.
+    """
+
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu, self.count = cpu, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="busy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self.cpu is not None:
+            os.sched_setaffinity(0, {self.cpu})  # this thread only
+        x = torch.zeros(16)
+        while not self._stop.is_set():
+            for _ in range(200):
+                x.add_(1)
+            self.count += 200
+
+    def rate(self, seconds: float) -> float:
+        """Operations per second over the next ``seconds``."""
+        c0, t0 = self.count, time.perf_counter()
+        time.sleep(seconds)
+        return (self.count - c0) / (time.perf_counter() - t0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _split_cpus() -> tuple[int | None, set[int] | None]:
+    """(the busy thread's CPU, the others) where the machine lets this process have two or
+    more, else ``(None, None)``."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[0], set(cpus[1:])) if len(cpus) >= 2 else (None, None)
+
+
 #: Each row's settings: (nvimgcodec.PACKED, nvimgcodec.NATIVE).
 ROWS = {"C interface": (True, True), "in place": (True, False), "copies": (False, False)}
 
 
-def _run(dataset: Any, batches: int, batch_size: int, row: str, epoch: int) -> tuple[float, float]:
-    """One timed run: (images/s, CPU microseconds per image)."""
+def _run(
+    dataset: Any, batches: int, batch_size: int, row: str, epoch: int, beside: bool = False
+) -> tuple[float, float, float | None]:
+    """One timed run: (images/s, CPU microseconds per image, the busy thread's milliseconds per
+    batch lost beside it (``beside``; else ``None``))."""
+    busy: BusyThread | None = None
+    alone = 0.0
+    cpu_busy, others = _split_cpus() if beside else (None, None)
+    mask = os.sched_getaffinity(0) if others is not None else None
+    if beside:
+        busy = BusyThread(cpu_busy)
+        alone = busy.rate(0.5)
+        if others is not None:
+            os.sched_setaffinity(0, others)  # the loader's threads and workers inherit it
+    try:
+        rate, cpu, ops, wall = _timed(dataset, batches, batch_size, row, epoch, busy)
+    finally:
+        if busy is not None:
+            busy.stop()
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
+    lost = None if busy is None else (alone * wall - ops) / alone / batches * 1e3
+    return rate, cpu, lost
+
+
+def _timed(
+    dataset: Any, batches: int, batch_size: int, row: str, epoch: int, busy: BusyThread | None
+) -> tuple[float, float, int, float]:
+    """(images/s, CPU microseconds per image, the busy thread's operations meanwhile, seconds)."""
     packed, native = ROWS[row]
     nvimgcodec.PACKED, nvimgcodec.NATIVE = packed, native
     loader = fastload.DataLoader(
@@ -92,6 +172,7 @@ def _run(dataset: Any, batches: int, batch_size: int, row: str, epoch: int) -> t
     )
     n = 0
     t0, c0 = time.perf_counter(), time.process_time()
+    ops0 = 0 if busy is None else busy.count
     while n < batches * batch_size:
         loader.set_epoch(epoch)
         epoch += 1
@@ -100,6 +181,7 @@ def _run(dataset: Any, batches: int, batch_size: int, row: str, epoch: int) -> t
             if n >= batches * batch_size:
                 break
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ops = 0 if busy is None else busy.count - ops0
     region_decoder = loader._batch_decoder(torch.device("cpu")).region_decoder
     loader.close()
     if (
@@ -108,7 +190,7 @@ def _run(dataset: Any, batches: int, batch_size: int, row: str, epoch: int) -> t
         or (region_decoder.native is not None) != native
     ):
         raise RuntimeError(f"the {row} row did not run its path")
-    return n / wall, cpu / n * 1e6
+    return n / wall, cpu / n * 1e6, ops, wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["null", "nvimgcodec"],
         default="null",
         help="null: the stand-in that decodes nothing (default); nvimgcodec: nvImageCodec's CPU decoder",
+    )
+    p.add_argument(
+        "--beside",
+        action="store_true",
+        help="a training thread's stand-in beside each pass: how much of its time each batch takes",
     )
     p.add_argument("--json", metavar="PATH", help="write the rows here")
     args = p.parse_args(argv)
@@ -141,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the loader's note on a CPU device with device transforms
     names = ["C interface", "in place", "copies"] if args.decoder == "nvimgcodec" else ["in place", "copies"]
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    rows: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in names}
     previous = nvimgcodec.PACKED, nvimgcodec.NATIVE
     with tempfile.TemporaryDirectory(prefix="fastload-overhead-") as tmp, nvimgcodec.use_module(module):
         dataset = fastload.InMemoryImageFolder(write_small_jpegs(Path(tmp), args.images))
@@ -149,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             _run(dataset, 2, args.batch_size, names[0], 0)  # warm-up: imports, first-use set-up
             for r in range(args.repeat):
                 for name in names:
-                    rows[name].append(_run(dataset, args.batches, args.batch_size, name, 1000 * r))
+                    rows[name].append(
+                        _run(dataset, args.batches, args.batch_size, name, 1000 * r, args.beside)
+                    )
         finally:
             nvimgcodec.PACKED, nvimgcodec.NATIVE = previous
     out = []
@@ -159,9 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         else f"nvImageCodec {nvimgcodec.nvimgcodec_version()}'s CPU decoder"
     )
     print(f"decode='device', {what}, {args.images} small JPEGs, batch {args.batch_size}, CPU")
-    print(f"{'row':10s} {'images/s':>9s} {'min-max':>13s} {'CPU us/image':>13s}")
+    if args.beside:
+        cpu_busy, _ = _split_cpus()
+        where = f"CPU {cpu_busy}, the loader on the others" if cpu_busy is not None else "sharing the CPU"
+        print(f"a training thread's stand-in beside each pass ({where})")
+    head = f"{'row':11s} {'images/s':>9s} {'min-max':>13s} {'CPU us/image':>13s}"
+    print(head + (f" {'busy ms/batch':>14s}" if args.beside else ""))
     for name, runs in rows.items():
-        rates, cpu = [r for r, _ in runs], [c for _, c in runs]
+        rates, cpu = [r for r, _, _ in runs], [c for _, c, _ in runs]
         row = {
             "row": name,
             "images_per_s": round(statistics.median(rates), 1),
@@ -169,11 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(max(rates), 1),
             "cpu_us_per_image": round(statistics.median(cpu), 1),
         }
-        out.append(row)
-        print(
-            f"{name:10s} {row['images_per_s']:9.0f} {row['min']:6.0f}-{row['max']:<6.0f} "
+        line = (
+            f"{name:11s} {row['images_per_s']:9.0f} {row['min']:6.0f}-{row['max']:<6.0f} "
             f"{row['cpu_us_per_image']:13.1f}"
         )
+        if args.beside:
+            row["busy_ms_per_batch"] = round(statistics.median(b for _, _, b in runs if b is not None), 2)
+            line += f" {row['busy_ms_per_batch']:14.2f}"
+        out.append(row)
+        print(line)
     rate = {row["row"]: row["images_per_s"] for row in out}
     if "C interface" in rate:
         print(f"C interface / in place: {rate['C interface'] / rate['in place']:.2f}x images/s")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ def test_device_overhead_bench_reports_both_rows(tmp_path: Path) -> None:
     assert [r["row"] for r in rows] == ["in place", "copies"]
     assert all(r["images_per_s"] > 0 and r["cpu_us_per_image"] > 0 for r in rows)
     assert "in place / copies:" in run.stdout
+    assert all("busy_ms_per_batch" not in r for r in rows)
     too_few = subprocess.run(
         [sys.executable, str(BENCH), "--images", "10", "--batch-size", "32"],
         capture_output=True,
@@ -28,6 +31,37 @@ def test_device_overhead_bench_reports_both_rows(tmp_path: Path) -> None:
         timeout=300,
     )
     assert too_few.returncode == 2 and "fewer than one batch of 32" in too_few.stderr
+
+
+def test_device_overhead_bench_measures_a_busy_thread_beside_each_pass(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    args = ["--images", "130", "--batch-size", "32", "--batches", "3", "--repeat", "1", "--beside"]
+    run = subprocess.run(
+        [sys.executable, str(BENCH), *args, "--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["row"] for r in rows] == ["in place", "copies"]
+    for r in rows:  # a number of milliseconds (it can be a little below 0 where nothing is taken)
+        assert math.isfinite(r["busy_ms_per_batch"]) and -1000 < r["busy_ms_per_batch"] < 10_000
+    assert "a training thread's stand-in beside each pass" in run.stdout
+    assert "busy ms/batch" in run.stdout
+
+
+def test_the_busy_thread_counts_while_it_runs_and_stops() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import device_overhead
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    busy = device_overhead.BusyThread(None)
+    try:
+        assert busy.rate(0.2) > 0
+    finally:
+        busy.stop()
+    count = busy.count
+    time.sleep(0.05)
+    assert busy.count == count and not busy._thread.is_alive()
 
 
 def test_device_overhead_bench_with_nvimgcodec_itself(tmp_path: Path) -> None:
