@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(head + (f" {'busy ms/batch':>14s}" if args.beside else ""))
     for name, runs in rows.items():
         rates, cpu = [r for r, _, _ in runs], [c for _, c, _ in runs]
-        row = {
+        row: dict[str, Any] = {
             "row": name,
             "images_per_s": round(statistics.median(rates), 1),
             "min": round(min(rates), 1),
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['cpu_us_per_image']:13.1f}"
         )
         if args.beside:
-            row["busy_ms_per_batch"] = round(statistics.median(b for _, _, b in runs if b is not None), 2)
+            row["busy_ms_per_batch"] = round(statistics.median([b for _, _, b in runs if b is not None]), 2)
             line += f" {row['busy_ms_per_batch']:14.2f}"
         out.append(row)
         print(line)
