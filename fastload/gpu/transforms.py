@@ -482,9 +482,10 @@ class _AntialiasTaps(_Taps):
         j = xmin + k
         w = (1.0 - ((j - center + 0.5) * invscale).abs()).clamp_min(0.0)
         w = w.masked_fill(~used, 0.0)
-        total = w[:, :, 0].clone()
-        for i in range(1, width):  # in order, as torch sums them
-            total += w[:, :, i]
+        taps = w.unbind(2)  # views: one call for all of them
+        total = taps[0].clone()
+        for tap in taps[1:]:  # in order, as torch sums them
+            total += tap
         w = w / total.masked_fill(~(total > 0), 1.0)[:, :, None]
         pos = src0 + j
         inside = (pos >= m0) & (pos < m1)
@@ -654,30 +655,45 @@ class _Plan:
             # padding: a window that starts in a narrow image may run past its end
             flat = torch.cat([t.reshape(-1) for t in images] + [first.new_zeros(int(span_x.max()))])
 
-        for rows in _group_by_extent(span_y, span_x):
-            ry, rx = int(span_y[rows].max()), int(span_x[rows].max())
-            oy = np.clip(lo_y[rows], 0, np.maximum(heights[rows] - ry, 0))
-            ox = np.clip(lo_x[rows], 0, np.maximum(widths[rows] - rx, 0))
+        # The images in group order, each group a run of it: each axis's taps are put in that
+        # order once for the whole batch (each relative to its image's origin, which depends on
+        # its group's extent), and a group takes a slice of them: a few torch calls per batch
+        # rather than per group (each call returns to the interpreter, on a GPU beside the
+        # training thread).
+        groups = _group_by_extent(span_y, span_x)
+        order = groups[0] if len(groups) == 1 else np.concatenate(groups)
+        extent_y = np.concatenate([np.full(len(g), span_y[g].max()) for g in groups])
+        extent_x = np.concatenate([np.full(len(g), span_x[g].max()) for g in groups])
+        oy = np.clip(lo_y[order], 0, np.maximum(heights[order] - extent_y, 0))
+        ox = np.clip(lo_x[order], 0, np.maximum(widths[order] - extent_x, 0))
+        local_y, w_y = taps_y.on_device(order, oy, device, compute)
+        local_x, w_x = taps_x.on_device(order, ox, device, compute)
+        rows_there = _to_device(order, device) if len(groups) > 1 else None
+        start = 0
+        for rows in groups:
+            end = start + len(rows)
+            ky, kx = taps_y.width(rows), taps_x.width(rows)
             result = _resample(
                 flat,
                 offsets[rows],
                 heights[rows],
                 widths[rows],
                 channels,
-                ry,
-                rx,
-                oy,
-                ox,
-                taps_y.on_device(rows, oy, device, compute),
-                taps_x.on_device(rows, ox, device, compute),
+                int(extent_y[start]),
+                int(extent_x[start]),
+                oy[start:end],
+                ox[start:end],
+                (local_y[start:end, :, :ky], w_y[start:end, :, :ky]),
+                (local_x[start:end, :, :kx], w_x[start:end, :, :kx]),
             )
             if not dtype.is_floating_point:
                 info = torch.iinfo(dtype)
                 result = result.round_().clamp_(info.min, info.max)
-            if len(rows) == n:
+            if rows_there is None:
                 out.copy_(result)
             else:
-                out.index_copy_(0, _to_device(rows, device), result.to(dtype))
+                out.index_copy_(0, rows_there[start:end], result.to(dtype))
+            start = end
         return out
 
 
@@ -741,15 +757,20 @@ def _resample(
         + rows[:, None, :] * widths[:, None, None]
         + ox[:, None, None]
     )
-    table = flat.unfold(0, rx, 1).index_select(0, _to_device(starts.reshape(-1), device)).to(compute)
+    # the rows to pick, then each (image, channel)'s first row among them and each image's first
+    # column of the transposed intermediate below: one copy to the device
+    bases = np.arange(n * channels, dtype=np.int64) * ry
+    columns = np.arange(n, dtype=np.int64) * rx
+    packed = _to_device(np.concatenate([starts.reshape(-1), bases, columns]), device)
+    picks, base, column = packed.split([starts.size, n * channels, n])
+    table = flat.unfold(0, rx, 1).index_select(0, picks).to(compute)
     # Vertical pass: output row (r, c, i) = sum_a wy[r, i, a] * region row (r, c, py[r, i, a] - oy[r]).
-    base = (torch.arange(n, device=device)[:, None] * channels + torch.arange(channels, device=device)) * ry
-    bags = (base[:, :, None, None] + local_y[:, None]).reshape(-1, ky)
+    bags = (base.view(n, channels, 1, 1) + local_y[:, None]).reshape(-1, ky)
     wts = w_y[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
     t1 = nnf.embedding_bag(bags, table, per_sample_weights=wts, mode="sum")
     # Horizontal pass on the transposed intermediate, whose rows are now columns.
     t1 = t1.view(n, channels, out_h, rx).permute(0, 3, 1, 2).reshape(n * rx, channels * out_h)
-    bags = (torch.arange(n, device=device)[:, None, None] * rx + local_x).reshape(-1, kx)
+    bags = (column.view(n, 1, 1) + local_x).reshape(-1, kx)
     wts = w_x.reshape(-1, kx)
     t2 = nnf.embedding_bag(bags, t1, per_sample_weights=wts, mode="sum")
     return t2.view(n, out_w, channels, out_h).permute(0, 2, 3, 1)
