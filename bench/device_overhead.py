@@ -119,7 +119,7 @@ class BusyThread:
 
 def _split_cpus() -> tuple[int | None, set[int] | None]:
     """(the busy thread's CPU, the others) where the machine lets this process have two or
-    more, else ``(None, None)``."""
+    more, else ``(None, None)``. ``main`` keeps the process on the others with ``--beside``."""
     if not hasattr(os, "sched_getaffinity"):
         return None, None
     cpus = sorted(os.sched_getaffinity(0))
@@ -131,26 +131,26 @@ ROWS = {"C interface": (True, True), "in place": (True, False), "copies": (False
 
 
 def _run(
-    dataset: Any, batches: int, batch_size: int, row: str, epoch: int, beside: bool = False
+    dataset: Any,
+    batches: int,
+    batch_size: int,
+    row: str,
+    epoch: int,
+    beside: bool = False,
+    busy_cpu: int | None = None,
 ) -> tuple[float, float, float | None]:
     """One timed run: (images/s, CPU microseconds per image, the busy thread's milliseconds per
-    batch lost beside it (``beside``; else ``None``))."""
+    batch lost beside it (``beside``, on ``busy_cpu`` where given; else ``None``))."""
     busy: BusyThread | None = None
     alone = 0.0
-    cpu_busy, others = _split_cpus() if beside else (None, None)
-    mask = os.sched_getaffinity(0) if others is not None else None
     if beside:
-        busy = BusyThread(cpu_busy)
+        busy = BusyThread(busy_cpu)
         alone = busy.rate(0.5)
-        if others is not None:
-            os.sched_setaffinity(0, others)  # the loader's threads and workers inherit it
     try:
         rate, cpu, ops, wall = _timed(dataset, batches, batch_size, row, epoch, busy)
     finally:
         if busy is not None:
             busy.stop()
-        if mask is not None:
-            os.sched_setaffinity(0, mask)
     lost = None if busy is None else (alone * wall - ops) / alone / batches * 1e3
     return rate, cpu, lost
 
@@ -231,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --images {args.images} is fewer than one batch of {args.batch_size}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    warnings.simplefilter("ignore")  # the loader's note on a CPU device with device transforms
+    warnings.simplefilter("ignore")
+    cpu_busy, others = _split_cpus() if args.beside else (None, None)
+    if others is not None:  # every thread made from here on (the loader's, nvImageCodec's) and every
+        os.sched_setaffinity(0, others)  # worker keeps off the stand-in's CPU
+    # the loader's note on a CPU device with device transforms
     names = ["C interface", "in place", "copies"] if args.decoder == "nvimgcodec" else ["in place", "copies"]
     rows: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in names}
     previous = nvimgcodec.PACKED, nvimgcodec.NATIVE
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.repeat):
                 for name in names:
                     rows[name].append(
-                        _run(dataset, args.batches, args.batch_size, name, 1000 * r, args.beside)
+                        _run(dataset, args.batches, args.batch_size, name, 1000 * r, args.beside, cpu_busy)
                     )
         finally:
             nvimgcodec.PACKED, nvimgcodec.NATIVE = previous
@@ -254,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"decode='device', {what}, {args.images} small JPEGs, batch {args.batch_size}, CPU")
     if args.beside:
-        cpu_busy, _ = _split_cpus()
         where = f"CPU {cpu_busy}, the loader on the others" if cpu_busy is not None else "sharing the CPU"
         print(f"a training thread's stand-in beside each pass ({where})")
     head = f"{'row':11s} {'images/s':>9s} {'min-max':>13s} {'CPU us/image':>13s}"
