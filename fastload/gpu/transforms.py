@@ -662,9 +662,8 @@ class _Plan:
         # training thread).
         groups = _group_by_extent(span_y, span_x)
         order = groups[0] if len(groups) == 1 else np.concatenate(groups)
-        extent_y = np.concatenate([np.full(len(g), span_y[g].max()) for g in groups])
         extent_x = np.concatenate([np.full(len(g), span_x[g].max()) for g in groups])
-        oy = np.clip(lo_y[order], 0, np.maximum(heights[order] - extent_y, 0))
+        oy = lo_y[order]  # each image's own rows (its taps' bounds are inside it)
         ox = np.clip(lo_x[order], 0, np.maximum(widths[order] - extent_x, 0))
         local_y, w_y = taps_y.on_device(order, oy, device, compute)
         local_x, w_x = taps_x.on_device(order, ox, device, compute)
@@ -679,7 +678,7 @@ class _Plan:
                 heights[rows],
                 widths[rows],
                 channels,
-                int(extent_y[start]),
+                span_y[rows],
                 int(extent_x[start]),
                 oy[start:end],
                 ox[start:end],
@@ -697,26 +696,28 @@ class _Plan:
         return out
 
 
-def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
-    """Splits a batch into groups whose source regions, padded to the group's largest, cost at most
+def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5) -> list[np.ndarray]:
+    """Splits a batch into groups whose source regions -- each as tall as its own, as wide as its
+    group's widest (the rows the resampling reads are windows of one width) -- cost at most
     ``waste`` times their own area (so one huge image cannot blow up the memory of a whole batch).
 
-    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups, not 64 regions of 3000x4000.
+    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups (the huge one with the five
+    images it can take), not 64 regions 4000 wide; crops of any heights and of widths within a
+    factor of 1.5 of each other, one group. ``RandomResizedCrop``'s regions of photos of
+    different sizes: two or three groups per batch of 256 (each torch call of a group's
+    resampling is a kernel launch on a GPU; on the CPU, more padding costs more than it saves).
     """
     area = span_y.astype(np.float64) * span_x
-    order = np.argsort(-area, kind="stable")
-    # Greedy, largest first: a group takes the next image unless the group padded to its largest
-    # extent would then cost more than ``waste`` times its images' own area (whole arrays per group
-    # rather than a Python step per image: hundreds of images per batch, a few groups).
+    order = np.argsort(-span_x, kind="stable")
+    # Greedy, widest first: a group takes the next image unless its regions, padded to the
+    # group's width (its first image's), would then cost more than ``waste`` times their own area
+    # (whole arrays per group rather than a Python step per image: hundreds of images per batch,
+    # a few groups).
     ys, xs, areas = span_y[order].astype(np.float64), span_x[order].astype(np.float64), area[order]
     groups: list[np.ndarray] = []
     start, n = 0, len(order)
     while start < n:
-        padded = (
-            np.arange(1, n - start + 1)
-            * np.maximum.accumulate(ys[start:])
-            * np.maximum.accumulate(xs[start:])
-        )
+        padded = np.cumsum(ys[start:]) * xs[start]
         over = np.flatnonzero(padded[1:] > waste * np.cumsum(areas[start:])[1:])
         end = n if len(over) == 0 else start + 1 + int(over[0])
         groups.append(np.sort(order[start:end]).astype(np.int64))
@@ -730,7 +731,7 @@ def _resample(
     heights: np.ndarray,
     widths: np.ndarray,
     channels: int,
-    ry: int,
+    ry: np.ndarray,
     rx: int,
     oy: np.ndarray,
     ox: np.ndarray,
@@ -740,32 +741,36 @@ def _resample(
     """Separable resampling of one group: ``(n, C, H', W')`` float, layout-permuted view.
 
     ``flat`` holds the images; image ``r`` starts at ``offsets[r]`` (CHW, ``heights[r]`` x
-    ``widths[r]``). Its source region is ``ry`` x ``rx`` pixels from ``(oy[r], ox[r])``, and the
-    output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] * S[py[i, a], px[j, b]]``;
-    ``taps_y`` / ``taps_x`` hold ``(py - oy, wy)`` and ``(px - ox, wx)`` on the device.
+    ``widths[r]``). Its source region is ``ry[r]`` x ``rx`` pixels from ``(oy[r], ox[r])`` (its
+    rows inside the image), and the output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] *
+    S[py[i, a], px[j, b]]``; ``taps_y`` / ``taps_x`` hold ``(py - oy, wy)`` and ``(px - ox, wx)``
+    on the device.
     """
     device = flat.device
     (local_y, w_y), (local_x, w_x) = taps_y, taps_x
     compute = w_y.dtype
     n, out_h, ky = local_y.shape
     out_w, kx = local_x.shape[1], local_x.shape[2]
-    # Region rows: windows of rx pixels picked from the flat buffer with one index_select.
-    rows = np.minimum(oy[:, None] + np.arange(ry, dtype=np.int64), heights[:, None] - 1)  # (n, ry)
-    starts = (
-        offsets[:, None, None]
-        + np.arange(channels, dtype=np.int64)[None, :, None] * (heights * widths)[:, None, None]
-        + rows[:, None, :] * widths[:, None, None]
-        + ox[:, None, None]
-    )
-    # the rows to pick, then each (image, channel)'s first row among them and each image's first
-    # column of the transposed intermediate below: one copy to the device
-    bases = np.arange(n * channels, dtype=np.int64) * ry
+    # Region rows: image r's ry[r] rows, channel by channel (a block of rows per image and
+    # channel), each a window of rx pixels, picked from the flat buffer with one index_select. A
+    # block's rows are a run: its first row's start plus multiples of the image's width.
+    counts = np.repeat(ry.astype(np.int64), channels)  # the rows of each (image, channel) block
+    base = np.zeros(n * channels, dtype=np.int64)  # each block's first row among the picks
+    np.cumsum(counts[:-1], out=base[1:])
+    image = np.repeat(np.arange(n, dtype=np.int64), channels)
+    first = offsets[image] + (heights * widths)[image] * np.tile(np.arange(channels, dtype=np.int64), n)
+    first += oy[image] * widths[image] + ox[image]
+    starts = np.repeat(first - base * widths[image], counts) + np.arange(
+        int(counts.sum()), dtype=np.int64
+    ) * np.repeat(widths[image], counts)
+    # then the blocks' first rows and each image's first column of the transposed intermediate
+    # below: one copy to the device
     columns = np.arange(n, dtype=np.int64) * rx
-    packed = _to_device(np.concatenate([starts.reshape(-1), bases, columns]), device)
-    picks, base, column = packed.split([starts.size, n * channels, n])
+    packed = _to_device(np.concatenate([starts, base, columns]), device)
+    picks, base_there, column = packed.split([starts.size, n * channels, n])
     table = flat.unfold(0, rx, 1).index_select(0, picks).to(compute)
     # Vertical pass: output row (r, c, i) = sum_a wy[r, i, a] * region row (r, c, py[r, i, a] - oy[r]).
-    bags = (base.view(n, channels, 1, 1) + local_y[:, None]).reshape(-1, ky)
+    bags = (base_there.view(n, channels, 1, 1) + local_y[:, None]).reshape(-1, ky)
     wts = w_y[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
     t1 = nnf.embedding_bag(bags, table, per_sample_weights=wts, mode="sum")
     # Horizontal pass on the transposed intermediate, whose rows are now columns.
