@@ -32,7 +32,8 @@ figures: bench/throughput.py ``--model`` on a GPU machine is the real one.
 torch operations in a loop, each of which lets go of the interpreter as a kernel launch does, on a
 CPU of its own where the machine has two or more; the loader's threads and workers on the
 others), and a ``busy ms/batch`` column says how much of that thread's time each batch took: its
-operations per second alone (measured just before the pass) against beside the pass. What the
+operations per second alone (measured just before and just after the pass) against beside the
+pass. What the
 loader's threads take from a training thread's interpreter (their Python, numpy and each torch
 call's return to the interpreter), the cost that ``--model``'s ``launch ms`` shows on a GPU.
 """
@@ -148,6 +149,8 @@ def _run(
         alone = busy.rate(0.5)
     try:
         rate, cpu, ops, wall = _timed(dataset, batches, batch_size, row, epoch, busy)
+        if busy is not None:  # alone: before and after the pass (the rate alone drifts)
+            alone = (alone + busy.rate(0.5)) / 2
     finally:
         if busy is not None:
             busy.stop()
