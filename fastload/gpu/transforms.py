@@ -41,9 +41,11 @@ Inside :class:`Compose`, consecutive geometric transforms are fused into one res
 The result equals applying the transforms one after the other: bit for bit for crops and flips
 after the resize, to float rounding (at most one uint8 level) for a flip before it.
 
-A ragged list is processed in a few groups of similar region size, so that padding a group to
-its largest region at most doubles its work: one 4000x3000 photo in a batch of 400x350 crops
-does not make every crop cost 4000x3000.
+A ragged list is processed in a few groups of similar region width: each region keeps its own
+rows and is padded to its group's widest, at most 1.5 times the group's own work, so one
+4000x3000 photo in a batch of 400x350 crops does not make every crop cost 4000 columns (on the
+CPU, a group's width may change the float rounding of the resampling by an ulp: at most one
+uint8 level, rarely).
 
 Resampling and accuracy
 -----------------------
