@@ -42,10 +42,10 @@ The result equals applying the transforms one after the other: bit for bit for c
 after the resize, to float rounding (at most one uint8 level) for a flip before it.
 
 A ragged list is processed in a few groups of similar region width: each region keeps its own
-rows and is padded to its group's widest, at most 1.5 times the group's own work, so one
-4000x3000 photo in a batch of 400x350 crops does not make every crop cost 4000 columns (on the
-CPU, a group's width may change the float rounding of the resampling by an ulp: at most one
-uint8 level, rarely).
+rows and is padded to its group's widest (so are its rows after the vertical pass), at most 1.5
+times the group's own work, so one 4000x3000 photo in a batch of 400x350 crops does not make
+every crop cost 4000 columns (on the CPU, a group's width may change the float rounding of the
+resampling by an ulp: at most one uint8 level, rarely).
 
 Resampling and accuracy
 -----------------------
@@ -662,7 +662,7 @@ class _Plan:
         # its group's extent), and a group takes a slice of them: a few torch calls per batch
         # rather than per group (each call returns to the interpreter, on a GPU beside the
         # training thread).
-        groups = _group_by_extent(span_y, span_x)
+        groups = _group_by_extent(span_y, span_x, rows_out=out_h)
         order = groups[0] if len(groups) == 1 else np.concatenate(groups)
         extent_x = np.concatenate([np.full(len(g), span_x[g].max()) for g in groups])
         oy = lo_y[order]  # each image's own rows (its taps' bounds are inside it)
@@ -698,17 +698,22 @@ class _Plan:
         return out
 
 
-def _group_by_extent(span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5) -> list[np.ndarray]:
-    """Splits a batch into groups whose source regions -- each as tall as its own, as wide as its
-    group's widest (the rows the resampling reads are windows of one width) -- cost at most
-    ``waste`` times their own area (so one huge image cannot blow up the memory of a whole batch).
+def _group_by_extent(
+    span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5, rows_out: int = 0
+) -> list[np.ndarray]:
+    """Splits a batch into groups whose resampling buffers -- each image's source rows and its
+    ``rows_out`` rows after the vertical pass, as wide as its group's widest region (the rows the
+    resampling reads and writes are windows of one width) -- cost at most ``waste`` times their
+    own (so one huge image cannot blow up the memory of a whole batch, nor small crops join its
+    group by the hundred).
 
-    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups (the huge one with the five
-    images it can take), not 64 regions 4000 wide; crops of any heights and of widths within a
-    factor of 1.5 of each other, one group. ``RandomResizedCrop``'s regions of photos of
-    different sizes: two or three groups per batch of 256 (each torch call of a group's
-    resampling is a kernel launch on a GPU; on the CPU, more padding costs more than it saves).
+    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups, not 64 regions 4000 wide;
+    crops of any heights and of widths within a factor of 1.5 of each other, one group.
+    ``RandomResizedCrop``'s regions of photos of different sizes: two or three groups per batch of
+    256 (each torch call of a group's resampling is a kernel launch on a GPU; on the CPU, more
+    padding costs more than it saves).
     """
+    span_y = span_y + rows_out
     area = span_y.astype(np.float64) * span_x
     order = np.argsort(-span_x, kind="stable")
     # Greedy, widest first: a group takes the next image unless its regions, padded to the
@@ -919,6 +924,8 @@ def crop_resize(
             f"box {k} (top {t[k]}, left {lft[k]}, height {h[k]}, width {w[k]}) should be non-empty and "
             f"inside image {k} ({heights[k]}x{widths[k]})"
         )
+    if n == 0 and isinstance(images, torch.Tensor):  # an empty batch: an empty batch of that size
+        return images.new_empty((0, images.shape[1], int(size[0]), int(size[1])))
     plan = _Plan(images)
     plan.crop(t, lft, h, w)
     plan.resize(np.full(plan.n, size[0]), np.full(plan.n, size[1]), antialias)
