@@ -484,6 +484,11 @@ def test_normalize_is_bit_identical_to_torchvision():
     assert torch.equal(gpu.Normalize(MEAN, STD)(images), ref)
     floats = images.float() / 255
     assert torch.equal(gpu.Normalize(MEAN, STD)(floats), tvf.normalize(floats, MEAN, STD))
+    # large images (32K values or more) are normalised one at a time on the CPU: the same bits
+    large = batch(3, 112, 112)
+    assert large[0].numel() >= 1 << 15
+    ref = tvf.normalize(tvf.to_dtype(large, torch.float32, scale=True), MEAN, STD)
+    assert torch.equal(gpu.Normalize(MEAN, STD)(large), ref)
 
 
 @pytest.mark.parametrize("mean, std", [(MEAN, STD), ([0.5], [0.25])], ids=["per-channel", "one value"])
