@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from .._exit import stop_at_exit
 from ..batch import iter_tensors
 from .streams import StreamBackend, pinned_device, stream_backend, use_device
 
@@ -96,6 +97,7 @@ class DeviceFeeder:
         self._thread = threading.Thread(
             target=self._run, args=(prepare, start), name="fastload-feeder", daemon=True
         )
+        stop_at_exit(self)  # a pass left open at exit: the thread stops before the interpreter ends
         self._thread.start()
 
     # -- the feeder thread -------------------------------------------------------------------
@@ -186,3 +188,7 @@ class DeviceFeeder:
                 break
         if threading.current_thread() is not self._thread:  # (a collection may run it there)
             self._thread.join(timeout=30)
+
+    def stop_for_exit(self) -> None:
+        """At interpreter exit (see :mod:`fastload._exit`): :meth:`close`."""
+        self.close()

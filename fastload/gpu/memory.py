@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .._exit import stop_at_exit
 from ..device import cuda_available
 from . import streams
 from .streams import use_device
@@ -187,6 +188,7 @@ class PageLock:
         state.thread = threading.Thread(
             target=state.run, args=(tensors,), name="fastload-pagelock", daemon=True
         )
+        stop_at_exit(state)  # a lock under way at exit is finished first, and no more are made
         state.thread.start()
 
     def wait(self, index: int | None = None) -> bool:
@@ -248,6 +250,14 @@ class _LockState:
                     self.failed = min(k, self.tried) if self.failed is None else self.failed
                     self.tried = self.count
                 self.progress.notify_all()
+
+    def stop_for_exit(self) -> None:
+        """At interpreter exit (see :mod:`fastload._exit`): no more locks, and the thread joined (the
+        locks made stay: the system frees them with the process)."""
+        with self.progress:
+            self.cancelled = True
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=30)
 
     def undo(self) -> None:
         with self.progress:
