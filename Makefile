@@ -55,13 +55,13 @@ $(PY):
 # One stamp per extra set, re-made when pyproject.toml or the C extension changes (or WITH_DALI).
 # pip prints its own progress: the first install downloads torch (about 2.6 GB with its CUDA
 # packages; TORCH=cpu: about 200 MB) and takes minutes.
-$(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c fastload/_nvimgcodec.c | $(PY)
+$(VENV)/.installed-test$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c fastload/_nvimgcodec.c fastload/_resample.c | $(PY)
 	@echo "==> set-up: installing fastload, torch, torchvision, the test tools$(DALI_NOTE) into $(VENV)$(TORCH_NOTE)"
 	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[test,bench$(DALI_EXTRA)]'
 	touch $@
 
-$(VENV)/.installed-bench$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c | $(PY)
+$(VENV)/.installed-bench$(DALI_STAMP): pyproject.toml setup.py fastload/_jpeg.c fastload/_nvimgcodec.c fastload/_resample.c | $(PY)
 	@echo "==> set-up: installing fastload, torch, torchvision, matplotlib$(DALI_NOTE) into $(VENV)$(TORCH_NOTE)"
 	$(TORCH_FIRST)
 	$(PY) -m pip install -e '.[bench$(DALI_EXTRA)]'

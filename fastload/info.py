@@ -33,7 +33,7 @@ from . import __version__
 from .device import available_cpus, cuda_available
 from .gpu.decode import device_decoder
 
-__all__ = ["C_EXTENSION_HINT", "dali_version", "environment", "summary_line"]
+__all__ = ["C_EXTENSION_HINT", "C_RESAMPLE_HINT", "dali_version", "environment", "summary_line"]
 
 #: What the region-decoding C extension needs to build, and what its absence costs (setup.py).
 C_EXTENSION_HINT = (
@@ -61,6 +61,13 @@ def _c_extension() -> str:
     return "built"
 
 
+#: What the device resize's taps cost without their C extension (``fastload._resample``), and the fix.
+C_RESAMPLE_HINT = (
+    "the device paths' crop taps are made by numpy instead (more of the training thread's "
+    "interpreter per batch); install a C compiler, then reinstall fastload"
+)
+
+
 def _load_average() -> list[float] | None:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -72,7 +79,8 @@ def environment() -> dict[str, Any]:
     """Versions, C extension, DALI, CPUs, CUDA and the load average now, as a JSON-ready dict.
 
     Keys: ``python``, ``platform``, ``fastload``, ``torch``, ``torchvision``, ``pillow``,
-    ``dali`` (version or ``None``), ``c_extension`` (see :func:`summary_line`), ``cpu_count``
+    ``dali`` (version or ``None``), ``c_extension`` (see :func:`summary_line`), ``c_resample``
+    (``"built"`` or ``"not built"``: the C extension of the device resize's taps), ``cpu_count``
     (``os.cpu_count()``, the machine), ``available_cpus`` (this process's affinity), ``cuda``
     (device name or ``None``), ``device_decoder`` (what ``decode="device"`` decodes JPEGs with
     here), ``load_average`` (1, 5, 15 minutes; ``None`` where unknown).
@@ -89,6 +97,7 @@ def environment() -> dict[str, Any]:
         "pillow": PIL.__version__,
         "dali": dali_version(),
         "c_extension": _c_extension(),
+        "c_resample": "built" if importlib.util.find_spec("fastload._resample") is not None else "not built",
         "cpu_count": os.cpu_count(),
         "available_cpus": available_cpus(),
         "cuda": cuda,
@@ -118,8 +127,13 @@ def summary_line(env: dict[str, Any] | None = None) -> str:
         "pip install 'fastload[dali]'; in a source checkout: make ... WITH_DALI=1)"
     )
     decoder = env.get("device_decoder")
+    taps = (
+        f" | C extension (resize taps): not built: {C_RESAMPLE_HINT}"
+        if env.get("c_resample") == "not built"
+        else ""
+    )
     return (
         f"fastload {env['fastload']}, torch {env['torch']} ({device}), torchvision {env['torchvision']}, "
         f"Pillow {env['pillow']}, Python {env['python']} | C extension (region JPEG decoding): {c_ext} | "
-        f"{dali}" + (f' | decode="device": {decoder}' if decoder else "")
+        f"{dali}" + (f' | decode="device": {decoder}' if decoder else "") + taps
     )

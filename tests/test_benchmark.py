@@ -429,6 +429,15 @@ def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_bui
         assert package_name in line, package_name
 
 
+def test_setup_summary_says_when_the_resize_taps_have_no_c_extension() -> None:
+    env = info.environment()
+    assert env["c_resample"] == ("built" if importlib.util.find_spec("fastload._resample") else "not built")
+    assert "resize taps" not in info.summary_line({**env, "c_resample": "built"})
+    line = info.summary_line({**env, "c_resample": "not built"})
+    assert "C extension (resize taps): not built: the device paths' crop taps are made by numpy" in line
+    assert line.endswith("install a C compiler, then reinstall fastload")
+
+
 @pytest.mark.skipif(not roi_decoder_available(), reason="the C extension is not built here")
 def test_setup_summary_names_a_c_extension_turned_off(tmp_path: Path) -> None:
     env = {**os.environ, "FASTLOAD_ROI_DECODE": "0"}

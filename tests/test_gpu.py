@@ -749,22 +749,29 @@ def test_normalize_takes_0_255_units_with_a_warning() -> None:
     assert torch.allclose(scaled(images), reference, atol=1e-5)
 
 
-def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
-    """The crop's planning sends per-pixel numbers to the device, which makes the (n, L, K) taps:
-    each weight is torch's triangle filter normalised by its sum in order of k (torch's kernel
+@pytest.mark.parametrize("c", [True, False], ids=["C extension", "numpy"])
+def test_antialias_taps_are_torchs_weights_in_torchs_order(c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crop's planning makes the (n, L, K) taps on the host (in the C extension, or numpy without
+    it): each weight is torch's triangle filter normalised by its sum in order of k (torch's kernel
     setup, written out here per pixel in plain Python floats); taps past a pixel's own filter
-    weigh 0 and read inside the region."""
-    from fastload.gpu.transforms import _Plan
+    weigh 0 and read inside the region; positions come with each image's shift."""
+    from fastload.gpu import transforms as gt
 
+    if c and gt._c_resample is None:
+        pytest.skip("the C extension fastload._resample is not built")
+    monkeypatch.setattr(gt, "USE_C_TAPS", c)
     images = [natural(h, w, seed=h) for h, w in [(300, 260), (900, 880), (60, 70), (333, 250)]]
-    plan = _Plan(images)
+    plan = gt._Plan(images)
     gpu.RandomResizedCrop(48)._update(plan, np.arange(4), 0, 3)
     taps = plan.x.taps(None, True)
     lo, hi = taps.bounds()
-    rows = np.arange(4)
-    local, weights = taps.on_device(rows, lo, torch.device("cpu"), torch.float64)
+    rows = np.array([2, 0, 3, 1])
+    width = taps.width(rows) + 2
+    local = np.empty((4, 48, width), dtype=np.int64)
+    weights = np.empty((4, 48, width), dtype=np.float64)
+    taps.fill(rows, 1000 * np.arange(4) - lo[rows], local, weights)
     axis = plan.x
-    for i in rows:
+    for r, i in enumerate(rows):
         scale = float(axis.srclen[i]) / float(axis.reslen[i])
         support, inv = (scale, 1.0 / scale) if scale >= 1.0 else (1.0, 1.0)
         for o in (0, 17, 47):
@@ -776,11 +783,50 @@ def test_antialias_taps_made_on_the_device_are_torchs_weights_in_torchs_order():
             for w in ws:
                 total += w
             want = [w / total for w in ws]
-            got = weights[i, o].tolist()
+            got = weights[r, o].tolist()
             assert got[: len(want)] == want and all(w == 0 for w in got[len(want) :])
-            positions = local[i, o] + int(lo[i])
+            positions = local[r, o] - 1000 * r + int(lo[i])
             assert positions[: len(want)].tolist() == [int(axis.src0[i]) + xmin + k for k in range(len(want))]
             assert bool((positions >= lo[i]).all() and (positions <= hi[i]).all())
+
+
+def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C extension and its numpy stand-in make the same taps, bit for bit, in float32 and
+    float64: random crops, flips, down- and upscales, zero padding around a resize (taps outside
+    the region and outputs outside the window weigh 0), and any subset of images in any order."""
+    from fastload.gpu import transforms as gt
+
+    if gt._c_resample is None:
+        pytest.skip("the C extension fastload._resample is not built")
+    rng = np.random.default_rng(7)
+    for case in range(40):
+        sizes = rng.integers(3, 400, (int(rng.integers(1, 12)), 2))
+        images = [torch.zeros(3, int(h), int(w), dtype=torch.uint8) for h, w in sizes]
+        plan = gt._Plan(images)
+        out = int(rng.integers(1, 300))
+        indices = np.arange(len(images))
+        if case % 3 == 0:  # padding: a crop larger than the resized image
+            gpu.Resize(out)._update(plan, indices, case, 0)
+            gpu.CenterCrop(out + int(rng.integers(1, 40)))._update(plan, indices, case, 0)
+        else:
+            gpu.RandomResizedCrop(out)._update(plan, indices, case, 0)
+            gpu.RandomHorizontalFlip()._update(plan, indices, case, 0)
+        for axis, flip in ((plan.y, None), (plan.x, plan.flip)):
+            taps = axis.taps(flip, True)
+            if not isinstance(taps, gt._AntialiasTaps):
+                continue
+            rows = rng.permutation(len(images))[: int(rng.integers(1, len(images) + 1))]
+            shift = rng.integers(-500, 500, len(rows))
+            shape = (len(rows), int(axis.winlen[0]), taps.width(rows) + int(rng.integers(0, 3)))
+            for dtype in (np.float32, np.float64):
+                made = []
+                for c in (True, False):
+                    monkeypatch.setattr(gt, "USE_C_TAPS", c)
+                    pos, w = np.full(shape, -7, dtype=np.int64), np.full(shape, np.nan, dtype=dtype)
+                    taps.fill(rows, shift, pos, w)
+                    made.append((pos, w))
+                (pc, wc), (pn, wn) = made
+                assert np.array_equal(pc, pn) and wc.tobytes() == wn.tobytes(), case
 
 
 def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:

@@ -52,7 +52,9 @@ Resampling and accuracy
 Bilinear resizing (with ``antialias=True``, torch's triangle filter widened by the downscale
 factor, exactly like ``interpolate(..., antialias=True)``) is computed for the whole batch as two
 separable passes of :func:`torch.nn.functional.embedding_bag` (a fused "weighted sum of K gathered
-rows"), with per-image filter taps computed in numpy. It works for any per-image crop box and any
+rows"), with per-image filter taps made on the host (in one call of the C extension
+``fastload._resample`` without the interpreter, else numpy) and sent to the device with the
+rest of the batch's plan in two copies. It works for any per-image crop box and any
 scale, up or down. Arithmetic is float32 and uint8 outputs are rounded. Measured on 400x350
 photo-like images (``bench/gpu_transforms.py --accuracy``, asserted in ``tests/test_gpu.py``):
 
@@ -102,6 +104,11 @@ from .._checks import check_int, check_probability, check_size
 from ..batch import IndexedBatch
 from ..decode import affine_for_table, to_chw_by_table
 from ..device import device_is_cuda
+
+try:  # the taps of a batch's antialiased resize in one call without the interpreter (setup.py)
+    from .. import _resample as _c_resample
+except ImportError:  # built without a C compiler: the same taps from numpy
+    _c_resample = None
 
 __all__ = [
     "BatchTransform",
@@ -363,10 +370,10 @@ class _Axis:
             return _HostTaps(np.clip(pos, 0, self.size[:, None, None] - 1), weights)
         # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)): per
         # output pixel, taps xmin .. xmin + xsize - 1 of a triangle of width 2 * support. Only
-        # these per-pixel numbers are computed here; the (N, L, K) positions and weights are made
-        # where the images are (see _AntialiasTaps).
+        # these per-pixel numbers are computed here; the (n, L, K) positions and weights of each
+        # group of images are made once the groups are known (see _AntialiasTaps.fill).
         support = np.where(scale >= 1.0, scale, 1.0)
-        invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)
+        invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)[:, 0]
         center = scale * (rr + 0.5)
         xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
         xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), self.srclen[:, None])
@@ -385,11 +392,10 @@ class _Taps:
         """How many taps the images ``rows`` need (the trailing ones weigh 0 for all of them)."""
         raise NotImplementedError
 
-    def on_device(
-        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For images ``rows``: ``(positions - origin, weights)``, each ``(n, L, width)``, on ``device``
-        (int64, ``dtype``)."""
+    def fill(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
+        """Writes the taps of images ``rows`` into ``pos`` (int64, each position plus its image's
+        ``shift``) and ``weights`` (float32 or float64), each ``(n, L, K)`` with ``K >=
+        width(rows)``."""
         raise NotImplementedError
 
 
@@ -407,23 +413,25 @@ class _HostTaps(_Taps):
         used = np.nonzero((self.weights[rows] != 0).any(axis=(0, 1)))[0]
         return int(used[-1]) + 1 if len(used) else 1
 
-    def on_device(
-        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.width(rows)
-        local = self.pos[rows, :, :k] - origin[:, None, None]
-        return _to_device(local, device), _to_device(self.weights[rows, :, :k], device, dtype)
+    def fill(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
+        k = min(pos.shape[2], self.pos.shape[2])
+        np.add(self.pos[rows, :, :k], shift[:, None, None], out=pos[:, :, :k])
+        weights[:, :, :k] = self.weights[rows, :, :k]
+        if k < pos.shape[2]:  # wider than these taps: the rest weigh 0 and read the first
+            pos[:, :, k:] = pos[:, :, :1]
+            weights[:, :, k:] = 0
 
 
 class _AntialiasTaps(_Taps):
-    """torch's antialiased bilinear taps, made on the images' device from per-pixel numbers.
+    """torch's antialiased bilinear taps, made on the host from per-pixel numbers.
 
     Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` (from the
     resampled region's start) with weight ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)``,
     normalised by their sum taken in order of ``k`` (as torch sums them): the same float64
-    operations as torch's kernel setup, so the same weights on any device, and an image's
-    weights do not depend on the others of its batch. Taps past an output's own ``xsize`` (the
-    group is as wide as its widest filter) weigh 0 and read its first tap's position.
+    operations as torch's kernel setup, and an image's weights do not depend on the others of its
+    batch. Taps past an output's own ``xsize`` (a group is as wide as its widest filter) weigh 0
+    and read its first tap's position. Made for a whole batch in one call of the C extension
+    (``fastload._resample``, the interpreter released), else by the same arithmetic in numpy.
     """
 
     def __init__(
@@ -435,10 +443,19 @@ class _AntialiasTaps(_Taps):
         invscale: np.ndarray,
         valid: np.ndarray,
     ) -> None:
-        self.src0, self.m0, self.m1, self.size = axis.src0, axis.m0, axis.m1, axis.size
-        self.xmin, self.xsize, self.center, self.valid = xmin, xsize, center, valid
-        self.invscale = np.broadcast_to(invscale, xmin.shape)
-        self._made: tuple[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
+        def int64(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a, dtype=np.int64)
+
+        self.src0, self.m0, self.m1, self.size = (
+            int64(axis.src0),
+            int64(axis.m0),
+            int64(axis.m1),
+            int64(axis.size),
+        )
+        self.xmin, self.xsize = int64(xmin), int64(xsize)
+        self.center = np.ascontiguousarray(center, dtype=np.float64)
+        self.invscale = np.ascontiguousarray(invscale, dtype=np.float64)
+        self.valid = np.ascontiguousarray(valid, dtype=bool)
 
     def _clip(self, pos: np.ndarray) -> np.ndarray:
         return np.clip(pos, 0, self.size - 1)
@@ -451,50 +468,38 @@ class _AntialiasTaps(_Taps):
     def width(self, rows: np.ndarray) -> int:
         return max(int(self.xsize[rows].max()), 1)
 
-    def on_device(
-        self, rows: np.ndarray, origin: np.ndarray, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Made once per batch for every image, as wide as the widest filter, and cut per group of
-        # rows: a few kernels per group instead of a few dozen (taps past an image's own width
-        # weigh 0 and add nothing to its sums, so its taps are the same bits either way).
-        key = (device, dtype)
-        if self._made is None or self._made[0] != key:
-            self._made = (key, self._make(device, dtype))
-        pos, w = self._made[1]
-        width = self.width(rows)
-        if len(rows) == len(self.xmin) and bool((rows == np.arange(len(rows))).all()):
-            return pos[:, :, :width] - _to_device(origin, device)[:, None, None], w[:, :, :width]
-        picked = _to_device(np.stack([rows, origin]), device)  # one copy: the rows and their origins
-        pos, w = pos.index_select(0, picked[0]), w.index_select(0, picked[0])
-        return pos[:, :, :width] - picked[1][:, None, None], w[:, :, :width]
+    def fill(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        shift = np.ascontiguousarray(shift, dtype=np.int64)
+        if _c_resample is not None and USE_C_TAPS:
+            _c_resample.antialias_taps(
+                self.xmin, self.xsize, self.center, self.invscale, self.valid,
+                self.src0, self.m0, self.m1, self.size, rows, shift, pos, weights,
+            )  # fmt: skip
+        else:
+            self._fill_numpy(rows, shift, pos, weights)
 
-    def _make(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every image's ``(positions, weights)``, ``(N, L, widest)``, on ``device``."""
-        width = max(int(self.xsize.max()), 1)
+    def _fill_numpy(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
+        """:meth:`fill` in numpy: the C extension's arithmetic, operation for operation."""
+        k = np.arange(pos.shape[2], dtype=np.int64)
+        used = k < self.xsize[rows][:, :, None]
+        j = self.xmin[rows][:, :, None] + k
+        w = 1.0 - np.abs((j - self.center[rows][:, :, None] + 0.5) * self.invscale[rows][:, None, None])
+        w = np.where(used, np.maximum(w, 0.0), 0.0)
+        total = w[:, :, 0].copy()
+        for tap in range(1, w.shape[2]):  # in order, as torch sums them
+            total += w[:, :, tap]
+        w = w / np.where(total > 0.0, total, 1.0)[:, :, None]
+        at = self.src0[rows][:, None, None] + j
+        inside = (at >= self.m0[rows][:, None, None]) & (at < self.m1[rows][:, None, None])
+        weights[...] = w * inside * self.valid[rows][:, :, None]
+        clipped = np.minimum(np.maximum(at, 0), (self.size[rows] - 1)[:, None, None])
+        np.add(np.where(used, clipped, clipped[:, :, :1]), shift[:, None, None], out=pos)
 
-        def there(a: np.ndarray) -> torch.Tensor:
-            return _to_device(np.ascontiguousarray(a), device)
 
-        xmin, xsize = there(self.xmin)[:, :, None], there(self.xsize)[:, :, None]
-        center, invscale = there(self.center)[:, :, None], there(self.invscale)[:, :, None]
-        per_image = there(np.stack([self.src0, self.m0, self.m1, self.size - 1], 1))
-        src0, m0, m1, top = (per_image[:, c, None, None] for c in range(4))
-        k = torch.arange(width, device=device)
-        used = k < xsize
-        j = xmin + k
-        w = (1.0 - ((j - center + 0.5) * invscale).abs()).clamp_min(0.0)
-        w = w.masked_fill(~used, 0.0)
-        taps = w.unbind(2)  # views: one call for all of them
-        total = taps[0].clone()
-        for tap in taps[1:]:  # in order, as torch sums them
-            total += tap
-        w = w / total.masked_fill(~(total > 0), 1.0)[:, :, None]
-        pos = src0 + j
-        inside = (pos >= m0) & (pos < m1)
-        w = w * inside * there(self.valid)[:, :, None]
-        pos = torch.minimum(pos.clamp_min(0), top)
-        pos = torch.where(used, pos, pos[:, :, :1])
-        return pos, w.to(dtype)
+#: Whether the antialiased resize's taps come from the C extension where it is built (tests
+#: compare both ways).
+USE_C_TAPS = True
 
 
 class _Plan:
@@ -657,44 +662,68 @@ class _Plan:
             # padding: a window that starts in a narrow image may run past its end
             flat = torch.cat([t.reshape(-1) for t in images] + [first.new_zeros(int(span_x.max()))])
 
-        # The images in group order, each group a run of it: each axis's taps are put in that
-        # order once for the whole batch (each relative to its image's origin, which depends on
-        # its group's extent), and a group takes a slice of them: a few torch calls per batch
-        # rather than per group (each call returns to the interpreter, on a GPU beside the
-        # training thread).
+        # The host plans every group (its table rows, each axis's bags of taps and their weights,
+        # each image's place in the batch) into one int64 and one float array, sent to the device
+        # in two copies; each group takes its pieces of them. So a batch costs the device a few
+        # torch calls per group and no Python per image (each torch call returns to the
+        # interpreter: on a GPU, beside the training thread, whose kernel launches wait for it).
         groups = _group_by_extent(span_y, span_x, rows_out=out_h)
-        order = groups[0] if len(groups) == 1 else np.concatenate(groups)
-        extent_x = np.concatenate([np.full(len(g), span_x[g].max()) for g in groups])
-        oy = lo_y[order]  # each image's own rows (its taps' bounds are inside it)
-        ox = np.clip(lo_x[order], 0, np.maximum(widths[order] - extent_x, 0))
-        local_y, w_y = taps_y.on_device(order, oy, device, compute)
-        local_x, w_x = taps_x.on_device(order, ox, device, compute)
-        rows_there = _to_device(order, device) if len(groups) > 1 else None
-        start = 0
+        np_compute = np.float64 if compute == torch.float64 else np.float32
+        plans = []
+        int_sizes: list[int] = []
+        float_sizes: list[int] = []
         for rows in groups:
-            end = start + len(rows)
+            n_g, rx = len(rows), int(span_x[rows].max())
             ky, kx = taps_y.width(rows), taps_x.width(rows)
+            plans.append((rows, rx, ky, kx))
+            int_sizes += [int(span_y[rows].sum()) * channels, n_g * out_h * ky, n_g * out_w * kx]
+            float_sizes += [n_g * out_h * ky, n_g * out_w * kx]
+            if len(groups) > 1:
+                int_sizes.append(n_g)  # where its images go in the batch
+        ints = np.empty(sum(int_sizes), dtype=np.int64)
+        floats = np.empty(sum(float_sizes), dtype=np_compute)
+        int_parts = np.split(ints, np.cumsum(int_sizes)[:-1])
+        float_parts = np.split(floats, np.cumsum(float_sizes)[:-1])
+        per_int = 4 if len(groups) > 1 else 3
+        for g, (rows, rx, ky, kx) in enumerate(plans):
+            n_g, ry = len(rows), span_y[rows]
+            oy = lo_y[rows]  # each image's own rows (its taps' bounds are inside it)
+            ox = np.clip(lo_x[rows], 0, np.maximum(widths[rows] - rx, 0))
+            picks, bags_y, bags_x = int_parts[per_int * g : per_int * g + 3]
+            _region_rows(offsets[rows], heights[rows], widths[rows], channels, ry, oy, ox, picks)
+            first_row = np.zeros(n_g, dtype=np.int64)  # each image's first row of the group's table
+            np.cumsum(ry[:-1], out=first_row[1:])
+            w_y, w_x = float_parts[2 * g], float_parts[2 * g + 1]
+            taps_y.fill(rows, first_row - oy, bags_y.reshape(n_g, out_h, ky), w_y.reshape(n_g, out_h, ky))
+            taps_x.fill(
+                rows,
+                np.arange(n_g, dtype=np.int64) * rx - ox,
+                bags_x.reshape(n_g, out_w, kx),
+                w_x.reshape(n_g, out_w, kx),
+            )
+            if len(groups) > 1:
+                int_parts[per_int * g + 3][:] = rows
+        ints_there = _to_device(ints, device).split(int_sizes)
+        floats_there = _to_device(floats, device).split(float_sizes)
+        for g, (_, rx, ky, kx) in enumerate(plans):
+            picks, bags_y, bags_x = ints_there[per_int * g : per_int * g + 3]
             result = _resample(
                 flat,
-                offsets[rows],
-                heights[rows],
-                widths[rows],
                 channels,
-                span_y[rows],
-                int(extent_x[start]),
-                oy[start:end],
-                ox[start:end],
-                (local_y[start:end, :, :ky], w_y[start:end, :, :ky]),
-                (local_x[start:end, :, :kx], w_x[start:end, :, :kx]),
+                rx,
+                picks,
+                (bags_y.view(-1, ky), floats_there[2 * g].view(-1, ky)),
+                (bags_x.view(-1, kx), floats_there[2 * g + 1].view(-1, kx)),
+                out_h,
+                out_w,
             )
             if not dtype.is_floating_point:
                 info = torch.iinfo(dtype)
                 result = result.round_().clamp_(info.min, info.max)
-            if rows_there is None:
+            if len(groups) == 1:
                 out.copy_(result)
             else:
-                out.index_copy_(0, rows_there[start:end], result.to(dtype))
-            start = end
+                out.index_copy_(0, ints_there[per_int * g + 3], result.to(dtype))
         return out
 
 
@@ -732,59 +761,63 @@ def _group_by_extent(
     return groups
 
 
-def _resample(
-    flat: torch.Tensor,
+def _region_rows(
     offsets: np.ndarray,
     heights: np.ndarray,
     widths: np.ndarray,
     channels: int,
     ry: np.ndarray,
-    rx: int,
     oy: np.ndarray,
     ox: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """Where each row of a group's resampling table starts in the flat buffer, into ``out``.
+
+    Image ``r`` (CHW from ``offsets[r]``, ``heights[r]`` x ``widths[r]``) gives its ``ry[r]`` rows
+    from ``(oy[r], ox[r])``, each row's channels one after the other: the table row ``(r, row)``
+    holds every channel's window of the row, so the vertical pass sums whole rows of all channels.
+    """
+    rows = int(ry.sum())
+    image = np.repeat(np.arange(len(ry), dtype=np.int64), ry)
+    first = np.zeros(len(ry), dtype=np.int64)
+    np.cumsum(ry[:-1], out=first[1:])
+    row = np.arange(rows, dtype=np.int64) - first[image]  # each table row's row in its region
+    start = offsets[image] + (oy[image] + row) * widths[image] + ox[image]
+    plane = (heights * widths)[image]
+    np.add(
+        start[:, None],
+        np.arange(channels, dtype=np.int64)[None, :] * plane[:, None],
+        out=out.reshape(rows, channels),
+    )
+
+
+def _resample(
+    flat: torch.Tensor,
+    channels: int,
+    rx: int,
+    picks: torch.Tensor,
     taps_y: tuple[torch.Tensor, torch.Tensor],
     taps_x: tuple[torch.Tensor, torch.Tensor],
+    out_h: int,
+    out_w: int,
 ) -> torch.Tensor:
-    """Separable resampling of one group: ``(n, C, H', W')`` float, layout-permuted view.
+    """Separable resampling of one group: ``(n, C, out_h, out_w)`` float, layout-permuted view.
 
-    ``flat`` holds the images; image ``r`` starts at ``offsets[r]`` (CHW, ``heights[r]`` x
-    ``widths[r]``). Its source region is ``ry[r]`` x ``rx`` pixels from ``(oy[r], ox[r])`` (its
-    rows inside the image), and the output pixel ``(i, j)`` is ``sum_a sum_b wy[i, a] * wx[j, b] *
-    S[py[i, a], px[j, b]]``; ``taps_y`` / ``taps_x`` hold ``(py - oy, wy)`` and ``(px - ox, wx)``
-    on the device.
+    ``flat`` holds the images; ``picks`` (see :func:`_region_rows`) are where the ``rx`` pixels of
+    each region row of each channel start: the group's table has a row of ``C * rx`` values per
+    region row. ``taps_y`` are the vertical pass's bags of table rows, ``(n * out_h, ky)``, and their
+    weights; ``taps_x`` the horizontal pass's bags of columns of the vertical pass's transposed
+    output (image ``r``'s columns from ``r * rx``), ``(n * out_w, kx)``, and their weights. Each
+    output value is ``sum_a sum_b wy[a] * wx[b] * S[py[a], px[b]]``, summed in tap order.
     """
-    device = flat.device
-    (local_y, w_y), (local_x, w_x) = taps_y, taps_x
-    compute = w_y.dtype
-    n, out_h, ky = local_y.shape
-    out_w, kx = local_x.shape[1], local_x.shape[2]
-    # Region rows: image r's ry[r] rows, channel by channel (a block of rows per image and
-    # channel), each a window of rx pixels, picked from the flat buffer with one index_select. A
-    # block's rows are a run: its first row's start plus multiples of the image's width.
-    counts = np.repeat(ry.astype(np.int64), channels)  # the rows of each (image, channel) block
-    base = np.zeros(n * channels, dtype=np.int64)  # each block's first row among the picks
-    np.cumsum(counts[:-1], out=base[1:])
-    image = np.repeat(np.arange(n, dtype=np.int64), channels)
-    first = offsets[image] + (heights * widths)[image] * np.tile(np.arange(channels, dtype=np.int64), n)
-    first += oy[image] * widths[image] + ox[image]
-    starts = np.repeat(first - base * widths[image], counts) + np.arange(
-        int(counts.sum()), dtype=np.int64
-    ) * np.repeat(widths[image], counts)
-    # then the blocks' first rows and each image's first column of the transposed intermediate
-    # below: one copy to the device
-    columns = np.arange(n, dtype=np.int64) * rx
-    packed = _to_device(np.concatenate([starts, base, columns]), device)
-    picks, base_there, column = packed.split([starts.size, n * channels, n])
-    table = flat.unfold(0, rx, 1).index_select(0, picks).to(compute)
-    # Vertical pass: output row (r, c, i) = sum_a wy[r, i, a] * region row (r, c, py[r, i, a] - oy[r]).
-    bags = (base_there.view(n, channels, 1, 1) + local_y[:, None]).reshape(-1, ky)
-    wts = w_y[:, None].expand(n, channels, out_h, ky).reshape(-1, ky)
-    t1 = nnf.embedding_bag(bags, table, per_sample_weights=wts, mode="sum")
-    # Horizontal pass on the transposed intermediate, whose rows are now columns.
-    t1 = t1.view(n, channels, out_h, rx).permute(0, 3, 1, 2).reshape(n * rx, channels * out_h)
-    bags = (column.view(n, 1, 1) + local_x).reshape(-1, kx)
-    wts = w_x.reshape(-1, kx)
-    t2 = nnf.embedding_bag(bags, t1, per_sample_weights=wts, mode="sum")
+    bags_y, w_y = taps_y
+    bags_x, w_x = taps_x
+    n = bags_y.shape[0] // out_h
+    table = flat.unfold(0, rx, 1).index_select(0, picks).to(w_y.dtype).view(-1, channels * rx)
+    t1 = nnf.embedding_bag(bags_y, table, per_sample_weights=w_y, mode="sum")
+    # Horizontal pass on the transposed intermediate, whose rows are now (image, column).
+    t1 = t1.view(n, out_h, channels, rx).permute(0, 3, 2, 1).reshape(n * rx, channels * out_h)
+    t2 = nnf.embedding_bag(bags_x, t1, per_sample_weights=w_x, mode="sum")
     return t2.view(n, out_w, channels, out_h).permute(0, 2, 3, 1)
 
 

@@ -1,0 +1,161 @@
+/* fastload._resample: the filter taps of a batch's antialiased resize, made on the host in one call.
+ *
+ *   antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights)
+ *
+ * For image i = rows[j] of a batch, output pixel o (of L) and tap k (of K, the output's last axis):
+ * torch's separable antialiased bilinear filter (interpolate(..., antialias=True)), tap k reads
+ * position xmin[i, o] + k of the resampled region and weighs max(0, 1 - |(xmin + k - center + 0.5) *
+ * invscale[i]|), normalised by the sum of the output's weights taken in order of k (as torch sums
+ * them); taps from xsize[i, o] on weigh 0 and read the first tap's position. A tap outside the
+ * region's defined rows [m0, m1) or of an output outside its window (valid False) weighs 0.
+ * Positions are clipped into the image (0 .. size - 1) and written plus shift[j]; weights as
+ * float32 or float64, whichever the output buffer holds.
+ *
+ * Every weight is the same double arithmetic, one IEEE operation after the other (setup.py builds
+ * with -ffp-contract=off), as fastload.gpu.transforms' numpy version of it (tested bit for bit):
+ * the interpreter is released for the whole batch, where the numpy version returns to it for
+ * each of its few dozen array operations (each a hand-over that a training thread beside it
+ * pays for).
+ *
+ * Arguments are C-contiguous buffers: xmin, xsize int64 (N, L); center float64 (N, L); invscale
+ * float64 (N,); valid bool (N, L); src0, m0, m1, size int64 (N,); rows, shift int64 (n,); pos int64
+ * (n, L, K) and weights float32 or float64 (n, L, K), written.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A C-contiguous buffer of count items of itemsize bytes ("name" in the error). */
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, Py_ssize_t count,
+                      const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    if (view->itemsize != itemsize || view->len != itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s should hold %zd items of %zd bytes, but holds %zd bytes of %zd-byte items",
+                     name, count, itemsize, view->len, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *antialias_taps(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[13];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11], &objs[12]))
+        return NULL;
+    Py_buffer b[13];
+    int got = 0;
+    PyObject *result = NULL;
+    /* sizes from the per-image and per-row arrays, checked against every other */
+    Py_buffer probe;
+    if (PyObject_GetBuffer(objs[5], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t N = probe.len / 8;
+    PyBuffer_Release(&probe);
+    if (PyObject_GetBuffer(objs[9], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t n = probe.len / 8;
+    PyBuffer_Release(&probe);
+    if (PyObject_GetBuffer(objs[0], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t L = N > 0 ? probe.len / 8 / N : 0;
+    PyBuffer_Release(&probe);
+    if (PyObject_GetBuffer(objs[11], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t K = n > 0 && L > 0 ? probe.len / 8 / (n * L) : 0;
+    PyBuffer_Release(&probe);
+    if (PyObject_GetBuffer(objs[12], &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    int single = probe.itemsize == 4;
+    PyBuffer_Release(&probe);
+
+    static const char *names[13] = {"xmin", "xsize", "center", "invscale", "valid", "src0", "m0",
+                                    "m1",   "size",  "rows",   "shift",    "pos",   "weights"};
+    const Py_ssize_t sizes[13] = {8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, single ? 4 : 8};
+    const Py_ssize_t counts[13] = {N * L, N * L, N * L, N, N * L, N, N, N, N, n, n, n * L * K, n * L * K};
+    for (; got < 13; got++)
+        if (get_buffer(objs[got], &b[got], got >= 11, sizes[got], counts[got], names[got]) < 0) goto done;
+    if (K < 1 && n * L > 0) {
+        PyErr_SetString(PyExc_ValueError, "pos should have at least one tap per output pixel");
+        goto done;
+    }
+    const int64_t *xmin = b[0].buf, *xsize = b[1].buf, *src0 = b[5].buf, *m0 = b[6].buf, *m1 = b[7].buf,
+                  *size = b[8].buf, *rows = b[9].buf, *shift = b[10].buf;
+    const double *center = b[2].buf, *invscale = b[3].buf;
+    const unsigned char *valid = b[4].buf;
+    int64_t *pos = b[11].buf;
+    float *w32 = b[12].buf;
+    double *w64 = b[12].buf;
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (rows[j] < 0 || rows[j] >= N) {
+            PyErr_Format(PyExc_IndexError, "rows[%zd] = %lld is outside the batch's %zd images", j, (long long)rows[j], N);
+            goto done;
+        }
+
+    double *w = PyMem_Malloc(sizeof(double) * (size_t)(K > 0 ? K : 1));
+    if (w == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const Py_ssize_t i = (Py_ssize_t)rows[j];
+        const double inv = invscale[i];
+        const int64_t top = size[i] - 1;
+        for (Py_ssize_t o = 0; o < L; o++) {
+            const Py_ssize_t p = i * L + o;
+            const int64_t first = xmin[p], used = xsize[p];
+            const double c = center[p];
+            for (Py_ssize_t k = 0; k < K; k++) {
+                double v = 0.0;
+                if (k < used) {
+                    v = 1.0 - fabs(((double)(first + k) - c + 0.5) * inv);
+                    if (v < 0.0) v = 0.0;
+                }
+                w[k] = v;
+            }
+            double total = w[0];
+            for (Py_ssize_t k = 1; k < K; k++) total += w[k];
+            const double divisor = total > 0.0 ? total : 1.0;
+            const double keep = valid[p] ? 1.0 : 0.0;
+            int64_t at0 = 0;
+            const Py_ssize_t out = (j * L + o) * K;
+            for (Py_ssize_t k = 0; k < K; k++) {
+                const int64_t at = src0[i] + first + k;
+                const double inside = at >= m0[i] && at < m1[i] ? 1.0 : 0.0;
+                const double v = w[k] / divisor * inside * keep;
+                int64_t clipped = at < 0 ? 0 : at;
+                if (clipped > top) clipped = top;
+                if (k == 0) at0 = clipped;
+                pos[out + k] = (k < used ? clipped : at0) + shift[j];
+                if (single)
+                    w32[out + k] = (float)v;
+                else
+                    w64[out + k] = v;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(w);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"antialias_taps", antialias_taps, METH_VARARGS,
+     "antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights): "
+     "torch's antialiased bilinear taps of images rows, written into pos (int64) and weights (float32 or "
+     "float64), each (n, L, K) (see the module's source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "fastload._resample", "A batch's resize filter taps, made without the interpreter.", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__resample(void) { return PyModule_Create(&module); }
