@@ -1,6 +1,7 @@
 /* fastload._resample: the filter taps of a batch's antialiased resize, made on the host in one call.
  *
  *   antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights)
+ *   region_rows(offsets, heights, widths, ry, oy, ox, out): the rows of a group's resampling table
  *
  * For image i = rows[j] of a batch, output pixel o (of L) and tap k (of K, the output's last axis):
  * torch's separable antialiased bilinear filter (interpolate(..., antialias=True)), tap k reads
@@ -145,7 +146,63 @@ done:
     return result;
 }
 
+/* region_rows(offsets, heights, widths, ry, oy, ox, out): where each row of a group's resampling table starts
+ * in the flat buffer of its images. Image r (channels first from offsets[r], heights[r] x widths[r]) gives its
+ * ry[r] rows from (oy[r], ox[r]), each row's channels one after the other: out[(row, c)] = offsets[r] +
+ * c * heights[r] * widths[r] + (oy[r] + row) * widths[r] + ox[r]. All int64; out holds sum(ry) * C values
+ * (C from its length). */
+static PyObject *region_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(objs[0], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const Py_ssize_t n = probe.len / 8;
+    PyBuffer_Release(&probe);
+    static const char *names[7] = {"offsets", "heights", "widths", "ry", "oy", "ox", "out"};
+    Py_buffer b[7];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 6; got++)
+        if (get_buffer(objs[got], &b[got], 0, 8, n, names[got]) < 0) goto done;
+    const int64_t *offsets = b[0].buf, *heights = b[1].buf, *widths = b[2].buf, *ry = b[3].buf, *oy = b[4].buf,
+                  *ox = b[5].buf;
+    Py_ssize_t rows = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        if (ry[r] < 0) {
+            PyErr_Format(PyExc_ValueError, "ry[%zd] = %lld is negative", r, (long long)ry[r]);
+            goto done;
+        }
+        rows += (Py_ssize_t)ry[r];
+    }
+    if (PyObject_GetBuffer(objs[6], &probe, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    const Py_ssize_t channels = rows > 0 ? probe.len / 8 / rows : 0;
+    PyBuffer_Release(&probe);
+    if (get_buffer(objs[6], &b[6], 1, 8, rows * channels, names[6]) < 0) goto done;
+    got = 7;
+    int64_t *out = b[6].buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const int64_t plane = heights[r] * widths[r];
+        for (int64_t row = 0; row < ry[r]; row++) {
+            const int64_t start = offsets[r] + (oy[r] + row) * widths[r] + ox[r];
+            for (Py_ssize_t c = 0; c < channels; c++) out[at++] = start + c * plane;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"region_rows", region_rows, METH_VARARGS,
+     "region_rows(offsets, heights, widths, ry, oy, ox, out): where each row of a resampling table starts "
+     "(see the module's source)."},
     {"antialias_taps", antialias_taps, METH_VARARGS,
      "antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights): "
      "torch's antialiased bilinear taps of images rows, written into pos (int64) and weights (float32 or "

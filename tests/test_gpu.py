@@ -829,6 +829,34 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
                 assert np.array_equal(pc, pn) and wc.tobytes() == wn.tobytes(), case
 
 
+def test_region_rows_from_the_c_extension_are_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each row of a group's resampling table starts: the same from the C extension and its
+    numpy stand-in, for any images, regions and channel counts (an image with no rows too)."""
+    from fastload.gpu import transforms as gt
+
+    if gt._c_resample is None:
+        pytest.skip("the C extension fastload._resample is not built")
+    rng = np.random.default_rng(3)
+    for channels in (1, 3, 4):
+        n = int(rng.integers(1, 20))
+        heights, widths = rng.integers(1, 300, n), rng.integers(1, 300, n)
+        offsets = np.concatenate([[0], np.cumsum(channels * heights * widths)[:-1]])
+        ry = rng.integers(0, heights + 1)
+        oy, ox = rng.integers(0, heights - ry + 1), rng.integers(0, widths)
+        made = []
+        for c in (True, False):
+            monkeypatch.setattr(gt, "USE_C_TAPS", c)
+            out = np.full(int(ry.sum()) * channels, -1, dtype=np.int64)
+            gt._region_rows(offsets, heights, widths, channels, ry, oy, ox, out)
+            made.append(out)
+        assert np.array_equal(made[0], made[1])
+        if not ry.any():
+            continue
+        r = int(np.flatnonzero(ry)[0])  # the first image with rows: its first row's channels
+        first = offsets[r] + oy[r] * widths[r] + ox[r] + np.arange(channels) * heights[r] * widths[r]
+        assert made[0][:channels].tolist() == first.tolist()
+
+
 def test_packed_images_are_cropped_and_resized_as_tensors_are() -> None:
     """gpu.PackedImages (images back to back in one buffer, as a region decoder writes them):
     crop_resize gives the pixels Resize gives on each box cut out as its own tensor; a buffer the

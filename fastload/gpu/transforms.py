@@ -497,7 +497,7 @@ class _AntialiasTaps(_Taps):
         np.add(np.where(used, clipped, clipped[:, :, :1]), shift[:, None, None], out=pos)
 
 
-#: Whether the antialiased resize's taps come from the C extension where it is built (tests
+#: Whether the resize's taps and table rows come from the C extension where it is built (tests
 #: compare both ways).
 USE_C_TAPS = True
 
@@ -669,61 +669,59 @@ class _Plan:
         # interpreter: on a GPU, beside the training thread, whose kernel launches wait for it).
         groups = _group_by_extent(span_y, span_x, rows_out=out_h)
         np_compute = np.float64 if compute == torch.float64 else np.float32
+        many = len(groups) > 1
         plans = []
-        int_sizes: list[int] = []
-        float_sizes: list[int] = []
+        int_sizes: list[int] = []  # per group: table rows, bags and offsets of each pass[, images]
+        float_sizes: list[int] = []  # per group: the weights of each pass
         for rows in groups:
             n_g, rx = len(rows), int(span_x[rows].max())
             ky, kx = taps_y.width(rows), taps_x.width(rows)
             plans.append((rows, rx, ky, kx))
-            int_sizes += [int(span_y[rows].sum()) * channels, n_g * out_h * ky, n_g * out_w * kx]
+            int_sizes += [int(span_y[rows].sum()) * channels, n_g * out_h * ky, n_g * out_h]
+            int_sizes += [n_g * out_w * kx, n_g * out_w] + ([n_g] if many else [])
             float_sizes += [n_g * out_h * ky, n_g * out_w * kx]
-            if len(groups) > 1:
-                int_sizes.append(n_g)  # where its images go in the batch
         ints = np.empty(sum(int_sizes), dtype=np.int64)
         floats = np.empty(sum(float_sizes), dtype=np_compute)
         int_parts = np.split(ints, np.cumsum(int_sizes)[:-1])
         float_parts = np.split(floats, np.cumsum(float_sizes)[:-1])
-        per_int = 4 if len(groups) > 1 else 3
+        per_group = 6 if many else 5
         for g, (rows, rx, ky, kx) in enumerate(plans):
             n_g, ry = len(rows), span_y[rows]
             oy = lo_y[rows]  # each image's own rows (its taps' bounds are inside it)
             ox = np.clip(lo_x[rows], 0, np.maximum(widths[rows] - rx, 0))
-            picks, bags_y, bags_x = int_parts[per_int * g : per_int * g + 3]
+            picks, bags_y, offsets_y, bags_x, offsets_x = int_parts[per_group * g : per_group * g + 5]
             _region_rows(offsets[rows], heights[rows], widths[rows], channels, ry, oy, ox, picks)
             first_row = np.zeros(n_g, dtype=np.int64)  # each image's first row of the group's table
             np.cumsum(ry[:-1], out=first_row[1:])
             w_y, w_x = float_parts[2 * g], float_parts[2 * g + 1]
             taps_y.fill(rows, first_row - oy, bags_y.reshape(n_g, out_h, ky), w_y.reshape(n_g, out_h, ky))
-            taps_x.fill(
-                rows,
-                np.arange(n_g, dtype=np.int64) * rx - ox,
-                bags_x.reshape(n_g, out_w, kx),
-                w_x.reshape(n_g, out_w, kx),
-            )
-            if len(groups) > 1:
-                int_parts[per_int * g + 3][:] = rows
+            columns = np.arange(n_g, dtype=np.int64) * rx  # each image's first column after the transpose
+            taps_x.fill(rows, columns - ox, bags_x.reshape(n_g, out_w, kx), w_x.reshape(n_g, out_w, kx))
+            np.multiply(np.arange(len(offsets_y), dtype=np.int64), ky, out=offsets_y)  # where each bag starts
+            np.multiply(np.arange(len(offsets_x), dtype=np.int64), kx, out=offsets_x)
+            if many:
+                int_parts[per_group * g + 5][:] = rows
         ints_there = _to_device(ints, device).split(int_sizes)
         floats_there = _to_device(floats, device).split(float_sizes)
-        for g, (_, rx, ky, kx) in enumerate(plans):
-            picks, bags_y, bags_x = ints_there[per_int * g : per_int * g + 3]
+        for g, (_, rx, _, _) in enumerate(plans):
+            picks, bags_y, offsets_y, bags_x, offsets_x = ints_there[per_group * g : per_group * g + 5]
             result = _resample(
                 flat,
                 channels,
                 rx,
                 picks,
-                (bags_y.view(-1, ky), floats_there[2 * g].view(-1, ky)),
-                (bags_x.view(-1, kx), floats_there[2 * g + 1].view(-1, kx)),
+                (bags_y, offsets_y, floats_there[2 * g]),
+                (bags_x, offsets_x, floats_there[2 * g + 1]),
                 out_h,
                 out_w,
             )
             if not dtype.is_floating_point:
                 info = torch.iinfo(dtype)
                 result = result.round_().clamp_(info.min, info.max)
-            if len(groups) == 1:
+            if not many:
                 out.copy_(result)
             else:
-                out.index_copy_(0, ints_there[per_int * g + 3], result.to(dtype))
+                out.index_copy_(0, ints_there[per_group * g + 5], result.to(dtype))
         return out
 
 
@@ -776,7 +774,13 @@ def _region_rows(
     Image ``r`` (CHW from ``offsets[r]``, ``heights[r]`` x ``widths[r]``) gives its ``ry[r]`` rows
     from ``(oy[r], ox[r])``, each row's channels one after the other: the table row ``(r, row)``
     holds every channel's window of the row, so the vertical pass sums whole rows of all channels.
+    In one call of the C extension where it is built.
     """
+    args = [np.ascontiguousarray(a, dtype=np.int64) for a in (offsets, heights, widths, ry, oy, ox)]
+    if _c_resample is not None and USE_C_TAPS:
+        _c_resample.region_rows(*args, out)
+        return
+    offsets, heights, widths, ry, oy, ox = args
     rows = int(ry.sum())
     image = np.repeat(np.arange(len(ry), dtype=np.int64), ry)
     first = np.zeros(len(ry), dtype=np.int64)
@@ -796,8 +800,8 @@ def _resample(
     channels: int,
     rx: int,
     picks: torch.Tensor,
-    taps_y: tuple[torch.Tensor, torch.Tensor],
-    taps_x: tuple[torch.Tensor, torch.Tensor],
+    taps_y: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    taps_x: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     out_h: int,
     out_w: int,
 ) -> torch.Tensor:
@@ -805,19 +809,20 @@ def _resample(
 
     ``flat`` holds the images; ``picks`` (see :func:`_region_rows`) are where the ``rx`` pixels of
     each region row of each channel start: the group's table has a row of ``C * rx`` values per
-    region row. ``taps_y`` are the vertical pass's bags of table rows, ``(n * out_h, ky)``, and their
-    weights; ``taps_x`` the horizontal pass's bags of columns of the vertical pass's transposed
-    output (image ``r``'s columns from ``r * rx``), ``(n * out_w, kx)``, and their weights. Each
-    output value is ``sum_a sum_b wy[a] * wx[b] * S[py[a], px[b]]``, summed in tap order.
+    region row. ``taps_y`` are the vertical pass's bags of table rows (``n * out_h`` bags, flat),
+    where each bag starts, and their weights; ``taps_x`` the same for the horizontal pass's bags of
+    columns of the vertical pass's transposed output (image ``r``'s columns from ``r * rx``,
+    ``n * out_w`` bags). Each output value is ``sum_a sum_b wy[a] * wx[b] * S[py[a], px[b]]``,
+    summed in tap order.
     """
-    bags_y, w_y = taps_y
-    bags_x, w_x = taps_x
-    n = bags_y.shape[0] // out_h
+    bags_y, starts_y, w_y = taps_y
+    bags_x, starts_x, w_x = taps_x
+    n = starts_y.shape[0] // out_h
     table = flat.unfold(0, rx, 1).index_select(0, picks).to(w_y.dtype).view(-1, channels * rx)
-    t1 = nnf.embedding_bag(bags_y, table, per_sample_weights=w_y, mode="sum")
+    t1 = nnf.embedding_bag(bags_y, table, starts_y, mode="sum", per_sample_weights=w_y)
     # Horizontal pass on the transposed intermediate, whose rows are now (image, column).
     t1 = t1.view(n, out_h, channels, rx).permute(0, 3, 2, 1).reshape(n * rx, channels * out_h)
-    t2 = nnf.embedding_bag(bags_x, t1, per_sample_weights=w_x, mode="sum")
+    t2 = nnf.embedding_bag(bags_x, t1, starts_x, mode="sum", per_sample_weights=w_x)
     return t2.view(n, out_w, channels, out_h).permute(0, 2, 3, 1)
 
 
