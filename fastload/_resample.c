@@ -1,6 +1,8 @@
 /* fastload._resample: the filter taps of a batch's antialiased resize, made on the host in one call.
  *
  *   antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights)
+ *   axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's filter
+ *       per output pixel, for every image (the numbers antialias_taps takes)
  *   region_rows(offsets, heights, widths, ry, oy, ox, out): the rows of a group's resampling table
  *
  * For image i = rows[j] of a batch, output pixel o (of L) and tap k (of K, the output's last axis):
@@ -146,6 +148,80 @@ done:
     return result;
 }
 
+/* axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's antialiased
+ * filter per output pixel, for every image of a batch (the numbers antialias_taps takes). Output o of image
+ * i (of N; L outputs, L from the lengths of the outputs) is r = win0[i] + o (L - 1 - o where flip[i]) of
+ * the resized image, valid where lo[i] <= r < hi[i]; with scale = srclen[i] / reslen[i] (support scale and
+ * invscale 1 / scale from a downscale, else 1), center = scale * (clip(r, 0, reslen - 1) + 0.5), taps from
+ * xmin = max(trunc(center - support + 0.5), 0) to min(trunc(center + support + 0.5), srclen) (exclusive):
+ * fastload.gpu.transforms' numpy arithmetic, operation for operation. win0 .. reslen int64 (N,); flip bool
+ * (N,) or None; xmin, xsize int64, center float64, valid bool (N, L); invscale float64 (N,), written. */
+static PyObject *axis_taps(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *objs[11];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &objs[7], &objs[8], &objs[9], &objs[10]))
+        return NULL;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(objs[0], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const Py_ssize_t N = probe.len / 8;
+    PyBuffer_Release(&probe);
+    if (PyObject_GetBuffer(objs[6], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const Py_ssize_t L = N > 0 ? probe.len / 8 / N : 0;
+    PyBuffer_Release(&probe);
+    const int flipped = objs[5] != Py_None;
+    static const char *names[11] = {"win0",  "lo",    "hi",     "srclen", "reslen",  "flip",
+                                    "xmin", "xsize", "center", "valid",  "invscale"};
+    const Py_ssize_t sizes[11] = {8, 8, 8, 8, 8, 1, 8, 8, 8, 1, 8};
+    const Py_ssize_t counts[11] = {N, N, N, N, N, N, N * L, N * L, N * L, N * L, N};
+    Py_buffer b[11];
+    int held[11] = {0};
+    PyObject *result = NULL;
+    for (int k = 0; k < 11; k++) {
+        if (k == 5 && !flipped) continue;
+        if (get_buffer(objs[k], &b[k], k >= 6, sizes[k], counts[k], names[k]) < 0) goto done;
+        held[k] = 1;
+    }
+    const int64_t *win0 = b[0].buf, *lo = b[1].buf, *hi = b[2].buf, *srclen = b[3].buf, *reslen = b[4].buf;
+    const unsigned char *flip = flipped ? b[5].buf : NULL;
+    int64_t *xmin = b[6].buf, *xsize = b[7].buf;
+    double *center = b[8].buf, *invscale = b[10].buf;
+    unsigned char *valid = b[9].buf;
+    for (Py_ssize_t i = 0; i < N; i++)
+        if (reslen[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "reslen[%zd] = %lld should be at least 1", i, (long long)reslen[i]);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < N; i++) {
+        const double scale = (double)srclen[i] / (double)reslen[i];
+        const double support = scale >= 1.0 ? scale : 1.0;
+        invscale[i] = scale >= 1.0 ? 1.0 / scale : 1.0;
+        for (Py_ssize_t o = 0; o < L; o++) {
+            const Py_ssize_t p = i * L + o;
+            const int64_t r = win0[i] + (flip != NULL && flip[i] ? (int64_t)(L - 1 - o) : (int64_t)o);
+            valid[p] = r >= lo[i] && r < hi[i];
+            int64_t rc = r < 0 ? 0 : r;
+            if (rc > reslen[i] - 1) rc = reslen[i] - 1;
+            const double c = scale * ((double)rc + 0.5);
+            double first = trunc(c - support + 0.5);
+            if (first < 0.0) first = 0.0;
+            int64_t last = (int64_t)trunc(c + support + 0.5);
+            if (last > srclen[i]) last = srclen[i];
+            center[p] = c;
+            xmin[p] = (int64_t)first;
+            xsize[p] = last - (int64_t)first;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int k = 0; k < 11; k++)
+        if (held[k]) PyBuffer_Release(&b[k]);
+    return result;
+}
+
 /* region_rows(offsets, heights, widths, ry, oy, ox, out): where each row of a group's resampling table starts
  * in the flat buffer of its images. Image r (channels first from offsets[r], heights[r] x widths[r]) gives its
  * ry[r] rows from (oy[r], ox[r]), each row's channels one after the other: out[(row, c)] = offsets[r] +
@@ -200,6 +276,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"axis_taps", axis_taps, METH_VARARGS,
+     "axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's "
+     "antialiased filter per output pixel (see the module's source)."},
     {"region_rows", region_rows, METH_VARARGS,
      "region_rows(offsets, heights, widths, ry, oy, ox, out): where each row of a resampling table starts "
      "(see the module's source)."},

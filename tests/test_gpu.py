@@ -792,8 +792,9 @@ def test_antialias_taps_are_torchs_weights_in_torchs_order(c: bool, monkeypatch:
 
 def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C extension and its numpy stand-in make the same taps, bit for bit, in float32 and
-    float64: random crops, flips, down- and upscales, zero padding around a resize (taps outside
-    the region and outputs outside the window weigh 0), and any subset of images in any order."""
+    float64 (and the same per-pixel filter numbers first): random crops, flips, down- and
+    upscales, zero padding around a resize (taps outside the region and outputs outside the window
+    weigh 0), and any subset of images in any order."""
     from fastload.gpu import transforms as gt
 
     if gt._c_resample is None:
@@ -812,9 +813,16 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
             gpu.RandomResizedCrop(out)._update(plan, indices, case, 0)
             gpu.RandomHorizontalFlip()._update(plan, indices, case, 0)
         for axis, flip in ((plan.y, None), (plan.x, plan.flip)):
-            taps = axis.taps(flip, True)
+            both = []
+            for c in (True, False):  # the per-pixel numbers too
+                monkeypatch.setattr(gt, "USE_C_TAPS", c)
+                both.append(axis.taps(flip, True))
+            taps, numpy_taps = both
             if not isinstance(taps, gt._AntialiasTaps):
                 continue
+            assert isinstance(numpy_taps, gt._AntialiasTaps)
+            for name in ("xmin", "xsize", "center", "invscale", "valid"):
+                assert getattr(taps, name).tobytes() == getattr(numpy_taps, name).tobytes(), (case, name)
             rows = rng.permutation(len(images))[: int(rng.integers(1, len(images) + 1))]
             shift = rng.integers(-500, 500, len(rows))
             shape = (len(rows), int(axis.winlen[0]), taps.width(rows) + int(rng.integers(0, 3)))

@@ -346,6 +346,17 @@ class _Axis:
     def taps(self, flip: np.ndarray | None, antialias: bool) -> _Taps:
         """This axis's filter taps: ``V[o] = sum_k w[o, k] * S[pos[o, k]]`` for every image."""
         length = int(self.winlen[0])
+        if self.resampled and antialias and _c_resample is not None and USE_C_TAPS:
+            # the same numbers as below, for every output pixel in one call without the interpreter
+            n = len(self.size)
+            xmin, xsize = np.empty((n, length), dtype=np.int64), np.empty((n, length), dtype=np.int64)
+            center, valid = np.empty((n, length)), np.empty((n, length), dtype=bool)
+            invscale = np.empty(n)
+            per_image = [np.ascontiguousarray(a, dtype=np.int64) for a in (self.win0, self.lo, self.hi)]
+            per_image += [np.ascontiguousarray(a, dtype=np.int64) for a in (self.srclen, self.reslen)]
+            flips = None if flip is None else np.ascontiguousarray(flip, dtype=bool)
+            _c_resample.axis_taps(*per_image, flips, xmin, xsize, center, valid, invscale)
+            return _AntialiasTaps(self, xmin, xsize, center, invscale, valid)
         o = np.arange(length, dtype=np.int64)[None, :]
         if flip is not None:
             o = np.where(flip[:, None], length - 1 - o, o)
