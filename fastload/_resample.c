@@ -32,14 +32,27 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A C-contiguous buffer of count items of itemsize bytes ("name" in the error). */
-static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, Py_ssize_t count,
-                      const char *name) {
+/* A C-contiguous buffer of count items of itemsize bytes, of kind 'i' (int64), 'f' (float32 or float64, by
+ * itemsize) or 'b' (bool) ("name" in the error; "of" says where the expected count comes from). */
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, char kind, Py_ssize_t itemsize,
+                      Py_ssize_t count, const char *name, const char *of) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
-    if (view->itemsize != itemsize || view->len != itemsize * count) {
-        PyErr_Format(PyExc_ValueError, "%s should hold %zd items of %zd bytes, but holds %zd bytes of %zd-byte items",
-                     name, count, itemsize, view->len, view->itemsize);
+    const char *format = view->format != NULL ? view->format : "B";
+    while (*format == '@' || *format == '=' || *format == '<') format++;
+    int ok = format[0] != '\0' && format[1] == '\0';
+    if (kind == 'i') ok = ok && (format[0] == 'l' || format[0] == 'q') && view->itemsize == 8;
+    if (kind == 'f') ok = ok && ((format[0] == 'd' && view->itemsize == 8) || (format[0] == 'f' && view->itemsize == 4));
+    if (kind == 'b') ok = ok && format[0] == '?';
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s should be %s, but got items of format '%s'", name,
+                     kind == 'i' ? "int64" : kind == 'f' ? "float32 or float64" : "bool", view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if ((itemsize && view->itemsize != itemsize) || view->len != view->itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s should hold %zd items%s, but holds %zd", name, count, of,
+                     view->len / view->itemsize);
         PyBuffer_Release(view);
         return -1;
     }
@@ -69,16 +82,31 @@ static PyObject *antialias_taps(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(objs[11], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t K = n > 0 && L > 0 ? probe.len / 8 / (n * L) : 0;
     PyBuffer_Release(&probe);
-    if (PyObject_GetBuffer(objs[12], &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(objs[12], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     int single = probe.itemsize == 4;
     PyBuffer_Release(&probe);
 
     static const char *names[13] = {"xmin", "xsize", "center", "invscale", "valid", "src0", "m0",
                                     "m1",   "size",  "rows",   "shift",    "pos",   "weights"};
-    const Py_ssize_t sizes[13] = {8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, single ? 4 : 8};
+    static const char kinds[13] = {'i', 'i', 'f', 'f', 'b', 'i', 'i', 'i', 'i', 'i', 'i', 'i', 'f'};
+    const Py_ssize_t sizes[13] = {8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, 0};
     const Py_ssize_t counts[13] = {N * L, N * L, N * L, N, N * L, N, N, N, N, n, n, n * L * K, n * L * K};
+    static const char *of[13] = {" (N x L: N from src0, L from xmin)", " (N x L)", " (N x L)", " (N, from src0)",
+                                 " (N x L)", "", " (N, from src0)", " (N, from src0)", " (N, from src0)", "",
+                                 " (n, from rows)", " (n x L x K)", " (n x L x K: K from pos)"};
+    if (N * L > 0 && n > 0) {  /* pos decides K: it must hold whole (n, L) planes */
+        if (PyObject_GetBuffer(objs[11], &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        const Py_ssize_t len = probe.len;
+        PyBuffer_Release(&probe);
+        if (len % (8 * n * L) != 0) {
+            PyErr_Format(PyExc_ValueError, "pos should hold n x L x K items (n = %zd from rows, L = %zd from xmin), "
+                         "but holds %zd", n, L, len / 8);
+            return NULL;
+        }
+    }
     for (; got < 13; got++)
-        if (get_buffer(objs[got], &b[got], got >= 11, sizes[got], counts[got], names[got]) < 0) goto done;
+        if (get_buffer(objs[got], &b[got], got >= 11, kinds[got], sizes[got], counts[got], names[got], of[got]) < 0)
+            goto done;
     if (K < 1 && n * L > 0) {
         PyErr_SetString(PyExc_ValueError, "pos should have at least one tap per output pixel");
         goto done;
@@ -173,13 +201,16 @@ static PyObject *axis_taps(PyObject *self, PyObject *args) {
     static const char *names[11] = {"win0",  "lo",    "hi",     "srclen", "reslen",  "flip",
                                     "xmin", "xsize", "center", "valid",  "invscale"};
     const Py_ssize_t sizes[11] = {8, 8, 8, 8, 8, 1, 8, 8, 8, 1, 8};
+    static const char kinds[11] = {'i', 'i', 'i', 'i', 'i', 'b', 'i', 'i', 'f', 'b', 'f'};
     const Py_ssize_t counts[11] = {N, N, N, N, N, N, N * L, N * L, N * L, N * L, N};
     Py_buffer b[11];
     int held[11] = {0};
     PyObject *result = NULL;
     for (int k = 0; k < 11; k++) {
         if (k == 5 && !flipped) continue;
-        if (get_buffer(objs[k], &b[k], k >= 6, sizes[k], counts[k], names[k]) < 0) goto done;
+        if (get_buffer(objs[k], &b[k], k >= 6, kinds[k], sizes[k], counts[k], names[k],
+                       k == 0 ? "" : k < 6 || k == 10 ? " (N, from win0)" : " (N x L: N from win0, L from xmin)") < 0)
+            goto done;
         held[k] = 1;
     }
     const int64_t *win0 = b[0].buf, *lo = b[1].buf, *hi = b[2].buf, *srclen = b[3].buf, *reslen = b[4].buf;
@@ -241,7 +272,7 @@ static PyObject *region_rows(PyObject *self, PyObject *args) {
     int got = 0;
     PyObject *result = NULL;
     for (; got < 6; got++)
-        if (get_buffer(objs[got], &b[got], 0, 8, n, names[got]) < 0) goto done;
+        if (get_buffer(objs[got], &b[got], 0, 'i', 8, n, names[got], got ? " (n, from offsets)" : "") < 0) goto done;
     const int64_t *offsets = b[0].buf, *heights = b[1].buf, *widths = b[2].buf, *ry = b[3].buf, *oy = b[4].buf,
                   *ox = b[5].buf;
     Py_ssize_t rows = 0;
@@ -253,9 +284,15 @@ static PyObject *region_rows(PyObject *self, PyObject *args) {
         rows += (Py_ssize_t)ry[r];
     }
     if (PyObject_GetBuffer(objs[6], &probe, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    const Py_ssize_t channels = rows > 0 ? probe.len / 8 / rows : 0;
+    const Py_ssize_t out_len = probe.len;
     PyBuffer_Release(&probe);
-    if (get_buffer(objs[6], &b[6], 1, 8, rows * channels, names[6]) < 0) goto done;
+    const Py_ssize_t channels = rows > 0 ? out_len / 8 / rows : 0;
+    if (rows > 0 && out_len % (8 * rows) != 0) {
+        PyErr_Format(PyExc_ValueError, "out should hold sum(ry) x C items (sum(ry) = %zd), but holds %zd", rows,
+                     out_len / 8);
+        goto done;
+    }
+    if (get_buffer(objs[6], &b[6], 1, 'i', 8, rows * channels, names[6], " (sum(ry) x C)") < 0) goto done;
     got = 7;
     int64_t *out = b[6].buf;
     Py_BEGIN_ALLOW_THREADS

@@ -123,3 +123,66 @@ print("left")
 """
     )
     _assert_clean(run)
+
+
+def test_feeders_blocked_for_good_delay_the_exit_once_not_each() -> None:
+    # Three feeders whose batch waits on something that never comes: every thread is told to stop
+    # first, then all are waited for together (at most EXIT_WAIT_SECONDS in all, not each).
+    run = _run(
+        """
+import atexit, threading, time
+import torch
+from fastload import _exit
+from fastload.gpu.feeder import DeviceFeeder
+
+_exit.EXIT_WAIT_SECONDS = 2.0
+marks = {}
+atexit.register(lambda: print(f"waited {time.monotonic() - marks['exit']:.2f}", flush=True))  # runs last
+never = threading.Event()
+
+def prepare(k):
+    never.wait()
+    return torch.zeros(1)
+
+feeders = [DeviceFeeder(prepare, 10, 0, torch.device("cpu")) for _ in range(3)]
+atexit.register(lambda: marks.update(exit=time.monotonic()))  # runs first
+print("left")
+"""
+    )
+    assert run.returncode == 0 and "terminate called" not in run.stderr, run.stderr[-2000:]
+    left, waited = run.stdout.split("\n")[:2]
+    assert left == "left" and 1.5 < float(waited.split()[1]) < 4.0, run.stdout  # each: 6 s or more
+
+
+def test_a_forked_child_does_not_stop_its_parents_threads_at_its_exit() -> None:
+    # The child forgets the parent's feeders: its exit neither waits for them nor touches their
+    # locks (here one held by another thread of the parent when it forked).
+    run = _run(
+        """
+import os, sys, threading, time
+import torch
+from fastload import _exit
+from fastload.gpu.feeder import DeviceFeeder
+
+feeder = DeviceFeeder(lambda k: torch.zeros(1), None, 0, torch.device("cpu"))
+held = threading.Event()
+
+def hold():
+    with feeder._queue.mutex:
+        held.set()
+        time.sleep(3)
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    assert len(_exit._live) == 0
+    sys.exit(0)  # a normal exit: the atexit handlers run
+start = time.monotonic()
+_, status = os.waitpid(pid, 0)
+assert status == 0 and time.monotonic() - start < 2.5, (status, time.monotonic() - start)
+feeder.close()
+print("left")
+"""
+    )
+    _assert_clean(run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -835,6 +836,50 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
                     made.append((pos, w))
                 (pc, wc), (pn, wn) = made
                 assert np.array_equal(pc, pn) and wc.tobytes() == wn.tobytes(), case
+
+
+def test_the_c_extension_refuses_wrong_arrays_by_name() -> None:
+    """A wrong dtype (even of the right item size) or a wrong length is a clear error naming the
+    argument, never numbers read or written as another type."""
+    from fastload.gpu import transforms as gt
+
+    if gt._c_resample is None:
+        pytest.skip("the C extension fastload._resample is not built")
+    n_img, length, k = 2, 3, 2
+    ints = {name: np.zeros(n_img, dtype=np.int64) for name in ("src0", "m0", "m1", "size")}
+    args = dict(
+        xmin=np.zeros((n_img, length), dtype=np.int64),
+        xsize=np.full((n_img, length), 2, dtype=np.int64),
+        center=np.ones((n_img, length)),
+        invscale=np.ones(n_img),
+        valid=np.ones((n_img, length), dtype=bool),
+        **ints,
+        rows=np.array([1], dtype=np.int64),
+        shift=np.zeros(1, dtype=np.int64),
+        pos=np.zeros((1, length, k), dtype=np.int64),
+        weights=np.zeros((1, length, k), dtype=np.float32),
+    )
+    gt._c_resample.antialias_taps(*args.values())
+    for name, bad, error, words in [
+        (
+            "weights",
+            np.zeros((1, length, k), dtype=np.int32),
+            TypeError,
+            "weights should be float32 or float64",
+        ),
+        ("pos", np.zeros((1, length, k)), TypeError, "pos should be int64"),
+        ("rows", np.zeros(1), TypeError, "rows should be int64"),
+        ("pos", np.zeros((1, length, k + 1), dtype=np.int64), ValueError, "weights should hold 9 items"),
+        ("pos", np.zeros(5, dtype=np.int64), ValueError, "pos should hold n x L x K items"),
+        ("m1", np.zeros(3, dtype=np.int64), ValueError, "m1 should hold 2 items (N, from src0)"),
+    ]:
+        with pytest.raises(error, match=re.escape(words)):
+            gt._c_resample.antialias_taps(*{**args, name: bad}.values())
+    out = np.zeros(3, dtype=np.int64)
+    with pytest.raises(ValueError, match=re.escape("out should hold sum(ry) x C items")):
+        gt._c_resample.region_rows(
+            *(np.zeros(1, dtype=np.int64),) * 3, np.array([2]), *(np.zeros(1, dtype=np.int64),) * 2, out
+        )
 
 
 def test_region_rows_from_the_c_extension_are_numpys(monkeypatch: pytest.MonkeyPatch) -> None:

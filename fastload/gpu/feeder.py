@@ -97,8 +97,8 @@ class DeviceFeeder:
         self._thread = threading.Thread(
             target=self._run, args=(prepare, start), name="fastload-feeder", daemon=True
         )
-        stop_at_exit(self)  # a pass left open at exit: the thread stops before the interpreter ends
         self._thread.start()
+        stop_at_exit(self)  # a pass left open at exit: the thread stops before the interpreter ends
 
     # -- the feeder thread -------------------------------------------------------------------
 
@@ -189,6 +189,8 @@ class DeviceFeeder:
         if threading.current_thread() is not self._thread:  # (a collection may run it there)
             self._thread.join(timeout=30)
 
-    def stop_for_exit(self) -> None:
-        """At interpreter exit (see :mod:`fastload._exit`): :meth:`close`."""
-        self.close()
+    def stop_for_exit(self) -> threading.Thread:
+        """At interpreter exit (see :mod:`fastload._exit`): stops the thread after the batch it is
+        preparing, without waiting; returns the thread."""
+        self._stop.set()
+        return self._thread

@@ -188,8 +188,8 @@ class PageLock:
         state.thread = threading.Thread(
             target=state.run, args=(tensors,), name="fastload-pagelock", daemon=True
         )
-        stop_at_exit(state)  # a lock under way at exit is finished first, and no more are made
         state.thread.start()
+        stop_at_exit(state)  # a lock under way at exit is finished first, and no more are made
 
     def wait(self, index: int | None = None) -> bool:
         """Waits until tensor ``index`` (default: the last) was tried; whether it is locked."""
@@ -251,13 +251,12 @@ class _LockState:
                     self.tried = self.count
                 self.progress.notify_all()
 
-    def stop_for_exit(self) -> None:
-        """At interpreter exit (see :mod:`fastload._exit`): no more locks, and the thread joined (the
-        locks made stay: the system frees them with the process)."""
+    def stop_for_exit(self) -> threading.Thread | None:
+        """At interpreter exit (see :mod:`fastload._exit`): no more locks, without waiting; returns
+        the thread (the locks made stay: the system frees them with the process)."""
         with self.progress:
             self.cancelled = True
-        if self.thread is not None and threading.current_thread() is not self.thread:
-            self.thread.join(timeout=30)
+        return self.thread
 
     def undo(self) -> None:
         with self.progress:
