@@ -838,6 +838,17 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
                 assert np.array_equal(pc, pn) and wc.tobytes() == wn.tobytes(), case
 
 
+def test_an_image_without_pixels_is_named_by_the_resizing_transforms() -> None:
+    images = [torch.zeros(3, 10, 10, dtype=torch.uint8), torch.zeros(3, 0, 5, dtype=torch.uint8)]
+    for transform, words in [
+        (gpu.Resize((4, 4)), "image 1 of the batch has no pixels (0x5), so it cannot be resized"),
+        (gpu.Compose([gpu.Resize(8), gpu.CenterCrop(4)]), "image 1 of the batch has no pixels (0x5)"),
+        (gpu.RandomResizedCrop(4), "image 1 of the batch has no pixels (0x5), so no crop can be drawn"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            transform(images)
+
+
 def test_the_c_extension_refuses_wrong_arrays_by_name() -> None:
     """A wrong dtype (even of the right item size) or a wrong length is a clear error naming the
     argument, never numbers read or written as another type."""

@@ -293,6 +293,17 @@ def _to_device(
     return tensor.to(device)
 
 
+def _refuse_empty(heights: np.ndarray, widths: np.ndarray, what: str) -> None:
+    """A clear error naming the first image with no pixels (``what``: what cannot be done to it)."""
+    empty = np.flatnonzero((heights < 1) | (widths < 1))
+    if len(empty):
+        k = int(empty[0])
+        raise ValueError(
+            f"image {k} of the batch has no pixels ({int(heights[k])}x{int(widths[k])}), so {what}: leave "
+            "empty images out of the batch"
+        )
+
+
 def _randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Integers in ``[0, high)`` from uniforms (``high >= 1``)."""
     return np.minimum((u * high).astype(np.int64), high - 1)
@@ -573,6 +584,8 @@ class _Plan:
 
     def resize(self, height: np.ndarray, width: np.ndarray, antialias: bool) -> None:
         """Resamples the current image (only valid while ``not self.resampled``)."""
+        if not self.empty:
+            _refuse_empty(self.y.winlen, self.x.winlen, "it cannot be resized")
         for axis, new in ((self.y, height), (self.x, width)):
             new = np.broadcast_to(np.asarray(new, dtype=np.int64), (self.n,)).copy()
             if not (new == axis.winlen).all():  # resizing to the same size is the identity
@@ -1031,6 +1044,7 @@ class RandomResizedCrop(_Geometric):
         self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = len(heights)
+        _refuse_empty(heights, widths, "no crop can be drawn from it")
         height = heights.astype(np.float64)[:, None]
         width = widths.astype(np.float64)[:, None]
         area = height * width
@@ -1171,6 +1185,7 @@ class Resize(_Geometric):
         """Per-image output ``(heights, widths)`` for input sizes (torchvision's rule, vectorised)."""
         if not self.short:
             return np.full(len(heights), self.size[0]), np.full(len(heights), self.size[1])
+        _refuse_empty(heights, widths, "it cannot be resized")
         short = np.minimum(heights, widths)
         long = np.maximum(heights, widths)
         new_short = np.full(len(heights), self.size[0], dtype=np.int64)
