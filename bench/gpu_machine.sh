@@ -24,7 +24,8 @@
 #   2. the nvImageCodec tests (CUDA ones included: in-place images against copies);
 #   3. decoding alone (bench/device_decode.py): nvImageCodec through its C interface, through
 #      its Python interface (FASTLOAD_NVIMGCODEC_NATIVE=0), and torchvision's nvJPEG
-#      (FASTLOAD_NVIMGCODEC=0);
+#      (FASTLOAD_NVIMGCODEC=0); each loader thread's hand-overs of the interpreter per batch
+#      (bench/handovers.py --device cuda);
 #   4. bench/throughput.py --model resnet50 and resnet18 (fastload's own pipeline, decode="device",
 #      decode="hybrid"), then the device paths again through the Python interface and on
 #      torchvision's decoder, and with the hardware decoder alone: images/s, share of the
@@ -113,6 +114,11 @@ decode() {  # decode NAME [ENV...]: decoding alone
 }
 decode c-interface
 decode python-interface FASTLOAD_NVIMGCODEC_NATIVE=0
+# how often each loader thread lets go of the interpreter per batch (a hand-over the training
+# thread pays for): compare with launch ms below
+step 90 "hand-overs per batch" "$PY" bench/handovers.py --data "$DATA/train" --device cuda --batch-size "$BATCH" \
+    --json "$TMPJSON/handovers.json"
+keep "handovers" "$TMPJSON/handovers.json"
 
 model() {  # model NAME MODEL BACKENDS [ENV...]: a training step fed by each backend
     local name=$1 net=$2 backends=$3

@@ -1,7 +1,7 @@
 """How often each of a device path's threads lets go of the interpreter per batch (CPU, Linux).
 
 Usage: ``python bench/handovers.py [--data DIR] [--decode device|hybrid] [--batch-size 256]
-[--batches 5] [--size 224] [--json PATH]``
+[--batches 5] [--size 224] [--device cpu|cuda] [--json PATH]``
 
 A loader thread beside the training thread takes it a hand-over each time it lets go of Python's
 interpreter and takes it back (a torch call does twice: the call and the freeing of what it
@@ -17,10 +17,12 @@ compiled here with the system's C compiler and loaded with ``LD_PRELOAD``: the b
 again in a process that has it), per thread over ``--batches`` batches after one, of
 ``DataLoader(decode=...)`` with ``gpu.RandomResizedCrop(size)`` and ``gpu.RandomHorizontalFlip()``
 on a CPU device (nvImageCodec's own CPU decoder where it is installed: its C interface, as on a
-GPU; else torchvision's), ``seed=0``, an ``InMemoryImageFolder`` whose first epoch's CRC-32
-checks are left out (they run once, in the reader threads). ``--data``: a folder of class
-folders (default: the synthetic set, written to a temporary folder). ``--decode hybrid`` fixes
-the split at half of each batch for the CPU workers.
+GPU; else torchvision's) or, with ``--device cuda``, on the GPU (its decoders, its streams and
+pinned copies: the counts a training loop there pays for), ``seed=0``, an
+``InMemoryImageFolder`` whose first epoch's CRC-32 checks are left out (they run once, in the
+reader threads). ``--data``: a folder of class folders (default: the synthetic set, written to a
+temporary folder). ``--decode hybrid`` fixes the split at half of each batch for the CPU
+workers.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
         module: Any = importlib.import_module("nvidia.nvimgcodec")
     except ImportError:
         module = None
+    if args.device != "cpu":
+        module = None  # on a GPU: nvImageCodec's own choice, as the loader makes it
     with tempfile.TemporaryDirectory(prefix="fastload-handovers-") as tmp, nvimgcodec.use_module(module):
         root = Path(args.data) if args.data else None
         if root is None:
@@ -89,7 +93,7 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
             drop_last=True,
             num_workers=2,
             decode=args.decode,
-            device="cpu",
+            device=args.device,
             gpu_transforms=gpu.Compose([gpu.RandomResizedCrop(args.size), gpu.RandomHorizontalFlip()]),
         )
         if loader.hybrid is not None:
@@ -120,6 +124,7 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "batches": args.batches,
         "size": args.size,
+        "device": args.device,
         "decoder": decoder,
         "torch": torch.__version__,
         "per_batch": threads,
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=5, help="batches counted, after one (default 5)")
     p.add_argument("--size", type=int, default=224, help="the crop's output size (default 224)")
-    p.add_argument("--json", metavar="PATH", help="write the counts here")
+    p.add_argument("--device", default="cpu", help="the loader's device (default cpu; cuda on a GPU machine)")
+    p.add_argument("--json", metavar="PATH", help="write the counts here (a list of one record)")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if os.environ.get(CHILD) != "1":
@@ -151,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
             return subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], env=env).returncode
     result = count(args)
     print(
-        f"decode={result['decode']!r} on the CPU, batch {result['batch_size']}, "
+        f"decode={result['decode']!r} on {result['device']}, batch {result['batch_size']}, "
         f"RandomResizedCrop({result['size']}) + flip, {result['batches']} batches; {result['decoder']}"
     )
     print(f"{'thread':32s} {'hand-overs per batch':>21s}")
     for name, per_batch in result["per_batch"].items():
         print(f"{name:32s} {per_batch:21.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(json.dumps([result], indent=2))  # a list of records, as the other benches
     return 0
 
 

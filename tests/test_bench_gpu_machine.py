@@ -15,6 +15,7 @@ STEPS = [
     "nvImageCodec tests",
     "decoding alone: c-interface",
     "decoding alone: python-interface",
+    "hand-overs per batch",
     "resnet50: fastload,device-decode,hybrid (c-interface)",
     "resnet18: device-decode,hybrid,fastload (c-interface)",
     "resnet50: device-decode (python-interface)",

@@ -31,8 +31,8 @@ def test_handovers_bench_counts_each_thread_per_batch(
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["decode"] == decode and result["batches"] == 3
+    [result] = json.loads(out.read_text())
+    assert result["decode"] == decode and result["batches"] == 3 and result["device"] == "cpu"
     per_batch = result["per_batch"]
     # the thread that crops on the device: a few dozen torch calls per batch at least, each counted
     crops = per_batch["fastload-feeder" if decode == "device" else "fastload-device-decode_0"]
