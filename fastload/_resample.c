@@ -4,6 +4,7 @@
  *   axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's filter
  *       per output pixel, for every image (the numbers antialias_taps takes)
  *   region_rows(offsets, heights, widths, ry, oy, ox, out): the rows of a group's resampling table
+ *   fewest_groups(ys, xs, waste, starts): a batch's regions in the fewest groups of bounded padding
  *
  * For image i = rows[j] of a batch, output pixel o (of L) and tap k (of K, the output's last axis):
  * torch's separable antialiased bilinear filter (interpolate(..., antialias=True)), tap k reads
@@ -30,6 +31,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A C-contiguous buffer of count items of itemsize bytes, of kind 'i' (int64), 'f' (float32 or float64, by
@@ -312,7 +314,109 @@ done:
     return result;
 }
 
+/* fewest_groups(ys, xs, waste, starts) -> count: images sorted widest first (rows ys, widths xs, float64 (n,))
+ * split into the fewest runs whose rows, each run as wide as its first image, cost at most waste times
+ * sum(ys * xs); of those, the cheapest (the first such split found, scanning a run's first image upwards).
+ * Each run's first image into starts (int64 (n,)); returns the number of runs. fastload.gpu.transforms'
+ * _fewest_groups in numpy, step for step (every sum is of whole numbers, exact in double). */
+static PyObject *fewest_groups(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ys_obj, *xs_obj, *starts_obj;
+    double waste;
+    if (!PyArg_ParseTuple(args, "OOdO", &ys_obj, &xs_obj, &waste, &starts_obj)) return NULL;
+    Py_buffer b[3];
+    int got = 0;
+    PyObject *result = NULL;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(ys_obj, &probe, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const Py_ssize_t n = probe.len / 8;
+    PyBuffer_Release(&probe);
+    PyObject *objs[3] = {ys_obj, xs_obj, starts_obj};
+    static const char *names[3] = {"ys", "xs", "starts"};
+    static const char kinds[3] = {'f', 'f', 'i'};
+    for (; got < 3; got++)
+        if (get_buffer(objs[got], &b[got], got == 2, kinds[got], 8, n, names[got], got ? " (n, from ys)" : "") < 0)
+            goto done;
+    if (!(waste >= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "waste should be at least 1, but got %g", waste);
+        goto done;
+    }
+    const double *ys = b[0].buf, *xs = b[1].buf;
+    int64_t *starts = b[2].buf;
+    if (n == 0) {
+        result = PyLong_FromLong(0);
+        goto done;
+    }
+    double *total = PyMem_Malloc(sizeof(double) * (size_t)(n + 1));
+    double *cost = PyMem_Malloc(sizeof(double) * (size_t)n);
+    double *next = PyMem_Malloc(sizeof(double) * (size_t)n);
+    int64_t *picks = NULL; /* (runs - 1) x n: each added run's first image, per last image */
+    Py_ssize_t runs = 1, capacity = 0;
+    int failed = total == NULL || cost == NULL || next == NULL;
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        double own = 0.0;
+        total[0] = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            total[i + 1] = total[i] + ys[i];
+            own += ys[i] * xs[i];
+        }
+        const double bound = waste * own;
+        for (Py_ssize_t j = 0; j < n; j++) cost[j] = xs[0] * total[j + 1];
+        while (cost[n - 1] > bound && runs < n) {
+            if (runs > capacity) {
+                Py_ssize_t more = capacity ? 2 * capacity : 4;
+                int64_t *grown = realloc(picks, sizeof(int64_t) * (size_t)(more * n));
+                if (grown == NULL) {
+                    failed = 1;
+                    break;
+                }
+                picks = grown, capacity = more;
+            }
+            int64_t *pick = picks + (runs - 1) * n;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                double best = INFINITY;
+                int64_t at = 1;
+                for (Py_ssize_t i = 1; i <= j; i++) {
+                    const double c = cost[i - 1] + xs[i] * (total[j + 1] - total[i]);
+                    if (c < best) best = c, at = i;
+                }
+                next[j] = best;
+                pick[j] = at;
+            }
+            double *swap = cost;
+            cost = next, next = swap;
+            runs++;
+        }
+        if (!failed) {
+            Py_ssize_t end = n - 1;
+            for (Py_ssize_t k = runs - 1; k >= 1; k--) {
+                const int64_t first = picks[(k - 1) * n + end];
+                starts[k] = first;
+                end = (Py_ssize_t)first - 1;
+            }
+            starts[0] = 0;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(total);
+    PyMem_Free(cost);
+    PyMem_Free(next);
+    free(picks);
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyLong_FromSsize_t(runs);
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"fewest_groups", fewest_groups, METH_VARARGS,
+     "fewest_groups(ys, xs, waste, starts) -> count: a batch's regions split into the fewest groups of "
+     "bounded padding (see the module's source)."},
     {"axis_taps", axis_taps, METH_VARARGS,
      "axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's "
      "antialiased filter per output pixel (see the module's source)."},

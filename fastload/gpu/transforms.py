@@ -42,10 +42,11 @@ The result equals applying the transforms one after the other: bit for bit for c
 after the resize, to float rounding (at most one uint8 level) for a flip before it.
 
 A ragged list is processed in a few groups of similar region width: each region keeps its own
-rows and is padded to its group's widest (so are its rows after the vertical pass), at most 1.5
-times the group's own work, so one 4000x3000 photo in a batch of 400x350 crops does not make
-every crop cost 4000 columns (on the CPU, a group's width may change the float rounding of the
-resampling by an ulp: at most one uint8 level, rarely).
+rows and is padded to its group's widest (so are its rows after the vertical pass); the batch is
+split into the fewest groups for which that padding costs at most 1.5 times the batch's own work
+in all, so one 4000x3000 photo in a batch of 400x350 crops does not make every crop cost 4000
+columns (on the CPU, a group's width may change the float rounding of the resampling by an ulp:
+at most one uint8 level, rarely).
 
 Resampling and accuracy
 -----------------------
@@ -752,35 +753,60 @@ class _Plan:
 def _group_by_extent(
     span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5, rows_out: int = 0
 ) -> list[np.ndarray]:
-    """Splits a batch into groups whose resampling buffers -- each image's source rows and its
-    ``rows_out`` rows after the vertical pass, as wide as its group's widest region (the rows the
-    resampling reads and writes are windows of one width) -- cost at most ``waste`` times their
-    own (so one huge image cannot blow up the memory of a whole batch, nor small crops join its
-    group by the hundred).
+    """Splits a batch into the fewest groups whose resampling buffers -- each image's source rows
+    and its ``rows_out`` rows after the vertical pass, as wide as its group's widest region (the
+    rows the resampling reads and writes are windows of one width) -- cost at most ``waste``
+    times the batch's own in all (so one huge image cannot blow up the memory of a whole batch,
+    nor small crops join its group by the hundred); of the splits into that many groups, the one
+    that costs least.
 
     Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups, not 64 regions 4000 wide;
     crops of any heights and of widths within a factor of 1.5 of each other, one group.
-    ``RandomResizedCrop``'s regions of photos of different sizes: two or three groups per batch of
-    256 (each torch call of a group's resampling is a kernel launch on a GPU; on the CPU, more
+    ``RandomResizedCrop``'s regions of photos of different sizes: three groups per batch of 256
+    (each group's resampling is a dozen torch calls, kernel launches on a GPU; on the CPU, more
     padding costs more than it saves).
     """
-    span_y = span_y + rows_out
-    area = span_y.astype(np.float64) * span_x
+    rows = (span_y + rows_out).astype(np.float64)
     order = np.argsort(-span_x, kind="stable")
-    # Greedy, widest first: a group takes the next image unless its regions, padded to the
-    # group's width (its first image's), would then cost more than ``waste`` times their own area
-    # (whole arrays per group rather than a Python step per image: hundreds of images per batch,
-    # a few groups).
-    ys, xs, areas = span_y[order].astype(np.float64), span_x[order].astype(np.float64), area[order]
-    groups: list[np.ndarray] = []
-    start, n = 0, len(order)
-    while start < n:
-        padded = np.cumsum(ys[start:]) * xs[start]
-        over = np.flatnonzero(padded[1:] > waste * np.cumsum(areas[start:])[1:])
-        end = n if len(over) == 0 else start + 1 + int(over[0])
-        groups.append(np.sort(order[start:end]).astype(np.int64))
-        start = end
-    return groups
+    ys, xs = np.ascontiguousarray(rows[order]), np.ascontiguousarray(span_x[order], dtype=np.float64)
+    starts = np.empty(len(order), dtype=np.int64)
+    if _c_resample is not None and USE_C_TAPS:
+        count = _c_resample.fewest_groups(ys, xs, float(waste), starts)
+    else:
+        count = _fewest_groups(ys, xs, waste, starts)
+    bounds = [*starts[:count].tolist(), len(order)]
+    return [np.sort(order[a:b]).astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _fewest_groups(ys: np.ndarray, xs: np.ndarray, waste: float, starts: np.ndarray) -> int:
+    """The split of images sorted widest first (rows ``ys``, widths ``xs``) into the fewest runs
+    whose rows, each run as wide as its first image, cost at most ``waste`` times ``sum(ys *
+    xs)``; of those, the cheapest. Writes each run's first image into ``starts``; returns how many
+    runs. Dynamic programming over the runs' ends, one run more at a time (all sums are of whole
+    numbers, exact in float64: the C extension's ``fewest_groups`` gives the same split)."""
+    n = len(ys)
+    if n == 0:
+        return 0
+    total = np.zeros(n + 1)
+    np.cumsum(ys, out=total[1:])
+    bound = waste * float(np.cumsum(ys * xs)[-1])
+    cost = xs[0] * total[1:]  # cost[j]: images 0..j in one run
+    picks: list[np.ndarray] = []
+    first = np.arange(1, n)[:, None]  # the last run's first image
+    last = np.arange(n)[None, :]
+    while cost[-1] > bound and len(picks) < n - 1:
+        # one run more: images 0..j as the best split of 0..i-1 (one run fewer) plus the run i..j
+        runs = cost[:-1, None] + xs[1:, None] * (total[None, 1:] - total[1:-1, None])
+        runs = np.where(first <= last, runs, np.inf)
+        pick = np.argmin(runs, axis=0)
+        cost = runs[pick, np.arange(n)]
+        picks.append(pick + 1)
+    count, end = len(picks) + 1, n - 1
+    for k, pick in enumerate(reversed(picks)):
+        starts[count - 1 - k] = int(pick[end])
+        end = int(pick[end]) - 1
+    starts[0] = 0
+    return count
 
 
 def _region_rows(
