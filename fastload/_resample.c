@@ -1,4 +1,5 @@
-/* fastload._resample: the filter taps of a batch's antialiased resize, made on the host in one call.
+/* fastload._resample: the plan of a batch's resize (fastload.gpu.transforms), made on the host in a few
+ * calls with the interpreter released.
  *
  *   antialias_taps(xmin, xsize, center, invscale, valid, src0, m0, m1, size, rows, shift, pos, weights)
  *   axis_taps(win0, lo, hi, srclen, reslen, flip, xmin, xsize, center, valid, invscale): one axis's filter
@@ -431,8 +432,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "fastload._resample", "A batch's resize filter taps, made without the interpreter.", -1,
-    methods,
+    PyModuleDef_HEAD_INIT, "fastload._resample",
+    "A batch's resize plan (taps, table rows, groups), made without the interpreter.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__resample(void) { return PyModule_Create(&module); }
