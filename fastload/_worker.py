@@ -101,6 +101,12 @@ JOIN_SECONDS = 5.0
 # --------------------------------------------------------------------------------------------
 
 
+#: What ``next()`` on a pass says once its loader was closed (``close()``) or its workers shut down.
+CLOSED_MIDPASS = (
+    "the DataLoader was closed (close(), or its workers shut down) while a pass was still iterating"
+)
+
+
 @dataclass
 class Task:
     """Decode the samples ``indices`` of batch ``batch`` (of pass ``generation``) into ``slot``."""
@@ -1204,8 +1210,13 @@ class WorkerPool:
             issued += 1
         return issued
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(CLOSED_MIDPASS)
+
     def put(self, task: Task) -> None:
         """Hands one task to the workers; its slot is busy until the task reports."""
+        self._check_open()
         self.busy[task.slot] = task.generation
         self.pending.add(task.slot)
         self.tasks.put(task)
@@ -1241,11 +1252,7 @@ class WorkerPool:
         """
         deadline = None if timeout <= 0 else time.monotonic() + timeout
         while True:
-            if self.closed:
-                raise RuntimeError(
-                    "the DataLoader was closed (close(), or its workers shut down) "
-                    "while a pass was still iterating"
-                )
+            self._check_open()
             try:
                 report: Report = self.results.get(timeout=POLL_SECONDS)
             except queue.Empty:

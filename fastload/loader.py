@@ -90,6 +90,7 @@ from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
 from ._worker import (
+    CLOSED_MIDPASS,
     TorchWorkerInit,
     UnsendableBatchError,
     frozen_heap,
@@ -395,6 +396,7 @@ class DataLoaderIterator:
     def __init__(self, loader: DataLoader[Any], engine: Engine) -> None:
         self._loader = loader
         self._engine = engine
+        self._closed_by_loader = False
         self._epochs = loader._epochs
         self.seed = self._epochs.pass_seed()  # before the pass draws torch's base seed
         self.epoch, resume = self._epochs.begin_pass()
@@ -471,6 +473,8 @@ class DataLoaderIterator:
                     torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
                 )
             self._source = source
+            if loader.decode != "cpu":  # loader.close() ends it (its threads), as it stops the workers
+                loader._device_pass = weakref.ref(self)
             it: Iterator[Any] = _HostIterator(source)
             if loader.decode != "cpu":
                 pass  # the feeder hands out finished device batches (transformed, labels moved)
@@ -510,6 +514,8 @@ class DataLoaderIterator:
         return self._length
 
     def __next__(self) -> Any:
+        if self._closed_by_loader:
+            raise RuntimeError(CLOSED_MIDPASS)
         if self._ended:
             raise StopIteration
         if self._generation is not None and self._engine.live_pass != self._generation:
@@ -587,6 +593,12 @@ class DataLoaderIterator:
 
     def close(self) -> None:
         """Ends the pass now (the next pass is the next epoch)."""
+        self._end()
+
+    def _close_from_loader(self) -> None:
+        """``loader.close()`` during this pass: its threads stop, and its ``next()`` says why."""
+        if not self._ended:
+            self._closed_by_loader = True
         self._end()
 
     def _end(self) -> None:
@@ -1278,7 +1290,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def close(self) -> None:
         """Stops the workers now (fastload's, and torch's persistent ones on torch's path) and
         restores torch's thread count (also done when the loader is garbage-collected and at
-        interpreter exit). The next pass starts new workers."""
+        interpreter exit). A ``decode="device"`` / ``"hybrid"`` pass still iterating ends too (its
+        threads stop): its ``next()`` then raises, as a fast pass's does. The next pass starts new
+        workers."""
+        live = self.__dict__.get("_device_pass")
+        live = live() if live is not None else None
+        if live is not None:
+            live._close_from_loader()
         self._engine.close()
         torch_iterator = self.__dict__.get("_iterator")  # torch's persistent workers' iterator
         if torch_iterator is not None:

@@ -431,7 +431,10 @@ def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_bui
 
 def test_setup_summary_says_when_the_resize_taps_have_no_c_extension() -> None:
     env = info.environment()
-    assert env["c_resample"] == ("built" if importlib.util.find_spec("fastload._resample") else "not built")
+    from fastload.gpu import transforms
+
+    assert env["c_resample"] == ("built" if transforms._c_resample is not None else "not built")
+    assert (env["c_resample"] == "built") == (importlib.util.find_spec("fastload._resample") is not None)
     assert "resize taps" not in info.summary_line({**env, "c_resample": "built"})
     line = info.summary_line({**env, "c_resample": "not built"})
     assert "C extension (resize taps): not built: the device paths' crop taps are made by numpy" in line

@@ -427,3 +427,33 @@ def test_leaving_a_fed_pass_early_stops_its_thread(imagenet_root: Path) -> None:
     while any(t.name == "fastload-feeder" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "fastload-feeder" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("path", ["device", "hybrid", "fast"])
+def test_close_during_a_pass_ends_it_on_every_path(imagenet_root: Path, path: str) -> None:
+    """loader.close() while a pass iterates: the pass's threads stop, and its next() says the loader
+    was closed (the same error on every path; before: decode="device" went on with its threads,
+    the fast path failed inside a closed queue)."""
+    from fastload import transforms as T
+
+    if path == "fast":
+        dataset: Any = fastload.ImageFolder(
+            imagenet_root / "train", transform=T.Compose([T.RandomResizedCrop(16)])
+        )
+        kwargs: dict[str, Any] = {}
+    else:
+        dataset = fastload.ImageFolder(imagenet_root / "train")
+        kwargs = dict(decode=path, device="cpu", gpu_transforms=gpu.Compose([gpu.RandomResizedCrop(16)]))
+    loader = fastload.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=1, **kwargs)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(
+        RuntimeError, match=r"the DataLoader was closed \(close\(\), or its workers shut down\)"
+    ):
+        next(it)
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("fastload-") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fastload-")]
+    assert len(list(loader)) == len(loader)  # the next pass starts afresh

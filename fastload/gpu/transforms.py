@@ -106,10 +106,14 @@ from ..batch import IndexedBatch
 from ..decode import affine_for_table, to_chw_by_table
 from ..device import device_is_cuda
 
-try:  # the taps of a batch's antialiased resize in one call without the interpreter (setup.py)
+try:  # the plan of a batch's resize in a few calls without the interpreter (setup.py)
     from .. import _resample as _c_resample
-except ImportError:  # built without a C compiler: the same taps from numpy
+except ImportError:  # built without a C compiler: the same numbers from numpy
     _c_resample = None
+if _c_resample is not None and not all(
+    hasattr(_c_resample, name) for name in ("antialias_taps", "axis_taps", "region_rows", "fewest_groups")
+):
+    _c_resample = None  # built from an older source (an in-place build not redone): numpy's, not an error
 
 __all__ = [
     "BatchTransform",
