@@ -31,8 +31,8 @@ import torchvision
 
 from . import __version__
 from .device import available_cpus, cuda_available
-from .gpu import transforms as resample_plan
 from .gpu.decode import device_decoder
+from .gpu.transforms import plan_extension_built
 
 __all__ = ["C_EXTENSION_HINT", "C_RESAMPLE_HINT", "dali_version", "environment", "summary_line"]
 
@@ -98,7 +98,7 @@ def environment() -> dict[str, Any]:
         "pillow": PIL.__version__,
         "dali": dali_version(),
         "c_extension": _c_extension(),
-        "c_resample": "not built" if resample_plan._c_resample is None else "built",
+        "c_resample": "built" if plan_extension_built() else "not built",
         "cpu_count": os.cpu_count(),
         "available_cpus": available_cpus(),
         "cuda": cuda,

@@ -529,6 +529,11 @@ class _AntialiasTaps(_Taps):
 USE_C_TAPS = True
 
 
+def plan_extension_built() -> bool:
+    """Whether the C extension ``fastload._resample`` (built from this source) plans the resizes."""
+    return _c_resample is not None
+
+
 class _Plan:
     """Pending geometry for a batch: ``execute()`` produces the NCHW result in one pass."""
 
