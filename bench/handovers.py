@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the counts here (a list of one record)")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
+    for name in ("batch_size", "batches", "size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} should be at least 1, but got {getattr(args, name)}")
+    if args.data and not Path(args.data).is_dir():
+        p.error(f"--data {args.data}: no such folder (give a folder of class folders)")
     if os.environ.get(CHILD) != "1":
         if not sys.platform.startswith("linux"):
             print("error: this bench needs Linux (LD_PRELOAD, gettid)", file=sys.stderr)

@@ -48,3 +48,16 @@ def test_handovers_bench_says_when_a_folder_is_too_small(imagenet_root: Path) ->
         timeout=300,
     )
     assert run.returncode == 1 and "holds 1 batches of 32; 6 needed" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--batches", "0"], "--batches should be at least 1, but got 0"),
+        (["--batch-size", "-4"], "--batch-size should be at least 1, but got -4"),
+        (["--data", "/nonexistent/fastload"], "--data /nonexistent/fastload: no such folder"),
+    ],
+)
+def test_handovers_bench_names_a_bad_argument(args: list[str], words: str) -> None:
+    run = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and words in run.stderr
