@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import SequentialSampler
 
+from ._threads import ThreadCap
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
 from .batch import IndexedBatch
 from .decode import without_skip_hint
@@ -99,7 +100,7 @@ class Engine:
         self.live_pass: int | None = None
         #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
         self.stashed: dict[tuple[int, int], Report] = {}
-        self.saved_threads: int | None = None  # torch.get_num_threads() before the first cap
+        self.threads = ThreadCap()  # its hold on torch's thread count while its workers live
 
     def new_generation(self) -> int:
         self.generation += 1
@@ -134,13 +135,9 @@ class Engine:
         return self.pool
 
     def limit_threads(self, busy: int) -> None:
-        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs."""
-        cap = max(1, available_cpus() - busy)
-        current = torch.get_num_threads()
-        if current > cap:
-            if self.saved_threads is None:
-                self.saved_threads = current
-            torch.set_num_threads(cap)
+        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs (the
+        smallest cap of every loader holding one: :mod:`fastload._threads`)."""
+        self.threads.hold(available_cpus() - busy)
 
     def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
         """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
@@ -192,14 +189,13 @@ class Engine:
         return None
 
     def close(self) -> None:
-        """Stops the workers and gives torch its thread count back."""
+        """Stops the workers and ends the thread cap's hold (torch gets its count back when no
+        other loader holds one)."""
         self.lookahead = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        if self.saved_threads is not None:
-            torch.set_num_threads(self.saved_threads)
-            self.saved_threads = None
+        self.threads.release()
 
 
 # ------------------------------------------------------------------------------------ one pass

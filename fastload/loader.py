@@ -797,7 +797,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             a batch (see the module docs); ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
         limit_threads: Cap ``torch.get_num_threads()`` at ``CPUs - num_workers`` (at least 1)
-            when iteration starts.
+            when iteration starts, while the workers are alive. With several loaders alive at
+            once, torch runs with the smallest of their caps, and gets its count back when the
+            last of them stops its workers (a count you set meanwhile is kept).
         decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
             bytes (free with ``InMemoryImageFolder``); :func:`fastload.decode.decode_batch`
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and

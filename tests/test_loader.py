@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import pickle
 import subprocess
 import sys
@@ -323,6 +324,9 @@ def _decode_threads() -> set[str]:
 
 @pytest.fixture
 def torch_threads() -> Iterator[None]:
+    """torch's thread count as the test sets it: no loader of an earlier test that waits for the
+    garbage collector (its workers still alive) holds a cap on it meanwhile."""
+    gc.collect()
     saved = torch.get_num_threads()
     yield
     torch.set_num_threads(saved)
@@ -406,25 +410,23 @@ def test_stats_and_reuse_buffers(train_set: ImageFolder) -> None:
     copies.close()
 
 
+@pytest.mark.usefixtures("torch_threads")
 def test_defaults_fix_known_traps(train_set: ImageFolder) -> None:
     loader = DataLoader(train_set, batch_size=4)
     assert loader.num_workers == auto_num_workers() >= 1
     assert loader.persistent_workers is True
     assert loader.pin_memory is torch.cuda.is_available()
     assert isinstance(DataLoader(train_set, shuffle=True, num_workers=0).sampler, EpochRandomSampler)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(64)
-        capped = DataLoader(train_set, batch_size=16, num_workers=1)
-        list(capped)
-        # capped while the loader lives, so the main process and its worker fit the CPUs ...
-        assert torch.get_num_threads() <= max(1, len(psutil.Process().cpu_affinity()) - 1)
-        capped.close()
-        assert torch.get_num_threads() == 64  # ... and given back when it is closed
-        list(DataLoader(train_set, batch_size=16, num_workers=1))  # or garbage-collected
-        assert torch.get_num_threads() == 64
-    finally:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(64)
+    capped = DataLoader(train_set, batch_size=16, num_workers=1)
+    list(capped)
+    # capped while the loader lives, so the main process and its worker fit the CPUs ...
+    assert torch.get_num_threads() <= max(1, len(psutil.Process().cpu_affinity()) - 1)
+    capped.close()
+    assert torch.get_num_threads() == 64  # ... and given back when it is closed
+    list(DataLoader(train_set, batch_size=16, num_workers=1))  # or garbage-collected
+    assert torch.get_num_threads() == 64
+    # several loaders alive at once: tests/test_threads.py
 
 
 def test_auto_workers_divided_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
