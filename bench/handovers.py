@@ -14,7 +14,9 @@ numbers, so it compares two versions exactly where timings are noisy.
 
 Counted by standing in for CPython's ``PyEval_SaveThread`` (``bench/_handover_counter.c``,
 compiled here with the system's C compiler and loaded with ``LD_PRELOAD``: the bench runs itself
-again in a process that has it), per thread over ``--batches`` batches after one, of
+again in a process that has it), per thread over ``--batches`` batches after one (the pass
+holds four more, so that every thread works through the whole window; a thread that ends in it
+keeps its count), of
 ``DataLoader(decode=...)`` with ``gpu.RandomResizedCrop(size)`` and ``gpu.RandomHorizontalFlip()``
 on a CPU device (nvImageCodec's own CPU decoder where it is installed: its C interface, as on a
 GPU; else torchvision's) or, with ``--device cuda``, on the GPU (its decoders, its streams and
@@ -60,6 +62,11 @@ def build_counter(out_dir: Path) -> Path | None:
     return lib
 
 
+#: Batches the pass holds past the counted ones: the feeder (two batches ahead) and the decoder
+#: work through the whole window, and none of their work for later batches is left out of it.
+BEYOND = 4
+
+
 def count(args: argparse.Namespace) -> dict[str, Any]:
     """In the process with the counter: each thread's hand-overs per batch."""
     library = ctypes.PyDLL(None)  # the interpreter kept: reading the count lets go of nothing
@@ -82,7 +89,7 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fastload-handovers-") as tmp, nvimgcodec.use_module(module):
         root = Path(args.data) if args.data else None
         if root is None:
-            per_class = -(-(args.batches + 1) * args.batch_size // 10)
+            per_class = -(-(args.batches + 1 + BEYOND) * args.batch_size // 10)
             synth = make_imagenet_like(tmp, classes=10, per_class=per_class, val_per_class=0)
             root = synth / "train"
         loader = fastload.DataLoader(
@@ -98,20 +105,19 @@ def count(args: argparse.Namespace) -> dict[str, Any]:
         )
         if loader.hybrid is not None:
             loader.hybrid.cpu_share = 0.5
-        if len(loader) < args.batches + 1:
+        needed = args.batches + 1 + BEYOND
+        if len(loader) < needed:
             raise SystemExit(
-                f"error: {root} holds {len(loader)} batches of {args.batch_size}; {args.batches + 1} needed"
+                f"error: {root} holds {len(loader)} batches of {args.batch_size}; {needed} needed"
             )
         it = iter(loader)
         next(it)
-
-        def snapshot() -> dict[str, int]:
-            return {t.name: counter(t.native_id or 0) for t in threading.enumerate()}
-
-        before = snapshot()
+        seen = {t.name: t.native_id or 0 for t in threading.enumerate()}
+        before = {name: counter(tid) for name, tid in seen.items()}
         for _ in range(args.batches):
             next(it)
-        after = snapshot()
+            seen.update({t.name: t.native_id or 0 for t in threading.enumerate()})
+        after = {name: counter(tid) for name, tid in seen.items()}  # a thread that ended keeps its count
         decoder = loader.decoder
         loader.close()
     threads = {

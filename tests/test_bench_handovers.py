@@ -47,7 +47,7 @@ def test_handovers_bench_says_when_a_folder_is_too_small(imagenet_root: Path) ->
         text=True,
         timeout=300,
     )
-    assert run.returncode == 1 and "holds 1 batches of 32; 6 needed" in run.stderr
+    assert run.returncode == 1 and "holds 1 batches of 32; 10 needed" in run.stderr
 
 
 @pytest.mark.parametrize(
