@@ -21,7 +21,7 @@ from ._threads import ThreadCap
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
 from .batch import IndexedBatch
 from .decode import without_skip_hint
-from .device import available_cpus
+from .device import cpu_share
 from .sampler import DistributedSampler, EpochRandomSampler
 from .transforms import import_decode_modules
 
@@ -101,6 +101,7 @@ class Engine:
         #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
         self.stashed: dict[tuple[int, int], Report] = {}
         self.threads = ThreadCap()  # its hold on torch's thread count while its workers live
+        self.holds = 0  # passes that took the hold: only the newest one's end releases it
 
     def new_generation(self) -> int:
         self.generation += 1
@@ -134,10 +135,18 @@ class Engine:
             )
         return self.pool
 
-    def limit_threads(self, busy: int) -> None:
-        """Caps torch's intra-op threads so that they and ``busy`` workers fit the CPUs (the
-        smallest cap of every loader holding one: :mod:`fastload._threads`)."""
-        self.threads.hold(available_cpus() - busy)
+    def limit_threads(self, busy: int) -> int:
+        """Caps torch's intra-op threads in the calling thread so that they and ``busy`` workers
+        fit this process's share of the CPUs (the smallest cap of every loader holding one there:
+        :mod:`fastload._threads`). Returns the pass's hold, for :meth:`end_hold`."""
+        self.threads.hold(cpu_share() - busy)
+        self.holds += 1
+        return self.holds
+
+    def end_hold(self, hold: int) -> None:
+        """A pass whose workers stop with it ended: its hold ends unless a newer pass took it."""
+        if hold == self.holds:
+            self.threads.release()
 
     def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
         """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""

@@ -1,65 +1,118 @@
 """torch's intra-op thread count, shared by every loader that caps it (``limit_threads``).
 
-torch has one count per process, and a training script often has several loaders alive at once
-(training and validation, a second dataset). Each loader whose workers are alive holds a cap (the
-CPUs less its workers, :class:`ThreadCap`); torch runs with the smallest cap held, and gets back
-the count it had before the first hold when the last hold ends, in whatever order the loaders
-stop. A hold ends when the loader's workers stop (``close()``, the end of a pass without
-persistent workers) or when the loader is garbage-collected.
+A training script often has several loaders alive at once (training and validation, a second
+dataset). Each loader whose workers are alive holds a cap (its share of the CPUs less its
+workers, :class:`ThreadCap`), taken in the thread that iterates it; that thread's torch runs with
+the smallest cap held there, and gets back the count it had before the first hold when the last
+hold there ends, in whatever order the loaders stop. A hold ends when the loader's workers stop
+(``close()``, the end of a pass without persistent workers) or when the loader is collected. A
+hold never raises the count (a lower one the user set stays until a hold ends).
 
-A count the user sets while caps are held is theirs: a hold or a release never raises torch above
-it, and it is what the last release leaves (a new hold still lowers it to its cap, as the first
-one did).
+The count is kept per thread because torch's OpenMP count can be the calling thread's own: it
+is only ever set from the thread that iterates. A hold that ends on another thread (the garbage
+collector running there, ``close()`` called there) takes effect in its own thread at that
+thread's next pass start or release.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 
 import torch
 
 __all__ = ["ThreadCap", "held_caps"]
 
-_lock = threading.RLock()  # re-entrant: a collected loader's finalizer may run inside a hold
-_caps: dict[int, int] = {}  # hold -> its cap
-_before: int | None = None  # torch's count before the holds (or as the user last set it)
-_ours: int | None = None  # the count this module last left torch at while holds are alive
+_lock = threading.Lock()
+_inside = threading.local()  # .active: this thread is in the registry (a release then waits for it)
+_holds: dict[int, tuple[weakref.ref[threading.Thread], int]] = {}  # hold -> (its thread, its cap)
+_before: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()
+_dropped: collections.deque[int] = collections.deque()  # releases made inside the registry
 _keys = itertools.count()
 
 
-def held_caps() -> list[int]:
-    """The caps held now, smallest first (empty: torch's count is the user's)."""
-    with _lock:
-        return sorted(_caps.values())
+def held_caps(thread: threading.Thread | None = None) -> list[int]:
+    """The caps held in ``thread`` (default: this one), smallest first (empty: its count is the user's)."""
+    thread = threading.current_thread() if thread is None else thread
+    with _locked():
+        return sorted(cap for ref, cap in _holds.values() if ref() is thread)
 
 
-def _settle() -> None:
-    """Sets torch's count to the smallest cap held (never above the user's), or gives it back."""
-    global _before, _ours
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The registry's lock; releases made meanwhile in this thread (a loader collected inside the
+    registry's own calls) are done before it is let go."""
+    _lock.acquire()
+    _inside.active = True
+    try:
+        yield
+        _drain()
+    finally:
+        _inside.active = False
+        _lock.release()
+
+
+def _drain() -> None:
+    while _dropped:
+        _release_locked(_dropped.popleft())
+
+
+def _settle(lower_only: bool = False) -> None:
+    """This thread's count: the smallest cap held in it, or given back; ``lower_only`` (a hold):
+    never raised."""
+    me = threading.current_thread()
+    caps = [cap for ref, cap in _holds.values() if ref() is me]
     current = torch.get_num_threads()
-    if _ours is None or current != _ours:  # the first hold, or the user set a count since
-        _before = current
-    assert _before is not None
-    target = min(_before, *_caps.values()) if _caps else _before
+    before = _before.get(me)
+    if before is None:
+        if not caps:
+            return
+        before = _before[me] = current
+    if caps:
+        target = min(before, *caps)
+    else:
+        target = before
+        del _before[me]
+    if lower_only:
+        target = min(target, current)
     if target != current:
         torch.set_num_threads(target)
-    _ours = target if _caps else None
 
 
 def _hold(key: int, cap: int) -> None:
-    with _lock:
-        _caps[key] = max(1, int(cap))
-        _settle()
+    me = threading.current_thread()
+    with _locked():
+        held = _holds.get(key)
+        if held is not None and held[0]() is not me:
+            _release_locked(key)  # the loader is iterated from another thread now
+        _holds[key] = (weakref.ref(me), max(1, int(cap)))
+        _settle(lower_only=True)
+
+
+def _release_locked(key: int) -> None:
+    held = _holds.pop(key, None)
+    if held is not None and held[0]() is threading.current_thread():
+        _settle()  # else its thread's next pass start or release does it
 
 
 def _release(key: int) -> None:
-    with _lock:
-        if _caps.pop(key, None) is not None:
-            _settle()
+    if getattr(_inside, "active", False):  # a loader collected inside the registry's own calls
+        _dropped.append(key)
+        return
+    with _locked():
+        _release_locked(key)
+        _settle()  # this thread's count also where that hold was another's (one left earlier here)
+
+
+def _quiet_release(key: int) -> None:
+    """A collected loader's release (its finalizer)."""
+    with contextlib.suppress(Exception):  # interpreter shutdown
+        _release(key)
 
 
 class ThreadCap:
@@ -71,30 +124,28 @@ class ThreadCap:
         self._finalizer = weakref.finalize(self, _quiet_release, self._key)
 
     def hold(self, cap: int) -> None:
-        """Holds (or changes this hold to) ``cap`` threads at most."""
+        """Holds (or changes this hold to) ``cap`` threads at most, in the calling thread."""
         _hold(self._key, cap)
 
     def release(self) -> None:
-        """Ends this hold (nothing if none): torch gets the smallest cap still held, or its count back."""
+        """Ends this hold (nothing if none): its thread gets the smallest cap still held there, or
+        its count back."""
         _release(self._key)
 
     @property
     def held(self) -> bool:
-        with _lock:
-            return self._key in _caps
-
-
-def _quiet_release(key: int) -> None:
-    with contextlib.suppress(Exception):  # interpreter shutdown
-        _release(key)
+        with _locked():
+            return self._key in _holds
 
 
 def _forget_in_child() -> None:
     """A forked child has none of its parent's loaders' workers: it holds nothing."""
-    global _lock, _before, _ours
-    _lock = threading.RLock()
-    _caps.clear()
-    _before = _ours = None
+    global _lock, _inside
+    _lock = threading.Lock()
+    _inside = threading.local()
+    _holds.clear()
+    _before.clear()
+    _dropped.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -92,12 +92,15 @@ def _unflatten(children: Iterable[Any], context: None) -> IndexedBatch:
     return IndexedBatch(*children)
 
 
-pytree.register_pytree_node(
-    IndexedBatch,
-    _flatten,
-    _unflatten,
-    serialized_type_name="fastload.batch.IndexedBatch",
-)
+if hasattr(pytree, "register_pytree_node"):
+    pytree.register_pytree_node(
+        IndexedBatch,
+        _flatten,
+        _unflatten,
+        serialized_type_name="fastload.batch.IndexedBatch",
+    )
+else:  # torch 2.1: the private name, without serialization
+    pytree._register_pytree_node(IndexedBatch, _flatten, _unflatten)
 
 
 def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:

@@ -109,12 +109,21 @@ def local_world_size() -> int:
     return 1 if value is None else value
 
 
+def cpu_share() -> int:
+    """This process's share of the CPUs: those it may run on, divided among the job's processes
+    on this machine (:func:`local_world_size`), at least 1.
+
+    Example: 32 CPUs and ``torchrun --nproc-per-node 8`` -> 4; no torchrun -> 32.
+    """
+    return max(1, available_cpus() // local_world_size())
+
+
 def auto_num_workers() -> int:
     """``num_workers="auto"``: this process's share of the CPUs, at least 1 and at most 16.
 
     Example: 2 CPUs, no torchrun -> 2; 32 CPUs and ``torchrun --nproc-per-node 8`` -> 4.
     """
-    return max(1, min(MAX_AUTO_WORKERS, available_cpus() // local_world_size()))
+    return min(MAX_AUTO_WORKERS, cpu_share())
 
 
 # The GPU's half lives in fastload.gpu (streams, pinned host memory); its names stay importable

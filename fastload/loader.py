@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import logging
 import math
 import time
@@ -154,7 +155,25 @@ def _structural_reason(loader: DataLoader[Any]) -> str | None:
         return "batch_size=None (no batching)"
     if loader._given_collate:
         return "a collate_fn is given (the fast path builds its batches itself; default_collate is fine)"
+    if _endless(loader.sampler):
+        return ENDLESS_SAMPLER
     return None
+
+
+#: Why a sampler without ``__len__`` (an endless one) runs torch's iterator.
+ENDLESS_SAMPLER = (
+    "the sampler has no len() (an endless sampler): fastload's own paths read each epoch's order "
+    "when it starts"
+)
+
+
+def _endless(sampler: Any) -> bool:
+    """A sampler without ``__len__`` (torch iterates it as it goes; it may never end)."""
+    try:
+        len(sampler)
+    except TypeError:
+        return True
+    return False
 
 
 def _pass_length(loader: DataLoader[Any]) -> int | None:
@@ -162,7 +181,10 @@ def _pass_length(loader: DataLoader[Any]) -> int | None:
     ``IterableDataset``: torch's ``len(loader)`` arms its check that warns when the dataset yields
     more than its ``__len__`` said, which only the user's own call should do."""
     if not isinstance(loader.dataset, IterableDataset):
-        return len(loader)
+        try:
+            return len(loader)
+        except TypeError:  # a sampler or batch_sampler without __len__ (an endless one): torch iterates it
+            return None
     try:
         n = len(loader.dataset)  # type: ignore[arg-type]
     except TypeError:  # an IterableDataset without __len__
@@ -272,6 +294,8 @@ class _OnePass:
 
     def __len__(self) -> int:
         if self._length is None:
+            if not isinstance(self._loader.dataset, IterableDataset):
+                len(self._loader)  # torch's words: a sampler without __len__
             raise TypeError("this pass has no len()")
         return self._length
 
@@ -403,6 +427,7 @@ class DataLoaderIterator:
         self._pass_id = self._epochs.live_pass
         self._ended = False
         self._generation: int | None = None
+        self._hold: int | None = None  # this pass's hold on torch's thread count (limit_threads)
         sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
         if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
             sampler_set_epoch(self.epoch)
@@ -426,16 +451,21 @@ class DataLoaderIterator:
             if loader.decode != "cpu" or loader.fast_path:
                 _warn_as_torch_of_pin_memory(loader)
                 loader._draw_as_torch("iterator")  # torch's iterator would draw its base seed
+            if loader.decode != "cpu" and _endless(loader.sampler):
+                raise ValueError(
+                    f"decode={loader.decode!r} needs a sampler with a len(): {ENDLESS_SAMPLER}. Pass "
+                    "a sampler with __len__ (one epoch's order), or decode='cpu'"
+                )
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.decode == "hybrid":
                 if loader.limit_threads:
-                    engine.limit_threads(loader.num_workers)
+                    self._hold = engine.limit_threads(loader.num_workers)
                 source = HybridPass(loader, engine, self.epoch, self.seed, start)
                 self._generation = source.generation
             elif loader.fast_path:
                 if loader.limit_threads:
-                    engine.limit_threads(loader.num_workers)
+                    self._hold = engine.limit_threads(loader.num_workers)
                 try:
                     source = FastPass(loader, engine, self.epoch, start, self.seed)
                 except Exception as e:
@@ -446,7 +476,7 @@ class DataLoaderIterator:
                 self._generation = source.generation
             else:
                 if loader.limit_threads:
-                    engine.limit_threads(loader.num_workers)
+                    self._hold = engine.limit_threads(loader.num_workers)
                 rng_state = RNGState(loader.generator) if loader._auto_workers else None
                 try:
                     with warnings.catch_warnings():
@@ -508,6 +538,8 @@ class DataLoaderIterator:
 
     def __len__(self) -> int:
         if self._length is None:
+            if not isinstance(self._loader.dataset, IterableDataset):
+                len(self._loader)  # torch's words: a sampler without __len__
             raise TypeError(
                 f"the dataset of this loader ({type(self._loader.dataset).__name__}) has no len()"
             )
@@ -629,6 +661,8 @@ class DataLoaderIterator:
             and self._engine.generation == self._generation
         ):
             self._engine.close()  # only the newest pass: an older one must not stop a live pass
+        elif self._hold is not None and not loader.persistent_workers:
+            self._engine.end_hold(self._hold)  # torch's workers stopped with its iterator
 
     def __del__(self) -> None:
         try:
@@ -743,6 +777,24 @@ def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator
 # ------------------------------------------------------------------------------------ DataLoader
 
 
+#: torch's loader takes ``in_order`` from torch 2.6 on
+_TORCH_TAKES_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+
+
+def _in_order_argument(in_order: bool) -> dict[str, bool]:
+    """``in_order`` for torch's ``DataLoader.__init__``: given where torch takes it; before torch
+    2.6 only its default (an order it always keeps), and anything else is refused as that torch
+    refuses an unknown argument."""
+    if _TORCH_TAKES_IN_ORDER:
+        return {"in_order": in_order}
+    if in_order is not True:
+        raise TypeError(
+            "DataLoader.__init__() got an unexpected keyword argument 'in_order' "
+            f"(torch {torch.__version__} has no in_order: it came with torch 2.6)"
+        )
+    return {}
+
+
 class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     """Drop-in for :class:`torch.utils.data.DataLoader` (see the module docs for what it adds).
 
@@ -796,10 +848,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         reuse_buffers: Hand out views of the reusable batch buffers, recycled once nothing refers to
             a batch (see the module docs); ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
-        limit_threads: Cap ``torch.get_num_threads()`` at ``CPUs - num_workers`` (at least 1)
-            when iteration starts, while the workers are alive. With several loaders alive at
-            once, torch runs with the smallest of their caps, and gets its count back when the
-            last of them stops its workers (a count you set meanwhile is kept).
+        limit_threads: Cap ``torch.get_num_threads()`` in the iterating thread at this process's
+            share of the CPUs (divided among the job's local ranks) less ``num_workers``, at least
+            1, from the start of a pass while the workers are alive (until the pass ends without
+            persistent workers; until ``close()`` or collection with them). A cap never raises
+            the count. With several loaders alive at once, torch runs with the smallest of their
+            caps, and gets the count it had before the first back when the last of them stops
+            its workers, in either order.
         decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
             bytes (free with ``InMemoryImageFolder``); :func:`fastload.decode.decode_batch`
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
@@ -960,7 +1015,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
-            in_order=in_order,
+            **_in_order_argument(in_order),
         )
         self.worker_type = worker_type
         self.on_error = on_error
@@ -1291,7 +1346,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def close(self) -> None:
         """Stops the workers now (fastload's, and torch's persistent ones on torch's path) and
-        restores torch's thread count (also done when the loader is garbage-collected and at
+        ends its cap on torch's thread count (also done when the loader is garbage-collected and at
         interpreter exit). A ``decode="device"`` / ``"hybrid"`` pass still iterating ends too (its
         threads stop): its ``next()`` then raises, as a fast pass's does. The next pass starts new
         workers."""

@@ -1,8 +1,9 @@
 """torch's thread count with several loaders alive at once (``limit_threads``, ``fastload._threads``).
 
 Each case runs in a new interpreter, so that no loader of another test (kept by a fixture, or
-waiting for the garbage collector) holds a cap meanwhile. The CPU count the caps are taken from
-is set to 8 there, so that loaders with 1 and 3 real workers cap at 7 and 5 on any machine.
+waiting for the garbage collector) holds a cap meanwhile. The process's share of the CPUs the caps
+are taken from is set to 8 there, so that loaders with 1 and 3 real workers cap at 7 and 5 on any
+machine.
 """
 
 from __future__ import annotations
@@ -20,14 +21,21 @@ import fastload._engine
 from fastload import DataLoader, ImageFolder, transforms as T
 from fastload._threads import held_caps
 
-fastload._engine.available_cpus = lambda: 8
+fastload._engine.cpu_share = lambda: 8
 ds = ImageFolder(sys.argv[1], transform=T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()]))
 
-def loader(workers, **kw):
-    return DataLoader(ds, batch_size=8, num_workers=workers, **kw)
+class Plain(torch.utils.data.Dataset):  # not a dataset fastload reads itself: torch's iterator
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), i
+
+def loader(workers, dataset=ds, **kw):
+    return DataLoader(dataset, batch_size=8, num_workers=workers, **kw)
 
 def run(a_loader):
-    assert sum(len(y) for _, y in a_loader) == len(ds)
+    assert sum(len(y) for _, y in a_loader) == len(a_loader.dataset)
 
 def threads(expected, where):
     got = torch.get_num_threads()
@@ -88,15 +96,30 @@ def test_a_collected_loader_and_a_pass_without_persistent_workers_end_their_hold
         run(loader(3))  # dropped at once: collected
         gc.collect()
         threads(7, "after a collected loader")
+        # torch's own iterator (a dataset fastload does not read itself): the same
+        plain = loader(3, Plain(), persistent_workers=False)
+        it = iter(plain)
+        next(it)
+        threads(5, "torch's workers running")
+        del it
+        threads(7, "torch's workers stopped with the pass dropped")
+        run(plain)
+        threads(7, "torch's workers stopped with the pass's end")
+        run(loader(0, Plain()))
+        threads(7, "no workers, the pass ended")
+        persistent = loader(3, Plain(), persistent_workers=True)
+        run(persistent)
+        threads(5, "torch's persistent workers alive")
+        persistent.close()
         del train
         gc.collect()
-        threads(16, "every loader collected")
+        threads(16, "every loader closed or collected")
         assert held_caps() == []
         """,
     )
 
 
-def test_a_count_the_user_sets_while_caps_are_held_is_kept(train_root: Path) -> None:
+def test_a_lower_count_the_user_sets_is_not_raised_by_a_hold(train_root: Path) -> None:
     _run(
         train_root,
         """
@@ -104,20 +127,99 @@ def test_a_count_the_user_sets_while_caps_are_held_is_kept(train_root: Path) -> 
         run(train)
         torch.set_num_threads(3)  # the user's count, under every cap
         run(val)
-        threads(3, "a cap never raises the user's count")
+        threads(3, "a hold never raises the count")
         val.close()
+        threads(7, "a hold ended: the smallest cap still held")
         train.close()
-        threads(3, "the user's count stays after the last close")
+        threads(16, "the count before the first hold")
         torch.set_num_threads(12)
-        run(train)  # a new pass holds again, from the user's new count
-        threads(7, "a new hold")
-        torch.set_num_threads(10)  # above the cap, set while it is held
-        run(val)
-        threads(5, "a new hold lowers it to its cap")
-        val.close()
-        threads(7, "the other loader's cap")
+        run(train)
+        threads(7, "a new first hold")
         train.close()
-        threads(10, "given back: the count the user set last")
+        threads(12, "the count before it")
+        """,
+    )
+
+
+def test_loaders_iterated_on_two_threads_each_cap_their_own(train_root: Path) -> None:
+    # torch's OpenMP count can be a thread's own: each thread's holds set its own count only
+    _run(
+        train_root,
+        """
+        import threading
+
+        def on_thread(work):
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+
+        train, val = loader(1), loader(3)
+        run(train)
+        seen = []
+        on_thread(lambda: (run(val), seen.append(held_caps())))
+        assert seen == [[5]] and held_caps() == [7], (seen, held_caps())
+        threads(7, "the training thread keeps its own cap")
+        train.close()
+        threads(16, "the training thread's last hold ended")
+        on_thread(val.close)
+        threads(16, "the other thread's loader closed there")
+        assert held_caps() == []
+        """,
+    )
+
+
+def test_a_loader_collected_inside_a_hold_ends_its_hold(train_root: Path) -> None:
+    # The garbage collector may run at any allocation, also inside the registry's own calls: a
+    # loader it collects there (its close() and finalizer) releases once that call is done.
+    _run(
+        train_root,
+        """
+        import fastload._threads as registry
+
+        train = loader(1)
+        run(train)
+        val = loader(3)
+        val.itself = val  # a cycle: collected by the collector only
+        run(val)
+        del val
+        threads(5, "both held")
+        real = torch.get_num_threads
+        armed = [True]
+
+        def collecting():
+            if armed[0]:
+                armed[0] = False
+                gc.collect()  # the validation loader is collected here, inside the hold
+            return real()
+
+        registry.torch = type("T", (), {"get_num_threads": staticmethod(collecting),
+                                        "set_num_threads": staticmethod(torch.set_num_threads)})
+        run(train)  # its next pass: a hold
+        registry.torch = torch
+        assert not armed[0]
+        threads(7, "the collected loader's hold ended")
+        train.close()
+        threads(16, "nothing held")
+        """,
+    )
+
+
+def test_the_cap_is_of_this_process_share_of_the_cpus(train_root: Path) -> None:
+    # 8 CPUs and 2 processes of the job on this machine: 4 each, less the loader's worker
+    _run(
+        train_root,
+        """
+        import os
+        from fastload import device
+
+        os.environ["LOCAL_WORLD_SIZE"] = "2"
+        device.available_cpus = lambda: 8
+        fastload._engine.cpu_share = device.cpu_share
+        train = loader(1)
+        run(train)
+        threads(3, "a half of 8 CPUs less one worker")
+        train.close()
+        threads(16, "closed")
         """,
     )
 

@@ -8,6 +8,7 @@ message), iterator semantics.
 from __future__ import annotations
 
 import collections
+import itertools
 import multiprocessing
 import warnings
 from typing import Any
@@ -19,7 +20,7 @@ from torch.utils.data import IterableDataset
 
 import fastload
 from fastload._epoch import DefaultSeed
-from fastload.loader import DataLoaderIterator
+from fastload.loader import ENDLESS_SAMPLER, DataLoaderIterator
 
 LOADERS = [torch.utils.data.DataLoader, fastload.DataLoader]
 Pair = collections.namedtuple("Pair", ["x", "y"])
@@ -981,3 +982,57 @@ def test_pin_memory_without_an_accelerator_warns_in_torchs_words(fast: bool, ima
         if cls is fastload.DataLoader and fast:  # fastload's own: at the loop's line
             assert all(w.filename == __file__ for w in caught if "pin_memory" in str(w.message))
     assert said[1] == said[0] and len(said[0]) == (1 if hasattr(torch, "accelerator") else 0)
+
+
+class _Endless(torch.utils.data.Sampler[int]):
+    """An endless sampler without ``__len__`` (as detectron2's training sampler)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return itertools.cycle(range(self.n))
+
+
+class _EndlessBatches(torch.utils.data.Sampler[list[int]]):
+    def __iter__(self) -> Any:
+        return ([i % 10, (i + 1) % 10] for i in itertools.count(0, 2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kwargs", [{"sampler": "endless", "batch_size": 4}, {"batch_sampler": "endless"}])
+def test_an_endless_sampler_without_len_is_iterated_as_torch_does(
+    workers: int, kwargs: dict[str, Any]
+) -> None:
+    endless = _Endless(10) if "sampler" in kwargs else _EndlessBatches()
+    given = {k: endless if v == "endless" else v for k, v in kwargs.items()}
+    batches = {}
+    for cls in LOADERS:
+        it = iter(cls(_Range(10), num_workers=workers, **given))
+        batches[cls] = [next(it)[0][:, 0].tolist() for _ in range(7)]  # past the dataset's end
+        no_len = f"object of type '{type(endless).__name__}' has no len()"
+        assert _outcome(lambda it=it: len(it)) == ("TypeError", no_len)
+        del it
+    assert batches[fastload.DataLoader] == batches[torch.utils.data.DataLoader]
+
+
+def test_an_endless_sampler_on_an_image_folder_runs_torchs_iterator_and_says_why(imagenet_root: Any) -> None:
+    ds = _images(imagenet_root)
+    loader = fastload.DataLoader(ds, sampler=_Endless(len(ds)), batch_size=4, num_workers=0)
+    assert loader.path == "head-accelerated" and loader.fast_path_reason == ENDLESS_SAMPLER
+    it = iter(loader)
+    labels = [next(it)[1] for _ in range(len(ds) // 4 + 2)]  # past one epoch's worth
+    expected = [ds.targets[i % len(ds)] for i in range(len(labels) * 4)]
+    assert torch.cat(labels).tolist() == expected
+    device = fastload.DataLoader(
+        fastload.InMemoryImageFolder(imagenet_root / "val"),
+        sampler=_Endless(4),
+        batch_size=2,
+        num_workers=0,
+        decode="device",
+        gpu_transforms=fastload.gpu.Compose([fastload.gpu.Resize((8, 8))]),
+    )
+    with pytest.raises(
+        ValueError, match="decode='device' needs a sampler with a len\\(\\): the sampler has no len"
+    ):
+        iter(device)
