@@ -17,16 +17,18 @@ __all__ = ["IndexedBatch", "iter_tensors"]
 _MISSING = object()
 
 
-class IndexedBatch(tuple[Any, Any]):
-    """An ``(images, labels)`` batch that also carries the dataset index of each sample.
+class IndexedBatch(list[Any]):
+    """An ``[images, labels]`` batch that also carries the dataset index of each sample.
 
-    It unpacks like a plain pair (``images, labels = batch``), so training loops need no change,
-    and exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
+    A list, as torch's ``default_collate`` makes of ``(image, label)`` samples: it unpacks like
+    a pair (``images, labels = batch``) and takes what loops do to torch's batches
+    (``batch[0] = batch[0].to(device)``, ``append``), so training loops need no change; it
+    exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
     processes), ``pin_memory``, and the generic collection utilities of the frameworks:
 
     - torch's pytree (``tree_map``, used by ``torch.compile`` and many move-to-device helpers):
       registered as a node with children ``images, labels, indices``, so all three are mapped.
-    - utilities that rebuild a tuple subclass as ``type(batch)(items)`` (Lightning's
+    - utilities that rebuild a sequence as ``type(batch)(items)`` (Lightning's
       ``apply_to_collection``, Accelerate's ``send_to_device``): ``IndexedBatch([images, labels])``
       is a valid construction; the indices, which those utilities do not see, are ``None``
       afterwards. fastload's own prefetcher uses them before a framework moves the batch.
@@ -44,7 +46,7 @@ class IndexedBatch(tuple[Any, Any]):
 
     indices: Any
 
-    def __new__(cls, images: Any, labels: Any = _MISSING, indices: Any = None) -> IndexedBatch:
+    def __init__(self, images: Any, labels: Any = _MISSING, indices: Any = None) -> None:
         if labels is _MISSING:  # IndexedBatch(iterable): [images, labels] or [images, labels, indices]
             items = list(images) if isinstance(images, Iterable) else None
             if items is None or len(items) not in (2, 3):
@@ -54,9 +56,8 @@ class IndexedBatch(tuple[Any, Any]):
                 )
             images, labels = items[0], items[1]
             indices = items[2] if len(items) == 3 else None
-        self = super().__new__(cls, (images, labels))
+        super().__init__((images, labels))
         self.indices = indices
-        return self
 
     @property
     def images(self) -> Any:

@@ -294,8 +294,6 @@ class _OnePass:
 
     def __len__(self) -> int:
         if self._length is None:
-            if not isinstance(self._loader.dataset, IterableDataset):
-                len(self._loader)  # torch's words: a sampler without __len__
             raise TypeError("this pass has no len()")
         return self._length
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,3 +46,23 @@ def test_torch_pytree_maps_images_labels_and_indices() -> None:
     leaves, spec = pytree.tree_flatten({"batch": b})
     assert len(leaves) == 3
     assert isinstance(pytree.tree_unflatten(leaves, spec)["batch"], IndexedBatch)
+
+
+def test_takes_what_loops_do_to_torchs_list_batches(imagenet_root: Path) -> None:
+    """torch's default_collate makes a list of (image, label) samples: loops move its items in
+    place (``batch[0] = batch[0].to(device)``) or add to it; a fast-path batch takes the same."""
+    from torchvision import transforms as T
+
+    import fastload
+
+    ds = fastload.ImageFolder(imagenet_root / "val", transform=T.Compose([T.CenterCrop(8), T.PILToTensor()]))
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=0)
+    assert loader.fast_path
+    theirs = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    batch = next(iter(loader))
+    assert isinstance(batch, IndexedBatch) and isinstance(batch, list) and isinstance(theirs, list)
+    batch[0] = batch[0].float()
+    batch.append("extra")
+    assert batch[0].dtype == torch.float32 and len(batch) == 3 and batch.indices.tolist() == [0, 1, 2, 3]
+    assert torch.equal(batch[0], theirs[0].float()) and torch.equal(batch[1], theirs[1])
+    loader.close()
