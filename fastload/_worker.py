@@ -392,14 +392,23 @@ def worker_loop(args: WorkerArgs) -> None:
         torch.manual_seed(args.base_seed + args.worker_id)
         np.random.seed(_numpy_seed(args.base_seed, args.worker_id))
     try:
+        init_error: tuple[BaseException, str] | None = None
         if args.worker_init_fn is not None:
-            args.worker_init_fn(args.worker_id)
-        _serve(args, watchdog)
+            try:
+                args.worker_init_fn(args.worker_id)
+            except Exception as e:  # noqa: BLE001 - raised for this worker's batches, as torch's
+                init_error = (e, "in worker_init_fn:\n" + traceback.format_exc())
+        _serve(args, watchdog, init_error)
     except KeyboardInterrupt:  # a Ctrl-C before the handlers were reset: the main process handles it
         pass
 
 
-def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
+def _serve(
+    args: WorkerArgs, watchdog: _Watchdog | None, init_error: tuple[BaseException, str] | None
+) -> None:
+    """Serves tasks until told to stop. ``init_error``: what ``worker_init_fn`` raised, reported as
+    the failure of every task this worker takes (torch's workers report it for their first batch,
+    then fail every other one with an error of their own)."""
     np_images = args.images.numpy()
     np_labels = args.labels.numpy()
     while True:
@@ -413,6 +422,14 @@ def _serve(args: WorkerArgs, watchdog: _Watchdog | None) -> None:
             return
         if task is None:
             return
+        if init_error is not None:  # every batch of this worker: it was never set up
+            error, trace = init_error
+            args.results.put(
+                BatchFailed(
+                    task.generation, task.batch, task.slot, args.worker_id, _portable_error(error), trace
+                )
+            )
+            continue
         t0 = time.perf_counter()
         if task.images is not None and task.labels is not None:  # an extra slot
             out, lab = task.images.numpy(), task.labels.numpy()
