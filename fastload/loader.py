@@ -141,6 +141,42 @@ def _source_key(dataset: Any) -> tuple[Any, ...]:
     return tuple(attributes.get(name) for name in _SOURCE_ATTRIBUTES)
 
 
+def _dataset_state(dataset: Any, depth: int = 0) -> tuple[Any, ...]:
+    """What a worker's copy of the dataset would miss if it changed: each public attribute's value
+    (numbers, strings and tuples of them) or object (anything else: replaced, not mutated in
+    place), into wrapped datasets (``Subset``, ``ConcatDataset``) two levels deep."""
+    attributes = getattr(dataset, "__dict__", None)
+    if attributes is None:
+        return (id(dataset),)
+    out: list[tuple[str, Any]] = []
+    for name, value in attributes.items():
+        if name.startswith("_"):
+            continue  # private: the dataset's own caches
+        if _plain(value) or isinstance(value, tuple) and all(_plain(v) for v in value):
+            out.append((name, (type(value).__name__, repr(value))))
+        elif depth < 2 and isinstance(value, torch.utils.data.Dataset):
+            out.append((name, _dataset_state(value, depth + 1)))
+        elif (
+            depth < 2 and isinstance(value, list) and value and isinstance(value[0], torch.utils.data.Dataset)
+        ):
+            out.append((name, tuple(_dataset_state(v, depth + 1) for v in value)))
+        else:
+            out.append((name, id(value)))
+    return (id(dataset), tuple(out))
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes))
+
+
+def _changed_attributes(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
+    """The names of the attributes whose state differs (``"the dataset object"`` when replaced)."""
+    if len(before) != 2 or len(after) != 2 or before[0] != after[0]:
+        return ["the dataset object"]
+    old, new = dict(before[1]), dict(after[1])
+    return [f"'{name}'" for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+
+
 def _same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and all(x is y for x, y in zip(a, b, strict=True))
 
@@ -958,6 +994,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             check_int(seed, "seed", type_error=True)
         if pin_memory is None:
             pin_memory = cuda_available()
+        #: persistent workers the user did not ask for: they follow a dataset changed between passes
+        self._persistent_by_default = persistent_workers is None
+        self._workers_dataset: tuple[Any, ...] | None = None  # the dataset's state at the last pass start
         if persistent_workers is None:
             persistent_workers = isinstance(num_workers, int) and num_workers > 0
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
@@ -1204,8 +1243,22 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced, as
-        torch's loader does, unless live persistent workers hold the old one (as torch's do)."""
-        if self.decode != "cpu" or _same_source(self._source_key, _source_key(self.dataset)):
+        torch's loader does, unless live persistent workers hold the old one (as torch's do). The
+        default persistent workers (not asked for) are restarted when the dataset changed since
+        the last pass (:func:`_dataset_state`), as torch's default new workers each pass see it."""
+        if self.decode != "cpu":
+            return
+        state = _dataset_state(self.dataset)
+        before, self._workers_dataset = self._workers_dataset, state
+        if self._persistent_by_default and self.num_workers > 0 and before is not None and before != state:
+            _log.info(
+                "fastload.DataLoader restarts its workers: the dataset changed since the last epoch (%s), "
+                "and torch's loader would start new workers that see it (persistent_workers=True: "
+                "they keep the dataset as it was when they started, as torch's do)",
+                ", ".join(_changed_attributes(before, state)),
+            )
+            self._stop_workers()
+        if _same_source(self._source_key, _source_key(self.dataset)):
             return
         pool = self._engine.pool
         if pool is not None and not pool.closed and pool.num_workers > 0:
@@ -1352,6 +1405,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         live = live() if live is not None else None
         if live is not None:
             live._close_from_loader()
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Stops fastload's workers and torch's persistent ones; the next pass starts new ones."""
         self._engine.close()
         torch_iterator = self.__dict__.get("_iterator")  # torch's persistent workers' iterator
         if torch_iterator is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import multiprocessing
 import warnings
 from typing import Any
@@ -1082,3 +1083,53 @@ def test_an_error_in_worker_init_fn_fails_that_workers_batches_with_it(imagenet_
             ["FileNotFoundError", "FileNotFoundError"],
         )
     )
+
+
+class _Curriculum(torch.utils.data.Dataset[Any]):
+    """A dataset the loop changes between epochs (a curriculum's difficulty)."""
+
+    def __init__(self) -> None:
+        self.difficulty = 0
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return self.difficulty
+
+
+@pytest.mark.parametrize("persistent", [None, True])
+def test_a_dataset_changed_between_epochs_reaches_the_workers_as_with_torchs_loader(
+    persistent: bool | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # fastload's default keeps its workers, unlike torch's; they still see what torch's would
+    caplog.set_level(logging.INFO, logger="fastload")
+    given = {} if persistent is None else {"persistent_workers": persistent}
+    seen = {}
+    for cls in LOADERS:
+        ds = _Curriculum()
+        loader = cls(ds, batch_size=2, num_workers=2, **given)
+        seen[cls] = []
+        for epoch in range(3):
+            ds.difficulty = epoch
+            seen[cls].append(sorted({int(v) for batch in loader for v in batch}))
+    assert seen[fastload.DataLoader] == seen[torch.utils.data.DataLoader]
+    assert seen[fastload.DataLoader] == ([[0], [1], [2]] if persistent is None else [[0], [0], [0]])
+    if persistent is None:
+        assert "restarts its workers: the dataset changed since the last epoch ('difficulty')" in caplog.text
+
+
+def test_a_transform_replaced_between_epochs_reaches_the_fast_paths_default_workers(
+    imagenet_root: Any,
+) -> None:
+    from torchvision import transforms as T
+
+    ds = fastload.ImageFolder(imagenet_root / "val", transform=T.Compose([T.CenterCrop(16), T.PILToTensor()]))
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2)
+    sizes = []
+    for size in (16, 12, 8):  # progressive resizing
+        ds.transform = T.Compose([T.CenterCrop(size), T.PILToTensor()])
+        sizes.append({tuple(images.shape[-2:]) for images, _ in loader})
+        assert loader.fast_path
+    assert sizes == [{(16, 16)}, {(12, 12)}, {(8, 8)}]
+    loader.close()
