@@ -6,6 +6,7 @@ import itertools
 import math
 import pickle
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,11 +22,22 @@ cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def _tv_resize(image: torch.Tensor, size: Any, **kwargs: Any) -> torch.Tensor:
+    """torchvision's resize, antialiased as from torchvision 0.17 on (0.16 did not on tensors)."""
+    kwargs.setdefault("antialias", True)
+    return tvf.resize(image, size, **kwargs)
+
+
+def _tv_resized_crop(image: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    kwargs.setdefault("antialias", True)
+    return tvf.resized_crop(image, *args, **kwargs)
+
+
 def natural(h: int, w: int, seed: int, channels: int = 3) -> torch.Tensor:
     """A uint8 CHW image with smooth structure plus noise (closer to photos than pure noise)."""
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randint(0, 256, (channels, h // 8 + 2, w // 8 + 2), generator=g, dtype=torch.uint8)
-    smooth = tvf.resize(coarse, [h, w], antialias=True).to(torch.int16)
+    smooth = _tv_resize(coarse, [h, w], antialias=True).to(torch.int16)
     noise = torch.randint(-12, 13, (channels, h, w), generator=g, dtype=torch.int16)
     return (smooth + noise).clamp(0, 255).to(torch.uint8)
 
@@ -148,13 +160,13 @@ def test_rrc_matches_torchvision_resized_crop_per_sample(shape, size, scale):
     boxes = [(int(top[r]), int(left[r]), int(h[r]), int(w[r])) for r in range(shape[0])]
     # torchvision on CPU uint8 (16-bit fixed-point weights, rounds between passes)
     ref = torch.stack(
-        [tvf.resized_crop(images[r], *boxes[r], out_size, antialias=True) for r in range(shape[0])]
+        [_tv_resized_crop(images[r], *boxes[r], out_size, antialias=True) for r in range(shape[0])]
     )
     d = level_diff(out, ref)
     assert d.max() <= 1 and d.float().mean() < 0.3
     # torchvision in float (what it does on GPU), rounded: agrees except for ties
     ref_f = torch.stack(
-        [tvf.resized_crop(images[r].float(), *boxes[r], out_size, antialias=True) for r in range(shape[0])]
+        [_tv_resized_crop(images[r].float(), *boxes[r], out_size, antialias=True) for r in range(shape[0])]
     )
     d_f = level_diff(out, ref_f.round().clamp(0, 255))
     assert d_f.max() <= 1 and d_f.float().mean() < 1e-2
@@ -167,7 +179,7 @@ def test_rrc_without_antialias_matches_plain_bilinear():
     top, left, h, w = t.get_params(images, indices=[0, 1, 2, 3])
     ref = torch.stack(
         [
-            tvf.resized_crop(
+            _tv_resized_crop(
                 images[r].float(), int(top[r]), int(left[r]), int(h[r]), int(w[r]), [48, 48], antialias=False
             )
             for r in range(4)
@@ -184,7 +196,7 @@ def test_rrc_float_input_stays_float_and_matches():
     top, left, h, w = t.get_params(images, indices=[5, 6, 7])
     ref = torch.stack(
         [
-            tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [40, 40])
+            _tv_resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [40, 40])
             for r in range(3)
         ]
     )
@@ -313,7 +325,7 @@ def test_rrc_on_a_list_of_different_sizes():
     top, left, h, w = t.get_params(images, indices=[0, 1, 2, 3])
     ref = torch.stack(
         [
-            tvf.resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [112, 112])
+            _tv_resized_crop(images[r], int(top[r]), int(left[r]), int(h[r]), int(w[r]), [112, 112])
             for r in range(4)
         ]
     )
@@ -330,9 +342,9 @@ def test_resize_of_a_tensor_batch_equals_torchvision():
     images = batch(3, 120, 90)
     for size in (64, (50, 70), 200):
         assert torch.equal(
-            gpu.Resize(size)(images), tvf.resize(images, size if isinstance(size, int) else list(size))
+            gpu.Resize(size)(images), _tv_resize(images, size if isinstance(size, int) else list(size))
         )
-    assert torch.equal(gpu.Resize(64, max_size=70)(images), tvf.resize(images, 64, max_size=70))
+    assert torch.equal(gpu.Resize(64, max_size=70)(images), _tv_resize(images, 64, max_size=70))
 
 
 def test_eval_pipeline_on_a_tensor_batch_equals_torchvision_exactly():
@@ -340,11 +352,11 @@ def test_eval_pipeline_on_a_tensor_batch_equals_torchvision_exactly():
     pipelines = [
         (
             gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)]),
-            lambda x: tvf.center_crop(tvf.resize(x, 256), 224),
+            lambda x: tvf.center_crop(_tv_resize(x, 256), 224),
         ),
         (
             gpu.Compose([gpu.CenterCrop(200), gpu.Resize(100)]),
-            lambda x: tvf.resize(tvf.center_crop(x, 200), 100),
+            lambda x: _tv_resize(tvf.center_crop(x, 200), 100),
         ),
     ]
     for ours, theirs in pipelines:
@@ -355,11 +367,11 @@ def test_eval_pipeline_on_a_tensor_batch_equals_torchvision_exactly():
 def test_resize_output_sizes_follow_torchvision(hw):
     t = gpu.Resize(64)
     h, w = t.output_sizes(np.array([hw[0]]), np.array([hw[1]]))
-    expected = tvf.resize(torch.zeros(1, *hw), 64).shape[-2:]
+    expected = _tv_resize(torch.zeros(1, *hw), 64).shape[-2:]
     assert (int(h[0]), int(w[0])) == tuple(expected)
     t = gpu.Resize(64, max_size=100)
     h, w = t.output_sizes(np.array([hw[0]]), np.array([hw[1]]))
-    assert (int(h[0]), int(w[0])) == tuple(tvf.resize(torch.zeros(1, *hw), 64, max_size=100).shape[-2:])
+    assert (int(h[0]), int(w[0])) == tuple(_tv_resize(torch.zeros(1, *hw), 64, max_size=100).shape[-2:])
 
 
 def test_resize_then_center_crop_is_fused_for_lists_of_different_aspect_ratios():
@@ -367,7 +379,7 @@ def test_resize_then_center_crop_is_fused_for_lists_of_different_aspect_ratios()
     with pytest.raises(ValueError, match="one output size"):
         gpu.Resize(256)(images)
     out = gpu.Compose([gpu.Resize(256), gpu.CenterCrop(224)])(images)
-    ref = torch.stack([tvf.center_crop(tvf.resize(img, 256), 224) for img in images])
+    ref = torch.stack([tvf.center_crop(_tv_resize(img, 256), 224) for img in images])
     d = level_diff(out, ref)
     assert out.shape == (4, 3, 224, 224) and d.max() <= 1 and d.float().mean() < 0.3
 
@@ -385,7 +397,7 @@ def test_center_crop_is_exact_including_zero_padding():
 def test_padding_crop_then_resize_resamples_the_zeros_like_torchvision():
     images = batch(2, 100, 120)
     t = gpu.Compose([gpu.CenterCrop((130, 101)), gpu.Resize((64, 50))])
-    ref = torch.stack([tvf.resize(tvf.center_crop(img, [130, 101]), [64, 50]) for img in images])
+    ref = torch.stack([_tv_resize(tvf.center_crop(img, [130, 101]), [64, 50]) for img in images])
     for inp in (images, list(images)):
         d = level_diff(t(inp), ref)
         assert d.max() <= 1 and d.float().mean() < 0.3

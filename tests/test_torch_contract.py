@@ -8,6 +8,7 @@ message), iterator semantics.
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import logging
 import multiprocessing
@@ -99,18 +100,21 @@ def _nested_collate(batch: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.nested_tensor(batch)
 
 
-def _torch_sends_nested_tensors() -> bool:
-    """Whether this torch pickles a nested tensor for another process (torch 2.1 does not)."""
+def _torch_sends(kind: str = "nested") -> bool:
+    """Whether this torch pickles a nested (or sparse) tensor for another process (torch 2.1 does not)."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401 - registers torch's reductions
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's prototype notice
-        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        if kind == "nested":
+            tensor = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        else:
+            tensor = torch.eye(2).to_sparse()
     try:
-        ForkingPickler.dumps(nested)
-    except RuntimeError:
+        ForkingPickler.dumps(tensor)
+    except (RuntimeError, NotImplementedError):
         return False
     return True
 
@@ -211,7 +215,7 @@ _KINDS = ["tuple", "dict", "namedtuple", "numpy", "str", "nested"]
 )
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # torch's prototype notice
 def test_batches_of_every_structure(kind: str, ctx: str) -> None:
-    if kind == "nested" and not _torch_sends_nested_tensors():
+    if kind == "nested" and not _torch_sends():
         pytest.skip(
             f"torch {torch.__version__} cannot send a nested tensor between processes (its loader waits)"
         )
@@ -578,6 +582,8 @@ def test_a_batch_a_worker_cannot_send_is_a_named_error_not_a_hang(ctx: str) -> N
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
 def test_torch_arguments_give_torchs_batches(kwargs: dict[str, Any]) -> None:
+    if "in_order" in kwargs and "in_order" not in inspect.signature(torch.utils.data.DataLoader).parameters:
+        pytest.skip(f"torch {torch.__version__} takes no in_order (torch 2.6 and later do)")
     ours_loader = fastload.DataLoader(_Range(11), batch_size=3, **kwargs)
     theirs_loader = torch.utils.data.DataLoader(_Range(11), batch_size=3, **kwargs)
     for _ in range(2):  # two epochs: persistent workers are reused
@@ -851,6 +857,10 @@ _TENSOR_CASES = [
 def test_nested_and_sparse_tensors_like_torch(kind: str, workers: int, ctx: str | None, collate: Any) -> None:
     """torch's default collate refuses batches of nested and of sparse tensors with its own error;
     a collate_fn that handles them gets them, through worker processes too."""
+    if workers and not _torch_sends(kind):
+        pytest.skip(
+            f"torch {torch.__version__} cannot send a {kind} tensor between processes (its loader waits)"
+        )
     outcomes = []
     for cls in (torch.utils.data.DataLoader, fastload.DataLoader):
         loader = cls(
@@ -864,9 +874,10 @@ def test_nested_and_sparse_tensors_like_torch(kind: str, workers: int, ctx: str 
         outcomes.append(_drain(loader))
     (theirs, their_errors), (ours, our_errors) = outcomes
     assert _last_line(our_errors) == _last_line(their_errors)
-    if collate is None:
-        assert not theirs and len(their_errors) == 3
-        assert (
+    assert len(ours) == len(theirs)
+    if collate is None and not theirs:
+        assert len(their_errors) == 3
+        assert torch.__version__.startswith("2.1.") or (
             f"Batches of {kind} tensors are not currently supported by the default collate_fn"
             in (their_errors[0])
         )
@@ -982,7 +993,10 @@ def test_what_torchs_iterator_refuses_as_a_pass_starts_is_refused_alike(
             assert loader.fast_path == fast
         outcomes.append(_outcome(lambda loader=loader: iter(loader)))
     assert outcomes[0][0] == "AssertionError"
-    assert outcomes[1] == outcomes[0]
+    if outcomes[0][1]:
+        assert outcomes[1] == outcomes[0]
+    else:  # older torch asserted without words: fastload says what it checks
+        assert outcomes[1][0] == "AssertionError"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is for a machine without an accelerator")
