@@ -522,13 +522,13 @@ def resize_mode(op: Any) -> str:
 
 def tensor_antialias(op: Any, on_pil: bool) -> bool:
     """Whether a torchvision resize op antialiases: always on PIL images; on tensors its
-    ``antialias`` (``None`` is ``False``, as torchvision >= 0.17 documents; 0.16's ``"warn"``
-    default is ``True``)."""
+    ``antialias`` (``None`` is ``False``, as torchvision >= 0.17 documents; so is 0.15/0.16's
+    ``"warn"`` default, which warned and did not antialias tensors)."""
     if on_pil:
         return True  # PIL's resample always antialiases; torchvision ignores the flag for PIL images
     value = getattr(op, "antialias", True)
     if value == "warn":
-        return True
+        return False
     return bool(value)
 
 

@@ -601,3 +601,16 @@ def test_the_fast_path_says_so_at_info(imagenet_root: Path, caplog: pytest.LogCa
     assert loader.path == "fast"
     assert len(records) == 1 and records[0].levelno == logging.INFO
     assert "runs the fast path for this ImageFolder" in records[0].getMessage()
+
+
+def test_torchvision_016s_warn_default_does_not_antialias_tensors() -> None:
+    """torchvision 0.15/0.16's ``antialias="warn"`` default warned and resized tensors without
+    antialiasing (0.17 made ``True`` the default); PIL images are always antialiased."""
+    from types import SimpleNamespace
+
+    from fastload.recognize import tensor_antialias
+
+    op = SimpleNamespace(antialias="warn")
+    assert tensor_antialias(op, on_pil=False) is False and tensor_antialias(op, on_pil=True) is True
+    assert tensor_antialias(SimpleNamespace(antialias=None), on_pil=False) is False
+    assert tensor_antialias(SimpleNamespace(antialias=True), on_pil=False) is True
