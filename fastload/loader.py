@@ -451,9 +451,10 @@ class DataLoaderIterator:
         seed: The seed of its order and augmentations.
     """
 
-    def __init__(self, loader: DataLoader[Any], engine: Engine) -> None:
+    def __init__(self, loader: DataLoader[Any], engine: Engine, own_engine: bool = False) -> None:
         self._loader = loader
         self._engine = engine
+        self._own_engine = own_engine  # workers of its own (a pass beside a live one), stopped with it
         self._closed_by_loader = False
         self._epochs = loader._epochs
         self.seed = self._epochs.pass_seed()  # before the pass draws torch's base seed
@@ -508,6 +509,8 @@ class DataLoaderIterator:
                     loader._give_up_workers(e)
                     source = FastPass(loader, engine, self.epoch, start, self.seed)
                 self._generation = source.generation
+                if not own_engine:
+                    loader._fast_pass = weakref.ref(self)
             else:
                 if loader.limit_threads:
                     self._hold = engine.limit_threads(loader.num_workers)
@@ -697,6 +700,8 @@ class DataLoaderIterator:
             self._engine.close()  # only the newest pass: an older one must not stop a live pass
         elif self._hold is not None and not loader.persistent_workers:
             self._engine.end_hold(self._hold)  # torch's workers stopped with its iterator
+        if self._own_engine:
+            self._engine.close()
 
     def __del__(self) -> None:
         try:
@@ -1433,7 +1438,23 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def __iter__(self) -> DataLoaderIterator:  # type: ignore[override]
         self._check_as_torch_iterator()
+        if self._needs_own_workers():
+            # a pass while another one iterates (``next(iter(loader))`` inside the epoch's loop):
+            # workers of its own, stopped with it, as torch gives each iterator of a loader without
+            # persistent workers; the other pass goes on
+            return DataLoaderIterator(self, Engine(), own_engine=True)
         return DataLoaderIterator(self, self._engine)
+
+    def _needs_own_workers(self) -> bool:
+        """Whether a new pass of the fast path runs beside a live one, on workers of its own:
+        without persistent workers, or with the default ones (not asked for)."""
+        if self.decode != "cpu" or not self.fast_path:
+            return False
+        if self.persistent_workers and not self._persistent_by_default:
+            return False  # asked for: one set of workers, as torch's (a newer pass takes them over)
+        live = self.__dict__.get("_fast_pass")
+        live = live() if live is not None else None
+        return live is not None and not live._ended
 
     def _check_as_torch_iterator(self) -> None:
         """What torch's iterator checks and says as a pass starts, in its words, on every path

@@ -619,7 +619,15 @@ def test_abandoned_pass_never_overwrites_a_live_batch() -> None:
 
 
 def test_a_pass_left_alive_under_a_newer_one_says_so_and_takes_none_of_its_batches() -> None:
-    loader = DataLoader(_FakeSet(40, _FakeDecode()), batch_size=2, num_workers=2, worker_type="thread")
+    # persistent workers asked for: one set, which the newer pass takes over (the default ones give
+    # a newer pass beside a live one workers of its own: tests/test_torch_contract.py)
+    loader = DataLoader(
+        _FakeSet(40, _FakeDecode()),
+        batch_size=2,
+        num_workers=2,
+        worker_type="thread",
+        persistent_workers=True,
+    )
     old = iter(loader)
     next(old)
     new = iter(loader)
@@ -641,7 +649,7 @@ def test_a_newer_pass_is_the_next_epoch_and_the_one_it_took_over_from_stops_at_o
     reference = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=0)
     epochs = [[b.indices.tolist() for b in reference] for _ in range(3)]
     reference.close()
-    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=2)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=2, persistent_workers=True)
     for trial in range(3):
         loader.set_epoch(0)
         kept = iter(loader)

@@ -1147,3 +1147,40 @@ def test_a_transform_replaced_between_epochs_reaches_the_fast_paths_default_work
         assert loader.fast_path
     assert sizes == [{(16, 16)}, {(12, 12)}, {(8, 8)}]
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("persistent", [None, False])
+def test_a_peek_inside_the_epoch_loop_leaves_the_epoch_whole_like_torchs(
+    workers: int, persistent: bool | None, imagenet_root: Any
+) -> None:
+    # next(iter(loader)) inside the loop: torch gives that iterator workers of its own (without
+    # persistent workers, its default); so does the fast path (its default workers included)
+    ds = _images(imagenet_root)
+    given = {} if persistent is None or not workers else {"persistent_workers": persistent}
+    outcomes = {}
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=2, num_workers=workers, **given)
+        labels, peeked = [], []
+        for step, (_, y) in enumerate(loader):
+            labels.append(y.tolist())
+            if step == 1:
+                peeked.append(next(iter(loader))[1].tolist())
+        outcomes[cls] = (labels, peeked)
+        if cls is fastload.DataLoader:
+            assert loader.fast_path
+            loader.close()
+    assert outcomes[fastload.DataLoader] == outcomes[torch.utils.data.DataLoader]
+    assert len(outcomes[fastload.DataLoader][0]) == -(-len(ds) // 2)
+
+
+def test_asked_for_persistent_workers_are_taken_over_by_a_newer_pass(imagenet_root: Any) -> None:
+    # one set of workers, as torch's (whose newer iterator resets the shared one): the older pass
+    # says so rather than mixing batches of two passes
+    loader = fastload.DataLoader(_images(imagenet_root), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    next(iter(loader))
+    with pytest.raises(RuntimeError, match="a newer pass of the same loader"):
+        next(it)
+    loader.close()
