@@ -143,8 +143,9 @@ def _source_key(dataset: Any) -> tuple[Any, ...]:
 
 def _dataset_state(dataset: Any, depth: int = 0) -> tuple[Any, ...]:
     """What a worker's copy of the dataset would miss if it changed: each public attribute's value
-    (numbers, strings and tuples of them) or object (anything else: replaced, not mutated in
-    place), into wrapped datasets (``Subset``, ``ConcatDataset``) two levels deep."""
+    (numbers, strings and short tuples of them) or object (anything else, a long tuple too:
+    replaced, not mutated in place), into wrapped datasets (``Subset``, ``ConcatDataset``) two
+    levels deep. Per pass, never per sample."""
     attributes = getattr(dataset, "__dict__", None)
     if attributes is None:
         return (id(dataset),)
@@ -152,7 +153,9 @@ def _dataset_state(dataset: Any, depth: int = 0) -> tuple[Any, ...]:
     for name, value in attributes.items():
         if name.startswith("_"):
             continue  # private: the dataset's own caches
-        if _plain(value) or isinstance(value, tuple) and all(_plain(v) for v in value):
+        if _plain(value) or (
+            isinstance(value, tuple) and len(value) <= _SHORT_TUPLE and all(_plain(v) for v in value)
+        ):
             out.append((name, (type(value).__name__, repr(value))))
         elif depth < 2 and isinstance(value, torch.utils.data.Dataset):
             out.append((name, _dataset_state(value, depth + 1)))
@@ -163,6 +166,10 @@ def _dataset_state(dataset: Any, depth: int = 0) -> tuple[Any, ...]:
         else:
             out.append((name, id(value)))
     return (id(dataset), tuple(out))
+
+
+#: Tuples longer than this (a sample list kept as a tuple) are compared by identity, not value.
+_SHORT_TUPLE = 64
 
 
 def _plain(value: Any) -> bool:

@@ -957,3 +957,24 @@ def test_device_decoding_without_a_device_where_cuda_is_says_it_decodes_on_the_c
     with pytest.warns(UserWarning, match="it decodes on the CPU. Pass device='cuda'") as record:
         DataLoader(ds, decode="device", gpu_transforms=gpu.Resize((8, 8)), pin_memory=False)
     assert record[0].filename == __file__
+
+
+def test_the_dataset_state_compared_each_pass_reads_no_sample_list() -> None:
+    """Default persistent workers restart when the dataset changed (fastload.loader._dataset_state):
+    short values by value, a long tuple (a sample list) by identity, so a pass start never walks
+    1.28M entries."""
+    from fastload.loader import _dataset_state
+
+    class Plain(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.size = (32, 32)
+            self.names = tuple(str(i) for i in range(100_000))
+            self._cache = {"private": 1}
+
+    ds = Plain()
+    before = _dataset_state(ds)
+    assert dict(before[1])["names"] == id(ds.names) and "_cache" not in dict(before[1])
+    ds.size = (32, 32)  # an equal new tuple: no change
+    assert _dataset_state(ds) == before
+    ds.size = (16, 16)
+    assert _dataset_state(ds) != before
