@@ -3,10 +3,11 @@
 A training script often has several loaders alive at once (training and validation, a second
 dataset). Each loader whose workers are alive holds a cap (its share of the CPUs less its
 workers, :class:`ThreadCap`), taken in the thread that iterates it; that thread's torch runs with
-the smallest cap held there, and gets back the count it had before the first hold when the last
-hold there ends, in whatever order the loaders stop. A hold ends when the loader's workers stop
-(``close()``, the end of a pass without persistent workers) or when the loader is collected. A
-hold never raises the count (a lower one the user set stays until a hold ends).
+the smallest cap held there, and gets back the user's count when the last hold there ends, in
+whatever order the loaders stop. A hold ends when the loader's workers stop (``close()``, the end
+of a pass without persistent workers) or when the loader is collected. The user's count is the one
+the thread had before its first hold, or the one the user set since (a count other than the one
+the registry last left there): a hold never raises it, and it is what is given back.
 
 The count is kept per thread because torch's OpenMP count can be the calling thread's own: it
 is only ever set from the thread that iterates. A hold that ends on another thread (the garbage
@@ -31,7 +32,8 @@ __all__ = ["ThreadCap", "held_caps"]
 _lock = threading.Lock()
 _inside = threading.local()  # .active: this thread is in the registry (a release then waits for it)
 _holds: dict[int, tuple[weakref.ref[threading.Thread], int]] = {}  # hold -> (its thread, its cap)
-_before: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()
+_before: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()  # user's count
+_left: weakref.WeakKeyDictionary[threading.Thread, int] = weakref.WeakKeyDictionary()  # count set last
 _dropped: collections.deque[int] = collections.deque()  # releases made inside the registry
 _keys = itertools.count()
 
@@ -62,24 +64,24 @@ def _drain() -> None:
         _release_locked(_dropped.popleft())
 
 
-def _settle(lower_only: bool = False) -> None:
-    """This thread's count: the smallest cap held in it, or given back; ``lower_only`` (a hold):
-    never raised."""
+def _settle() -> None:
+    """This thread's count: the smallest cap held in it, never above the user's count; that count
+    given back when nothing is held there."""
     me = threading.current_thread()
     caps = [cap for ref, cap in _holds.values() if ref() is me]
     current = torch.get_num_threads()
     before = _before.get(me)
-    if before is None:
-        if not caps:
+    if before is None or _left.get(me) != current:  # a first hold, or the user set a count since
+        if before is None and not caps:
             return
-        before = _before[me] = current
+        before = current
     if caps:
-        target = min(before, *caps)
+        _before[me] = before
+        target = _left[me] = min(before, *caps)
     else:
         target = before
-        del _before[me]
-    if lower_only:
-        target = min(target, current)
+        _before.pop(me, None)
+        _left.pop(me, None)
     if target != current:
         torch.set_num_threads(target)
 
@@ -91,7 +93,7 @@ def _hold(key: int, cap: int) -> None:
         if held is not None and held[0]() is not me:
             _release_locked(key)  # the loader is iterated from another thread now
         _holds[key] = (weakref.ref(me), max(1, int(cap)))
-        _settle(lower_only=True)
+        _settle()
 
 
 def _release_locked(key: int) -> None:
@@ -145,6 +147,7 @@ def _forget_in_child() -> None:
     _inside = threading.local()
     _holds.clear()
     _before.clear()
+    _left.clear()
     _dropped.clear()
 
 

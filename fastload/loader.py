@@ -898,9 +898,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             share of the CPUs (divided among the job's local ranks) less ``num_workers``, at least
             1, from the start of a pass while the workers are alive (until the pass ends without
             persistent workers; until ``close()`` or collection with them). A cap never raises
-            the count. With several loaders alive at once, torch runs with the smallest of their
-            caps, and gets the count it had before the first back when the last of them stops
-            its workers, in either order.
+            the user's count (the count before the first cap, or one set since). With several
+            loaders alive at once, torch runs with the smallest of their caps, and gets the user's
+            count back when the last of them stops its workers, in either order.
         decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
             bytes (free with ``InMemoryImageFolder``); :func:`fastload.decode.decode_batch`
             decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and

@@ -22,6 +22,7 @@ from _batches import same as _same
 import fastload
 from fastload import ImageFolder, gpu
 from fastload import transforms as T
+from fastload._threads import held_caps
 from fastload.loader import DataLoader, EpochRandomSampler, auto_num_workers
 
 
@@ -327,6 +328,7 @@ def torch_threads() -> Iterator[None]:
     """torch's thread count as the test sets it: no loader of an earlier test that waits for the
     garbage collector (its workers still alive) holds a cap on it meanwhile."""
     gc.collect()
+    assert not held_caps(), f"a loader of an earlier test still caps torch's threads: {held_caps()}"
     saved = torch.get_num_threads()
     yield
     torch.set_num_threads(saved)

@@ -119,7 +119,7 @@ def test_a_collected_loader_and_a_pass_without_persistent_workers_end_their_hold
     )
 
 
-def test_a_lower_count_the_user_sets_is_not_raised_by_a_hold(train_root: Path) -> None:
+def test_a_count_the_user_sets_meanwhile_is_kept_and_given_back(train_root: Path) -> None:
     _run(
         train_root,
         """
@@ -127,16 +127,44 @@ def test_a_lower_count_the_user_sets_is_not_raised_by_a_hold(train_root: Path) -
         run(train)
         torch.set_num_threads(3)  # the user's count, under every cap
         run(val)
-        threads(3, "a hold never raises the count")
+        threads(3, "a hold never raises the user's count")
         val.close()
-        threads(7, "a hold ended: the smallest cap still held")
+        threads(3, "a hold ended: still the user's count, under the cap still held")
         train.close()
-        threads(16, "the count before the first hold")
+        threads(3, "the user's latest count, not the one before the first hold")
         torch.set_num_threads(12)
         run(train)
         threads(7, "a new first hold")
+        torch.set_num_threads(64)  # above the cap: lowered at the next pass start ...
+        run(train)
+        threads(7, "capped again")
         train.close()
-        threads(12, "the count before it")
+        threads(64, "... and given back")
+        """,
+    )
+
+
+def test_a_hold_ended_on_another_thread_does_not_undo_a_later_count(train_root: Path) -> None:
+    # A loader closed (or collected) on another thread ends its hold there; this thread's count
+    # is set at its next hold or release, from the count the user set meanwhile
+    _run(
+        train_root,
+        """
+        import threading
+
+        train = loader(1)
+        run(train)
+        threads(7, "held")
+        closing = threading.Thread(target=train.close)
+        closing.start()
+        closing.join()
+        assert held_caps() == []
+        torch.set_num_threads(64)
+        val = loader(3)
+        run(val)
+        threads(5, "a new hold")
+        val.close()
+        threads(64, "the count the user set after the other thread's release")
         """,
     )
 
