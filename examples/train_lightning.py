@@ -73,8 +73,8 @@ class Classifier(pl.LightningModule):
         return self.net(x)
 
     def on_train_epoch_start(self) -> None:
-        # Every rank shuffles alike (fastload's default seed in a distributed job), so Lightning's
-        # sampler wrapper partitions one order: together the ranks cover the whole train set.
+        # The DistributedSampler Lightning injects (it sees a shuffled loader, as with torch's)
+        # partitions one order: together the ranks cover the whole train set.
         loader = self.trainer.train_dataloader
         shard = torch.tensor(list(loader.sampler))
         covered = len(set(self.all_gather(shard).flatten().tolist()))

@@ -265,8 +265,10 @@ class _TorchPass:
         ring: MainRing | None,
         keep_ring: bool,
         fallback: Callable[[UnsendableBatchError, int], Iterator[Any]] | None = None,
+        own_workers: bool = False,
     ) -> None:
         self.it = torch_iter
+        self.own_workers = own_workers  # a pass beside the loop's on persistent workers: its own stop with it
         self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
         self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
         self.ring_pass = None if ring is None else ring.pass_number()
@@ -314,6 +316,10 @@ class _TorchPass:
         return batch
 
     def close(self) -> None:
+        if self.own_workers:
+            shutdown = getattr(self.it, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
         ring = self.ring
         if ring is None:
             return
@@ -470,6 +476,7 @@ class DataLoaderIterator:
         self._ended = False
         self._generation: int | None = None
         self._hold: int | None = None  # this pass's hold on torch's thread count (limit_threads)
+        self._own_torch_workers = False  # torch's iterator with workers of its own, beside the loop's
         sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
         if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
             sampler_set_epoch(self.epoch)
@@ -522,20 +529,24 @@ class DataLoaderIterator:
                 if loader.limit_threads:
                     self._hold = engine.limit_threads(loader.num_workers)
                 rng_state = RNGState(loader.generator) if loader._auto_workers else None
+                # a pass started while the loop's iterates on the default persistent workers (a
+                # peek inside the loop): workers of its own, as torch's default gives each iterator
+                self._own_torch_workers = own = loader._torch_pass_beside()
                 try:
                     with warnings.catch_warnings():
                         if loader._auto_workers:  # torch's notice of it: the fallback below says more
                             warnings.filterwarnings("ignore", message="Got pickle error when attempting")
-                        torch_iter = loader._torch_iter()  # (re)makes loader._torch_ring when workers start
+                        # (re)makes loader._torch_ring when the loader's workers start
+                        torch_iter = loader._torch_iter(own_workers=own)
                 except Exception as e:
-                    if not (loader._auto_workers and _pickling_error(e)):
+                    if own or not (loader._auto_workers and _pickling_error(e)):
                         raise
                     loader._give_up_workers(e)
                     if rng_state is not None:
                         rng_state.restore()  # torch's default draws from here
                     torch_iter = loader._torch_iter()
                 fallback = None
-                if loader._auto_workers:
+                if loader._auto_workers and not own:
                     fallback = functools.partial(
                         loader._load_in_process,
                         rng_state=rng_state,
@@ -543,9 +554,13 @@ class DataLoaderIterator:
                         rest=rest,
                         restored=weakref.WeakMethod(self._rng_restored),  # no cycle through the pass
                     )
-                source = _TorchPass(
-                    torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
-                )
+                if own:
+                    source = _TorchPass(torch_iter, start, None, False, own_workers=True)
+                else:
+                    source = _TorchPass(
+                        torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
+                    )
+                    loader._torch_pass = weakref.ref(self)
             self._source = source
             if loader.decode != "cpu":  # loader.close() ends it (its threads), as it stops the workers
                 loader._device_pass = weakref.ref(self)
@@ -705,7 +720,7 @@ class DataLoaderIterator:
             and self._engine.generation == self._generation
         ):
             self._engine.close()  # only the newest pass: an older one must not stop a live pass
-        elif self._hold is not None and not loader.persistent_workers:
+        elif self._hold is not None and (not loader.persistent_workers or self._own_torch_workers):
             self._engine.end_hold(self._hold)  # torch's workers stopped with its iterator
         if self._own_engine:
             self._engine.close()
@@ -1478,7 +1493,19 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if self.num_workers > 0 and self.prefetch_factor is not None and self.prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
-    def _torch_iter(self) -> Iterator[Any]:
+    def _torch_pass_beside(self) -> bool:
+        """Whether a new pass of torch's iterator starts while the loop's iterates on the default
+        persistent workers (not asked for), so that it needs workers of its own: torch's
+        persistent iterator would be reset under the loop."""
+        if not (self.num_workers and self.persistent_workers and self._persistent_by_default):
+            return False
+        if not self._torch_workers_started:
+            return False
+        live = self.__dict__.get("_torch_pass")
+        live = live() if live is not None else None
+        return live is not None and not live._ended
+
+    def _torch_iter(self, own_workers: bool = False) -> Iterator[Any]:
         """torch's own iterator for this loader (the path for everything the fast path does not serve).
 
         When it starts process workers (each pass, or the first one with persistent workers), two
@@ -1499,11 +1526,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         each worker's start does not wait until the previous one imported torch. And each worker
         runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
         its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
+
+        ``own_workers``: an iterator with workers of its own, which stop with it (no ring of reused
+        batch segments), for a pass beside the loop's on persistent workers.
         """
         if self.num_workers == 0:
             with _served(self, self._head_dataset):
                 return super().__iter__()
-        if self.persistent_workers and self._torch_workers_started:  # no worker starts
+        if self.persistent_workers and self._torch_workers_started and not own_workers:  # no worker starts
             ring = self._torch_ring
             if ring is not None:
                 ring.new_pass()
@@ -1528,25 +1558,32 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             shipped = ship_dataset(served, self.multiprocessing_context, self.worker_init_fn, self.collate_fn)
         table = None
         if (
-            self.reuse_buffers
+            not own_workers
+            and self.reuse_buffers
             and (streams(self) or rings_collate(self))
             and get_sharing_strategy() == "file_descriptor"
             and not _torch_pins(self)
             and ring_supported()
         ):
             table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)
-        self._torch_ring = None if table is None else MainRing(table)
+        if not own_workers:
+            self._torch_ring = None if table is None else MainRing(table)
         try:
             with (
                 frozen_heap(self.multiprocessing_context),
                 _served(self, view if shipped is None else shipped),
                 _worker_init(self, table),
             ):
-                it = super().__iter__()
+                if own_workers:
+                    it = self._get_iterator()  # not the loader's persistent one
+                    it._persistent_workers = False  # they stop at its end
+                else:
+                    it = super().__iter__()
         finally:
             if shipped is not None:
                 shipped.close()  # the workers have their copy of its descriptor
-        self._torch_workers_started = True
+        if not own_workers:
+            self._torch_workers_started = True
         return it
 
     def _load_in_process(

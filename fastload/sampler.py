@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import Dataset, Sampler, SequentialSampler
+from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from ._checks import check_int
@@ -178,8 +178,13 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
     return range(rank, n, num_replicas)
 
 
-class EpochRandomSampler(Sampler[int]):
+class EpochRandomSampler(RandomSampler):
     """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
+
+    A ``RandomSampler`` (without replacement, one sample each), as torch's loader makes for
+    ``shuffle=True``, so that frameworks which tell a shuffled loader by its sampler's class
+    (Lightning, re-creating a loader for DDP with a ``DistributedSampler``) see one. Its
+    ``generator`` is not used: the order depends on the seed and the epoch only.
 
     The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
     ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica; for a
@@ -193,7 +198,11 @@ class EpochRandomSampler(Sampler[int]):
     """
 
     def __init__(self, data_source: Any, seed: int | DefaultSeed = 0) -> None:
+        # RandomSampler's attributes without its checks (an empty dataset is an empty order here)
         self.data_source = data_source
+        self.replacement = False
+        self._num_samples = None
+        self.generator = None
         self._seed = seed
         self.epoch = 0
 

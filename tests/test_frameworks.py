@@ -55,6 +55,29 @@ def test_batches_survive_framework_transfer_utilities(imagenet_root: Path, devic
         assert out.indices is None or torch.equal(out.indices, batch.indices)
 
 
+@pytest.mark.parametrize("shuffle", [True, False, None])
+def test_lightning_tells_a_fastload_loader_as_torchs(imagenet_root: Path, shuffle: bool | None) -> None:
+    """Lightning's own checks of a loader passed to ``fit()`` (not made in its hooks): whether it
+    shuffles (a validation loader's warning; the shuffle of the ``DistributedSampler`` it injects
+    in older versions) and which sampler it injects for DDP, the same as for torch's loader."""
+    pl_data = pytest.importorskip("pytorch_lightning.utilities.data")
+    pl_connector = pytest.importorskip("pytorch_lightning.trainer.connectors.data_connector")
+    ds = ImageFolder(imagenet_root / "val", transform=T.Compose([T.Resize(16), T.CenterCrop(16)]))
+    kwargs = {} if shuffle is None else {"shuffle": shuffle}
+    loaders = [
+        DataLoader(ds, batch_size=4, num_workers=0, **kwargs),
+        torch.utils.data.DataLoader(ds, 4, **kwargs),
+    ]
+    shuffled = [pl_data._is_dataloader_shuffled(loader) for loader in loaders]
+    assert shuffled == [bool(shuffle)] * 2
+    injected = [
+        pl_connector._get_distributed_sampler(loader, shuffled[0], overfit_batches=0, num_replicas=2, rank=0)
+        for loader in loaders
+    ]
+    assert type(injected[0]) is type(injected[1]) is torch.utils.data.DistributedSampler
+    assert [list(sampler) for sampler in injected] == [list(injected[1])] * 2
+
+
 def _run(cmd: list[str], cwd: Path) -> str:
     # CPU ranks (gloo), on a GPU machine too: one GPU cannot serve two ranks of their own
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -92,7 +115,7 @@ def test_lightning_example(imagenet_root: Path, tmp_path: Path, devices: int) ->
     for rank in range(devices):
         assert [int(s) for r, s in steps if int(r) == rank] == [per_epoch, 2 * per_epoch], out
     assert re.findall(r"val top-1 [0-9.]+ over (\d+) samples", out) == [str(VAL_SIZE)] * 2, out
-    # Lightning's sampler wrapper over fastload's shuffle: one order on every rank, all 32 covered
+    # the DistributedSampler Lightning injects for fastload's shuffle: one order on every rank, all 32 covered
     assert re.findall(r"epoch \d: train samples covered (\d+) of (\d+)", out) == [("32", "32")] * 2, out
 
 

@@ -1151,27 +1151,30 @@ def test_a_transform_replaced_between_epochs_reaches_the_fast_paths_default_work
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("persistent", [None, False])
+@pytest.mark.parametrize("path", ["fast", "torch"])
 def test_a_peek_inside_the_epoch_loop_leaves_the_epoch_whole_like_torchs(
-    workers: int, persistent: bool | None, imagenet_root: Any
+    workers: int, persistent: bool | None, path: str, imagenet_root: Any
 ) -> None:
     # next(iter(loader)) inside the loop: torch gives that iterator workers of its own (without
-    # persistent workers, its default); so does the fast path (its default workers included)
-    ds = _images(imagenet_root)
+    # persistent workers, its default); so does fastload (its default workers included), on the
+    # fast path and on torch's own iterator (a dataset it does not read itself)
+    ds = _images(imagenet_root) if path == "fast" else _Range(12)
     given = {} if persistent is None or not workers else {"persistent_workers": persistent}
     outcomes = {}
     for cls in LOADERS:
         loader = cls(ds, batch_size=2, num_workers=workers, **given)
         labels, peeked = [], []
-        for step, (_, y) in enumerate(loader):
-            labels.append(y.tolist())
-            if step == 1:
-                peeked.append(next(iter(loader))[1].tolist())
+        for epoch in range(2):  # the loop's persistent workers serve the next epoch too
+            for step, (_, y) in enumerate(loader):
+                labels.append((epoch, y.tolist()))
+                if step == 1:
+                    peeked.append(next(iter(loader))[1].tolist())
         outcomes[cls] = (labels, peeked)
         if cls is fastload.DataLoader:
-            assert loader.fast_path
+            assert loader.fast_path is (path == "fast")
             loader.close()
     assert outcomes[fastload.DataLoader] == outcomes[torch.utils.data.DataLoader]
-    assert len(outcomes[fastload.DataLoader][0]) == -(-len(ds) // 2)
+    assert len(outcomes[fastload.DataLoader][0]) == 2 * -(-len(ds) // 2)
 
 
 def test_asked_for_persistent_workers_are_taken_over_by_a_newer_pass(imagenet_root: Any) -> None:
