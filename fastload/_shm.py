@@ -158,8 +158,15 @@ def _shm_numbers() -> tuple[int, int] | None:
 
 def shm_error(error: BaseException, needed: int | None = None) -> RuntimeError | None:
     """A clear error for ``error`` when it is an allocation in ``/dev/shm`` that did not fit (else
-    ``None``): what ``/dev/shm`` holds, what was needed (if known) and the fixes."""
-    text = str(error)
+    ``None``): what ``/dev/shm`` holds, what was needed (if known) and the fixes. The errors it was
+    raised from count too (torch 2.1 raises "worker ... exited unexpectedly" from the
+    worker's bus error)."""
+    texts: list[str] = []
+    cause: BaseException | None = error
+    while cause is not None and len(texts) < 4:
+        texts.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    text = "\n".join(texts)
     if not (
         "unable to allocate shared memory" in text
         or ("No space left on device" in text and "shm" in text)

@@ -59,6 +59,11 @@ try:  # torch's documented way to extend default_collate (torch >= 1.13)
 except ImportError:  # pragma: no cover - an older or reorganised torch: no streaming
     _CAN_STREAM = False
 
+#: A weak reference to a storage may be kept (torch 2.2 on). torch 2.1 keeps a storage's Python
+#: object alive past its last reference without clearing the weak references to it: one still set
+#: when the interpreter exits crashes it (a segmentation fault in the garbage collector).
+_STORAGE_WEAKREFS = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 2)
+
 try:  # torch's cache of the shared storages this process received or sent, by (inode, device)
     from torch.multiprocessing.reductions import shared_cache as _shared_cache
 except ImportError:  # pragma: no cover - a reorganised torch: no ring (a resend could not be seen)
@@ -274,10 +279,13 @@ class MainRing:
         """The end of a pass: lets go of every mapping this process keeps, so that idle workers
         can drop their segments (:meth:`WorkerRing.drop_free`) and give the memory back. A segment
         still in use here (the last batch, which the loop variable still holds) is freed for its
-        worker when that use ends (a finalizer on its storage), wherever it ends."""
+        worker when that use ends (a finalizer on its storage), wherever it ends; with torch 2.1
+        (see ``_STORAGE_WEAKREFS``), it stays mapped here until the next pass's :meth:`poll`."""
         self.poll()
         for seg, entry in list(self.held.items()):
             if entry[1]:
+                if not _STORAGE_WEAKREFS:
+                    continue
                 self.finalizing.add(seg)
                 weakref.finalize(entry[0], self._finalized, seg, entry[1], entry[3], entry[4])
             self._drop(seg)

@@ -24,7 +24,9 @@ class IndexedBatch(list[Any]):
     a pair (``images, labels = batch``) and takes what loops do to torch's batches
     (``batch[0] = batch[0].to(device)``, ``append``), so training loops need no change; it
     exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
-    processes), ``pin_memory``, and the generic collection utilities of the frameworks:
+    processes), ``pin_memory`` (torch's pin-memory thread; with torch 2.1, which rebuilds it from
+    its items, the indices are ``None`` after it), and the generic collection utilities of the
+    frameworks:
 
     - torch's pytree (``tree_map``, used by ``torch.compile`` and many move-to-device helpers):
       registered as a node with children ``images, labels, indices``, so all three are mapped.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 import multiprocessing as mp
 import os
 import pickle
@@ -26,6 +27,14 @@ def _tree(root: Path, layout: dict[str, int], size: tuple[int, int] = (40, 30)) 
         for i in range(n):
             Image.new("RGB", size, (10 * i, 100, 200)).save(root / cls / f"{cls}_{i}.jpg", quality=90)
     return root
+
+
+def _torchvision_folder(root: Path) -> torchvision.datasets.ImageFolder:
+    """torchvision's ``ImageFolder(root, allow_empty=True)``, for a comparison (skipped where
+    torchvision is older than 0.17, whose ``ImageFolder`` refuses an empty class folder)."""
+    if "allow_empty" not in inspect.signature(torchvision.datasets.ImageFolder).parameters:
+        pytest.skip(f"torchvision {torchvision.__version__}'s ImageFolder has no allow_empty (0.17+)")
+    return torchvision.datasets.ImageFolder(str(root), allow_empty=True)
 
 
 # ------------------------------------------------------------------------------------ ClassIndex
@@ -169,7 +178,7 @@ def test_hidden_non_image_nested_and_empty(tmp_path: Path) -> None:
     assert any("empty" in str(w.message) for w in caught)
     # Same files in the same order as torchvision (which also walks sub-folders), less the
     # hidden file that torchvision would try (and fail) to decode.
-    tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
+    tv = _torchvision_folder(root)
     assert [p for p, _ in tv.samples if "/." not in p] == list(index.paths)
     assert scan_folder(root, extensions=(".png",)).relpath(0) == "b/sub/deep.PNG"
 
@@ -345,7 +354,7 @@ def test_hidden_entries_are_skipped_and_counted(tmp_path: Path, caplog: pytest.L
     assert len(logged) == 2 and "skipped 3 hidden image-named file(s) such as 'a/._a_0.jpg'" in logged[0]
     # the non-image files: one line per scan, a count and an example (none disappears unsaid)
     assert "skipped 2 file(s) without an image extension such as 'b/.DS_Store'" in logged[1]
-    tv = torchvision.datasets.ImageFolder(str(root), allow_empty=True)
+    tv = _torchvision_folder(root)
     # torchvision: 3 resource forks + the file in the hidden folder are samples, and a hidden class.
     assert len(tv) == len(ds) + 3 + 1 and ".ipynb_checkpoints" in tv.classes
     # The counts travel with the index: pickled to workers, saved and loaded.

@@ -111,6 +111,22 @@ def test_shm_error_names_dev_shm_and_the_fix() -> None:
     text = str(hint)
     assert "/dev/shm is" in text and "--shm-size" in text and "154 MB" in text and "No space left" in text
     assert _shm.shm_error(RuntimeError("something else")) is None
+    # torch 2.1: the worker dies of a bus error; the loop gets "exited unexpectedly" raised from it
+    try:
+        try:
+            raise RuntimeError(
+                "DataLoader worker (pid 909) is killed by signal: Bus error. It is possible that "
+                "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
+            )
+        except RuntimeError as e:
+            raise RuntimeError("DataLoader worker (pid(s) 909) exited unexpectedly") from e
+    except RuntimeError as e:
+        chained = _shm.shm_error(e)
+    assert (
+        chained is not None
+        and "/dev/shm is" in str(chained)
+        and "killed by signal: Bus error" in str(chained)
+    )
 
 
 def test_memfd_tensors_are_shared_by_descriptor() -> None:
