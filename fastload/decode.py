@@ -95,8 +95,13 @@ _DECODE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class DecodeError(RuntimeError):
-    """An image file could not be decoded; the message names the sample and its file."""
+class DecodeError(RuntimeError, OSError):
+    """An image file could not be decoded; the message names the sample and its file.
+
+    An ``OSError`` as PIL's errors for such a file (``UnidentifiedImageError``, "image file is
+    truncated"), so that a loop or a dataset wrapper that catches ``OSError`` to skip bad files
+    catches it too; and a ``RuntimeError``, as it was before.
+    """
 
 
 # "<_io.BytesIO object at 0x7f...>" in PIL's "cannot identify image file <...>": names nothing useful.

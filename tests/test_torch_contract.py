@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import PIL
 import pytest
 import torch
 from torch.utils.data import IterableDataset
@@ -1187,3 +1188,40 @@ def test_asked_for_persistent_workers_are_taken_over_by_a_newer_pass(imagenet_ro
     with pytest.raises(RuntimeError, match="a newer pass of the same loader"):
         next(it)
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("path", ["fast", "head-accelerated"])
+def test_an_undecodable_image_raises_an_oserror_as_pils(
+    workers: int, path: str, imagenet_root: Any, tmp_path: Any
+) -> None:
+    # a loop (or a wrapper) that catches OSError to skip bad files, as PIL's errors for them are
+    import shutil
+
+    import torchvision
+    from torchvision import transforms as T
+
+    root = tmp_path / "val"
+    shutil.copytree(imagenet_root / "val", root)
+    victim = sorted(p for p in root.rglob("*") if p.is_file())[0]
+    victim.write_bytes(b"<html>404 Not Found</html>")
+    ops: list[Any] = [T.Resize(16), T.CenterCrop(16)]
+    if path == "head-accelerated":
+        ops.append(T.ColorJitter(0.2))  # not on the fast path: torch's iterator, fastload's decoding
+    caught = {}
+    for cls in LOADERS:
+        ds = torchvision.datasets.ImageFolder(str(root), transform=T.Compose([*ops, T.PILToTensor()]))
+        loader = cls(ds, batch_size=4, num_workers=workers)
+        with pytest.raises(OSError) as info:
+            list(loader)
+        caught[cls] = info.value
+        if cls is fastload.DataLoader:
+            assert loader.path == path
+            loader.close()
+    assert isinstance(caught[torch.utils.data.DataLoader], PIL.UnidentifiedImageError)
+    error = caught[fastload.DataLoader]
+    if path == "fast":  # fastload's own error (a RuntimeError too, as before)
+        assert isinstance(error, fastload.decode.DecodeError) and isinstance(error, RuntimeError)
+    else:  # the head decodes where torchvision's loader would: PIL's error, with the sample named
+        assert type(error) is PIL.UnidentifiedImageError
+    assert str(victim) in str(error)
