@@ -38,7 +38,7 @@ import torch
 import fastload
 from fastload import gpu
 from fastload.benchmark import default_data, endless
-from fastload.decode import decode_batch, device_decoder, device_routes
+from fastload.decode import decode_batch, decode_jpegs, device_decoder, device_routes
 
 
 def _sync(device: torch.device) -> None:
@@ -91,17 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     routes = np.zeros(len(ds), dtype=np.int8)
     on_device = device_routes(encoded, np.arange(n), routes)
     batches = [range(k, k + args.batch_size) for k in range(0, n, args.batch_size)]
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     tensors = [torch.frombuffer(bytearray(e), dtype=torch.uint8) for e in encoded]
 
-    def torchvision_rows(count: int) -> None:
+    def torchvision_rows(count: int) -> None:  # one batched call (one per image before torchvision 0.19)
         for b in islice(_cycle(batches), count):
-            jpegs = [tensors[i] for i in b if on_device[i]]
-            if device.type == "cuda":
-                decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
-            else:
-                decode_jpeg(jpegs, mode=ImageReadMode.RGB)
+            decode_jpegs([tensors[i] for i in b if on_device[i]], device)
 
     def fastload_rows(count: int) -> None:  # the same JPEGs (the others would be the CPU's work)
         for b in islice(_cycle(batches), count):

@@ -35,7 +35,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ __all__ = [
     "decode_error",
     "describe_unknown",
     "decode_jpeg_tensor",
+    "decode_jpegs",
     "decode_pil",
     "dct_scale",
     "decode_jpeg_region",
@@ -616,6 +617,27 @@ def _torchvision_jpeg() -> Callable[[torch.Tensor], torch.Tensor] | None:
 def torchvision_jpeg_available() -> bool:
     """Whether :func:`decode_jpeg_tensor` can use ``torchvision.io.decode_jpeg`` here."""
     return _torchvision_jpeg() is not None
+
+
+@functools.cache
+def _decode_jpeg_takes_lists() -> bool:
+    """Whether ``torchvision.io.decode_jpeg`` takes a list of images (torchvision 0.19 on)."""
+    import torchvision
+
+    major, minor = (int(part) for part in torchvision.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (0, 19)
+
+
+def decode_jpegs(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``torchvision.io.decode_jpeg`` of encoded JPEG tensors, to RGB, on ``device`` (nvJPEG on a
+    CUDA device): one batched call where torchvision takes a list (0.19 on), else one call per
+    image, on the same device. Errors are torchvision's."""
+    from torchvision.io import ImageReadMode, decode_jpeg  # on first use: keeps the import cheap
+
+    on: dict[str, Any] = {"device": device} if device.type == "cuda" else {}
+    if _decode_jpeg_takes_lists():
+        return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, **on))
+    return [cast(torch.Tensor, decode_jpeg(t, mode=ImageReadMode.RGB, **on)) for t in tensors]
 
 
 def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:

@@ -35,6 +35,23 @@ def test_mixed_batch_matches_pil(imagenet_root: Path) -> None:
         assert np.array_equal(image.permute(1, 2, 0).numpy(), _reference(data))
 
 
+@pytest.mark.parametrize("lists", [True, False])
+def test_mixed_batch_with_and_without_torchvisions_batched_call(
+    imagenet_root: Path, lists: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision before 0.19 decodes one JPEG per call: the same images, and the same error."""
+    import fastload.decode
+
+    monkeypatch.setattr(fastload.decode, "_decode_jpeg_takes_lists", lambda: lists)
+    ds = ImageFolder(imagenet_root / "train")
+    encoded = [ds.get_bytes(i) for i in range(len(ds))]
+    out = decode_batch(encoded, "cpu")
+    for data, image in zip(encoded, out, strict=True):
+        assert np.array_equal(image.permute(1, 2, 0).numpy(), _reference(data))
+    with pytest.raises(DecodeError, match="sample 1 of the batch"):
+        decode_batch([encoded[0], b"\xff\xd8\xff\xe0 broken"], "cpu", on_device=[True, True])
+
+
 def test_error_names_the_sample(imagenet_root: Path) -> None:
     ds = ImageFolder(imagenet_root / "val")
     encoded = [ds.get_bytes(0), b"\xff\xd8\xff\xe0 broken", ds.get_bytes(1)]

@@ -479,14 +479,9 @@ def decode_batch(
                 torch.from_numpy(np.array(decode_pil(blob, label(k)))).permute(2, 0, 1), device
             )
     if jpeg_slots:
-        from torchvision.io import ImageReadMode, decode_jpeg  # on first use: keeps the import cheap
-
         tensors = [_encoded_tensor(encoded[k]) for k in jpeg_slots]
         try:
-            if device.type == "cuda":  # pragma: no cover - needs CUDA
-                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
-            else:
-                decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB)
+            decoded = cpu_decoding.decode_jpegs(tensors, device)
         except _DECODE_ERRORS:
             # Find the culprit one by one, so the error names it.
             decoded = [_to_device(decode_jpeg_tensor(raws[k], label(k)), device) for k in jpeg_slots]
