@@ -498,6 +498,9 @@ def _reporting(base: type[multiprocessing.context.BaseContext]) -> type[Any]:
         def Queue(self, maxsize: int = 0) -> ReportingQueue:  # noqa: N802 - multiprocessing's name
             return ReportingQueue(maxsize, ctx=self.get_context())
 
+        def __reduce__(self) -> tuple[Any, ...]:  # a loader pickles (torch.multiprocessing.spawn, ddp_spawn)
+            return (reporting_context, (self.get_start_method(),))
+
     return Context
 
 

@@ -1450,6 +1450,33 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             ring.clear()
             self._torch_ring = None
 
+    #: What lives only in this process (workers, their threads, passes in progress): not pickled.
+    _PROCESS_STATE = (
+        "_engine",
+        "_iterator",
+        "_torch_ring",
+        "_prefetcher",
+        "_pass_indices",
+        "_fast_pass",
+        "_torch_pass",
+        "_device_pass",
+    )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The loader's settings and epoch state, without its workers: a loader pickles as torch's
+        does (``torch.multiprocessing.spawn`` arguments, Lightning's ``ddp_spawn``), also after it
+        iterated; the copy starts workers of its own at its first pass."""
+        state = self.__dict__.copy()
+        for name in self._PROCESS_STATE:
+            state.pop(name, None)
+        state["_torch_workers_started"] = False
+        state["_base_seed_drawn"] = False
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.update(_engine=Engine(), _iterator=None, _torch_ring=None, _prefetcher=None)
+
     def __del__(self) -> None:
         try:
             self.close()

@@ -1225,3 +1225,38 @@ def test_an_undecodable_image_raises_an_oserror_as_pils(
     else:  # the head decodes where torchvision's loader would: PIL's error, with the sample named
         assert type(error) is PIL.UnidentifiedImageError
     assert str(victim) in str(error)
+
+
+def _labels_in_a_spawned_process(rank: int, loader: Any, out: str) -> None:
+    torch.save([y.tolist() for _, y in loader], out)
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_pickles_as_torchs_also_after_iterating(
+    workers: int, imagenet_root: Any, tmp_path: Any
+) -> None:
+    # torch.multiprocessing.spawn arguments, Lightning's ddp_spawn: the loader is pickled
+    import pickle
+
+    for ds in (_images(imagenet_root), _Range(12)):
+        for cls in LOADERS:
+            loader = cls(ds, batch_size=4, num_workers=workers)
+            pickle.dumps(loader)
+            list(loader)
+            pickle.dumps(loader)  # after a pass too (torch's default workers are gone by then)
+            if cls is fastload.DataLoader:
+                loader.close()
+    # the copy is the loader: the same next epoch, on its own workers, here and in a new process
+    loader = fastload.DataLoader(
+        _images(imagenet_root), batch_size=4, num_workers=workers, shuffle=True, seed=3
+    )
+    list(loader)
+    copy = pickle.loads(pickle.dumps(loader))
+    assert copy.fast_path and copy.epoch == loader.epoch == 1
+    out = str(tmp_path / "labels.pt")
+    torch.multiprocessing.spawn(_labels_in_a_spawned_process, args=(loader, out), nprocs=1)
+    expected = [y.tolist() for _, y in loader]
+    assert [y.tolist() for _, y in copy] == expected == torch.load(out)
+    copy.close()
+    loader.close()
