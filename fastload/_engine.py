@@ -7,6 +7,7 @@ feeder thread for ``decode="hybrid"``.
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Sequence
@@ -28,7 +29,17 @@ from .transforms import import_decode_modules
 if TYPE_CHECKING:
     from .loader import DataLoader
 
-__all__ = ["SUPERSEDED", "Engine", "FastPass", "Lookahead", "SampleNames", "predicted_order", "split_batches"]
+__all__ = [
+    "SUPERSEDED",
+    "Engine",
+    "FastPass",
+    "Lookahead",
+    "SampleNames",
+    "SamplerBatches",
+    "has_batch",
+    "predicted_order",
+    "split_batches",
+]
 
 #: What the ``next()`` of a pass says once a newer pass of its loader has taken over the workers.
 SUPERSEDED = (
@@ -44,6 +55,57 @@ def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[n
     if not drop_last and len(order) % batch_size:
         batches.append(order[n_full * batch_size :])
     return batches
+
+
+class SamplerBatches(Sequence[np.ndarray]):
+    """A pass's batches read from the sampler as they are issued, as torch's iterator reads its
+    sampler (a few batches ahead of the loop), so that a sampler the loop steers during the epoch
+    (hard-example mining, a curriculum) is read when torch would read it, not all at ``iter()``.
+
+    ``len()`` is the count the sampler's ``len()`` promises until the sampler is exhausted, then
+    the count it gave; :func:`has_batch` says whether batch ``k`` exists (reading up to it).
+    """
+
+    def __init__(self, sampler: Any, batch_size: int, drop_last: bool, expected: int) -> None:
+        self._it = iter(sampler)
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self._expected = expected
+        self._read: list[np.ndarray] = []
+        self._done = False
+
+    def has(self, k: int) -> bool:
+        """Whether batch ``k`` exists: the sampler is read up to it."""
+        while len(self._read) <= k and not self._done:
+            chunk = np.fromiter(
+                (int(i) for i in itertools.islice(self._it, self._batch_size)), dtype=np.int64
+            )
+            if len(chunk) < self._batch_size:
+                self._done = True
+                if not len(chunk) or self._drop_last:
+                    break
+            self._read.append(chunk)
+        return k < len(self._read)
+
+    def __len__(self) -> int:
+        return len(self._read) if self._done else max(self._expected, len(self._read))
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
+    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+        if isinstance(k, slice):
+            self.has(2**62)  # all of it
+            return self._read[k]
+        if k < 0 or not self.has(k):
+            raise IndexError(f"batch {k} of a pass of {len(self)}")
+        return self._read[k]
+
+
+def has_batch(batches: Sequence[np.ndarray], k: int) -> bool:
+    """Whether ``batches`` has a batch ``k`` (a :class:`SamplerBatches` is read up to it)."""
+    return batches.has(k) if isinstance(batches, SamplerBatches) else k < len(batches)
 
 
 def predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
@@ -182,6 +244,10 @@ class Engine:
         ahead, self.lookahead = self.lookahead, None
         if ahead is None:
             return None
+        if isinstance(batches, SamplerBatches):  # not an order known ahead (nor read ahead to compare)
+            for report in ahead.reports.values():
+                ahead.pool.release(report.slot)
+            return None
         if ahead.pool is not self.pool or ahead.pool.closed:
             return None  # its workers are gone (a dead worker closed the pool): nothing to free
         if (
@@ -233,11 +299,7 @@ class FastPass:
         self.seed = seed
         self.lookahead = batches is None
         self.dataset = loader._fast_dataset if dataset is None else dataset
-        self.batches: Sequence[np.ndarray] = (
-            split_batches(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
-            if batches is None
-            else batches
-        )
+        self.batches: Sequence[np.ndarray] = batches if batches is not None else loader._pass_batches(epoch)
         self.next_batch = start
         self.issued = start
         self.pool = engine.get_pool(loader, seed, self.dataset)
@@ -294,7 +356,12 @@ class FastPass:
             self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
         )
         pool.collect_returned()
-        if self.lookahead and self.issued == len(self.batches) and pool.free_slots and pool.num_workers:
+        if (
+            self.lookahead
+            and not has_batch(self.batches, self.issued)
+            and pool.free_slots
+            and pool.num_workers
+        ):
             self.engine.fill_lookahead(self.loader, self.epoch, self.seed)
 
     def _run_inline(self) -> Report:
@@ -346,7 +413,7 @@ class FastPass:
 
     def __next__(self) -> IndexedBatch:
         pool = self.pool
-        if self.next_batch >= len(self.batches):
+        if not has_batch(self.batches, self.next_batch):
             raise StopIteration
         k = self.next_batch
         indices = self.batches[k]

@@ -1218,7 +1218,8 @@ class WorkerPool:
         in_flight: dict[int, int],
     ) -> int:
         """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
-        while issued < len(batches):
+        has = getattr(batches, "has", None)  # batches read from the sampler as issued (SamplerBatches)
+        while has(issued) if has is not None else issued < len(batches):
             slot = self.take_slot()
             if slot is None:
                 break

@@ -65,7 +65,7 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -84,7 +84,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 
 from ._checks import caller_stacklevel, check_choice, check_int
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
-from ._engine import SUPERSEDED, Engine, FastPass, split_batches
+from ._engine import SUPERSEDED, Engine, FastPass, SamplerBatches, predicted_order, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
@@ -1405,6 +1405,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._epochs.start_at(resume.position, 0)
         rest = rest_of_epoch(order, resume.position, plan.num_replicas, plan.rank, plan.pad, plan.drop_tail)
         return 0, rest
+
+    def _pass_batches(self, epoch: int) -> Sequence[np.ndarray]:
+        """This pass's batches for the fast path: a resumed epoch's rest, or an order known
+        without reading the sampler (fastload's own samplers, a sequential one), cut at once;
+        any other sampler read as the batches are issued (:class:`fastload._engine.SamplerBatches`)."""
+        batch_size = self.batch_size or 1
+        if self._rest is not None or predicted_order(self.sampler, epoch) is not None:
+            return split_batches(self._pass_order(), batch_size, self.drop_last)
+        n = len(self.sampler)  # type: ignore[arg-type]
+        expected = n // batch_size if self.drop_last else -(-n // batch_size)
+        return SamplerBatches(self.sampler, batch_size, self.drop_last, expected)
 
     def _pass_order(self) -> np.ndarray:
         """This pass's indices: a resumed epoch's rest, or the sampler's order."""

@@ -1260,3 +1260,44 @@ def test_a_loader_pickles_as_torchs_also_after_iterating(
     assert [y.tolist() for _, y in copy] == expected == torch.load(out)
     copy.close()
     loader.close()
+
+
+class _Steered(torch.utils.data.Sampler[int]):
+    """Yields ``pick`` for every sample: the loop changes it during the epoch (a curriculum)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pick = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        for _ in range(self.n):
+            yield self.pick
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_the_loop_steers_is_read_as_the_epoch_goes(workers: int, imagenet_root: Any) -> None:
+    # torch reads the sampler a few batches ahead of the loop (as it issues them), so a change the
+    # loop makes reaches the rest of the epoch; the fast path read it all at iter()
+    ds = fastload.ImageFolder(imagenet_root / "train", transform=_images(imagenet_root).transform)
+    last = len(ds) - 1
+    seen = {}
+    for cls in LOADERS:
+        sampler = _Steered(len(ds))
+        loader = cls(ds, batch_size=2, num_workers=workers, sampler=sampler)
+        labels = []
+        for step, (_, y) in enumerate(loader):
+            labels.append(y.tolist())
+            if step == 1:
+                sampler.pick = last
+        seen[cls] = labels
+        if cls is fastload.DataLoader:
+            assert loader.fast_path
+            loader.close()
+    steered = [ds.targets[last]] * 2
+    for labels in seen.values():
+        assert labels[:2] == [[ds.targets[0]] * 2] * 2 and labels[-8:] == [steered] * 8
+        assert len(labels) == len(ds) // 2
+    if not workers:  # read exactly when torch reads it: at each next()
+        assert seen[fastload.DataLoader] == seen[torch.utils.data.DataLoader]
