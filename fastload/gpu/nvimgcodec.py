@@ -218,8 +218,9 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
     if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
         try:
             return torch.from_dlpack(image)
-        except RuntimeError:  # nvImageCodec's host images: its DLPack export asks CUDA
-            return torch.from_numpy(np.asarray(image))
+        except (RuntimeError, BufferError):  # nvImageCodec's host images (its export asks CUDA);
+            array = np.asarray(image)  # or a read-only array torch 2.1 will not take
+            return torch.from_numpy(array if array.flags.writeable else array.copy())
     return torch.from_dlpack(image.__dlpack__(stream=stream))
 
 
