@@ -7,7 +7,8 @@ the smallest cap held there, and gets back the user's count when the last hold t
 whatever order the loaders stop. A hold ends when the loader's workers stop (``close()``, the end
 of a pass without persistent workers) or when the loader is collected. The user's count is the one
 the thread had before its first hold, or the one the user set since (a count other than the one
-the registry last left there): a hold never raises it, and it is what is given back.
+the registry last left there; a count set equal to that one cannot be told apart from it): a
+hold never raises it, and it is what is given back.
 
 The count is kept per thread because torch's OpenMP count can be the calling thread's own: it
 is only ever set from the thread that iterates. A hold that ends on another thread (the garbage

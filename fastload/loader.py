@@ -205,7 +205,7 @@ def _structural_reason(loader: DataLoader[Any]) -> str | None:
 
 #: Why a sampler without ``__len__`` (an endless one) runs torch's iterator.
 ENDLESS_SAMPLER = (
-    "the sampler has no len() (an endless sampler): fastload's own paths read each epoch's order "
+    "the sampler has no len() (an endless sampler): fastload's own paths need each epoch's length "
     "when it starts"
 )
 
@@ -530,8 +530,9 @@ class DataLoaderIterator:
                     self._hold = engine.limit_threads(loader.num_workers)
                 rng_state = RNGState(loader.generator) if loader._auto_workers else None
                 # a pass started while the loop's iterates on the default persistent workers (a
-                # peek inside the loop): workers of its own, as torch's default gives each iterator
-                self._own_torch_workers = own = loader._torch_pass_beside()
+                # peek inside the loop): workers of its own, as torch's default gives each iterator,
+                # and an engine of its own (its cap on torch's threads ends with it)
+                self._own_torch_workers = own = own_engine
                 try:
                     with warnings.catch_warnings():
                         if loader._auto_workers:  # torch's notice of it: the fallback below says more
@@ -1409,9 +1410,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def _pass_batches(self, epoch: int) -> Sequence[np.ndarray]:
         """This pass's batches for the fast path: a resumed epoch's rest, or an order known
         without reading the sampler (fastload's own samplers, a sequential one), cut at once;
-        any other sampler read as the batches are issued (:class:`fastload._engine.SamplerBatches`)."""
+        any other sampler read as the batches are issued (:class:`fastload._engine.SamplerBatches`),
+        as torch's iterator reads it -- except with a CUDA ``device``, whose batches a feeder
+        thread takes: the sampler is read whole here, at ``iter()``, in the iterating thread, so that
+        a sampler drawing from torch's global RNG draws where torch's does, not interleaved with the
+        training loop's draws from another thread."""
         batch_size = self.batch_size or 1
-        if self._rest is not None or predicted_order(self.sampler, epoch) is not None:
+        to_device = self.device is not None or self.gpu_transforms is not None or self._device_conversion
+        cuda_feed = bool(to_device) and self._get_prefetcher()._backend.is_cuda
+        if self._rest is not None or cuda_feed or predicted_order(self.sampler, epoch) is not None:
             return split_batches(self._pass_order(), batch_size, self.drop_last)
         n = len(self.sampler)  # type: ignore[arg-type]
         expected = n // batch_size if self.drop_last else -(-n // batch_size)
@@ -1506,10 +1513,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return DataLoaderIterator(self, self._engine)
 
     def _needs_own_workers(self) -> bool:
-        """Whether a new pass of the fast path runs beside a live one, on workers of its own:
-        without persistent workers, or with the default ones (not asked for)."""
-        if self.decode != "cpu" or not self.fast_path:
+        """Whether a new pass runs beside a live one, on workers of its own (and its own cap on
+        torch's threads): without persistent workers, or with the default ones (not asked for);
+        on torch's own iterator, with the default persistent ones (:meth:`_torch_pass_beside`)."""
+        if self.decode != "cpu":
             return False
+        if not self.fast_path:
+            return self._torch_pass_beside()
         if self.persistent_workers and not self._persistent_by_default:
             return False  # asked for: one set of workers, as torch's (a newer pass takes them over)
         live = self.__dict__.get("_fast_pass")

@@ -353,6 +353,45 @@ def test_torch_path_with_workers_is_fed_beside_the_loop_and_errors_keep_their_ba
     assert set(where.threads) == {"fastload-feeder"}
 
 
+def test_a_users_sampler_is_read_in_the_loops_thread_when_a_feeder_runs(imagenet_root: Path) -> None:
+    """A sampler that draws from torch's global RNG as it yields (hard-example mining): the feeder
+    thread must not read it (its draws would interleave with the loop's by timing), so with a CUDA
+    device it is read at iter(), in the iterating thread, and the run is reproducible."""
+    readers: list[str] = []
+
+    class Drawing(torch.utils.data.Sampler[int]):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __iter__(self) -> Any:
+            for _ in range(self.n):
+                readers.append(threading.current_thread().name)
+                yield int(torch.randint(self.n, ()))
+
+    def run(pause: float) -> tuple[list[int], list[float]]:
+        torch.manual_seed(0)
+        loader = _fast_loader(
+            imagenet_root, None, num_workers=2, shuffle=False, sampler=Drawing(20), batch_size=1
+        )
+        it = iter(loader)
+        assert isinstance(getattr(it, "_fed", None), fastload.loader.FedPass)
+        order, draws = [], []
+        for batch in it:
+            order += batch.indices.tolist()
+            draws.append(float(torch.rand(())))  # the training loop's own draw (dropout, ...)
+            time.sleep(pause)
+        loader.close()
+        return order, draws
+
+    with fake_cuda():
+        runs = [run(pause) for pause in (0.0, 0.05, 0.0)]
+    assert set(readers) == {threading.current_thread().name}
+    assert runs[0] == runs[1] == runs[2]
+
+
 def test_a_fed_pass_resumes_exactly_where_the_loop_stopped(imagenet_root: Path) -> None:
     """The feeder thread runs batches ahead of the loop: the state counts the batches handed out."""
     with fake_cuda():

@@ -169,6 +169,28 @@ def test_a_hold_ended_on_another_thread_does_not_undo_a_later_count(train_root: 
     )
 
 
+def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path) -> None:
+    # next(iter(loader)) inside the loop (torch's iterator, default persistent workers): the peek
+    # runs on workers of its own; its end must not end the cap of the loop's workers
+    _run(
+        train_root,
+        """
+        train = loader(1, dataset=Plain())
+        it = iter(train)
+        next(it)
+        threads(7, "the loop's pass")
+        next(iter(train))
+        gc.collect()
+        threads(7, "the peek ended; the loop's workers still run")
+        for _ in it:
+            pass
+        threads(7, "the loop's persistent workers stay")
+        train.close()
+        threads(16, "closed")
+        """,
+    )
+
+
 def test_loaders_iterated_on_two_threads_each_cap_their_own(train_root: Path) -> None:
     # torch's OpenMP count can be a thread's own: each thread's holds set its own count only
     _run(
