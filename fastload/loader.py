@@ -90,6 +90,10 @@ from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
+from ._watch import changed_attributes as _changed_attributes
+from ._watch import dataset_state as _dataset_state
+from ._watch import source_key as _source_key
+from ._watch import source_state as _source_state
 from ._worker import (
     CLOSED_MIDPASS,
     TorchWorkerInit,
@@ -130,58 +134,6 @@ def _is_fast_dataset(dataset: Any) -> bool:
         and callable(getattr(transform, "decode_into", None))
         and getattr(transform, "output_size", None) is not None
     )
-
-
-_SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index")
-
-
-def _source_key(dataset: Any) -> tuple[Any, ...]:
-    """What the path decision depends on: the dataset's own transform, sample list and loader objects."""
-    attributes = getattr(dataset, "__dict__", {})
-    return tuple(attributes.get(name) for name in _SOURCE_ATTRIBUTES)
-
-
-def _dataset_state(dataset: Any, depth: int = 0) -> tuple[Any, ...]:
-    """What a worker's copy of the dataset would miss if it changed: each public attribute's value
-    (numbers, strings and short tuples of them) or object (anything else, a long tuple too:
-    replaced, not mutated in place), into wrapped datasets (``Subset``, ``ConcatDataset``) two
-    levels deep. Per pass, never per sample."""
-    attributes = getattr(dataset, "__dict__", None)
-    if attributes is None:
-        return (id(dataset),)
-    out: list[tuple[str, Any]] = []
-    for name, value in attributes.items():
-        if name.startswith("_"):
-            continue  # private: the dataset's own caches
-        if _plain(value) or (
-            isinstance(value, tuple) and len(value) <= _SHORT_TUPLE and all(_plain(v) for v in value)
-        ):
-            out.append((name, (type(value).__name__, repr(value))))
-        elif depth < 2 and isinstance(value, torch.utils.data.Dataset):
-            out.append((name, _dataset_state(value, depth + 1)))
-        elif (
-            depth < 2 and isinstance(value, list) and value and isinstance(value[0], torch.utils.data.Dataset)
-        ):
-            out.append((name, tuple(_dataset_state(v, depth + 1) for v in value)))
-        else:
-            out.append((name, id(value)))
-    return (id(dataset), tuple(out))
-
-
-#: Tuples longer than this (a sample list kept as a tuple) are compared by identity, not value.
-_SHORT_TUPLE = 64
-
-
-def _plain(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, complex, str, bytes))
-
-
-def _changed_attributes(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
-    """The names of the attributes whose state differs (``"the dataset object"`` when replaced)."""
-    if len(before) != 2 or len(after) != 2 or before[0] != after[0]:
-        return ["the dataset object"]
-    old, new = dict(before[1]), dict(after[1])
-    return [f"'{name}'" for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
 
 
 def _same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
@@ -1182,6 +1134,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         ``fastload`` logger, INFO for the fast path, WARNING (shown by default) for the others."""
         dataset = self.dataset
         self._source_key = _source_key(dataset)
+        #: what the plans below are made from, by value (an op or a sample changed in place)
+        self._source_made = _source_state(_dataset_state(dataset))
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
         self._worker_dataset = self._head_dataset = None
@@ -1270,13 +1224,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         import_decode_modules()  # now, not inside the first batch (see _torch_iter for torch's path)
 
     def _refresh_path(self) -> None:
-        """At the start of a pass: follow a dataset whose transform or samples were replaced, as
-        torch's loader does, unless live persistent workers hold the old one (as torch's do). The
+        """At the start of a pass: follow a dataset whose transform or samples were replaced or
+        changed in place, as torch's loader does, unless live persistent workers hold the old one
+        (as torch's do). The
         default persistent workers (not asked for) are restarted when the dataset changed since
         the last pass (:func:`_dataset_state`), as torch's default new workers each pass see it."""
         if self.decode != "cpu":
             return
-        state = _dataset_state(self.dataset)
+        state = _dataset_state(self.dataset)  # fastload._watch: what is compared, and how
         before, self._workers_dataset = self._workers_dataset, state
         if self._persistent_by_default and self.num_workers > 0 and before is not None and before != state:
             _log.info(
@@ -1286,7 +1241,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 ", ".join(_changed_attributes(before, state)),
             )
             self._stop_workers()
-        if _same_source(self._source_key, _source_key(self.dataset)):
+        if _same_source(self._source_key, _source_key(self.dataset)) and self._source_made == _source_state(
+            state
+        ):
             return
         pool = self._engine.pool
         if pool is not None and not pool.closed and pool.num_workers > 0:

@@ -961,22 +961,39 @@ def test_device_decoding_without_a_device_where_cuda_is_says_it_decodes_on_the_c
     assert record[0].filename == __file__
 
 
-def test_the_dataset_state_compared_each_pass_reads_no_sample_list() -> None:
-    """Default persistent workers restart when the dataset changed (fastload.loader._dataset_state):
-    short values by value, a long tuple (a sample list) by identity, so a pass start never walks
-    1.28M entries."""
+def test_the_dataset_state_compared_each_pass() -> None:
+    """Default persistent workers restart, and plans are made again, when the dataset changed
+    (fastload._watch): short values by value, a long tuple by identity (it cannot change), a list
+    by a copy of its content (changed in place: relabelled samples), a transform by its ops'
+    public attributes (an op's size changed in place: progressive resizing)."""
+    from torchvision import transforms as T
+
     from fastload.loader import _dataset_state
 
     class Plain(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __init__(self) -> None:
             self.size = (32, 32)
             self.names = tuple(str(i) for i in range(100_000))
+            self.samples = [(f"{i}.jpg", i % 3) for i in range(100_000)]
+            self.transform = T.Compose([T.Resize(36), T.CenterCrop(32)])
             self._cache = {"private": 1}
 
     ds = Plain()
     before = _dataset_state(ds)
-    assert dict(before[1])["names"] == id(ds.names) and "_cache" not in dict(before[1])
+    assert dict(before[1])["names"] == ("tuple", id(ds.names)) and "_cache" not in dict(before[1])
     ds.size = (32, 32)  # an equal new tuple: no change
-    assert _dataset_state(ds) == before
-    ds.size = (16, 16)
+    ds.samples = list(ds.samples)  # an equal new list: no change
+    ds.transform.transforms[1] = T.CenterCrop(32)  # an equal op (another object): a change
     assert _dataset_state(ds) != before
+    before = _dataset_state(ds)
+    assert _dataset_state(ds) == before
+    for change in (
+        lambda: setattr(ds, "size", (16, 16)),
+        lambda: ds.samples.__setitem__(5, ("5.jpg", 0)),  # relabelled (it was 2)
+        lambda: setattr(ds.transform.transforms[0], "size", 24),
+        lambda: ds.transform.transforms.append(T.RandomHorizontalFlip()),
+    ):
+        change()
+        after = _dataset_state(ds)
+        assert after != before
+        before = after

@@ -1301,3 +1301,40 @@ def test_a_sampler_the_loop_steers_is_read_as_the_epoch_goes(workers: int, image
         assert len(labels) == len(ds) // 2
     if not workers:  # read exactly when torch reads it: at each next()
         assert seen[fastload.DataLoader] == seen[torch.utils.data.DataLoader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("path", ["fast", "torch"])
+def test_samples_and_ops_changed_in_place_reach_the_next_pass_as_with_torchs_loader(
+    workers: int, path: str, imagenet_root: Any
+) -> None:
+    # label cleaning / pseudo-labels relabel ds.samples in place; progressive resizing changes an
+    # op's size in place: torch's main process and its default new workers read them each pass
+    import torchvision
+    from torchvision import transforms as T
+
+    outcomes = {}
+    for cls in LOADERS:
+        ops: list[Any] = [T.Resize(40), T.CenterCrop(32)]
+        if path == "torch":
+            ops.insert(0, T.Lambda(lambda image: image))  # an op fastload does not plan: torch's path
+        ds = torchvision.datasets.ImageFolder(
+            str(imagenet_root / "val"), transform=T.Compose([*ops, T.PILToTensor()])
+        )
+        ds.samples[0] = (ds.samples[0][0], 3)  # before the first pass
+        loader = cls(ds, batch_size=4, num_workers=workers)
+        seen = []
+        for epoch in range(3):
+            seen.append([(tuple(x.shape), y.tolist()) for x, y in loader])
+            ds.samples[1] = (ds.samples[1][0], epoch)  # between passes
+            ops[-1].size = (32 - 8 * (epoch + 1),) * 2
+        outcomes[cls] = seen
+        if cls is fastload.DataLoader:
+            assert loader.path == ("fast" if path == "fast" else "torch")
+            loader.close()
+    assert outcomes[fastload.DataLoader] == outcomes[torch.utils.data.DataLoader]
+    assert [{shape[-1] for shape, _ in epoch} for epoch in outcomes[fastload.DataLoader]] == [
+        {32},
+        {24},
+        {16},
+    ]
