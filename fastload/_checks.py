@@ -26,6 +26,29 @@ __all__ = [
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def sample_index(i: Any) -> int:
+    """A sampler's index as an int (Python, numpy or 0-d tensor integers); anything else (a float
+    from a "/" where "//" was meant) is refused with the words of the ``TypeError`` a list-backed
+    dataset (torchvision's ``ImageFolder``) raises in torch's loader, rather than truncated.
+
+    Raises:
+        TypeError: ``i`` is not an integer.
+    """
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}") from None
+
+
+def read_error(error: OSError, i: int, path: str) -> OSError:
+    """``error`` (reading sample ``i``'s file at ``path``) as the same class with its ``errno`` and
+    ``filename`` (a ``FileNotFoundError`` stays one, as torch's loader raises it), its message
+    naming the sample: ``[Errno 2] cannot read sample 5: No such file or directory: '/data/x.jpg'``."""
+    if error.errno is None:
+        return OSError(f"cannot read sample {i} ({path!r}): {error}")
+    return type(error)(error.errno, f"cannot read sample {i}: {error.strerror}", path)
+
+
 def caller_stacklevel() -> int:
     """The ``stacklevel`` for ``warnings.warn`` called where this is called that names the first
     caller outside fastload (the user's line, however deep inside fastload the warning is made)."""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import SequentialSampler
 
+from ._checks import sample_index
 from ._threads import ThreadCap
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
 from .batch import IndexedBatch
@@ -78,7 +79,7 @@ class SamplerBatches(Sequence[np.ndarray]):
         """Whether batch ``k`` exists: the sampler is read up to it."""
         while len(self._read) <= k and not self._done:
             chunk = np.fromiter(
-                (int(i) for i in itertools.islice(self._it, self._batch_size)), dtype=np.int64
+                (sample_index(i) for i in itertools.islice(self._it, self._batch_size)), dtype=np.int64
             )
             if len(chunk) < self._batch_size:
                 self._done = True

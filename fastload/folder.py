@@ -31,7 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ._checks import caller_stacklevel
+from ._checks import caller_stacklevel, read_error, sample_index
 from ._stream import fetch
 from .decode import load_sample
 
@@ -364,7 +364,7 @@ class FolderIndex:
             with open(path, "rb") as f:
                 return f.read()
         except OSError as e:
-            raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+            raise read_error(e, i, path) from e
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -943,6 +943,7 @@ class EncodedImageDataset:
         return len(self.index)
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
+        i = sample_index(i)  # a float is an error, as a list's (torchvision's ImageFolder.samples)
         target: Any = int(self.targets[i])
         image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
         if self.target_transform is not None:

@@ -82,7 +82,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from ._checks import caller_stacklevel, check_choice, check_int
+from ._checks import caller_stacklevel, check_choice, check_int, sample_index
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, SamplerBatches, predicted_order, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
@@ -1386,7 +1386,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         rest = self._rest
         if rest is not None:
             return rest
-        return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+        return np.fromiter((sample_index(i) for i in self.sampler), dtype=np.int64)
 
     @property
     def _index_sampler(self) -> Any:

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_choice, check_int, check_optional_int
+from ._checks import check_choice, check_int, check_optional_int, read_error
 from ._packformat import HeadPlan, PackView
 from ._slices import ByteSlices
 from .device import available_cpus
@@ -352,7 +352,7 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
             try:
                 sizes.append(os.stat(paths[i]).st_size)
             except OSError as e:
-                raise OSError(f"cannot read sample {i} ({paths[i]!r}): {e.strerror or e}") from e
+                raise read_error(e, i, paths[i]) from e
         return sizes
 
     try:
@@ -383,7 +383,7 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
                         with open(path, "rb") as f:
                             data = f.read()
                     except OSError as e:
-                        raise OSError(f"cannot read sample {i} ({path!r}): {e.strerror or e}") from e
+                        raise read_error(e, i, path) from e
                     if len(data) != offsets[i + 1] - offsets[i]:
                         raise OSError(
                             f"sample {i} ({path!r}) changed size while the dataset was loading; load it again"

@@ -1338,3 +1338,66 @@ def test_samples_and_ops_changed_in_place_reach_the_next_pass_as_with_torchs_loa
         {24},
         {16},
     ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_gone_since_the_scan_raises_torchs_file_not_found_error(
+    workers: int, imagenet_root: Any, tmp_path: Any
+) -> None:
+    # an `except FileNotFoundError` (skip and log, re-sync storage) and e.errno / e.filename work alike
+    import os
+    import shutil
+
+    import torchvision
+    from torchvision import transforms as T
+
+    root = tmp_path / "val"
+    shutil.copytree(imagenet_root / "val", root)
+    ds = torchvision.datasets.ImageFolder(
+        str(root), transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.PILToTensor()])
+    )
+    gone = ds.samples[1][0]
+    os.remove(gone)
+    caught = {}
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=4, num_workers=workers)
+        with pytest.raises(FileNotFoundError) as info:
+            next(iter(loader))
+        caught[cls] = info.value
+        if cls is fastload.DataLoader:
+            assert loader.fast_path
+            loader.close()
+    error = caught[fastload.DataLoader]
+    assert (error.errno, error.filename) == (2, gone)
+    if not workers:  # torch's main process raises the open()'s own error (its workers' a rebuilt one)
+        torch_error = caught[torch.utils.data.DataLoader]
+        assert (torch_error.errno, torch_error.filename) == (error.errno, error.filename)
+    assert str(error).startswith("[Errno 2] cannot read sample 1: No such file or directory")
+
+
+class _Halves(torch.utils.data.Sampler[float]):
+    """A sampler with a bug: "/" where "//" was meant (float indices)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self) -> Any:
+        return iter([i / 2 for i in range(0, 16, 2)])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_float_indices_from_a_sampler_are_refused_as_by_torch(workers: int, imagenet_root: Any) -> None:
+    # torchvision's ImageFolder indexes a list: torch raises; the fast path must not truncate them
+    import torchvision
+    from torchvision import transforms as T
+
+    ds = torchvision.datasets.ImageFolder(
+        str(imagenet_root / "val"), transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.PILToTensor()])
+    )
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=4, num_workers=workers, sampler=_Halves())
+        with pytest.raises(TypeError, match="list indices must be integers or slices, not float"):
+            list(loader)
+        if cls is fastload.DataLoader:
+            assert loader.fast_path
+            loader.close()
