@@ -595,7 +595,8 @@ def decode_plan(
             RandomHorizontalFlip, or a Resize alone); otherwise run them one by one as PIL
             does. With ``reduce=False`` the pixels are then bit-identical to torchvision's ops on
             the decoded PIL image (a ``Resize`` + ``CenterCrop`` folded into one resample differs
-            by up to 1 level on some pixels).
+            by up to 1 level on some pixels). Without ``pil``: images PIL decodes (PNG, CMYK
+            JPEG) run torch's ops too, not one PIL resample.
 
     Raises:
         DecodeError: Naming ``name`` when the file is not a decodable image.
@@ -622,7 +623,7 @@ def decode_plan(
             _copy_tensor_out(res, out, _trailing_flip(plan.ops))
             return
         loaded, applied = load_reduced(img, scale, name, data)
-        _apply_loaded(loaded, plan, applied, out)
+        _apply_loaded(loaded, plan, applied, out, exact)
     except DecodeError:
         raise
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
@@ -685,9 +686,11 @@ def _rgb_array(img: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img if img.mode == "RGB" else img.convert("RGB")))
 
 
-def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray) -> None:
-    """Runs a plan on a decoded PIL image (at ``1/scale``), writing HWC RGB into ``out``."""
-    if plan.fusable:
+def _apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray, exact: bool = False) -> None:
+    """Runs a plan on a decoded PIL image (at ``1/scale``), writing HWC RGB into ``out``: a fusable
+    plan as one PIL resample (within 1 level of torch's kernels), unless ``exact``: then torch's
+    ops one by one on the image as a tensor, as torchvision runs them after ``ToImage``."""
+    if plan.fusable and not (exact and scale == 1):
         _copy_pil_out(_pil_fused(img, plan, scale), out)
         return
     rgb = img if img.mode == "RGB" else img.convert("RGB")

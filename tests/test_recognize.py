@@ -614,3 +614,24 @@ def test_torchvision_016s_warn_default_does_not_antialias_tensors() -> None:
     assert tensor_antialias(op, on_pil=False) is False and tensor_antialias(op, on_pil=True) is True
     assert tensor_antialias(SimpleNamespace(antialias=None), on_pil=False) is False
     assert tensor_antialias(SimpleNamespace(antialias=True), on_pil=False) is True
+
+
+def test_exact_pixels_on_the_fast_path_is_torchvisions_batches_bit_for_bit(imagenet_root: Path) -> None:
+    """A tensor pipeline (v2 ToImage, then Resize and CenterCrop) over every kind of file in the
+    tree (RGB and grayscale JPEGs, a CMYK JPEG and a PNG, which PIL decodes): the same bytes as
+    torch's loader with exact_pixels=True (without it, up to 1 level off on a few pixels)."""
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    dataset = torchvision.datasets.ImageFolder(
+        imagenet_root / "train", transform=v2.Compose([v2.ToImage(), v2.Resize(36), v2.CenterCrop(32)])
+    )
+    kinds = {Image.open(path).mode + str(Image.open(path).format) for path, _ in dataset.samples}
+    assert {"CMYKJPEG", "RGBPNG", "LJPEG", "RGBJPEG"} <= kinds
+    want = torch.cat([x for x, _ in torch.utils.data.DataLoader(dataset, batch_size=8)])
+    for exact in (False, True):
+        loader = fastload.DataLoader(dataset, batch_size=8, num_workers=0, exact_pixels=exact)
+        assert loader.fast_path
+        got = torch.cat([x for x, _ in loader])
+        difference = (got.int() - want.int()).abs().max().item()
+        assert difference == 0 if exact else difference <= 1
