@@ -101,9 +101,16 @@ class DefaultSeed:
 def base_seed(generator: torch.Generator | None = None, consume: bool = True) -> int:
     """The base seed torch's DataLoader iterator draws as it starts: the next int64 of
     ``generator`` (torch's global RNG when ``None``). ``consume=False`` reads it and leaves the
-    generator's state as it was."""
+    generator's state as it was.
+
+    Raises:
+        TypeError: ``generator`` is not a ``torch.Generator`` (torch's iterator raises a
+            ``TypeError`` there too, in ``random_``'s words).
+    """
     if consume:
         return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator should be a torch.Generator, but got generator={generator!r}")
     state = torch.get_rng_state() if generator is None else generator.get_state()
     try:
         return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

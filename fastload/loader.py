@@ -1003,6 +1003,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:
             RandomSampler(dataset, generator=generator)  # torch's checks and words (an empty dataset)
             sampler = EpochRandomSampler(dataset, self._epochs.seed_source)
+            sampler.generator = generator  # as torch's RandomSampler holds it (its order: the seed's)
             shuffle = False
             own_sampler = True
             replaces_random_sampler = True

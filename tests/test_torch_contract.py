@@ -1401,3 +1401,14 @@ def test_float_indices_from_a_sampler_are_refused_as_by_torch(workers: int, imag
         if cls is fastload.DataLoader:
             assert loader.fast_path
             loader.close()
+
+
+def test_a_generator_that_is_not_one_is_a_type_error_at_iter_as_in_torch() -> None:
+    ds = _Range(8)
+    for cls in LOADERS:
+        loader = cls(ds, batch_size=2, shuffle=True, generator=3, num_workers=0)  # accepted, as torch's
+        with pytest.raises(TypeError, match="generator"):
+            next(iter(loader))
+    g = torch.Generator()
+    assert fastload.DataLoader(ds, shuffle=True, generator=g).sampler.generator is g
+    assert torch.utils.data.DataLoader(ds, shuffle=True, generator=g).sampler.generator is g
