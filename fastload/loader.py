@@ -422,6 +422,7 @@ class DataLoaderIterator:
         self._own_engine = own_engine  # workers of its own (a pass beside a live one), stopped with it
         self._closed_by_loader = False
         self._epochs = loader._epochs
+        loader._take_sampler_epoch()
         self.seed = self._epochs.pass_seed()  # before the pass draws torch's base seed
         self.epoch, resume = self._epochs.begin_pass()
         self._pass_id = self._epochs.live_pass
@@ -429,9 +430,8 @@ class DataLoaderIterator:
         self._generation: int | None = None
         self._hold: int | None = None  # this pass's hold on torch's thread count (limit_threads)
         self._own_torch_workers = False  # torch's iterator with workers of its own, beside the loop's
-        sampler_set_epoch = getattr(loader.sampler, "set_epoch", None)
-        if callable(sampler_set_epoch) and (loader._own_sampler or self._epochs.epoch_set):
-            sampler_set_epoch(self.epoch)
+        if loader._own_sampler or self._epochs.epoch_set:
+            _set_sampler_epoch(loader.sampler, self.epoch)
         start, rest = loader._resume_pass(self.epoch, resume)
         self._done = start
         self._rest: np.ndarray | None = None
@@ -728,6 +728,16 @@ def _served(loader: DataLoader[Any], view: Any) -> Iterator[None]:
         yield
     finally:
         object.__setattr__(loader, "dataset", dataset)
+
+
+def _set_sampler_epoch(sampler: Any, epoch: int) -> None:
+    """The loader sets its sampler's epoch (if it has ``set_epoch``); not an epoch the user gave it
+    (see :meth:`DataLoader._take_sampler_epoch`)."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+        if getattr(sampler, "_told_epoch", False):
+            sampler._told_epoch = False
 
 
 def _torch_pins(loader: DataLoader[Any]) -> bool:
@@ -1255,9 +1265,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""
         self._epochs.set_epoch(epoch)
-        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
-        if callable(set_sampler_epoch):
-            set_sampler_epoch(self._epochs.epoch)
+        _set_sampler_epoch(self.sampler, self._epochs.epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
@@ -1324,11 +1332,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         seed = self._epochs.seed
         if self._own_sampler and isinstance(self.sampler, (EpochRandomSampler, DistributedSampler)):
             self.sampler.seed = seed  # (hasattr would read the property: a draw of its own)
-        set_sampler_epoch = getattr(self.sampler, "set_epoch", None)
-        if callable(set_sampler_epoch):
-            resume = self._epochs.resume
-            sampler_epoch = None if resume is None else resume.sampler_epoch
-            set_sampler_epoch(self._epochs.epoch if sampler_epoch is None else sampler_epoch)
+        resume = self._epochs.resume
+        sampler_epoch = None if resume is None else resume.sampler_epoch
+        _set_sampler_epoch(self.sampler, self._epochs.epoch if sampler_epoch is None else sampler_epoch)
 
     def _resume_pass(self, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
         """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
@@ -1483,6 +1489,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         live = self.__dict__.get("_fast_pass")
         live = live() if live is not None else None
         return live is not None and not live._ended
+
+    def _take_sampler_epoch(self) -> None:
+        """A pass start: the epoch given to the sampler fastload made (``loader.sampler.set_epoch(e)``,
+        torchvision's reference script's ``train_sampler.set_epoch(epoch)``) since the loader last
+        set it is the pass's epoch, as ``loader.set_epoch(e)`` (torch's sampler would use it)."""
+        sampler: Any = self.sampler
+        if self._own_sampler and getattr(sampler, "_told_epoch", False):
+            sampler._told_epoch = False
+            self._epochs.set_epoch(sampler.epoch)
 
     def _check_as_torch_iterator(self) -> None:
         """What torch's iterator checks and says as a pass starts, in its words, on every path

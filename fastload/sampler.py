@@ -217,8 +217,10 @@ class EpochRandomSampler(RandomSampler):
         self._seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch whose order the next iteration yields."""
+        """Sets the epoch whose order the next iteration yields (a loader that made this sampler
+        takes it as its next pass's epoch, as ``loader.set_epoch``)."""
         self.epoch = int(epoch)
+        self._told_epoch = True
 
     def indices(self, epoch: int) -> np.ndarray:
         """The order of ``epoch`` (without changing the sampler's epoch)."""
@@ -460,6 +462,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         """
         self.epoch = check_int(epoch, "epoch", type_error=True)
         self._set_epoch_called = True
+        self._told_epoch = True  # a loader that made this sampler takes it (as loader.set_epoch)
 
     def resume_point(self) -> int | None:
         """The global position the next iteration of the current epoch starts at, after a

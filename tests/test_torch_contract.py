@@ -1412,3 +1412,30 @@ def test_a_generator_that_is_not_one_is_a_type_error_at_iter_as_in_torch() -> No
     g = torch.Generator()
     assert fastload.DataLoader(ds, shuffle=True, generator=g).sampler.generator is g
     assert torch.utils.data.DataLoader(ds, shuffle=True, generator=g).sampler.generator is g
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_the_epoch_given_to_the_loaders_own_sampler_is_the_passs_epoch(distributed: bool) -> None:
+    # torchvision's reference script: train_sampler = loader.sampler; train_sampler.set_epoch(epoch)
+    # at the top of each epoch, from start_epoch after a resume: the loader must not count its own
+    ds = _Range(16)
+
+    def passes(call: Any, epochs: list[int]) -> list[tuple[int, list[int]]]:
+        loader = fastload.DataLoader(
+            ds, batch_size=4, shuffle=True, seed=7, distributed=distributed, num_workers=0
+        )
+        out = []
+        for epoch in epochs:
+            call(loader, epoch)
+            it = iter(loader)
+            out.append((it.epoch, [int(v) for _, y in it for v in y]))
+        return out
+
+    via_sampler = passes(lambda loader, e: loader.sampler.set_epoch(e), [5, 6, 6])
+    via_loader = passes(lambda loader, e: loader.set_epoch(e), [5, 6, 6])
+    assert via_sampler == via_loader and [e for e, _ in via_sampler] == [5, 6, 6]
+    assert (
+        via_sampler[1][1] == via_sampler[2][1] != via_sampler[0][1]
+    )  # an epoch given twice: its order twice
+    untold = passes(lambda loader, e: None, [0, 1])
+    assert [e for e, _ in untold] == [0, 1] and untold[0][1] != via_sampler[0][1]
