@@ -1008,6 +1008,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 shuffle=bool(shuffle),
                 seed=self._epochs.seed_source,  # the sampler's own rule: pads when shuffling (see the docs)
             )
+            sampler._follows_job = True  # ranks read again at each use: the process group may come later
             shuffle = False
             own_sampler = True
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:

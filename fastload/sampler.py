@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Sized
 from typing import Any, cast
@@ -365,6 +366,32 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._warned = False
         self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
         self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
+        #: made by ``DataLoader(distributed=True)``: its ranks follow the job's (see :meth:`_follow`)
+        self._follows_job = False
+
+    def _follow(self) -> None:
+        """A sampler a loader made with ``distributed=True`` (before the process group may exist:
+        a loader built before ``init_process_group`` under ``torch.multiprocessing.spawn``, or in a
+        process Lightning starts, which knows ``WORLD_SIZE`` but not its rank): its
+        ``num_replicas`` and ``rank`` are the job's as each use reads them (the process group's,
+        else torchrun's variables), and its shards are cut again when they changed."""
+        if not self._follows_job:
+            return
+        from .distributed import get_rank, get_world_size  # the sampler module is imported first
+
+        num_replicas, rank = get_world_size(), get_rank()
+        if (num_replicas, rank) == (self.num_replicas, self.rank) or not 0 <= rank < num_replicas:
+            return
+        n = self._len
+        self.num_replicas, self.rank = num_replicas, rank
+        if self.drop_last and n % num_replicas != 0:  # torch's DistributedSampler's rule
+            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
+        else:
+            self.num_samples = math.ceil(n / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        if not self.drop_last and not self.pad:
+            self.num_samples = len(range(rank, n, num_replicas))
+            self.total_size = n
 
     _seed: int | DefaultSeed
 
@@ -402,6 +429,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         Returns:
             A list of ints (``len(self)`` of them for the whole epoch).
         """
+        self._follow()
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
         start = check_int(start, "start", low=0, high=self._len)
         return rest_of_epoch(
@@ -451,6 +479,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
     def __len__(self) -> int:
         """Indices the next iteration yields: ``num_samples``, or fewer for a resumed epoch."""
+        self._follow()
         start = self.resume_point()
         return self.num_samples if start is None else len(self.indices(start=start))
 
@@ -567,6 +596,7 @@ def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
         own: The loader made the sampler (then it takes a loaded state's seed).
     """
     if isinstance(sampler, DistributedSampler):
+        sampler._follow()
         blocks = sampler.shuffle and _shuffle_blocks(dataset, sampler._len) is not None
         order = ("blocks" if blocks else "shuffle") if sampler.shuffle else "sequence"
         return {

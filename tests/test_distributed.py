@@ -438,3 +438,33 @@ def test_multi_process_env_without_a_group_is_an_error(clean_env) -> None:
 def test_docstring_examples(clean_env) -> None:
     results = doctest.testmod(fd)
     assert results.attempted >= 4 and results.failed == 0
+
+
+def _loader_made_before_the_group(rank: int, world: int, store: str, out_dir: str) -> None:
+    import fastload
+
+    # made before init_process_group (torch.multiprocessing.spawn; Lightning's ddp processes know
+    # WORLD_SIZE but not their rank then): distributed=True must shard by the group it iterates in
+    loader = fastload.DataLoader(list(range(11)), batch_size=4, distributed=True, num_workers=0)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        result: dict[str, Any] = {"len": len(loader), "seen": [int(v) for batch in loader for v in batch]}
+    except BaseException:  # noqa: BLE001 - written for the parent to report
+        result = {"traceback": traceback.format_exc()}
+    finally:
+        with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+        dist.destroy_process_group()
+
+
+def test_a_distributed_loader_made_before_the_process_group_shards_by_it(tmp_path: Path) -> None:
+    torch.multiprocessing.spawn(
+        _loader_made_before_the_group, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2
+    )
+    results = []
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.pkl", "rb") as f:
+            results.append(pickle.load(f))
+        assert "traceback" not in results[-1], results[-1]["traceback"]
+    assert sorted(v for r in results for v in r["seen"]) == list(range(11))  # every sample once
+    assert [r["len"] for r in results] == [2, 2]  # 6 and 5 samples in batches of 4
