@@ -74,6 +74,7 @@ __all__ = [
     "get_local_rank",
     "get_local_world_size",
     "get_rank",
+    "ranks_known",
     "get_world_size",
     "is_main_process",
     "reduce_sum",
@@ -87,6 +88,14 @@ _EXACT_INT_LIMIT = 2**53
 
 def _group_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def ranks_known() -> bool:
+    """Whether this process's rank and the job's size are known now: a process group, or both
+    ``WORLD_SIZE`` and ``RANK`` (torchrun's). Else they may come later: a process started by
+    ``torch.multiprocessing.spawn`` before ``init_process_group``, or by Lightning's ``ddp``
+    strategy (``WORLD_SIZE`` without ``RANK``)."""
+    return _group_ready() or (_env_int("WORLD_SIZE") is not None and _env_int("RANK") is not None)
 
 
 def _env_int(name: str) -> int | None:

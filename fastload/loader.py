@@ -104,7 +104,7 @@ from ._worker import (
     start_method,
 )
 from .device import auto_num_workers, available_cpus, cuda_available
-from .distributed import get_rank, get_world_size
+from .distributed import get_rank, get_world_size, ranks_known
 from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers, device_decoder
 from .gpu.hybrid import DeviceHead, HybridSplit, split_head
@@ -1008,7 +1008,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 shuffle=bool(shuffle),
                 seed=self._epochs.seed_source,  # the sampler's own rule: pads when shuffling (see the docs)
             )
-            sampler._follows_job = True  # ranks read again at each use: the process group may come later
+            sampler._follows_job = not ranks_known()  # read again at each use: a process group may come later
             shuffle = False
             own_sampler = True
         elif shuffle and sampler is None and batch_sampler is None and not is_iterable:

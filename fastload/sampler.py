@@ -370,11 +370,12 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._follows_job = False
 
     def _follow(self) -> None:
-        """A sampler a loader made with ``distributed=True`` (before the process group may exist:
-        a loader built before ``init_process_group`` under ``torch.multiprocessing.spawn``, or in a
-        process Lightning starts, which knows ``WORLD_SIZE`` but not its rank): its
-        ``num_replicas`` and ``rank`` are the job's as each use reads them (the process group's,
-        else torchrun's variables), and its shards are cut again when they changed."""
+        """A sampler a loader made with ``distributed=True`` where the ranks were not known yet
+        (:func:`fastload.distributed.ranks_known`: a loader built before ``init_process_group``
+        under ``torch.multiprocessing.spawn``, or in a process Lightning starts, which knows
+        ``WORLD_SIZE`` but not its rank): its ``num_replicas`` and ``rank`` are the job's as each
+        use reads them (the process group's, else torchrun's variables), and its shards are cut
+        again when they changed."""
         if not self._follows_job:
             return
         from .distributed import get_rank, get_world_size  # the sampler module is imported first
