@@ -1454,6 +1454,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             state.pop(name, None)
         state["_torch_workers_started"] = False
         state["_base_seed_drawn"] = False
+        # the dataset's compared state (copies of its lists: 1.28M samples) is this process's:
+        # the copy's dataset is another object, compared anew (its plans made again at its first pass)
+        state["_workers_dataset"] = state["_source_made"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -1247,6 +1247,13 @@ def test_a_loader_pickles_as_torchs_also_after_iterating(
             pickle.dumps(loader)  # after a pass too (torch's default workers are gone by then)
             if cls is fastload.DataLoader:
                 loader.close()
+    # what it compares of the dataset each pass (copies of its lists) stays in this process
+    import torchvision
+
+    folder = torchvision.datasets.ImageFolder(str(imagenet_root / "train"))
+    folder.samples = folder.samples * 2000  # 64,000 samples
+    with_list = fastload.DataLoader(folder, batch_size=4, num_workers=0, fast_path=False)
+    assert len(pickle.dumps(with_list)) < 1.5 * len(pickle.dumps(folder))
     # the copy is the loader: the same next epoch, on its own workers, here and in a new process
     loader = fastload.DataLoader(
         _images(imagenet_root), batch_size=4, num_workers=workers, shuffle=True, seed=3
