@@ -968,6 +968,7 @@ def test_the_dataset_state_compared_each_pass() -> None:
     public attributes (an op's size changed in place: progressive resizing)."""
     from torchvision import transforms as T
 
+    from fastload._watch import changed_attributes as _changed
     from fastload.loader import _dataset_state
 
     class Plain(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -997,3 +998,14 @@ def test_the_dataset_state_compared_each_pass() -> None:
         after = _dataset_state(ds)
         assert after != before
         before = after
+    # two attributes holding one list (a torchvision folder's samples and imgs): one copy, and
+    # a change through either name is seen; a new list under one name is a change of that name
+    ds.imgs = ds.samples
+    state = dict(_dataset_state(ds)[1])
+    assert state["imgs"] is state["samples"]
+    before = _dataset_state(ds)
+    ds.imgs[7] = ("7.jpg", 2)
+    assert _changed(before, _dataset_state(ds)) == ["'imgs'", "'samples'"]
+    before = _dataset_state(ds)
+    ds.imgs = [("x.jpg", 0)]
+    assert _changed(before, _dataset_state(ds)) == ["'imgs'"]
