@@ -637,6 +637,56 @@ def _trim_when_idle(trim: Callable[[int], int] | None, period: float) -> None:
         last = now
 
 
+def pass_seed_cell() -> torch.Tensor:
+    """The shared cell of fastload's default persistent workers on torch's iterator: the number
+    of the pass and the base seed the main process drew for it (see :func:`reseed_each_pass`)."""
+    return shared_empty((2,), torch.int64).zero_()
+
+
+def seed_as_torch(base_seed: int, worker_id: int) -> None:
+    """Seeds this worker's RNGs as torch's worker loop seeds a new worker of a pass whose base seed
+    is ``base_seed`` (Python's ``random``, torch's, numpy's), and makes
+    ``get_worker_info().seed`` that seed."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_numpy_seed(base_seed, worker_id))
+    info = torch_worker._worker_info
+    if info is not None:
+        torch_worker._worker_info = type(info)(
+            id=info.id, num_workers=info.num_workers, seed=seed, dataset=info.dataset
+        )
+
+
+def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
+    """In a worker of torch's iterator kept between passes by fastload's default (not asked for):
+    at each new pass, seed it as torch's default, which starts new workers every pass, would.
+
+    torch's persistent worker takes a new pass's ``_ResumeIteration`` by making its fetcher again;
+    before it is sent, the main process writes the pass's number and base seed into ``cell``
+    (:meth:`fastload.DataLoader._torch_iter`). This wraps the fetcher's factory in this process
+    only: where the cell holds a pass this worker has not seen, it seeds itself first
+    (:func:`seed_as_torch`), so random transforms draw what torch's new workers would draw.
+    """
+    from torch.utils.data import _DatasetKind
+
+    make_fetcher = _DatasetKind.create_fetcher
+    cells = cell.numpy()
+    seen = int(cells[0])
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        nonlocal seen
+        pass_number, base_seed = int(cells[0]), int(cells[1])
+        if pass_number != seen:
+            seen = pass_number
+            seed_as_torch(base_seed, worker_id)
+        return make_fetcher(*args, **kwargs)
+
+    _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class TorchWorkerInit:
     """The ``worker_init_fn`` of torch's worker processes started by ``fastload.DataLoader``: starts
@@ -662,9 +712,14 @@ class TorchWorkerInit:
     #: The ring table of the reused batch segments (:func:`fastload._stream.ring_table`), or ``None``;
     #: without ``stream``, for a user's ``collate_fn`` (:class:`fastload._stream.RingedCollate`).
     ring: torch.Tensor | None = field(default=None, compare=False)
+    #: fastload's default persistent workers: the pass cell (:func:`pass_seed_cell`) from which
+    #: the worker seeds itself at each pass, as torch's new worker of that pass would be seeded.
+    pass_seeds: torch.Tensor | None = field(default=None, compare=False)
 
     def __call__(self, worker_id: int) -> None:
         send_through_memfd()  # batches this worker sends never need /dev/shm (fastload._shm)
+        if self.pass_seeds is not None:
+            reseed_each_pass(self.pass_seeds, worker_id)
         if self.stream:
             enable_streaming(self.ring, worker_id)
         else:

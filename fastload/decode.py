@@ -162,6 +162,14 @@ def decode_error(
     return DecodeError(f"cannot decode {name}: {reason}. Remove or replace the file{SKIP_HINT}.")
 
 
+def note_sample(error: BaseException, name: str) -> None:
+    """Names the sample in the traceback of an error raised as it is (an op's own error, with
+    torchvision's type and words: ``str(error)`` is unchanged). Python 3.11+ (exception notes)."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(f"(fastload: while transforming {name})")
+
+
 #: The end of a :class:`DecodeError`'s advice where a loader can skip the file; left out where it
 #: cannot (``decode="device"``/``"hybrid"``) or already does (the warning of a skipped sample).
 SKIP_HINT = " (or use on_error='skip' in fastload.DataLoader)"

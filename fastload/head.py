@@ -47,7 +47,9 @@ sample torch would.
 
 from __future__ import annotations
 
+import ast
 import io
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +85,21 @@ from .transforms import Plan, decode_plan, resized_output_size
 __all__ = ["HeadPipeline", "head_view", "split_pipeline"]
 
 _CROPS = ("RandomResizedCrop", "Resize", "CenterCrop")
+
+
+#: How fastload's datasets name a sample in errors (``fastload.ImageFolder.describe``).
+_SAMPLE_NAME = re.compile(r"sample \d+ \((.+)\)\Z", re.S)
+
+
+def _opened_file(name: str) -> str:
+    """What PIL's "cannot identify image file" error shows for the file torchvision's loader
+    opened (``Image.open`` of an open file: its repr), where ``name`` holds the path."""
+    match = _SAMPLE_NAME.match(name)
+    try:
+        path = ast.literal_eval(match.group(1)) if match else None
+    except (ValueError, SyntaxError):
+        path = None
+    return f"<_io.BufferedReader name={path!r}>" if isinstance(path, str) else name
 
 
 @dataclass
@@ -355,7 +372,7 @@ class HeadPipeline:
         try:
             img = Image.open(io.BytesIO(raw))
         except UnidentifiedImageError:
-            raise UnidentifiedImageError(f"cannot identify image file {name}") from None
+            raise UnidentifiedImageError(f"cannot identify image file {_opened_file(name)}") from None
         return img.convert("RGB")
 
     def _plan(self, height: int, width: int) -> tuple[Plan, list[tuple[_HeadOp, Any]]]:

@@ -99,6 +99,7 @@ from ._worker import (
     TorchWorkerInit,
     UnsendableBatchError,
     frozen_heap,
+    pass_seed_cell,
     reporting_context,
     ship_dataset,
     start_method,
@@ -549,6 +550,10 @@ class DataLoaderIterator:
         return self
 
     def __len__(self) -> int:
+        if isinstance(self._loader.dataset, IterableDataset):
+            # torch's iterator answers its index sampler's len(): for an IterableDataset an endless
+            # one, which raises torch's TypeError (also where the dataset has a __len__)
+            len(self._loader.sampler)  # type: ignore[arg-type]
         if self._length is None:
             if not isinstance(self._loader.dataset, IterableDataset):
                 len(self._loader)  # torch's words: a sampler without __len__
@@ -768,7 +773,9 @@ def rings_collate(loader: DataLoader[Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator[None]:
+def _worker_init(
+    loader: DataLoader[Any], ring: torch.Tensor | None, pass_seeds: torch.Tensor | None = None
+) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
     the block (while torch's iterator starts its process workers), and the user's again after.
 
@@ -781,12 +788,15 @@ def _worker_init(loader: DataLoader[Any], ring: torch.Tensor | None) -> Iterator
     the ring table ``ring``, if given. When it batches with the user's own ``collate_fn`` (given
     at construction) and ``ring`` is given, ``loader.collate_fn`` is
     :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
-    the workers' reused segments.
+    the workers' reused segments. ``pass_seeds``: the cell from which fastload's default persistent
+    workers seed themselves at each pass (:func:`fastload._worker.reseed_each_pass`).
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
     ringed = not stream and rings_collate(loader)
-    loader.worker_init_fn = TorchWorkerInit(user_fn, stream=stream, ring=ring if stream or ringed else None)
+    loader.worker_init_fn = TorchWorkerInit(
+        user_fn, stream=stream, ring=ring if stream or ringed else None, pass_seeds=pass_seeds
+    )
     if stream:
         loader.collate_fn = stream_collate
     elif ringed:
@@ -824,8 +834,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     Every torch argument keeps its name and meaning; these defaults differ, to fix known traps:
     ``num_workers="auto"`` (:func:`auto_num_workers`), ``persistent_workers=True`` when there are
-    workers, ``pin_memory=True`` when CUDA is available. The main process's torch intra-op threads
-    are capped so that they and the workers never oversubscribe the CPUs (``limit_threads``).
+    workers (and no ``worker_init_fn``), ``pin_memory=True`` when CUDA is available. The main
+    process's torch intra-op threads are capped so that they and the workers never oversubscribe
+    the CPUs (``limit_threads``).
 
     Args:
         dataset: Any map-style or iterable dataset.
@@ -838,7 +849,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a
             ``get_bytes`` override, a ``target_transform``) still runs in the calling thread.
         pin_memory: ``None`` pins when CUDA is available.
-        persistent_workers: ``None`` keeps workers between epochs when there are any.
+        persistent_workers: ``None`` keeps workers between epochs when there are any and no
+            ``worker_init_fn`` (torch's default runs it in new workers every epoch); they are
+            seeded at each pass as torch's new workers of that pass would be.
         seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed
             job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
             needed) 0, like torch's ``DistributedSampler``, so that every rank shuffles alike
@@ -946,7 +959,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             # torch's default (0) for an IterableDataset: workers would each replay the whole
             # stream unless the dataset shards itself, which only the user can know.
             num_workers = 0 if isinstance(dataset, IterableDataset) else auto_num_workers()
-        elif isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)):
+        elif isinstance(num_workers, bool):
+            num_workers = int(num_workers)  # torch takes True as 1 worker (a bool is an int)
+        elif not isinstance(num_workers, (int, np.integer)):
             # torch raises TypeError here too, from comparing a str with 0: same type, named argument
             raise TypeError(
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
@@ -988,7 +1003,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._persistent_by_default = persistent_workers is None
         self._workers_dataset: tuple[Any, ...] | None = None  # the dataset's state at the last pass start
         if persistent_workers is None:
-            persistent_workers = isinstance(num_workers, int) and num_workers > 0
+            # not with a worker_init_fn: torch's default runs it in each pass's new workers (it
+            # may seed them, or shard the worker's copy of the dataset, once per copy)
+            persistent_workers = isinstance(num_workers, int) and num_workers > 0 and worker_init_fn is None
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
         if isinstance(num_workers, int) and num_workers > 0:
             # torch's workers then report a batch that cannot be pickled instead of hanging
@@ -1082,6 +1099,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._path = "torch"
         self._torch_workers_started = False  # torch's persistent workers are running
         self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
+        #: default persistent workers on torch's iterator: each pass's number and base seed, from
+        #: which they seed themselves as its new workers would be (fastload._worker.reseed_each_pass)
+        self._pass_seeds: torch.Tensor | None = None
         self._rest: np.ndarray | None = None  # a resumed pass's indices, until its iterator takes them
         self._choose_path(log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
@@ -1438,6 +1458,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         "_engine",
         "_iterator",
         "_torch_ring",
+        "_pass_seeds",
         "_prefetcher",
         "_pass_indices",
         "_fast_pass",
@@ -1461,7 +1482,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.update(_engine=Engine(), _iterator=None, _torch_ring=None, _prefetcher=None)
+        self.__dict__.update(
+            _engine=Engine(), _iterator=None, _torch_ring=None, _pass_seeds=None, _prefetcher=None
+        )
 
     def __del__(self) -> None:
         try:
@@ -1559,6 +1582,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             with _served(self, self._head_dataset):
                 return super().__iter__()
         if self.persistent_workers and self._torch_workers_started and not own_workers:  # no worker starts
+            if self._pass_seeds is not None:
+                # the base seed torch's default (new workers every pass) draws as the pass's
+                # iterator starts, before its sampler draws; its workers are seeded from it
+                cells = self._pass_seeds.numpy()
+                cells[1] = seed = base_seed(self.generator)
+                cells[0] += 1
+                self.__dict__["_iterator"]._base_seed = seed
             ring = self._torch_ring
             if ring is not None:
                 ring.new_pass()
@@ -1593,11 +1623,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             table = ring_table(self.num_workers, (self.prefetch_factor or 2) + 2)
         if not own_workers:
             self._torch_ring = None if table is None else MainRing(table)
+            reseeded = self.persistent_workers and self._persistent_by_default
+            self._pass_seeds = pass_seed_cell() if reseeded else None
         try:
             with (
                 frozen_heap(self.multiprocessing_context),
                 _served(self, view if shipped is None else shipped),
-                _worker_init(self, table),
+                _worker_init(self, table, None if own_workers else self._pass_seeds),
             ):
                 if own_workers:
                     it = self._get_iterator()  # not the loader's persistent one
@@ -1659,14 +1691,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         a dataset drawing in the main process) are those it gets with torch's loader.
 
         ``"iterator"``: the base seed torch's iterator draws as it starts (every pass; with
-        persistent workers, at the first pass after the workers started), on the paths that do
-        not run torch's iterator. ``"sampler"`` / ``"sampler end"``: the draws of the
+        persistent workers asked for, at the first pass after the workers started), on the paths
+        that do not run torch's iterator (on torch's, :meth:`_torch_iter` draws it for fastload's
+        default persistent workers). ``"sampler"`` / ``"sampler end"``: the draws of the
         ``RandomSampler`` torch makes for ``shuffle=True`` (:class:`EpochRandomSampler` stands in
         for it): its seed before its first index (without ``generator``), or a
         ``torch.randperm`` of ``generator`` before its first index and another after its last.
         """
         if what == "iterator":
-            persistent = self.persistent_workers and self.num_workers > 0
+            # torch's default (not persistent) draws at every pass: so does fastload's default
+            persistent = self.persistent_workers and self.num_workers > 0 and not self._persistent_by_default
             if not (persistent and self._base_seed_drawn):
                 base_seed(self.generator)
                 self._base_seed_drawn = True

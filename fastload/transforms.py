@@ -70,6 +70,7 @@ from .decode import (
     decode_jpeg_tensor,
     jpeg_header,
     load_reduced,
+    note_sample,
     open_image,
     pil_resample,
     pil_resample_available,
@@ -626,7 +627,10 @@ def decode_plan(
         _apply_loaded(loaded, plan, applied, out, exact)
     except DecodeError:
         raise
-    except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+    except ValueError as e:  # an op's geometry (a Resize to 0 px): torchvision raises it as it is
+        note_sample(e, name)
+        raise
+    except (OSError, SyntaxError, EOFError) as e:  # PIL errors surfacing after load
         raise decode_error(name, e, data) from None
 
 
@@ -677,7 +681,10 @@ def _decode_pil(
             _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
     except DecodeError:
         raise
-    except (OSError, SyntaxError, ValueError, EOFError) as e:  # PIL errors surfacing after load
+    except ValueError as e:  # an op's geometry (a Resize to 0 px): torchvision raises it as it is
+        note_sample(e, name)
+        raise
+    except (OSError, SyntaxError, EOFError) as e:  # PIL errors surfacing after load
         raise decode_error(name, e, data) from None
 
 

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import PIL
 import pytest
 import torch
 import torchvision
@@ -158,6 +159,30 @@ def test_full_scale_batches_are_torchs_bit_for_bit(
     _equal_batches(want, got)
     if mixup:
         assert got[0][1].dtype == torch.float32 and got[0][1].shape == (6, 4)  # the user's collate ran
+
+
+def test_every_epoch_is_torchs_with_the_default_workers(imagenet_root: Path) -> None:
+    """fastload's default keeps the workers between epochs where torch's default starts new ones,
+    seeded from each pass's base seed: each pass reseeds them so, and the random ops (crop, flip,
+    jitter) draw what torch's draw, epoch after epoch; the loop's own numbers too."""
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "train", transform=_new_v2(24))
+    order = list(range(0, len(dataset), 3))
+
+    def epochs(cls: Any, **extra: Any) -> list[Any]:
+        torch.manual_seed(5)
+        loader = cls(dataset, batch_size=4, sampler=order, num_workers=2, **extra)
+        out = [[*(type(b)(t.clone() for t in b) for b in loader), torch.rand(2)] for _ in range(3)]
+        if cls is fastload.DataLoader:
+            assert loader.path == "head-accelerated" and loader.persistent_workers
+            loader.close()
+        return out
+
+    want = epochs(torch.utils.data.DataLoader)
+    got = epochs(fastload.DataLoader, exact_pixels=True)
+    for w, g in zip(want, got, strict=True):
+        _equal_batches(w[:-1], g[:-1])
+        assert torch.equal(w[-1], g[-1])
+    assert not torch.equal(got[0][0][0], got[1][0][0])  # new draws each epoch
 
 
 def test_target_transform_and_shuffle_with_workers(imagenet_root: Path) -> None:
@@ -387,6 +412,28 @@ def test_a_corrupt_file_raises_torchs_error_and_loading_goes_on(
     want = list(torch.utils.data.DataLoader(dataset, batch_size=4))
     torch.manual_seed(0)
     _equal_batches(want, list(loader))
+
+
+def test_a_file_that_is_no_image_raises_pils_error_in_torchs_words(
+    imagenet_root: Path, tmp_path: Path
+) -> None:
+    """PIL names the file object torchvision's loader opened: the same words as with torch's loader."""
+    root = tmp_path / "train"
+    shutil.copytree(imagenet_root / "train", root)
+    victim = sorted(root.rglob("*.JPEG"))[3]
+    victim.write_bytes(b"not an image at all, just text\n" * 4)
+    dataset = torchvision.datasets.ImageFolder(root, transform=Preset(_new_v1()))
+    at = [s[0] for s in dataset.samples].index(str(victim))
+    outcomes = []
+    for cls in (torch.utils.data.DataLoader, fastload.DataLoader):
+        loader = cls(dataset, batch_size=1, sampler=[at], num_workers=0)
+        with pytest.raises(PIL.UnidentifiedImageError) as info:
+            next(iter(loader))
+        outcomes.append(str(info.value))
+    assert loader.path == "head-accelerated"
+    assert (
+        outcomes[0] == outcomes[1] == f"cannot identify image file <_io.BufferedReader name={str(victim)!r}>"
+    )
 
 
 def test_a_conversion_that_gets_something_else_runs_as_written(imagenet_root: Path) -> None:

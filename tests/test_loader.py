@@ -304,6 +304,31 @@ def _corrupt_tree(root: Path) -> Path:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_ops_own_error_on_a_good_image_is_torchvisions(tmp_path: Path, num_workers: int) -> None:
+    """A valid file whose geometry an op refuses (14x900: ``Resize(20, max_size=64)`` makes it 0 px
+    wide) raises torchvision's ValueError as torch's loader does, not a DecodeError telling the
+    user to remove the file; the traceback names the sample (Python 3.11+)."""
+    from PIL import Image
+    from torchvision import transforms as tvT
+
+    for cls, size in (("a", (40, 40)), ("b", (14, 900))):
+        (tmp_path / cls).mkdir()
+        Image.new("RGB", size, (90, 120, 200)).save(tmp_path / cls / "x.jpg", quality=90)
+    transform = tvT.Compose([tvT.Resize(20, max_size=64), tvT.CenterCrop(20), tvT.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(tmp_path, transform=transform)
+    loader = DataLoader(ds, batch_size=1, num_workers=num_workers)
+    assert loader.fast_path
+    with pytest.raises(ValueError) as info:
+        list(loader)
+    assert not isinstance(info.value, fastload.DecodeError)
+    with pytest.raises(ValueError) as want:
+        list(torch.utils.data.DataLoader(ds, batch_size=1))
+    assert str(info.value) == str(want.value) == "height and width must be > 0"
+    if sys.version_info >= (3, 11):
+        assert f"while transforming sample 1 ('{tmp_path / 'b' / 'x.jpg'}')" in info.value.__notes__[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_corrupt_image_raises_naming_it_or_is_skipped(tmp_path: Path, num_workers: int) -> None:
     bad = _corrupt_tree(tmp_path)
     ds = ImageFolder(tmp_path / "train", transform=_val_tf())

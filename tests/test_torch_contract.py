@@ -243,6 +243,35 @@ def test_iterable_dataset_defaults_yield_each_item_once() -> None:
     assert ours == theirs == list(range(20))
 
 
+def test_num_workers_true_is_one_worker_as_in_torch() -> None:
+    got = []
+    for cls in LOADERS:
+        loader = cls(_Range(6), batch_size=2, num_workers=True)
+        assert loader.num_workers == 1
+        got.append([b[1].tolist() for b in loader])
+    assert got[0] == got[1] == [[0, 1], [2, 3], [4, 5]]
+
+
+class _SizedStream(_Stream):
+    def __len__(self) -> int:
+        return 20
+
+
+@pytest.mark.parametrize("dataset", [_Stream, _SizedStream])
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_an_iterable_datasets_pass_has_no_len_as_torchs(dataset: type, batch_size: int | None) -> None:
+    """torch's iterator answers ``len()`` with its index sampler's, an endless one for any
+    ``IterableDataset`` (a ``__len__`` too: only the loader's ``len()`` reads it)."""
+    outcomes = []
+    for cls in LOADERS:
+        loader = cls(dataset(), batch_size=batch_size, num_workers=0)
+        outcomes.append(
+            (_outcome(lambda loader=loader: len(iter(loader))), _outcome(lambda loader=loader: len(loader)))
+        )
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == ("TypeError", "object of type '_InfiniteConstantSampler' has no len()")
+
+
 def test_len_subscript_iter_twice_and_iterator_object() -> None:
     alias = fastload.DataLoader[tuple[torch.Tensor, int]]  # generic like torch's
     assert alias is not None
@@ -323,6 +352,44 @@ def test_worker_init_fn_and_worker_info_on_torchs_path() -> None:
     assert {w for batch in seen[0] for _, w in batch} == {0, 1}  # batch k from worker k % 2
 
 
+class _Sharded(torch.utils.data.IterableDataset[Any]):
+    def __init__(self) -> None:
+        self.start, self.end = 0, 8
+
+    def __iter__(self) -> Any:
+        return ((i, int(np.random.randint(1000))) for i in range(self.start, self.end))
+
+
+def _shard(worker_id: int) -> None:
+    """torch's documented worker_init_fn: shards the worker's copy of the dataset (once per copy),
+    and seeds numpy from the worker's seed."""
+    info = torch.utils.data.get_worker_info()
+    assert info is not None
+    per_worker = (info.dataset.end - info.dataset.start) // info.num_workers
+    info.dataset.start += worker_id * per_worker
+    info.dataset.end = info.dataset.start + per_worker
+    np.random.seed(info.seed % 2**32)
+
+
+def test_a_worker_init_fn_runs_in_each_pass_new_workers_by_default() -> None:
+    """torch's default starts new workers every pass, each running ``worker_init_fn`` on a fresh
+    copy of the dataset: fastload's default keeps workers only without one (here running it
+    twice on the same copy would shard a shard, and numpy would not be seeded again)."""
+
+    seen = []
+    for cls in LOADERS:
+        loader = cls(_Sharded(), batch_size=2, num_workers=2, worker_init_fn=_shard)
+        torch.manual_seed(0)  # the workers' seeds
+        seen.append([[[t.tolist() for t in b] for b in loader] for _ in range(3)])
+        assert loader.persistent_workers is False
+    assert seen[0] == seen[1]
+    assert [[i for batch in p for i in batch[0]] for p in seen[1]] == [[0, 1, 4, 5, 2, 3, 6, 7]] * 3
+    assert seen[1][0] != seen[1][1]  # numpy seeded anew each pass
+    assert fastload.DataLoader(
+        _Sharded(), num_workers=2, worker_init_fn=_shard, persistent_workers=True
+    ).persistent_workers
+
+
 class _Draws(torch.utils.data.Dataset[Any]):
     """A dataset drawing from torch's RNG in ``__getitem__`` (in the main process, or a worker's)."""
 
@@ -359,7 +426,7 @@ def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
 
 
 @pytest.mark.parametrize("generator", [False, True], ids=["global", "generator"])
-@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True), (2, None)])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("batch_size", [4, 5], ids=["short-last", "whole-batches"])
 def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
@@ -369,7 +436,9 @@ def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
     the loader gets its usual weights), and a pass draws what torch's pass draws: the iterator's
     base seed and, for ``shuffle=True``, what torch's ``RandomSampler`` draws (a seed, or two
     ``randperm`` of ``generator``). A dataset drawing in the main process or in workers (seeded
-    from the base seed) gets torch's numbers; the loop's own draws after each pass are torch's."""
+    from the base seed) gets torch's numbers; the loop's own draws after each pass are torch's.
+    ``persistent=None``: each loader's default (fastload's keeps its workers, reseeded at each
+    pass as torch's new workers of that pass are seeded)."""
 
     def make(cls: Any) -> Any:
         return lambda g: cls(
@@ -377,8 +446,8 @@ def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
             batch_size=batch_size,
             shuffle=shuffle,
             num_workers=workers,
-            persistent_workers=persistent,
             generator=g,
+            **({} if persistent is None else {"persistent_workers": persistent}),
         )
 
     want = _rng_trace(make(torch.utils.data.DataLoader), generator, batches=not shuffle)
@@ -388,7 +457,7 @@ def test_the_loader_leaves_torchs_random_numbers_as_torchs_loader_does(
 
 @pytest.mark.parametrize(
     ("shuffle", "generator", "persistent"),
-    [(False, False, True), (True, False, True), (True, True, True), (True, True, False)],
+    [(False, False, True), (True, False, True), (True, True, True), (True, True, False), (True, False, None)],
 )
 @pytest.mark.parametrize("path", ["fast", "device", "hybrid"])
 def test_fastloads_own_paths_draw_what_torchs_iterator_draws(
@@ -405,7 +474,9 @@ def test_fastloads_own_paths_draw_what_torchs_iterator_draws(
     from fastload import gpu
 
     root = imagenet_root / "train"
-    kwargs = dict(batch_size=8, shuffle=shuffle, num_workers=2, persistent_workers=persistent)
+    kwargs: dict[str, Any] = dict(batch_size=8, shuffle=shuffle, num_workers=2)
+    if persistent is not None:  # None: each loader's default (fastload's persistent, torch's not)
+        kwargs["persistent_workers"] = persistent
     pipeline = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
     want = _rng_trace(
         lambda g: torch.utils.data.DataLoader(

@@ -503,7 +503,12 @@ def test_idle_torch_workers_give_back_the_last_batch(
     def idle_private(trim: bool) -> int:
         monkeypatch.setattr(fastload._worker, "IDLE_TRIM_SECONDS", 0.2 if trim else None)  # inherited
         loader = fastload.DataLoader(
-            dataset, batch_size=32, num_workers=1, multiprocessing_context="fork", worker_init_fn=_note_pid
+            dataset,
+            batch_size=32,
+            num_workers=1,
+            multiprocessing_context="fork",
+            worker_init_fn=_note_pid,
+            persistent_workers=True,  # kept after the passes (not the default with a worker_init_fn)
         )
         assert not loader.fast_path
         for _ in range(2):
