@@ -679,7 +679,8 @@ def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
     def create_fetcher(*args: Any, **kwargs: Any) -> Any:
         nonlocal seen
         pass_number, base_seed = int(cells[0]), int(cells[1])
-        if pass_number != seen:
+        # only torch's worker loop (not a loader the dataset iterates inside the worker)
+        if pass_number != seen and sys._getframe(1).f_code.co_name == "_worker_loop":
             seen = pass_number
             seed_as_torch(base_seed, worker_id)
         return make_fetcher(*args, **kwargs)

@@ -1063,6 +1063,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             pin_memory_device=pin_memory_device,
             **_in_order_argument(in_order),
         )
+        if not self._persistent_by_default:  # asked for: visible where frameworks read the arguments
+            self.__dict__["persistent_workers"] = self._persistent_workers
         self.worker_type = worker_type
         self.on_error = on_error
         self.reuse_buffers = bool(reuse_buffers)
@@ -1109,6 +1111,19 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._prefetcher: CUDAPrefetcher | None = None
 
     # ---------------------------------------------------------------- public extras
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether workers are kept between passes (torch's attribute). A framework that makes the
+        loader again from its instance attributes (``vars(loader)``: Lightning, injecting its
+        ``DistributedSampler`` into a loader made outside its hooks) finds the value there only
+        where it was passed, as torch's default ``False`` is left out: fastload's default stays a
+        default (workers reseeded each pass, not kept with a ``worker_init_fn``)."""
+        return bool(self.__dict__.get("_persistent_workers", False))
+
+    @persistent_workers.setter
+    def persistent_workers(self, value: bool) -> None:  # torch's __init__ (and refusal after it)
+        self._persistent_workers = value
 
     @property
     def seed(self) -> int:
@@ -1588,7 +1603,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 cells = self._pass_seeds.numpy()
                 cells[1] = seed = base_seed(self.generator)
                 cells[0] += 1
-                self.__dict__["_iterator"]._base_seed = seed
+                torch_iterator = self.__dict__.get("_iterator")
+                if torch_iterator is not None:
+                    torch_iterator._base_seed = seed  # as the new iterator would hold it
             ring = self._torch_ring
             if ring is not None:
                 ring.new_pass()

@@ -78,6 +78,27 @@ def test_lightning_tells_a_fastload_loader_as_torchs(imagenet_root: Path, shuffl
     assert [list(sampler) for sampler in injected] == [list(injected[1])] * 2
 
 
+@pytest.mark.parametrize("persistent", [None, True, False])
+def test_a_loader_lightning_makes_again_keeps_what_was_asked(
+    imagenet_root: Path, persistent: bool | None
+) -> None:
+    """Lightning makes a loader passed to ``fit()`` again from its attributes to inject its
+    ``DistributedSampler``: ``persistent_workers`` is passed again only where it was asked for, so
+    fastload's default stays a default (workers reseeded each pass as torch's new ones, not kept
+    with the ``worker_init_fn`` Lightning's ``seed_everything(workers=True)`` adds)."""
+    pl_data = pytest.importorskip("pytorch_lightning.utilities.data")
+    ds = ImageFolder(imagenet_root / "val", transform=T.Compose([T.Resize(16), T.CenterCrop(16)]))
+    kwargs = {} if persistent is None else {"persistent_workers": persistent}
+    loader = DataLoader(ds, batch_size=4, num_workers=2, **kwargs)
+    again = pl_data._update_dataloader(
+        loader, torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=0)
+    )
+    assert type(again) is DataLoader and again.persistent_workers is (persistent is not False)
+    assert again._persistent_by_default is (persistent is None)
+    with pytest.raises(ValueError, match="persistent_workers attribute should not be set"):
+        again.persistent_workers = False  # torch's refusal after construction
+
+
 def _run(cmd: list[str], cwd: Path) -> str:
     # CPU ranks (gloo), on a GPU machine too: one GPU cannot serve two ranks of their own
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}

@@ -12,6 +12,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing
+import time
 import warnings
 from typing import Any
 
@@ -398,6 +399,38 @@ class _Draws(torch.utils.data.Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return torch.tensor([i, int(torch.randint(0, 1000, ()).item())])
+
+
+class _InnerLoader(torch.utils.data.Dataset[Any]):
+    """Iterates a loader of its own in each ``__getitem__`` (in the worker), then draws."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(0.02)  # still at work on a left pass's tasks when the next pass starts
+        inner = sum(int(b.sum()) for b in torch.utils.data.DataLoader(list(range(3)), batch_size=2))
+        return torch.tensor([i, inner, int(torch.randint(0, 1000, ()).item())])
+
+
+def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dataset() -> None:
+    """The kept workers seed themselves when torch's worker loop starts the new pass; a loader the
+    dataset iterates inside a worker (tasks of a pass left with ``break`` still run as the next
+    pass begins) does not trigger it: the draws are torch's, pass after pass."""
+    seen = []
+    for cls in LOADERS:
+        torch.manual_seed(0)
+        loader = cls(_InnerLoader(), batch_size=2, num_workers=2, prefetch_factor=3)
+        passes = []
+        for stop in (None, 1, None, None):
+            got = []
+            for batch in loader:
+                got.append(batch.tolist())
+                if len(got) == stop:
+                    break
+            passes.append(got)
+        seen.append(passes)
+    assert seen[0] == seen[1]
 
 
 def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
