@@ -113,7 +113,7 @@ from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
-from .recognize import is_image_folder, recognize, worker_view
+from .recognize import is_image_folder, recognize, stateless_in_workers, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
@@ -834,7 +834,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     Every torch argument keeps its name and meaning; these defaults differ, to fix known traps:
     ``num_workers="auto"`` (:func:`auto_num_workers`), ``persistent_workers=True`` when there are
-    workers (and no ``worker_init_fn``), ``pin_memory=True`` when CUDA is available. The main
+    workers running fastload's or torchvision's dataset code (and no ``worker_init_fn``),
+    ``pin_memory=True`` when CUDA is available. The main
     process's torch intra-op threads are capped so that they and the workers never oversubscribe
     the CPUs (``limit_threads``).
 
@@ -849,8 +850,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a
             ``get_bytes`` override, a ``target_transform``) still runs in the calling thread.
         pin_memory: ``None`` pins when CUDA is available.
-        persistent_workers: ``None`` keeps workers between epochs when there are any and no
-            ``worker_init_fn`` (torch's default runs it in new workers every epoch); they are
+        persistent_workers: ``None`` keeps workers between epochs where that cannot change
+            what the loop gets (see the ``persistent_workers`` property): there are workers, no
+            ``worker_init_fn``, and they run fastload's or torchvision's dataset code; they are
             seeded at each pass as torch's new workers of that pass would be.
         seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed
             job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
@@ -1114,12 +1116,28 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def persistent_workers(self) -> bool:
-        """Whether workers are kept between passes (torch's attribute). A framework that makes the
-        loader again from its instance attributes (``vars(loader)``: Lightning, injecting its
-        ``DistributedSampler`` into a loader made outside its hooks) finds the value there only
-        where it was passed, as torch's default ``False`` is left out: fastload's default stays a
-        default (workers reseeded each pass, not kept with a ``worker_init_fn``)."""
-        return bool(self.__dict__.get("_persistent_workers", False))
+        """Whether workers are kept between passes (torch's attribute).
+
+        fastload's default (``None``) keeps them only where that cannot change what the loop
+        gets: there are workers, no ``worker_init_fn``, and they run code fastload knows keeps no
+        state between passes (its own paths, its folder datasets, torchvision's ``DatasetFolder``,
+        ``Subset``/``ConcatDataset`` of those: :func:`fastload.recognize.stateless_in_workers`).
+        A dataset's own ``__getitem__``/``__iter__`` gets torch's default, new workers each
+        pass, each with a fresh copy of the dataset.
+
+        A framework that makes the loader again from its instance attributes (``vars(loader)``:
+        Lightning, injecting its ``DistributedSampler`` into a loader made outside its hooks)
+        finds the value there only where it was passed, as torch's default ``False`` is left out:
+        fastload's default stays a default (workers reseeded each pass, not kept with a
+        ``worker_init_fn``)."""
+        kept = bool(self.__dict__.get("_persistent_workers", False))
+        if (
+            kept
+            and self.__dict__.get("_persistent_by_default")
+            and not self.__dict__.get("_keeps_workers", True)
+        ):
+            return False
+        return kept
 
     @persistent_workers.setter
     def persistent_workers(self, value: bool) -> None:  # torch's __init__ (and refusal after it)
@@ -1187,6 +1205,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._fast_dataset, self._fast_reason = None, None
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
+        #: whether fastload's default keeps the workers (see the persistent_workers property)
+        self._keeps_workers = self.decode != "cpu" or stateless_in_workers(dataset)
         if self.decode != "cpu":
             self._fast_reason = f"decode={self.decode!r} decodes on the device"
             self._path = "device-decode" if self.decode == "device" else "hybrid"
@@ -1521,7 +1541,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def _needs_own_workers(self) -> bool:
         """Whether a new pass runs beside a live one, on workers of its own (and its own cap on
         torch's threads): without persistent workers, or with the default ones (not asked for);
-        on torch's own iterator, with the default persistent ones (:meth:`_torch_pass_beside`)."""
+        on torch's own iterator too (:meth:`_torch_pass_beside`)."""
         if self.decode != "cpu":
             return False
         if not self.fast_path:
@@ -1557,13 +1577,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
     def _torch_pass_beside(self) -> bool:
-        """Whether a new pass of torch's iterator starts while the loop's iterates on the default
-        persistent workers (not asked for), so that it needs workers of its own: torch's
-        persistent iterator would be reset under the loop."""
-        if not (self.num_workers and self.persistent_workers and self._persistent_by_default):
-            return False
-        if not self._torch_workers_started:
-            return False
+        """Whether a new pass of torch's iterator with process workers starts while the loop's
+        iterates, so that it needs workers and a cap on torch's threads of its own: on the default
+        persistent workers (not asked for) torch's persistent iterator would be reset under the
+        loop; without persistent workers torch gives it new workers, and the loader's one cap
+        would end with the first of the two passes to end."""
+        if not self.num_workers or (self.persistent_workers and not self._persistent_by_default):
+            return False  # asked for: one set of workers, as torch's (iter() resets its iterator)
         live = self.__dict__.get("_torch_pass")
         live = live() if live is not None else None
         return live is not None and not live._ended

@@ -727,6 +727,34 @@ def _torchvision_loader(dataset: Any) -> Any:
     return loader
 
 
+def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
+    """Whether what worker processes run for ``dataset`` is code fastload knows keeps no state
+    between passes: a fastload folder dataset (its own ``__getitem__``), a torchvision
+    ``DatasetFolder`` whose class keeps torchvision's ``__getitem__``/``__len__`` with
+    torchvision's loader, or torch's ``Subset``/``ConcatDataset`` of those. (The transforms run as
+    written; torchvision's keep no state between calls.) A dataset's own ``__getitem__`` or
+    ``__iter__`` may change the worker's copy of the dataset (a shard list shuffled in place, a
+    counter), which torch's default new workers of each pass would not see."""
+    cls = type(dataset)
+    if isinstance(dataset, EncodedImageDataset):
+        own = all(
+            getattr(cls, name).__module__.startswith("fastload.") for name in ("__getitem__", "get_bytes")
+        )
+        return own and getattr(dataset, "loader", None) is None
+    if _torchvision_folder(dataset):
+        try:
+            _exact_folder_class(dataset)
+            _torchvision_loader(dataset)
+        except NotReproducible:
+            return False
+        return True
+    if depth < 3 and cls is torch.utils.data.Subset:
+        return stateless_in_workers(dataset.dataset, depth + 1)
+    if depth < 3 and cls is torch.utils.data.ConcatDataset:
+        return all(stateless_in_workers(d, depth + 1) for d in dataset.datasets)
+    return False
+
+
 _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result
 
 

@@ -169,13 +169,18 @@ def test_a_hold_ended_on_another_thread_does_not_undo_a_later_count(train_root: 
     )
 
 
-def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path) -> None:
-    # next(iter(loader)) inside the loop (torch's iterator, default persistent workers): the peek
-    # runs on workers of its own; its end must not end the cap of the loop's workers
+@pytest.mark.parametrize("kept", [True, False], ids=["default-persistent", "new-workers-each-pass"])
+def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path, kept: bool) -> None:
+    # next(iter(loader)) inside the loop (torch's iterator; fastload's default keeps the workers
+    # of a torchvision folder, not those of a dataset's own __getitem__): the peek runs on workers
+    # of its own; its end must not end the cap of the loop's workers
+    dataset = "torchvision.datasets.ImageFolder(sys.argv[1], transform=lambda im: 0)" if kept else "Plain()"
     _run(
         train_root,
-        """
-        train = loader(1, dataset=Plain())
+        f"""
+        import torchvision
+        train = loader(1, dataset={dataset})
+        assert train.persistent_workers is {kept} and not train.fast_path
         it = iter(train)
         next(it)
         threads(7, "the loop's pass")
@@ -184,7 +189,7 @@ def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path) -> Non
         threads(7, "the peek ended; the loop's workers still run")
         for _ in it:
             pass
-        threads(7, "the loop's persistent workers stay")
+        threads({7 if kept else 16}, "the loop's pass ended (its workers stay only if kept)")
         train.close()
         threads(16, "closed")
         """,

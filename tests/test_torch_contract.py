@@ -12,6 +12,7 @@ import inspect
 import itertools
 import logging
 import multiprocessing
+import random
 import time
 import warnings
 from typing import Any
@@ -401,36 +402,78 @@ class _Draws(torch.utils.data.Dataset[Any]):
         return torch.tensor([i, int(torch.randint(0, 1000, ()).item())])
 
 
-class _InnerLoader(torch.utils.data.Dataset[Any]):
-    """Iterates a loader of its own in each ``__getitem__`` (in the worker), then draws."""
+class _InnerLoader:
+    """A transform that iterates a loader of its own (in the worker), then draws."""
 
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, i: int) -> Any:
+    def __call__(self, image: Any) -> Any:
         time.sleep(0.02)  # still at work on a left pass's tasks when the next pass starts
         inner = sum(int(b.sum()) for b in torch.utils.data.DataLoader(list(range(3)), batch_size=2))
-        return torch.tensor([i, inner, int(torch.randint(0, 1000, ()).item())])
+        return torch.tensor([inner, int(torch.randint(0, 1000, ()).item())])
 
 
-def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dataset() -> None:
-    """The kept workers seed themselves when torch's worker loop starts the new pass; a loader the
-    dataset iterates inside a worker (tasks of a pass left with ``break`` still run as the next
-    pass begins) does not trigger it: the draws are torch's, pass after pass."""
+def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dataset(
+    imagenet_root: Any,
+) -> None:
+    """fastload's default keeps the workers of a torchvision folder and seeds them when torch's
+    worker loop starts the new pass; a loader the transform iterates inside a worker (tasks of a
+    pass left with ``break`` still run as the next pass begins) does not trigger it: the draws
+    are torch's, pass after pass."""
+    import torchvision
+
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=_InnerLoader())
     seen = []
     for cls in LOADERS:
         torch.manual_seed(0)
-        loader = cls(_InnerLoader(), batch_size=2, num_workers=2, prefetch_factor=3)
+        loader = cls(dataset, batch_size=2, num_workers=2, prefetch_factor=3)
+        assert loader.persistent_workers is (cls is fastload.DataLoader)
         passes = []
         for stop in (None, 1, None, None):
             got = []
-            for batch in loader:
-                got.append(batch.tolist())
+            for images, labels in loader:
+                got.append((images.tolist(), labels.tolist()))
                 if len(got) == stop:
                     break
             passes.append(got)
         seen.append(passes)
     assert seen[0] == seen[1]
+
+
+class _ShuffledShards(torch.utils.data.IterableDataset[Any]):
+    def __init__(self) -> None:
+        self.shards = list(range(8))
+
+    def __iter__(self) -> Any:
+        random.shuffle(self.shards)  # in place, in the worker's copy of the dataset
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        return iter(self.shards[info.id :: info.num_workers])
+
+
+class _Counted(torch.utils.data.Dataset[Any]):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        self.calls += 1  # state in the worker's copy
+        return torch.tensor([i, self.calls])
+
+
+@pytest.mark.parametrize("dataset", [_ShuffledShards, _Counted])
+def test_a_datasets_own_code_gets_new_workers_each_pass_by_default(dataset: type) -> None:
+    """A dataset's own ``__getitem__``/``__iter__`` may change the worker's copy of it; torch's
+    default gives each pass new workers with a fresh copy, and so does fastload's default (it
+    keeps workers only for code it knows keeps no state)."""
+    seen = []
+    for cls in LOADERS:
+        torch.manual_seed(0)
+        loader = cls(dataset(), batch_size=2, num_workers=2)
+        assert loader.persistent_workers is False
+        seen.append([[b.tolist() for b in loader] for _ in range(3)])
+    assert seen[0] == seen[1]
+    assert fastload.DataLoader(dataset(), num_workers=2, persistent_workers=True).persistent_workers
 
 
 def _rng_trace(make: Any, generator: bool, batches: bool) -> list[Any]:
