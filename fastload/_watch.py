@@ -10,10 +10,11 @@ differs (:meth:`fastload.DataLoader._refresh_path`).
 
 The state holds each public attribute's value: numbers, strings and short tuples by value; lists,
 dicts and arrays by a shallow copy of their content, one copy of a container two attributes share
-(a torchvision folder of 1.28M samples, whose ``samples`` and ``imgs`` are one list: a 40 ms copy,
-20 MiB held, and a 3 ms comparison per pass); tensors by identity and in-place version; transform objects
-(``Compose``, torchvision ops, anything with public attributes) by their public attributes, three
-levels deep; wrapped datasets (``Subset``, ``ConcatDataset``) two levels deep; anything else
+(a torchvision folder of 1.28M samples, whose ``samples`` and ``imgs`` are one list: a 40 ms
+copy, 20 MiB held, and a 3 ms comparison per pass); tensors by identity and in-place version;
+transform objects (``Compose``, torchvision ops, anything with public attributes) by their public
+attributes, four levels deep from the dataset (an op of a ``Compose`` of a ``Subset``'s dataset
+included); wrapped datasets (``Subset``, ``ConcatDataset``) two levels deep; anything else
 (functions, long tuples, files) by identity. Not seen: a change inside an object kept in a list
 (the copy is shallow) or deeper than these levels.
 """
@@ -88,7 +89,7 @@ def _value_state(value: Any, depth: int, memo: dict[int, Any]) -> Any:
         return ("tuple", tuple(_value_state(v, depth + 1, memo) for v in value))
     if isinstance(value, torch.Tensor):
         return ("tensor", id(value), value._version)
-    if isinstance(value, list) and len(value) <= _SHORT_LIST and depth < 3:
+    if isinstance(value, list) and len(value) <= _SHORT_LIST and depth < 4:
         return ("list", tuple(_value_state(v, depth + 1, memo) for v in value))
     if isinstance(value, (list, dict, np.ndarray)):
         # one copy of a container two attributes share (a torchvision folder's samples and imgs)
@@ -98,7 +99,7 @@ def _value_state(value: Any, depth: int, memo: dict[int, Any]) -> Any:
         return content
     if isinstance(value, torch.utils.data.Dataset) and depth < 2:
         return dataset_state(value, depth + 1, memo)
-    if depth < 3 and not isinstance(value, _OPAQUE) and isinstance(getattr(value, "__dict__", None), dict):
+    if depth < 4 and not isinstance(value, _OPAQUE) and isinstance(getattr(value, "__dict__", None), dict):
         items = vars(value).items()
         public = tuple((name, _value_state(v, depth + 1, memo)) for name, v in items if name[:1] != "_")
         return (type(value).__name__, id(value), public)

@@ -664,25 +664,28 @@ def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
     """In a worker of torch's iterator kept between passes by fastload's default (not asked for):
     at each new pass, seed it as torch's default, which starts new workers every pass, would.
 
-    torch's persistent worker takes a new pass's ``_ResumeIteration`` by making its fetcher again;
-    before it is sent, the main process writes the pass's number and base seed into ``cell``
+    torch's worker loop makes its fetcher as the worker starts (seeded by torch for the first
+    pass), and again for each later pass's ``_ResumeIteration``; before that is sent, the main
+    process writes the pass's number and base seed into ``cell``
     (:meth:`fastload.DataLoader._torch_iter`). This wraps the fetcher's factory in this process
-    only: where the cell holds a pass this worker has not seen, it seeds itself first
-    (:func:`seed_as_torch`), so random transforms draw what torch's new workers would draw.
+    only: at every call of torch's worker loop after its first, the worker seeds itself from the
+    cell (:func:`seed_as_torch`), so random transforms draw what torch's new workers would draw
+    (also a worker that started late, after the main process had begun a later pass: it serves
+    the first pass's tasks with torch's seeding, then takes each resume in order).
     """
     from torch.utils.data import _DatasetKind
 
     make_fetcher = _DatasetKind.create_fetcher
     cells = cell.numpy()
-    seen = int(cells[0])
+    started = False
 
     def create_fetcher(*args: Any, **kwargs: Any) -> Any:
-        nonlocal seen
-        pass_number, base_seed = int(cells[0]), int(cells[1])
+        nonlocal started
         # only torch's worker loop (not a loader the dataset iterates inside the worker)
-        if pass_number != seen and sys._getframe(1).f_code.co_name == "_worker_loop":
-            seen = pass_number
-            seed_as_torch(base_seed, worker_id)
+        if sys._getframe(1).f_code.co_name == "_worker_loop":
+            if started:
+                seed_as_torch(int(cells[1]), worker_id)
+            started = True
         return make_fetcher(*args, **kwargs)
 
     _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]

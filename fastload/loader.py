@@ -113,7 +113,7 @@ from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
-from .recognize import is_image_folder, recognize, stateless_in_workers, worker_view
+from .recognize import is_image_folder, recognize, stateless_callable, stateless_in_workers, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
@@ -1121,7 +1121,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         fastload's default (``None``) keeps them only where that cannot change what the loop
         gets: there are workers, no ``worker_init_fn``, and they run code fastload knows keeps no
         state between passes (its own paths, its folder datasets, torchvision's ``DatasetFolder``,
-        ``Subset``/``ConcatDataset`` of those: :func:`fastload.recognize.stateless_in_workers`).
+        ``Subset``/``ConcatDataset`` of those: :func:`fastload.recognize.stateless_in_workers`; a
+        ``collate_fn`` given: :func:`fastload.recognize.stateless_callable`).
         A dataset's own ``__getitem__``/``__iter__`` gets torch's default, new workers each
         pass, each with a fresh copy of the dataset.
 
@@ -1206,7 +1207,22 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
         #: whether fastload's default keeps the workers (see the persistent_workers property)
-        self._keeps_workers = self.decode != "cpu" or stateless_in_workers(dataset)
+        self._keeps_workers = (self.decode != "cpu" or stateless_in_workers(dataset)) and (
+            not self._given_collate or stateless_callable(self._user_collate)
+        )
+        if log and self._persistent_by_default and self.num_workers > 0 and self.worker_init_fn is not None:
+            _log.info(
+                "fastload.DataLoader starts new workers each pass, as torch's default: it runs "
+                "worker_init_fn in each pass's new workers. Pass persistent_workers=True to keep them"
+            )
+        elif log and self._persistent_by_default and self.num_workers > 0 and not self._keeps_workers:
+            _log.info(
+                "fastload.DataLoader starts new workers each pass, as torch's default: they run code "
+                "of yours that may keep state between passes (%s's __getitem__, transforms or "
+                "collate_fn: see fastload.recognize.stateless_callable). Pass persistent_workers=True "
+                "to keep them",
+                type(dataset).__name__,
+            )
         if self.decode != "cpu":
             self._fast_reason = f"decode={self.decode!r} decodes on the device"
             self._path = "device-decode" if self.decode == "device" else "hybrid"
@@ -1618,8 +1634,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 return super().__iter__()
         if self.persistent_workers and self._torch_workers_started and not own_workers:  # no worker starts
             if self._pass_seeds is not None:
-                # the base seed torch's default (new workers every pass) draws as the pass's
-                # iterator starts, before its sampler draws; its workers are seeded from it
+                # torch's default (new workers every pass) makes a new iterator: it calls
+                # iter(index sampler) (a sampler may draw there), draws the base seed its new
+                # workers are seeded from, then calls iter() again as it primes the workers
+                iter(self._index_sampler)
                 cells = self._pass_seeds.numpy()
                 cells[1] = seed = base_seed(self.generator)
                 cells[0] += 1

@@ -50,9 +50,13 @@ from __future__ import annotations
 
 import copy
 import dis
+import enum
+import functools
 import os
+import random
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -727,27 +731,89 @@ def _torchvision_loader(dataset: Any) -> Any:
     return loader
 
 
+#: The libraries whose transform objects keep no state between calls (their ops' attributes are
+#: their settings); what they hold (a ``Compose``'s ops, a ``Lambda``'s function) is looked at too.
+_STATELESS_LIBRARIES = ("torchvision.", "fastload.", "torch.", "PIL.")
+_RANDOM_STATES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, functools.partial)
+
+
+def _settings(value: Any) -> bool:
+    return value is None or isinstance(
+        value, (bool, int, float, complex, str, bytes, enum.Enum, torch.Tensor)
+    )
+
+
+def stateless_callable(fn: Any, depth: int = 0) -> bool:
+    """Whether ``fn`` (a transform, a ``target_transform``, a ``collate_fn``) is known to keep no
+    state between calls, so that workers kept between passes call it as new ones would: ``None``;
+    a function; torchvision's, fastload's or torch's objects, with what they hold (a ``Compose``'s
+    ops, a ``Lambda``'s function) known too; a class of the user's only where all it holds are
+    such callables (torchvision's reference presets: ``self.transforms = Compose([...])``). A
+    user's object with other attributes (a counter, a size, a random generator) may change as it
+    is called, which a new worker's fresh copy would not have seen."""
+    if fn is None or isinstance(fn, _FUNCTIONS):
+        return True
+    if depth > 6 or isinstance(fn, (type, types.MethodType, *_RANDOM_STATES)):
+        return False  # a method carries its object (the dataset's own state)
+    if isinstance(fn, (list, tuple, torch.nn.ModuleList)):
+        return all(_settings(item) or stateless_callable(item, depth + 1) for item in fn)
+    attributes = getattr(fn, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return False
+    library = type(fn).__module__.startswith(_STATELESS_LIBRARIES)
+    for value in attributes.values():
+        if library:
+            # the library's own settings and bookkeeping (a Module's hook dicts): only what it
+            # holds of someone else's is looked at (a Compose's ops, a Lambda's function)
+            held = (
+                value.values()
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else [value]
+            )
+            for item in held:
+                if isinstance(item, _RANDOM_STATES):
+                    return False
+                if (
+                    callable(item)
+                    and not isinstance(item, (type, *_FUNCTIONS))
+                    and not stateless_callable(item, depth + 1)
+                ):
+                    return False
+        elif value is None:
+            continue
+        elif isinstance(value, (list, tuple)):  # the user's list of ops, not of values it may append
+            if not all(not _settings(v) and stateless_callable(v, depth + 1) for v in value):
+                return False
+        elif _settings(value) or not stateless_callable(value, depth + 1):
+            return False  # a value of the user's object: a setting, or state it changes
+    return True
+
+
 def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
     """Whether what worker processes run for ``dataset`` is code fastload knows keeps no state
     between passes: a fastload folder dataset (its own ``__getitem__``), a torchvision
     ``DatasetFolder`` whose class keeps torchvision's ``__getitem__``/``__len__`` with
-    torchvision's loader, or torch's ``Subset``/``ConcatDataset`` of those. (The transforms run as
-    written; torchvision's keep no state between calls.) A dataset's own ``__getitem__`` or
+    torchvision's loader, or torch's ``Subset``/``ConcatDataset`` of those, whose transforms are
+    :func:`stateless_callable`. A dataset's own ``__getitem__`` or
     ``__iter__`` may change the worker's copy of the dataset (a shard list shuffled in place, a
     counter), which torch's default new workers of each pass would not see."""
     cls = type(dataset)
+    transforms = (getattr(dataset, "transform", None), getattr(dataset, "target_transform", None))
     if isinstance(dataset, EncodedImageDataset):
         own = all(
             getattr(cls, name).__module__.startswith("fastload.") for name in ("__getitem__", "get_bytes")
         )
-        return own and getattr(dataset, "loader", None) is None
+        return own and getattr(dataset, "loader", None) is None and all(map(stateless_callable, transforms))
     if _torchvision_folder(dataset):
         try:
             _exact_folder_class(dataset)
             _torchvision_loader(dataset)
         except NotReproducible:
             return False
-        return True
+        return all(map(stateless_callable, transforms))
     if depth < 3 and cls is torch.utils.data.Subset:
         return stateless_in_workers(dataset.dataset, depth + 1)
     if depth < 3 and cls is torch.utils.data.ConcatDataset:

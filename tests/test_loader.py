@@ -1023,6 +1023,11 @@ def test_the_dataset_state_compared_each_pass() -> None:
         after = _dataset_state(ds)
         assert after != before
         before = after
+    # an op changed in place inside a wrapped dataset (Subset -> folder -> Compose -> op)
+    wrapped = torch.utils.data.Subset(ds, [0, 1])
+    before = _dataset_state(wrapped)
+    ds.transform.transforms[0].size = 20
+    assert _dataset_state(wrapped) != before
     # two attributes holding one list (a torchvision folder's samples and imgs): one copy, and
     # a change through either name is seen; a new list under one name is a change of that name
     ds.imgs = ds.samples

@@ -232,6 +232,7 @@ def test_a_worker_holds_one_batch_not_two(imagenet_root: Path, tmp_path: Path) -
             batch_size=32,
             num_workers=1,
             collate_fn=given,
+            persistent_workers=True,  # one worker over both passes (a recording transform: not by default)
             # spawn: a forked worker starts with its parent's heap, whose free resident blocks it
             # reuses without a new peak (after other tests: 72 MB growth both ways, nothing measured)
             multiprocessing_context="spawn",
@@ -718,8 +719,13 @@ def test_a_user_collate_sends_its_batches_in_reused_segments(
     (torch puts every batch in a new one); a view of a larger storage is sent as torch sends it."""
     collate = _Scaled(view)
     want = list(torch.utils.data.DataLoader(float_set, batch_size=10, num_workers=2, collate_fn=collate))
-    loader = fastload.DataLoader(
-        float_set, batch_size=10, num_workers=2, collate_fn=collate, multiprocessing_context="fork"
+    loader = fastload.DataLoader(  # workers kept over the passes (a collate object: not by default)
+        float_set,
+        batch_size=10,
+        num_workers=2,
+        collate_fn=collate,
+        multiprocessing_context="fork",
+        persistent_workers=True,
     )
     assert loader.path == "head-accelerated"
     seen = []

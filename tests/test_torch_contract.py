@@ -438,6 +438,87 @@ def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dat
     assert seen[0] == seen[1]
 
 
+class _EagerBatches:
+    """A batch_sampler whose ``__iter__`` draws at once (not a generator): torch's new iterator
+    calls it twice per pass, around its base seed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.n).tolist()
+        return iter([order[i : i + 4] for i in range(0, self.n, 4)])
+
+    def __len__(self) -> int:
+        return (self.n + 3) // 4
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, image: Any) -> Any:
+        self.calls += 1  # state in the worker's copy of the transform
+        return torch.tensor([self.calls, int(torch.randint(0, 1000, ()).item())])
+
+
+@pytest.mark.parametrize("case", ["eager batch_sampler", "stateful transform"])
+def test_a_torchvision_folder_over_passes_is_torchs(
+    imagenet_root: Any, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On torch's iterator with fastload's default: a ``batch_sampler`` drawing in ``__iter__``
+    draws as torch's new iterator makes it (kept workers); a transform of the user's that keeps
+    state gets new workers each pass (``stateless_callable``), as torch's default."""
+    import torchvision
+
+    transform: Any = (
+        _Counting() if case == "stateful transform" else torchvision.transforms.Lambda(_draw_image)
+    )
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=transform)
+    caplog.set_level(logging.INFO, logger="fastload")
+    seen = []
+    for cls in LOADERS:
+        torch.manual_seed(0)
+        kwargs: dict[str, Any] = (
+            {"batch_sampler": _EagerBatches(len(dataset))} if case.startswith("eager") else {}
+        )
+        loader = cls(dataset, num_workers=2, **({"batch_size": 4} if not kwargs else kwargs))
+        if cls is fastload.DataLoader:
+            assert loader.persistent_workers is case.startswith("eager")
+            assert ("starts new workers each pass" in caplog.text) is (case == "stateful transform")
+        seen.append(
+            [[[b[0].tolist(), b[1].tolist()] for b in loader] + [torch.rand(1).item()] for _ in range(3)]
+        )
+    assert seen[0] == seen[1]
+
+
+def _draw_image(image: Any) -> Any:
+    return torch.tensor([image.size[0], int(torch.randint(0, 1000, ()).item())])
+
+
+def test_which_callables_are_known_to_keep_no_state() -> None:
+    from torchvision.transforms import v2
+
+    from fastload.recognize import stateless_callable
+
+    class Preset:  # torchvision's reference presets
+        def __init__(self) -> None:
+            self.transforms = v2.Compose([v2.RandomResizedCrop(8), v2.RandAugment(), v2.ToDtype(torch.float)])
+
+        def __call__(self, image: Any) -> Any:
+            return self.transforms(image)
+
+    class Seeded:
+        def __init__(self) -> None:
+            self.rng = np.random.default_rng(0)
+
+    mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=4), v2.CutMix(alpha=1.0, num_classes=4)])
+    known = [None, Preset(), mix, v2.Lambda(lambda x: x), torch.utils.data.default_collate, _draw_image]
+    unknown = [_Counting(), Seeded(), v2.Compose([v2.Resize(4), _Counting()]), Preset().__call__]
+    assert [stateless_callable(fn) for fn in known] == [True] * len(known)
+    assert [stateless_callable(fn) for fn in unknown] == [False] * len(unknown)
+
+
 class _ShuffledShards(torch.utils.data.IterableDataset[Any]):
     def __init__(self) -> None:
         self.shards = list(range(8))
