@@ -52,6 +52,7 @@ import copy
 import dis
 import enum
 import functools
+import itertools
 import os
 import random
 import sys
@@ -736,6 +737,9 @@ def _torchvision_loader(dataset: Any) -> Any:
 _STATELESS_LIBRARIES = ("torchvision.", "fastload.", "torch.", "PIL.")
 _RANDOM_STATES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, functools.partial)
+#: The items of a library object's list that are looked at (a longer list is data, not ops), and
+#: the longest list of ops a user's object may hold.
+_HELD_ITEMS, _SHORT_OPS = 4096, 64
 
 
 def _settings(value: Any) -> bool:
@@ -773,7 +777,7 @@ def stateless_callable(fn: Any, depth: int = 0) -> bool:
                 if isinstance(value, (list, tuple))
                 else [value]
             )
-            for item in held:
+            for item in itertools.islice(held, _HELD_ITEMS):  # a longer list is data (samples), not ops
                 if isinstance(item, _RANDOM_STATES):
                     return False
                 if (
@@ -784,8 +788,11 @@ def stateless_callable(fn: Any, depth: int = 0) -> bool:
                     return False
         elif value is None:
             continue
-        elif isinstance(value, (list, tuple)):  # the user's list of ops, not of values it may append
-            if not all(not _settings(v) and stateless_callable(v, depth + 1) for v in value):
+        elif isinstance(value, (list, tuple)):  # the user's list of ops, not one it may append to
+            ops = 0 < len(value) <= _SHORT_OPS and all(
+                callable(v) and not isinstance(v, (list, tuple)) for v in value
+            )
+            if not (ops and all(stateless_callable(v, depth + 1) for v in value)):
                 return False
         elif _settings(value) or not stateless_callable(value, depth + 1):
             return False  # a value of the user's object: a setting, or state it changes

@@ -512,9 +512,36 @@ def test_which_callables_are_known_to_keep_no_state() -> None:
         def __init__(self) -> None:
             self.rng = np.random.default_rng(0)
 
+    class Remembers:  # appends what it saw: an empty list at first
+        def __init__(self) -> None:
+            self.seen: list[Any] = []
+
+    class Holds:  # a dataset's samples: data, not ops (a long list is not walked)
+        def __init__(self) -> None:
+            self.samples = [(f"{i}.jpg", i % 10) for i in range(100_000)]
+
+    class Ops:  # a list of ops of its own
+        def __init__(self) -> None:
+            self.ops = [v2.RandomResizedCrop(8), v2.ToDtype(torch.float)]
+
     mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=4), v2.CutMix(alpha=1.0, num_classes=4)])
-    known = [None, Preset(), mix, v2.Lambda(lambda x: x), torch.utils.data.default_collate, _draw_image]
-    unknown = [_Counting(), Seeded(), v2.Compose([v2.Resize(4), _Counting()]), Preset().__call__]
+    known = [
+        None,
+        Preset(),
+        mix,
+        v2.Lambda(lambda x: x),
+        torch.utils.data.default_collate,
+        _draw_image,
+        Ops(),
+    ]
+    unknown = [
+        _Counting(),
+        Seeded(),
+        v2.Compose([v2.Resize(4), _Counting()]),
+        Preset().__call__,
+        Remembers(),
+        Holds(),
+    ]
     assert [stateless_callable(fn) for fn in known] == [True] * len(known)
     assert [stateless_callable(fn) for fn in unknown] == [False] * len(unknown)
 
