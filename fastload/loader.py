@@ -141,6 +141,24 @@ def _same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and all(x is y for x, y in zip(a, b, strict=True))
 
 
+def _workers_see_what_main_does(dataset: Any, decode: str) -> bool:
+    """``num_workers="auto"``: whether loading in workers gives what the main process would
+    (torch's default, ``num_workers=0``); else it says so, once, with the way to have workers."""
+    if isinstance(dataset, IterableDataset):
+        return False
+    if decode != "cpu" or stateless_in_workers(dataset):
+        return True
+    _log.warning(
+        "fastload.DataLoader loads this %s in the main process, as torch's default num_workers=0: "
+        "num_workers='auto' starts workers only for datasets whose code is known to keep no state "
+        "(its __getitem__ and what it holds, or its transforms, may change as it is called: a "
+        "cache, a generator of its own; see fastload.recognize.stateless_in_workers). Pass "
+        "num_workers=N to load in N workers",
+        type(dataset).__name__,
+    )
+    return False
+
+
 def _structural_reason(loader: DataLoader[Any]) -> str | None:
     """Why the loader's arguments (not its dataset) rule out the fast path, or ``None``."""
     if isinstance(loader.dataset, IterableDataset):
@@ -958,9 +976,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     ) -> None:
         auto_workers = num_workers == "auto"
         if auto_workers:
-            # torch's default (0) for an IterableDataset: workers would each replay the whole
-            # stream unless the dataset shards itself, which only the user can know.
-            num_workers = 0 if isinstance(dataset, IterableDataset) else auto_num_workers()
+            # torch's default (0) for an IterableDataset (workers would each replay the whole
+            # stream unless the dataset shards itself, which only the user can know) and for a
+            # dataset whose code may keep state: the main process's one copy of it (a cache, a
+            # generator of its own) is not what copies in workers would give
+            num_workers = auto_num_workers() if _workers_see_what_main_does(dataset, decode) else 0
         elif isinstance(num_workers, bool):
             num_workers = int(num_workers)  # torch takes True as 1 worker (a bool is an int)
         elif not isinstance(num_workers, (int, np.integer)):
@@ -1206,10 +1226,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._fast_dataset, self._fast_reason = None, None
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
-        #: whether fastload's default keeps the workers (see the persistent_workers property)
-        self._keeps_workers = (self.decode != "cpu" or stateless_in_workers(dataset)) and (
-            not self._given_collate or stateless_callable(self._user_collate)
-        )
+        self._decide_keeping()
         if log and self._persistent_by_default and self.num_workers > 0 and self.worker_init_fn is not None:
             _log.info(
                 "fastload.DataLoader starts new workers each pass, as torch's default: it runs "
@@ -1306,24 +1323,57 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._path = "fast"
         import_decode_modules()  # now, not inside the first batch (see _torch_iter for torch's path)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in ("collate_fn", "worker_init_fn") and self.__dict__.get("_DataLoader__initialized"):
+            # torch lets both be set after __init__; its default's new workers take them up at
+            # the next pass: so do fastload's path and default workers (see _refresh_path)
+            self.__dict__["_callables_set"] = True
+
+    def _decide_keeping(self) -> None:
+        """Whether fastload's default keeps the workers between passes (see the
+        ``persistent_workers`` property): only where they run code known to keep no state and
+        torch's new workers would run nothing more (no ``worker_init_fn``)."""
+        self._keeps_workers = (
+            self.worker_init_fn is None
+            and (self.decode != "cpu" or stateless_in_workers(self.dataset))
+            and (not self._given_collate or stateless_callable(self._user_collate))
+        )
+
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced or
         changed in place, as torch's loader does, unless live persistent workers hold the old one
-        (as torch's do). The
+        (as torch's do), and a ``collate_fn`` / ``worker_init_fn`` set since the last pass. The
         default persistent workers (not asked for) are restarted when the dataset changed since
-        the last pass (:func:`_dataset_state`), as torch's default new workers each pass see it."""
+        the last pass (:func:`_dataset_state`) or one of those was set, as torch's default new
+        workers each pass see them; whether they are kept is decided again."""
+        # persistent workers asked for keep what they started with, as torch's do
+        callables_set = self.__dict__.pop("_callables_set", False) and (
+            self._persistent_by_default or not self.persistent_workers or not self.num_workers
+        )
+        if callables_set:
+            self._given_collate = self.collate_fn is not None and self.collate_fn is not default_collate
+            self._user_collate = self.collate_fn
         if self.decode != "cpu":
             return
         state = _dataset_state(self.dataset)  # fastload._watch: what is compared, and how
         before, self._workers_dataset = self._workers_dataset, state
-        if self._persistent_by_default and self.num_workers > 0 and before is not None and before != state:
+        changed = before is not None and before != state
+        if self._persistent_by_default and self.num_workers > 0 and (changed or callables_set):
             _log.info(
-                "fastload.DataLoader restarts its workers: the dataset changed since the last epoch (%s), "
+                "fastload.DataLoader restarts its workers: %s, "
                 "and torch's loader would start new workers that see it (persistent_workers=True: "
-                "they keep the dataset as it was when they started, as torch's do)",
-                ", ".join(_changed_attributes(before, state)),
+                "they keep what they started with, as torch's do)",
+                f"the dataset changed since the last epoch ({', '.join(_changed_attributes(before, state))})"
+                if before is not None and changed
+                else "collate_fn or worker_init_fn was set since the last epoch",
             )
             self._stop_workers()
+            self._decide_keeping()
+        if callables_set:
+            self._engine.close()
+            self._choose_path(log=True)
+            return
         if _same_source(self._source_key, _source_key(self.dataset)) and self._source_made == _source_state(
             state
         ):

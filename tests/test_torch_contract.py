@@ -8,6 +8,7 @@ message), iterator semantics.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import itertools
 import logging
@@ -516,9 +517,46 @@ def test_which_callables_are_known_to_keep_no_state() -> None:
         def __init__(self) -> None:
             self.seen: list[Any] = []
 
-    class Holds:  # a dataset's samples: data, not ops (a long list is not walked)
+        def __call__(self, image: Any) -> Any:
+            self.seen.append(image)
+            return image
+
+    class Holds:  # a table it only reads: a long list is data, not walked
         def __init__(self) -> None:
             self.samples = [(f"{i}.jpg", i % 10) for i in range(100_000)]
+
+        def __call__(self, i: int) -> Any:
+            return self.samples[i]
+
+    class Lazy:  # makes its generator at the first call
+        def __call__(self, image: Any) -> Any:
+            if not hasattr(self, "rng"):
+                self.rng = np.random.default_rng(0)
+            return self.rng.integers(9)
+
+    class Sized:  # settings, and code that only reads them
+        def __init__(self, size: int) -> None:
+            self.size, self.mean = size, np.array([0.5, 0.5, 0.5])
+
+        def __call__(self, image: Any) -> Any:
+            return image.resize((self.size, self.size))
+
+    class Batchwise:  # a mixup collate drawing from numpy's global generator (seeded per worker)
+        def __init__(self, alpha: float) -> None:
+            self.alpha = alpha
+
+        def __call__(self, batch: Any) -> Any:
+            lam = np.random.beta(self.alpha, self.alpha)
+            x, y = torch.utils.data.default_collate(batch)
+            return lam * x + (1 - lam) * x.flip(0), y
+
+    counter = [0]
+
+    def counts(x: Any) -> Any:  # a closure over a list it changes
+        counter[0] += 1
+        return x
+
+    rng = np.random.default_rng(0)
 
     class Ops:  # a list of ops of its own
         def __init__(self) -> None:
@@ -533,14 +571,27 @@ def test_which_callables_are_known_to_keep_no_state() -> None:
         torch.utils.data.default_collate,
         _draw_image,
         Ops(),
+        Preset().__call__,
+        Holds(),
+        Sized(8),
+        Batchwise(0.2),
+        functools.partial(_draw_image),
+        np.random.rand,
+        random.randint,
     ]
     unknown = [
         _Counting(),
         Seeded(),
         v2.Compose([v2.Resize(4), _Counting()]),
-        Preset().__call__,
         Remembers(),
-        Holds(),
+        Lazy(),
+        counts,
+        v2.Lambda(counts),
+        rng.random,
+        functools.partial(_draw_image, rng),
+        random.Random(0).random,
+        torch.nn.BatchNorm1d(3),
+        lambda x, g=rng: g.random(),
     ]
     assert [stateless_callable(fn) for fn in known] == [True] * len(known)
     assert [stateless_callable(fn) for fn in unknown] == [False] * len(unknown)
