@@ -104,6 +104,46 @@ class SamplerBatches(Sequence[np.ndarray]):
         return self._read[k]
 
 
+class SampleKeys:
+    """The random streams' index for each sample a user's sampler gives, batch by batch.
+
+    A sample's augmentation is keyed by ``(seed, epoch, index)``; a sampler that gives a sample
+    twice in a pass (repeated augmentation, ``RASampler``; sampling with replacement) would give
+    each copy the same crop and flip, and so would the ranks of a job given the same sample. The
+    ``k``-th copy of sample ``i`` on this rank is keyed ``i + n * (k * replicas + rank)`` instead:
+    its own draws, the same whatever the workers (a function of the pass's order on this rank).
+    Only where a copy or another rank makes it differ from ``i`` (a sample once, one rank:
+    ``i``)."""
+
+    def __init__(self, n: int, rank: int, replicas: int) -> None:
+        self.n, self.rank, self.replicas = n, rank, max(1, replicas)
+        self.counts = np.zeros(n, dtype=np.uint32)  # copies given so far in this pass
+        self.done: dict[int, np.ndarray | None] = {}
+        self.next = 0  # batches are keyed in order
+
+    def of(self, k: int, indices: np.ndarray) -> np.ndarray | None:
+        """The keys of batch ``k`` (``None``: the indices themselves)."""
+        if k in self.done:
+            return self.done[k]
+        if k != self.next or not len(indices) or indices.min() < 0 or indices.max() >= self.n:
+            return None  # out of order (a resumed rest) or out of range (the worker says so)
+        self.next = k + 1
+        counts = self.counts
+        if len(np.unique(indices)) == len(indices):
+            copies = counts[indices].astype(np.int64)
+            counts[indices] += 1
+        else:  # a sample twice in this batch: each copy in turn
+            copies = np.empty(len(indices), dtype=np.int64)
+            for p, i in enumerate(indices.tolist()):
+                copies[p] = counts[i]
+                counts[i] += 1
+        keys = None
+        if self.replicas > 1 or copies.any():
+            keys = indices + self.n * (copies * self.replicas + self.rank)
+        self.done[k] = keys
+        return keys
+
+
 def has_batch(batches: Sequence[np.ndarray], k: int) -> bool:
     """Whether ``batches`` has a batch ``k`` (a :class:`SamplerBatches` is read up to it)."""
     return batches.has(k) if isinstance(batches, SamplerBatches) else k < len(batches)
@@ -301,6 +341,7 @@ class FastPass:
         self.lookahead = batches is None
         self.dataset = loader._fast_dataset if dataset is None else dataset
         self.batches: Sequence[np.ndarray] = batches if batches is not None else loader._pass_batches(epoch)
+        self.keys = loader._sample_keys() if dataset is None else None
         self.next_batch = start
         self.issued = start
         self.pool = engine.get_pool(loader, seed, self.dataset)
@@ -354,7 +395,7 @@ class FastPass:
         if self.engine.live_pass != self.generation:
             return  # a newer pass issues the tasks now
         self.issued = pool.issue(
-            self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight
+            self.generation, self.epoch, self.seed, self.batches, self.issued, self.in_flight, self.keys
         )
         pool.collect_returned()
         if (
@@ -370,9 +411,9 @@ class FastPass:
         slot = self.pool.take_slot()
         if slot is None:  # pragma: no cover - nothing is pending without workers: take_slot allocates
             raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
-        task = Task(
-            self.generation, self.next_batch, slot, self.epoch, self.seed, self.batches[self.next_batch]
-        )
+        indices = self.batches[self.next_batch]
+        task = Task(self.generation, self.next_batch, slot, self.epoch, self.seed, indices)
+        task.keys = self.keys.of(self.next_batch, indices) if self.keys is not None else None
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
         out, lab = self.pool.arrays(slot)

@@ -119,6 +119,11 @@ class Task:
     indices: np.ndarray
     images: torch.Tensor | None = None  # the buffers of an extra slot (not one of the ring's)
     labels: torch.Tensor | None = None
+    #: each sample's random-stream index where not its own (a copy given again: SampleKeys)
+    keys: np.ndarray | None = None
+
+    def key_list(self) -> list[int]:
+        return (self.keys if self.keys is not None else self.indices).tolist()
 
 
 @dataclass
@@ -187,10 +192,10 @@ def run_task(
     target_transform = getattr(dataset, "target_transform", None)
     filled = 0
     skipped: list[tuple[int, str]] = []
-    for i in task.indices.tolist():
+    for i, key in zip(task.indices.tolist(), task.key_list(), strict=True):
         try:
             data = dataset.get_bytes(i)
-            with rng.sample_scope(task.seed, task.epoch, i):
+            with rng.sample_scope(task.seed, task.epoch, key):
                 transform.decode_into(data, out[filled], describe_sample(dataset, i))
         except (DecodeError, OSError) as e:
             if not skip:
@@ -228,6 +233,7 @@ def run_task_split(
     """
     transform = dataset.transform
     indices = task.indices.tolist()
+    keys = task.key_list()
 
     def decode(positions: range) -> dict[int, BaseException]:
         errors: dict[int, BaseException] = {}
@@ -235,7 +241,7 @@ def run_task_split(
             i = indices[p]
             try:
                 data = dataset.get_bytes(i)
-                with rng.sample_scope(task.seed, task.epoch, i):
+                with rng.sample_scope(task.seed, task.epoch, keys[p]):
                     transform.decode_into(data, out[p], describe_sample(dataset, i))
             except BaseException as e:  # noqa: BLE001 - raised in the caller, in batch order
                 errors[p] = e
@@ -1275,15 +1281,19 @@ class WorkerPool:
         batches: Sequence[np.ndarray],
         issued: int,
         in_flight: dict[int, int],
+        keys: Any = None,
     ) -> int:
-        """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``."""
+        """Hands ``batches[issued:]`` to the workers while slots are free; returns the new ``issued``
+        (``keys``: a :class:`fastload._engine.SampleKeys` of the pass, or ``None``)."""
         has = getattr(batches, "has", None)  # batches read from the sampler as issued (SamplerBatches)
         while has(issued) if has is not None else issued < len(batches):
             slot = self.take_slot()
             if slot is None:
                 break
             images, labels = self.extra.get(slot, (None, None))
-            self.put(Task(generation, issued, slot, epoch, seed, batches[issued], images, labels))
+            indices = batches[issued]
+            sample_keys = keys.of(issued, indices) if keys is not None else None
+            self.put(Task(generation, issued, slot, epoch, seed, indices, images, labels, sample_keys))
             if self.will_need is not None:  # read-ahead: the task waits behind the ones issued before
                 self.will_need(batches[issued])
             in_flight[issued] = slot

@@ -78,13 +78,14 @@ from torch.utils.data import (
     MapDataPipe,
     RandomSampler,
     Sampler,
+    SequentialSampler,
     default_collate,
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 from ._checks import caller_stacklevel, check_choice, check_int, sample_index
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
-from ._engine import SUPERSEDED, Engine, FastPass, SamplerBatches, predicted_order, split_batches
+from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, predicted_order, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
@@ -1510,6 +1511,21 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         expected = n // batch_size if self.drop_last else -(-n // batch_size)
         return SamplerBatches(self.sampler, batch_size, self.drop_last, expected)
 
+    def _sample_keys(self) -> SampleKeys | None:
+        """For a sampler of the user's (not fastload's, not sequential): each sample's random
+        stream keyed by its copy and this rank too (:class:`fastload._engine.SampleKeys`), so
+        that a sample given twice (``RASampler``'s repeats, sampling with replacement) or on two
+        ranks gets its own augmentation, as torch's draws would."""
+        sampler = self.sampler
+        if self._own_sampler or type(sampler) is SequentialSampler:
+            return None
+        replicas, rank = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
+        if not (isinstance(replicas, int) and isinstance(rank, int) and 0 <= rank < replicas):
+            distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+            replicas = torch.distributed.get_world_size() if distributed else 1
+            rank = torch.distributed.get_rank() if distributed else 0
+        return SampleKeys(len(self.dataset), rank, replicas)  # type: ignore[arg-type]
+
     def _pass_order(self) -> np.ndarray:
         """This pass's indices: a resumed epoch's rest, or the sampler's order."""
         rest = self._rest
@@ -1619,13 +1635,30 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return live is not None and not live._ended
 
     def _take_sampler_epoch(self) -> None:
-        """A pass start: the epoch given to the sampler fastload made (``loader.sampler.set_epoch(e)``,
+        """A pass start: the epoch given to the sampler (``loader.sampler.set_epoch(e)``,
         torchvision's reference script's ``train_sampler.set_epoch(epoch)``) since the loader last
-        set it is the pass's epoch, as ``loader.set_epoch(e)`` (torch's sampler would use it)."""
+        set it is the pass's epoch, as ``loader.set_epoch(e)`` (torch's sampler would use it): the
+        sampler fastload made, or a sampler of the user's with an ``epoch`` attribute that changed
+        since the last pass (torch's ``DistributedSampler``)."""
         sampler: Any = self.sampler
         if self._own_sampler and getattr(sampler, "_told_epoch", False):
             sampler._told_epoch = False
             self._epochs.set_epoch(sampler.epoch)
+            return
+        if self._own_sampler:
+            return
+        # a sampler of the user's with an epoch (torch's DistributedSampler, RASampler): an epoch
+        # it was given since the last pass (0 before the first) is the pass's too, so that a job
+        # restarted at epoch e (set_epoch(e) on the sampler) does not draw epoch 0's augmentations
+        if self._given_batch_sampler:
+            sampler = getattr(self.batch_sampler, "sampler", None)
+        epoch = getattr(sampler, "epoch", None)
+        if type(epoch) is not int or epoch < 0:
+            return
+        last = self.__dict__.get("_user_sampler_epoch", 0)
+        self._user_sampler_epoch = epoch
+        if epoch != last and not self._epochs.epoch_set:
+            self._epochs.set_epoch(epoch)
 
     def _check_as_torch_iterator(self) -> None:
         """What torch's iterator checks and says as a pass starts, in its words, on every path
