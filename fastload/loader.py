@@ -813,18 +813,20 @@ def _worker_init(
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
     ringed = not stream and rings_collate(loader)
-    loader.worker_init_fn = TorchWorkerInit(
+    # set in the instance's namespace: not the user's assignment (DataLoader.__setattr__)
+    attributes = loader.__dict__
+    attributes["worker_init_fn"] = TorchWorkerInit(
         user_fn, stream=stream, ring=ring if stream or ringed else None, pass_seeds=pass_seeds
     )
     if stream:
-        loader.collate_fn = stream_collate
+        attributes["collate_fn"] = stream_collate
     elif ringed:
-        loader.collate_fn = RingedCollate(user_collate)
+        attributes["collate_fn"] = RingedCollate(user_collate)
     try:
         yield
     finally:
-        loader.worker_init_fn = user_fn
-        loader.collate_fn = user_collate
+        attributes["worker_init_fn"] = user_fn
+        attributes["collate_fn"] = user_collate
 
 
 # ------------------------------------------------------------------------------------ DataLoader
@@ -1517,8 +1519,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         that a sample given twice (``RASampler``'s repeats, sampling with replacement) or on two
         ranks gets its own augmentation, as torch's draws would."""
         sampler = self.sampler
-        if self._own_sampler or type(sampler) is SequentialSampler:
-            return None
+        if self._own_sampler or type(sampler) in (SequentialSampler, EpochRandomSampler, DistributedSampler):
+            return None  # fastload's orders: a sample's stream is its own on any rank (resharding)
         replicas, rank = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
         if not (isinstance(replicas, int) and isinstance(rank, int) and 0 <= rank < replicas):
             distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -911,8 +911,8 @@ class _Reach:
         whose methods and class attributes are known (a class attribute may be changed)."""
         if cls.__module__.startswith(_STATELESS_LIBRARIES) or cls.__module__ == "builtins":
             return True
-        if id(cls) in self.seen:
-            return True
+        if id(cls) in self.seen or (cls.__bases__ == (tuple,) and hasattr(cls, "_fields")):
+            return True  # (a namedtuple: its instances are tuples)
         self.seen.add(id(cls))
         self.mutable = True  # its class attributes
         for klass in cls.__mro__:
@@ -928,6 +928,12 @@ class _Reach:
                 member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
                 if isinstance(member, property):
                     member = member.fget
+                elif (
+                    not isinstance(member, types.FunctionType)
+                    and type(member).__module__ in ("builtins", "_collections")
+                    and hasattr(member, "__get__")
+                ):
+                    continue  # a slot's or a namedtuple field's descriptor: the object's, not state
                 if isinstance(member, types.FunctionType):
                     if name in _NOT_CALLED:  # it runs on a new object, not on what is kept
                         continue

@@ -31,6 +31,13 @@ class Plain(torch.utils.data.Dataset):  # not a dataset fastload reads itself: t
     def __getitem__(self, i):
         return torch.full((3,), float(i)), i
 
+class Counted(Plain):  # a dataset's own state (a counter): torch's default new workers each pass
+    calls = 0
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return super().__getitem__(i)
+
 def loader(workers, dataset=ds, **kw):
     return DataLoader(dataset, batch_size=8, num_workers=workers, **kw)
 
@@ -172,9 +179,9 @@ def test_a_hold_ended_on_another_thread_does_not_undo_a_later_count(train_root: 
 @pytest.mark.parametrize("kept", [True, False], ids=["default-persistent", "new-workers-each-pass"])
 def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path, kept: bool) -> None:
     # next(iter(loader)) inside the loop (torch's iterator; fastload's default keeps the workers
-    # of a torchvision folder, not those of a dataset's own __getitem__): the peek runs on workers
+    # of a torchvision folder, not those of a dataset whose __getitem__ keeps state): the peek runs on workers
     # of its own; its end must not end the cap of the loop's workers
-    dataset = "torchvision.datasets.ImageFolder(sys.argv[1], transform=lambda im: 0)" if kept else "Plain()"
+    dataset = "torchvision.datasets.ImageFolder(sys.argv[1], transform=lambda im: 0)" if kept else "Counted()"
     _run(
         train_root,
         f"""

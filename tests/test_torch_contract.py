@@ -1752,3 +1752,99 @@ def test_the_epoch_given_to_the_loaders_own_sampler_is_the_passs_epoch(distribut
     )  # an epoch given twice: its order twice
     untold = passes(lambda loader, e: None, [0, 1])
     assert [e for e, _ in untold] == [0, 1] and untold[0][1] != via_sampler[0][1]
+
+
+def _tag_batch(batch: Any) -> Any:
+    return [*torch.utils.data.default_collate(batch), torch.tensor(-1)]
+
+
+def _seed_worker(worker_id: int) -> None:
+    torch.manual_seed(1000 + worker_id)
+
+
+@pytest.mark.parametrize("name", ["collate_fn", "worker_init_fn"])
+def test_collate_fn_or_worker_init_fn_set_after_init_reach_the_next_pass_as_torchs(
+    imagenet_root: Any, name: str
+) -> None:
+    """torch lets a loop set both after ``__init__`` (Lightning's ``seed_everything(workers=True)``
+    sets ``worker_init_fn``); its default's new workers use them from the next pass. fastload's
+    default workers (kept for this stateless transform) are restarted and no longer kept."""
+    import torchvision
+    from torchvision import transforms as T
+
+    value = {"collate_fn": _tag_batch, "worker_init_fn": _seed_worker}[name]
+    seen = []
+    for cls in LOADERS:
+        dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=T.Lambda(_draw_image))
+        torch.manual_seed(0)
+        loader = cls(dataset, batch_size=4, num_workers=2)
+        passes = []
+        for epoch in range(3):
+            if epoch == 1:
+                setattr(loader, name, value)
+            passes.append([[t.tolist() for t in batch] for batch in loader])
+        seen.append(passes)
+        if cls is fastload.DataLoader:
+            assert loader.persistent_workers is (name == "collate_fn")  # a stateless collate_fn: kept
+    assert seen[0] == seen[1]
+    assert seen[1][0] != seen[1][1]
+
+
+def test_a_collate_fn_set_after_init_takes_the_fast_path_off(imagenet_root: Any) -> None:
+    """The fast path makes its batches itself: a ``collate_fn`` set later runs, as torch's would."""
+    from torchvision import transforms as T
+
+    dataset = fastload.ImageFolder(
+        imagenet_root / "val", transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.PILToTensor()])
+    )
+    loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+    assert loader.path == "fast" and len(next(iter(loader))) == 2
+    loader.collate_fn = _tag_batch
+    batch = next(iter(loader))
+    assert loader.path != "fast" and batch[-1].item() == -1
+
+
+class _Remembering(torch.utils.data.Dataset[Any]):
+    """A dataset that keeps state as it is read: a generator of its own and a cache."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.cache: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        self.cache[i] = int(self.rng.integers(1000))
+        return self.cache[i]
+
+
+class _Reading(torch.utils.data.Dataset[Any]):
+    """A dataset whose ``__getitem__`` only reads what it holds."""
+
+    def __init__(self) -> None:
+        self.values = list(range(100, 108))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.values[i] + int(torch.randint(0, 10, ()).item())
+
+
+def test_automatic_workers_only_for_a_dataset_whose_code_keeps_no_state(caplog: Any) -> None:
+    """num_workers='auto' must not change what the loop gets: a dataset changing itself as it
+    is read (its own generator, a cache) loads in the main process as torch's default does (the
+    same values, the cache filled), with a WARNING that says so; one that only reads gets workers."""
+    caplog.set_level(logging.WARNING, logger="fastload")
+    got = []
+    for cls in LOADERS:
+        dataset = _Remembering()
+        loader = cls(dataset, batch_size=4)
+        got.append(([batch.tolist() for _ in range(2) for batch in loader], len(dataset.cache)))
+    assert got[0] == got[1] and got[1][1] == 8
+    assert loader.num_workers == 0 and "loads this _Remembering in the main process" in caplog.text
+    reading = fastload.DataLoader(_Reading(), batch_size=4)
+    assert reading.num_workers > 0 and reading.persistent_workers  # known to keep no state
+    values = sorted(v for batch in reading for v in batch.tolist())
+    assert len(values) == 8 and all(100 <= v < 117 for v in values)
