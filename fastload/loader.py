@@ -79,6 +79,8 @@ from torch.utils.data import (
     RandomSampler,
     Sampler,
     SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
     default_collate,
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
@@ -86,7 +88,7 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 from ._checks import caller_stacklevel, check_choice, check_int, sample_index
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, predicted_order, split_batches
-from ._epoch import DefaultSeed, EpochState, Plan, Resume, RNGState, base_seed
+from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
@@ -1453,6 +1455,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """
         plan = self._plan()
         n = None if isinstance(self.dataset, IterableDataset) and _pass_length(self) is None else len(self)
+        self._refuse_random_order(state, plan)
         self._epochs.load_state_dict(state, plan, n, self._sampler_epoch())
         seed = self._epochs.seed
         if self._own_sampler and isinstance(self.sampler, (EpochRandomSampler, DistributedSampler)):
@@ -1460,6 +1463,29 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         resume = self._epochs.resume
         sampler_epoch = None if resume is None else resume.sampler_epoch
         _set_sampler_epoch(self.sampler, self._epochs.epoch if sampler_epoch is None else sampler_epoch)
+
+    def _refuse_random_order(self, state: Any, plan: Plan) -> None:
+        """A state taken inside an epoch of torch's random samplers (``RandomSampler``,
+        ``SubsetRandomSampler``, ``WeightedRandomSampler``): their order comes from the RNG's
+        state at the pass's start, which a restarted job does not have, so skipping the batches
+        already seen would skip others (some seen twice, some never)."""
+        if plan.global_order:
+            return
+        sampler = getattr(self.batch_sampler, "sampler", None) if self._given_batch_sampler else self.sampler
+        if not isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
+            return
+        if isinstance(sampler, EpochRandomSampler):
+            return
+        states = state if isinstance(state, list) else [state]
+        if any(isinstance(one, dict) and one.get("batches") for one in states):
+            raise ResumeError(
+                f"this state was taken inside an epoch of torch's {type(sampler).__name__}, whose order "
+                "a restarted job cannot draw again (it comes from the RNG's state at the pass's start): "
+                "resuming would skip other samples than those seen. Pass shuffle=True instead of a "
+                "RandomSampler (fastload's order, a function of seed and epoch), or distributed=True / "
+                "fastload.DistributedSampler, to resume inside an epoch; a state taken at an epoch's end "
+                "resumes with any sampler"
+            )
 
     def _resume_pass(self, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
         """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.

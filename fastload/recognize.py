@@ -617,7 +617,11 @@ def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any
     if kind == "Normalize":
         if state != "float":
             raise NotReproducible(f"{label} on a {'PIL image' if state == 'pil' else 'uint8 tensor'}")
-        return state, [("normalize", _channel_values(op.mean, label), _channel_values(op.std, label))]
+        std = _channel_values(op.std, label)
+        if any(float(torch.tensor(v, dtype=torch.float32)) == 0 for v in std):
+            # torchvision raises its ValueError ("std evaluated to zero ...") at the first image
+            raise NotReproducible(f"{label} has a std of zero (torchvision's Normalize refuses it)")
+        return state, [("normalize", _channel_values(op.mean, label), std)]
     raise NotReproducible(f"{label} is not a conversion fastload reproduces")
 
 

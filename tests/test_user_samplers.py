@@ -103,3 +103,36 @@ def test_sample_keys_tell_copies_and_ranks_apart() -> None:
     assert keys.of(2, np.array([11])) is None  # out of range: the worker names the sample
     ranked = SampleKeys(10, rank=1, replicas=2)
     assert ranked.of(0, np.array([3, 3])).tolist() == [13, 33]  # rank 1 of 2: copy k at i + 10 (2k + 1)
+
+
+def test_a_state_inside_an_epoch_of_torchs_random_sampler_is_refused(imagenet_root: Path) -> None:
+    """torch's RandomSampler orders a pass by the RNG's state when it starts: a restarted job
+    would skip other samples than those seen. The resume is refused, naming the ways that work;
+    a state at an epoch's end resumes."""
+    dataset = _train(imagenet_root)
+
+    def make() -> Any:
+        return fastload.DataLoader(
+            dataset, batch_size=4, sampler=torch.utils.data.RandomSampler(dataset), num_workers=0
+        )
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    inside = loader.state_dict()
+    with pytest.raises(fastload.ResumeError, match=r"inside an epoch of torch's RandomSampler.*shuffle=True"):
+        make().load_state_dict(inside)
+    for _ in it:
+        pass
+    ended = loader.state_dict()
+    restarted = make()
+    restarted.load_state_dict(ended)
+    assert len(list(restarted)) == len(loader)
+
+
+def test_normalize_with_a_zero_std_raises_torchvisions_error(imagenet_root: Path) -> None:
+    tf = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor(), T.Normalize([0.5] * 3, [0.5, 0.0, 0.5])])
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=tf)
+    for cls in (torch.utils.data.DataLoader, fastload.DataLoader):
+        with pytest.raises(ValueError, match="std evaluated to zero"):
+            next(iter(cls(dataset, batch_size=4, num_workers=0)))
