@@ -368,6 +368,7 @@ class WorkerArgs:
     main_pid: int
     die_with_parent: bool
     preload: Callable[[], None] | None = None
+    num_workers: int = 1
 
 
 def _numpy_seed(base_seed: int, worker_id: int) -> Any:
@@ -397,6 +398,15 @@ def worker_loop(args: WorkerArgs) -> None:
         random.seed(args.base_seed + args.worker_id)
         torch.manual_seed(args.base_seed + args.worker_id)
         np.random.seed(_numpy_seed(args.base_seed, args.worker_id))
+        # torch.utils.data.get_worker_info() in a worker_init_fn (it shards or seeds by worker id)
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=args.worker_id,
+            num_workers=args.num_workers,
+            seed=args.base_seed + args.worker_id,
+            dataset=args.dataset,
+        )
     try:
         init_error: tuple[BaseException, str] | None = None
         if args.worker_init_fn is not None:
@@ -1105,6 +1115,7 @@ class WorkerPool:
                     os.getpid(),
                     main_thread,
                     preload if is_process else None,
+                    num_workers,
                 )
                 worker = start(target=worker_loop, args=(args,), name=f"fastload-worker-{wid}", daemon=True)
                 try:

@@ -1848,3 +1848,22 @@ def test_automatic_workers_only_for_a_dataset_whose_code_keeps_no_state(caplog: 
     assert reading.num_workers > 0 and reading.persistent_workers  # known to keep no state
     values = sorted(v for batch in reading for v in batch.tolist())
     assert len(values) == 8 and all(100 <= v < 117 for v in values)
+
+
+def _needs_worker_info(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    if info is None or info.id != worker_id or info.num_workers != 2 or info.dataset is None:
+        raise RuntimeError(f"worker {worker_id}: get_worker_info() gave {info}")
+
+
+def test_a_worker_init_fn_reads_torchs_worker_info_on_the_fast_path(imagenet_root: Any) -> None:
+    """A ``worker_init_fn`` that shards or seeds by ``get_worker_info()`` (as with torch's
+    workers) runs in the fast path's worker processes too."""
+    from torchvision import transforms as T
+
+    dataset = fastload.ImageFolder(
+        imagenet_root / "val", transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.PILToTensor()])
+    )
+    loader = fastload.DataLoader(dataset, batch_size=4, num_workers=2, worker_init_fn=_needs_worker_info)
+    assert loader.path == "fast"
+    assert sum(len(labels) for _, labels in loader) == len(dataset)
