@@ -119,15 +119,19 @@ class SampleKeys:
         self.n, self.rank, self.replicas = n, rank, max(1, replicas)
         self.counts = np.zeros(n, dtype=np.uint32)  # copies given so far in this pass
         self.done: dict[int, np.ndarray | None] = {}
-        self.next = 0  # batches are keyed in order
+        self.next = 0  # the first batch not counted yet
 
-    def of(self, k: int, indices: np.ndarray) -> np.ndarray | None:
-        """The keys of batch ``k`` (``None``: the indices themselves)."""
-        if k in self.done:
-            return self.done[k]
-        if k != self.next or not len(indices) or indices.min() < 0 or indices.max() >= self.n:
-            return None  # out of order (a resumed rest) or out of range (the worker says so)
-        self.next = k + 1
+    def of(self, k: int, batches: Sequence[np.ndarray]) -> np.ndarray | None:
+        """The keys of ``batches[k]`` (``None``: the indices themselves); the batches before it
+        are counted first (a pass resumed ``k`` batches in: the copies given before it count)."""
+        while self.next <= k:
+            self.done[self.next] = self._count(batches[self.next])
+            self.next += 1
+        return self.done[k]
+
+    def _count(self, indices: np.ndarray) -> np.ndarray | None:
+        if not len(indices) or indices.min() < 0 or indices.max() >= self.n:
+            return None  # out of range: the worker names the sample
         counts = self.counts
         if len(np.unique(indices)) == len(indices):
             copies = counts[indices].astype(np.int64)
@@ -137,11 +141,9 @@ class SampleKeys:
             for p, i in enumerate(indices.tolist()):
                 copies[p] = counts[i]
                 counts[i] += 1
-        keys = None
         if self.replicas > 1 or copies.any():
-            keys = indices + self.n * (copies * self.replicas + self.rank)
-        self.done[k] = keys
-        return keys
+            return indices + self.n * (copies * self.replicas + self.rank)
+        return None
 
 
 def has_batch(batches: Sequence[np.ndarray], k: int) -> bool:
@@ -413,7 +415,7 @@ class FastPass:
             raise RuntimeError("no free batch slot: this is a fastload bug, please report it")
         indices = self.batches[self.next_batch]
         task = Task(self.generation, self.next_batch, slot, self.epoch, self.seed, indices)
-        task.keys = self.keys.of(self.next_batch, indices) if self.keys is not None else None
+        task.keys = self.keys.of(self.next_batch, self.batches) if self.keys is not None else None
         self.in_flight[task.batch] = slot
         t0 = time.perf_counter()
         out, lab = self.pool.arrays(slot)

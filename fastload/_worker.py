@@ -1303,7 +1303,7 @@ class WorkerPool:
                 break
             images, labels = self.extra.get(slot, (None, None))
             indices = batches[issued]
-            sample_keys = keys.of(issued, indices) if keys is not None else None
+            sample_keys = keys.of(issued, batches) if keys is not None else None
             self.put(Task(generation, issued, slot, epoch, seed, indices, images, labels, sample_keys))
             if self.will_need is not None:  # read-ahead: the task waits behind the ones issued before
                 self.will_need(batches[issued])

@@ -1365,14 +1365,16 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         before, self._workers_dataset = self._workers_dataset, state
         changed = before is not None and before != state
         if self._persistent_by_default and self.num_workers > 0 and (changed or callables_set):
-            _log.info(
-                "fastload.DataLoader restarts its workers: %s, "
-                "and torch's loader would start new workers that see it (persistent_workers=True: "
-                "they keep what they started with, as torch's do)",
-                f"the dataset changed since the last epoch ({', '.join(_changed_attributes(before, state))})"
-                if before is not None and changed
-                else "collate_fn or worker_init_fn was set since the last epoch",
-            )
+            if before is not None:  # (set before the first pass: no workers yet)
+                what = ", ".join(_changed_attributes(before, state))
+                _log.info(
+                    "fastload.DataLoader restarts its workers: %s, "
+                    "and torch's loader would start new workers that see it (persistent_workers=True: "
+                    "they keep what they started with, as torch's do)",
+                    f"the dataset changed since the last epoch ({what})"
+                    if changed
+                    else "collate_fn or worker_init_fn was set since the last epoch",
+                )
             self._stop_workers()
             self._decide_keeping()
         if callables_set:

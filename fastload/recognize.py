@@ -917,6 +917,8 @@ class _Reach:
             return True
         if id(cls) in self.seen or (cls.__bases__ == (tuple,) and hasattr(cls, "_fields")):
             return True  # (a namedtuple: its instances are tuples)
+        if _installed(cls):
+            return False  # another library's class: its code is not read (unknown, not stateless)
         self.seen.add(id(cls))
         self.mutable = True  # its class attributes
         for klass in cls.__mro__:
@@ -988,6 +990,12 @@ class _Reach:
         if not all(self.value_ok(value, depth + 1) for value in attributes.values()):
             return False
         return self.class_ok(type(obj), depth + 1)
+
+
+def _installed(cls: type) -> bool:
+    """Whether ``cls`` comes from an installed package (not the user's own code)."""
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
 
 
 def _filled(cell: Any) -> bool:

@@ -597,6 +597,23 @@ def test_which_callables_are_known_to_keep_no_state() -> None:
     assert [stateless_callable(fn) for fn in unknown] == [False] * len(unknown)
 
 
+def test_another_installed_librarys_class_is_not_taken_as_stateless(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code of an installed package fastload does not know is not read: the same class as the
+    user's own (stateless) is unknown when it comes from site-packages."""
+    from fastload.recognize import stateless_callable
+
+    code = "class Flip:\n    def __call__(self, x):\n        return x[::-1]\n"
+    for where, name in (("site-packages", "fl_installed_ops"), ("project", "fl_own_ops")):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / f"{name}.py").write_text(code)
+        monkeypatch.syspath_prepend(str(tmp_path / where))
+    installed, own = (__import__(name).Flip() for name in ("fl_installed_ops", "fl_own_ops"))
+    assert stateless_callable(own)
+    assert not stateless_callable(installed)
+
+
 class _ShuffledShards(torch.utils.data.IterableDataset[Any]):
     def __init__(self) -> None:
         self.shards = list(range(8))

@@ -94,15 +94,41 @@ def test_a_sample_given_twice_gets_its_own_augmentation_each_time(
     )
 
 
+def test_a_pass_with_repeated_samples_resumes_exactly(imagenet_root: Path) -> None:
+    """A job restarted inside an epoch of a sampler giving samples twice (repeated augmentation
+    over two ranks, torch's DistributedSampler padding): the rest of the pass is the rest of the
+    uninterrupted one, each copy with the augmentation it had there."""
+    dataset = _train(imagenet_root)
+
+    def make(num_workers: int) -> Any:
+        sampler = _Repeats(len(dataset), 2)
+        return fastload.DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=num_workers, seed=1)
+
+    whole = [images for images, _ in make(0)]
+    loader = make(2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    del it
+    restarted = make(2)
+    restarted.load_state_dict(state)
+    rest = [images for images, _ in restarted]
+    assert len(rest) == len(whole) - 5
+    assert all(torch.equal(a, b) for a, b in zip(rest, whole[5:], strict=True))
+
+
 def test_sample_keys_tell_copies_and_ranks_apart() -> None:
+    batches = [np.array([3, 4]), np.array([3, 3, 5]), np.array([11]), np.array([4])]
     keys = SampleKeys(10, rank=0, replicas=1)
-    assert keys.of(0, np.array([3, 4])) is None  # each sample once, one rank: its own index
-    assert keys.of(1, np.array([3, 3, 5])).tolist() == [13, 23, 5]  # copies 1 and 2 of sample 3
-    assert keys.of(1, np.array([3, 3, 5])).tolist() == [13, 23, 5]  # asked again: the same
-    assert keys.of(5, np.array([1])) is None  # out of order (a resumed rest): the index itself
-    assert keys.of(2, np.array([11])) is None  # out of range: the worker names the sample
+    assert keys.of(0, batches) is None  # each sample once, one rank: its own index
+    assert keys.of(1, batches).tolist() == [13, 23, 5]  # copies 1 and 2 of sample 3
+    assert keys.of(1, batches).tolist() == [13, 23, 5]  # asked again: the same
+    assert keys.of(2, batches) is None  # out of range: the worker names the sample
+    resumed = SampleKeys(10, rank=0, replicas=1)
+    assert resumed.of(3, batches).tolist() == [14]  # a pass resumed at batch 3: the copies before count
     ranked = SampleKeys(10, rank=1, replicas=2)
-    assert ranked.of(0, np.array([3, 3])).tolist() == [13, 33]  # rank 1 of 2: copy k at i + 10 (2k + 1)
+    assert ranked.of(0, [np.array([3, 3])]).tolist() == [13, 33]  # rank 1 of 2: copy k at i + 10 (2k + 1)
 
 
 def test_a_state_inside_an_epoch_of_torchs_random_sampler_is_refused(imagenet_root: Path) -> None:
