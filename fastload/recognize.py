@@ -50,14 +50,9 @@ from __future__ import annotations
 
 import copy
 import dis
-import enum
-import functools
-import itertools
 import os
-import random
 import sys
 import threading
-import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +60,7 @@ import numpy as np
 import torch
 
 from . import transforms as T
+from ._stateless import stateless_callable
 from .decode import affine_for_table, pil_resample_available, to_chw_by_table
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
@@ -86,6 +82,8 @@ __all__ = [
     "resize_mode",
     "sample_index",
     "see_through",
+    "stateless_callable",
+    "stateless_in_workers",
     "tensor_antialias",
     "worker_view",
 ]
@@ -736,276 +734,6 @@ def _torchvision_loader(dataset: Any) -> Any:
     return loader
 
 
-#: The libraries whose transform objects keep no state between calls (their ops' attributes are
-#: their settings); what they hold (a ``Compose``'s ops, a ``Lambda``'s function) is looked at too.
-_STATELESS_LIBRARIES = ("torchvision.", "fastload.", "torch.", "PIL.")
-_RANDOM_STATES = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
-#: The items of a library object's list that are looked at (a longer list is data, not ops), and
-#: the longest list of ops a user's object may hold.
-_HELD_ITEMS, _SHORT_OPS = 4096, 64
-
-
-def stateless_callable(fn: Any, depth: int = 0) -> bool:
-    """Whether ``fn`` (a transform, a ``target_transform``, a ``collate_fn``) is known to keep no
-    state between calls, so that workers kept between passes call it as new ones would.
-
-    Known: ``None``; torchvision's, fastload's, torch's and PIL's objects (a module with buffers
-    aside: ``BatchNorm``'s running statistics), with what they hold known too (a ``Compose``'s
-    ops, a ``Lambda``'s function); a function, ``functools.partial`` or bound method whose code
-    changes nothing outside its call: it assigns no global or enclosing variable, and what it
-    reaches (globals it reads, its closure, its defaults, a method's object and class) is
-    settings (numbers, strings, tuples), modules of known libraries, known callables, or
-    containers and arrays its code (and its class's methods) never changes (no attribute or item
-    assignment, no ``append``/``update``/... call). A random generator of its own
-    (``np.random.default_rng``, ``random.Random``, a ``torch.Generator``) is state: new workers
-    would start each pass from the main process's copy of it (the global ``random``, numpy and
-    torch generators are seeded in each worker, as torch seeds them). Anything else is unknown,
-    so not known to keep no state."""
-    return _Reach().stateless(fn, depth)
-
-
-#: Top-level modules whose functions keep no state of their own between calls (their randomness
-#: is the global ``random``/numpy/torch generators, which each worker seeds as torch's do).
-_KNOWN_MODULES = frozenset(
-    "torch torchvision numpy PIL fastload math cmath random functools itertools operator collections "
-    "typing enum numbers builtins io re string struct warnings copy dataclasses abc types statistics "
-    "bisect heapq time os sys logging pathlib json".split()
-)
-#: Opcodes that change what a function does not own (a global, an enclosing variable), and those
-#: that change an object it reaches (an attribute, an item): these count where it reaches a
-#: container, an array or an object of the user's.
-_REBINDS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
-_MUTATES = frozenset({"STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE"})
-_MUTATING_METHODS = frozenset(
-    "append extend insert pop popitem remove clear update setdefault add discard appendleft "
-    "extendleft popleft rotate sort reverse send seed manual_seed set_state setstate __setitem__ "
-    "__delitem__ __setattr__ __delattr__ setattr delattr fill_ copy_ zero_ resize_".split()
-)
-#: Methods run when an object is made, copied or shown, not as it is called.
-_NOT_CALLED = frozenset(
-    "__init__ __new__ __init_subclass__ __setstate__ __getstate__ __reduce__ __reduce_ex__ "
-    "__repr__ __str__ __eq__ __hash__ __copy__ __deepcopy__ __class_getitem__".split()
-)
-_IMMUTABLE = (bool, int, float, complex, str, bytes, enum.Enum, range, type(None), type(Ellipsis))
-
-
-def _global_generators() -> tuple[Any, ...]:
-    """The generators each worker seeds as torch's do (``random``'s, numpy's, torch's own)."""
-    return (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None), torch.default_generator)
-
-
-def _library(obj: Any) -> bool:
-    return type(obj).__module__.startswith(_STATELESS_LIBRARIES)
-
-
-class _Reach:
-    """One question of :func:`stateless_callable`: what a callable reaches, and whether its code
-    may change any of it. Objects already looked at are not looked at again (cycles)."""
-
-    def __init__(self) -> None:
-        self.seen: set[int] = set()
-        self.mutable = False  # it reaches something its code could change
-        self.mutates = False  # some code looked at changes an attribute or an item
-
-    def stateless(self, fn: Any, depth: int = 0) -> bool:
-        if not self.callable_ok(fn, depth):
-            return False
-        return not (self.mutable and self.mutates)
-
-    # what a value reached is ---------------------------------------------------------------
-
-    def value_ok(self, value: Any, depth: int) -> bool:
-        """A value a callable reaches: a setting, a module, a callable (looked into), or a
-        container (``mutable``: fine only if no code changes one)."""
-        if isinstance(value, _IMMUTABLE):
-            return True
-        if depth > 8:
-            return False
-        if isinstance(value, _RANDOM_STATES):
-            return any(value is g for g in _global_generators())
-        if isinstance(value, types.ModuleType):
-            return value.__name__.split(".")[0] in _KNOWN_MODULES
-        if isinstance(value, (tuple, frozenset, list, dict, set)):
-            if id(value) in self.seen:
-                return True
-            self.seen.add(id(value))
-        if isinstance(value, (tuple, frozenset)):
-            return all(self.value_ok(v, depth + 1) for v in itertools.islice(value, _HELD_ITEMS))
-        if isinstance(value, (list, dict, set, bytearray, np.ndarray, torch.Tensor)):
-            self.mutable = True
-            if isinstance(value, (np.ndarray, torch.Tensor, bytearray)):
-                return True
-            items = value.values() if isinstance(value, dict) else value
-            if len(value) > _SHORT_OPS:  # data (a table, samples): its items are not ops
-                return all(
-                    isinstance(v, _IMMUTABLE) or not callable(v) and not isinstance(v, _RANDOM_STATES)
-                    for v in itertools.islice(items, _SHORT_OPS)
-                )
-            return all(self.value_ok(v, depth + 1) for v in items)
-        return self.callable_ok(value, depth) if callable(value) or hasattr(value, "__dict__") else False
-
-    # callables -----------------------------------------------------------------------------
-
-    def callable_ok(self, fn: Any, depth: int) -> bool:
-        if fn is None:
-            return True
-        if depth > 8:
-            return False
-        if isinstance(fn, types.FunctionType):
-            return self.function_ok(fn, depth)
-        if isinstance(fn, functools.partial):
-            return (
-                self.callable_ok(fn.func, depth + 1)
-                and all(self.value_ok(v, depth + 1) for v in fn.args)
-                and all(self.value_ok(v, depth + 1) for v in fn.keywords.values())
-            )
-        if isinstance(fn, types.MethodType):
-            if any(fn.__self__ is g for g in _global_generators()):
-                return True  # numpy.random.rand: a method of the generator each worker seeds
-            return self.object_ok(fn.__self__, depth + 1) and self.callable_ok(fn.__func__, depth + 1)
-        if isinstance(fn, types.BuiltinFunctionType):  # also a builtin method: its object counts
-            owner = getattr(fn, "__self__", None)
-            if owner is None or isinstance(owner, types.ModuleType):
-                return owner is None or owner.__name__.split(".")[0] in _KNOWN_MODULES
-            if isinstance(owner, _RANDOM_STATES):
-                return any(owner is g for g in _global_generators())
-            return self.value_ok(owner, depth + 1)
-        if isinstance(fn, type):
-            return self.class_ok(fn, depth)
-        return self.object_ok(fn, depth)
-
-    def function_ok(self, fn: types.FunctionType, depth: int) -> bool:
-        if fn.__module__ and str(fn.__module__).startswith(_STATELESS_LIBRARIES):
-            return True  # torch's default_collate, torchvision's functionals
-        if id(fn) in self.seen:
-            return True
-        self.seen.add(id(fn))
-        if not self.code_ok(fn.__code__, fn.__globals__, depth):
-            return False
-        cells = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
-        defaults = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
-        return all(self.value_ok(v, depth + 1) for v in [*cells, *defaults])
-
-    def code_ok(self, code: types.CodeType, namespace: dict[str, Any], depth: int) -> bool:
-        """A function's code (and the code of functions, lambdas and comprehensions inside it):
-        the globals it reads are looked at; assigning a global or an enclosing variable is state."""
-        builtins = namespace.get("__builtins__", {})
-        for ins in dis.get_instructions(code):
-            if ins.opname in _REBINDS or (ins.opname == "STORE_DEREF" and ins.argval in code.co_freevars):
-                return False
-            if ins.opname in _MUTATES:
-                self.mutates = True
-            elif ins.opname == "LOAD_GLOBAL":
-                name = ins.argval
-                if name in namespace:
-                    if not self.value_ok(namespace[name], depth + 1):
-                        return False
-                elif not (name in builtins if isinstance(builtins, dict) else hasattr(builtins, name)):
-                    return False  # not defined yet: unknown
-        if _MUTATING_METHODS.intersection(code.co_names):
-            self.mutates = True
-        return all(
-            self.code_ok(const, namespace, depth + 1)
-            for const in code.co_consts
-            if isinstance(const, types.CodeType)
-        )
-
-    def class_ok(self, cls: type, depth: int) -> bool:
-        """A class reached (made, or its attributes read): a library's, or a class of the user's
-        whose methods and class attributes are known (a class attribute may be changed)."""
-        if cls.__module__.startswith(_STATELESS_LIBRARIES) or cls.__module__ == "builtins":
-            return True
-        if id(cls) in self.seen or (cls.__bases__ == (tuple,) and hasattr(cls, "_fields")):
-            return True  # (a namedtuple: its instances are tuples)
-        if _installed(cls):
-            return False  # another library's class: its code is not read (unknown, not stateless)
-        self.seen.add(id(cls))
-        self.mutable = True  # its class attributes
-        for klass in cls.__mro__:
-            if klass is object or klass.__module__.startswith(_STATELESS_LIBRARIES):
-                continue
-            for name, member in vars(klass).items():
-                if (
-                    name.startswith("__")
-                    and name.endswith("__")
-                    and not isinstance(member, types.FunctionType)
-                ):
-                    continue  # __module__, __doc__, __dict__, __weakref__ ...
-                member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-                if isinstance(member, property):
-                    member = member.fget
-                elif (
-                    not isinstance(member, types.FunctionType)
-                    and type(member).__module__ in ("builtins", "_collections")
-                    and hasattr(member, "__get__")
-                ):
-                    continue  # a slot's or a namedtuple field's descriptor: the object's, not state
-                if isinstance(member, types.FunctionType):
-                    if name in _NOT_CALLED:  # it runs on a new object, not on what is kept
-                        continue
-                    if not self.function_ok(member, depth + 1):
-                        return False
-                elif not self.value_ok(member, depth + 1):
-                    return False
-        return True
-
-    def object_ok(self, obj: Any, depth: int) -> bool:
-        """An object: a library's (its settings; what it holds of someone else's looked into;
-        a module's buffers are state), or the user's (its attributes and its class's methods)."""
-        if obj is None or isinstance(obj, _IMMUTABLE) or isinstance(obj, types.ModuleType):
-            return True
-        if isinstance(obj, _RANDOM_STATES):
-            return any(obj is g for g in _global_generators())
-        attributes = getattr(obj, "__dict__", None)
-        if not isinstance(attributes, dict):
-            return _library(obj) and not isinstance(obj, (list, dict, set))
-        if id(obj) in self.seen:
-            return True
-        self.seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module) and next(obj.buffers(), None) is not None:
-            return False  # running statistics (BatchNorm) change as it is called in training mode
-        if _library(obj):
-            for value in attributes.values():
-                # the library's own settings and bookkeeping (a Module's hook dicts): only what it
-                # holds of someone else's is looked at (a Compose's ops, a Lambda's function)
-                held = (
-                    value.values()
-                    if isinstance(value, dict)
-                    else value
-                    if isinstance(value, (list, tuple))
-                    else [value]
-                )
-                for item in itertools.islice(held, _HELD_ITEMS):  # a longer list is data, not ops
-                    if isinstance(item, _RANDOM_STATES):
-                        if not any(item is g for g in _global_generators()):
-                            return False
-                    elif (
-                        callable(item)
-                        and not isinstance(item, type)
-                        and not self.callable_ok(item, depth + 1)
-                    ):
-                        return False
-            return True
-        self.mutable = True  # its attributes may be set by its methods
-        if not all(self.value_ok(value, depth + 1) for value in attributes.values()):
-            return False
-        return self.class_ok(type(obj), depth + 1)
-
-
-def _installed(cls: type) -> bool:
-    """Whether ``cls`` comes from an installed package (not the user's own code)."""
-    path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
-    return "site-packages" in path or "dist-packages" in path
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        _ = cell.cell_contents
-    except ValueError:  # an empty cell (a name not yet bound)
-        return False
-    return True
-
-
 def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
     """Whether what worker processes run for ``dataset`` is code fastload knows keeps no state
     between passes: a fastload folder dataset (its own ``__getitem__``), a torchvision
@@ -1039,7 +767,7 @@ def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
         return False  # a stream: what a worker's copy has read of it is its state
     # any other map-style dataset: its __getitem__ and what it holds, as a callable's are looked at
     # (a cache, a list of skipped files, a generator of its own are state)
-    return _Reach().stateless(dataset, depth)
+    return stateless_callable(dataset, depth)
 
 
 _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result

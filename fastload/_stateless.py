@@ -1,0 +1,550 @@
+"""Whether code run in worker processes keeps state between passes: read from its bytecode.
+
+torch's default ``DataLoader`` starts new workers at every pass, each with a fresh copy of the
+dataset, its transforms and the ``collate_fn``; fastload keeps its default workers between passes
+only where that cannot change what a loop gets, that is where the code the workers run changes
+nothing it keeps. :func:`stateless_callable` answers that for a callable (and, through
+:func:`fastload.recognize.stateless_in_workers`, for a dataset) by reading what it reaches and
+the code that may change it. The answer is conservative: "unknown" is "not stateless", which only
+costs speed (torch's default: new workers each pass), never other batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import decimal
+import dis
+import enum
+import fractions
+import functools
+import inspect
+import io
+import itertools
+import logging
+import pathlib
+import random
+import re
+import sys
+import types
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["stateless_callable"]
+
+#: The libraries whose transform objects keep no state between calls (their ops' attributes are
+#: their settings); what they hold (a ``Compose``'s ops, a ``Lambda``'s function) is looked at too.
+_STATELESS_LIBRARIES = ("torchvision.", "fastload.", "torch.", "PIL.")
+#: Objects that draw random numbers from a state of their own.
+_RANDOM_STATES = (
+    random.Random,
+    np.random.Generator,
+    np.random.RandomState,
+    np.random.BitGenerator,
+    torch.Generator,
+    torch.quasirandom.SobolEngine,
+)
+#: The items of a library object's list that are looked at (a longer list is data, not ops), and
+#: the longest list of ops a user's object may hold (a longer one is data: one item of each type
+#: in it is looked at).
+_HELD_ITEMS, _SHORT_OPS = 4096, 64
+#: Values looked at in one question before the answer is "unknown" (a huge nested table).
+_VISITS = 50_000
+
+#: Top-level modules whose functions keep no state of their own between calls (their randomness
+#: is the global ``random``/numpy/torch generators, which each worker seeds as torch's do).
+_KNOWN_MODULES = frozenset(
+    "torch torchvision numpy PIL fastload math cmath random functools itertools operator collections "
+    "typing enum numbers builtins io re string struct warnings copy dataclasses abc types statistics "
+    "bisect heapq time os sys logging pathlib json".split()
+)
+#: Values that are settings: they cannot be changed (or their changes are not data).
+_IMMUTABLE = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    enum.Enum,
+    range,
+    slice,
+    type(None),
+    type(Ellipsis),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    np.dtype,
+    np.generic,
+    pathlib.PurePath,
+    re.Pattern,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+    fractions.Fraction,
+    uuid.UUID,
+    logging.Logger,
+)
+#: Opcodes that change what a function does not own (a global, an enclosing variable), and those
+#: that change an object it reaches (an attribute, an item).
+_REBINDS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+_MUTATES = frozenset(
+    {"STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE", "DELETE_SLICE"}
+)
+#: Names of functions and methods that change their object or an argument in place (torch's
+#: in-place methods, ``add_``, are those ending in one underscore).
+_MUTATING_METHODS = frozenset(
+    "append extend insert pop popitem remove clear update setdefault add discard appendleft "
+    "extendleft popleft rotate sort reverse send throw seed manual_seed set_state setstate "
+    "__setitem__ __delitem__ __setattr__ __delattr__ setattr delattr setitem delitem methodcaller "
+    "__iadd__ __isub__ __imul__ __imatmul__ __itruediv__ __ifloordiv__ __imod__ __ipow__ "
+    "__ilshift__ __irshift__ __iand__ __ixor__ __ior__ move_to_end subtract "
+    "difference_update intersection_update symmetric_difference_update "
+    "fill put putmask place copyto itemset shuffle heappush heappop heapify heapreplace "
+    "heappushpop insort insort_left insort_right paste putpixel putdata putalpha putpalette thumbnail "
+    "train eval requires_grad_ register_buffer load_state_dict draw fast_forward reset".split()
+)
+#: Keyword arguments that make a call write into an array it is given (``np.add(a, 1, out=a)``).
+_WRITES_INTO = frozenset({"out", "inplace"})
+#: Names through which code changes what it cannot be seen to (a module's namespace, the
+#: environment, code made from text): what they reach is unknown.
+_OPAQUE_GLOBALS = frozenset("exec eval compile globals __import__ import_module".split())
+_OPAQUE_ATTRIBUTES = frozenset("modules environ putenv unsetenv import_module __globals__".split())
+#: Methods run when an object is made, copied or shown, not as it is called (and the ones an
+#: attribute's assignment runs: the assignment is what counts, in the code that makes it).
+_NOT_CALLED = frozenset(
+    "__init__ __new__ __post_init__ __init_subclass__ __setstate__ __getstate__ __reduce__ "
+    "__reduce_ex__ __repr__ __str__ __eq__ __hash__ __copy__ __deepcopy__ __class_getitem__ "
+    "__setattr__ __delattr__".split()
+)
+_MADE = frozenset({"__init__", "__new__", "__post_init__"})
+#: Opcodes whose result is a new container (a local assigned one may be filled freely).
+_NEW_CONTAINER = frozenset(
+    "BUILD_LIST BUILD_MAP BUILD_SET BUILD_CONST_KEY_MAP LIST_EXTEND SET_UPDATE DICT_UPDATE DICT_MERGE".split()
+)
+#: Opcodes whose result is a new value, not something reached (a local assigned one is its own).
+_NEW_VALUE = _NEW_CONTAINER | frozenset(
+    "LOAD_CONST BINARY_OP CALL CALL_KW CALL_FUNCTION CALL_FUNCTION_KW CALL_FUNCTION_EX CALL_METHOD "
+    "PRECALL UNARY_NEGATIVE UNARY_NOT UNARY_INVERT UNARY_POSITIVE COMPARE_OP IS_OP CONTAINS_OP "
+    "BUILD_STRING FORMAT_VALUE FORMAT_SIMPLE FORMAT_WITH_SPEC BUILD_TUPLE BINARY_ADD BINARY_SUBTRACT "
+    "BINARY_MULTIPLY BINARY_TRUE_DIVIDE BINARY_FLOOR_DIVIDE BINARY_MODULO BINARY_POWER "
+    "BINARY_MATRIX_MULTIPLY".split()
+)
+_LOADS_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_NAME"})
+_LOCAL_NAMES = frozenset({"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
+
+
+class _Unknown(Exception):
+    """What a callable reaches is too much to look at: unknown."""
+
+
+def stateless_callable(fn: Any, depth: int = 0) -> bool:
+    """Whether ``fn`` (a transform, a ``target_transform``, a ``collate_fn``) is known to keep no
+    state between calls, so that workers kept between passes call it as new ones would.
+
+    Known: ``None``; torchvision's, fastload's, torch's and PIL's objects (a module with buffers
+    aside: ``BatchNorm``'s running statistics; an iterator; an op told to work in place where it
+    reaches data), with what they hold known too (a ``Compose``'s ops, a ``Lambda``'s function, a
+    dataset a wrapper holds); a function, ``functools.partial``, bound method or class whose code
+    changes nothing outside its call: it assigns no global or enclosing variable, and what it
+    reaches (globals it reads, its closure, its defaults, a method's object and class) is
+    settings (numbers, strings, tuples, dtypes, paths), modules of known libraries, known
+    callables, or containers and arrays its code (and its class's methods) never changes (no
+    attribute or item assignment, no ``append``/``update``/``add_``/``out=``/``+=``... but on a
+    container it made itself). A random generator of its own (``np.random.default_rng``,
+    ``random.Random``, a ``torch.Generator``) is state: new workers would start each pass from
+    the main process's copy of it (the global ``random``, numpy and torch generators are seeded
+    in each worker, as torch seeds them). Code that reaches a module's namespace, the
+    environment or ``exec``, a file or another installed library's class, is unknown; anything
+    unknown is not known to keep no state (and an analysis that fails answers so too)."""
+    try:
+        return _Reach().stateless(fn, depth)
+    except (_Unknown, RecursionError):
+        return False
+    except Exception:  # noqa: BLE001 -- a user's object that fails to be looked at is unknown
+        return False
+
+
+def _global_generators() -> tuple[Any, ...]:
+    """The generators each worker seeds as torch's do (``random``'s, numpy's, torch's own)."""
+    return (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None), torch.default_generator)
+
+
+def _module(cls: Any) -> str:
+    name = getattr(cls, "__module__", None)
+    return name if isinstance(name, str) else ""
+
+
+def _library(obj: Any) -> bool:
+    return _module(type(obj)).startswith(_STATELESS_LIBRARIES)
+
+
+def _installed(cls: type) -> bool:
+    """Whether ``cls`` comes from an installed package (not the user's own code)."""
+    path = getattr(sys.modules.get(_module(cls)), "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
+
+
+def _in_place(name: Any) -> bool:
+    return isinstance(name, str) and (
+        name in _MUTATING_METHODS
+        or (name.endswith("_") and not name.startswith("_") and not name.endswith("__"))
+    )
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell (a name not yet bound)
+        return False
+    return True
+
+
+def _attributes(obj: Any) -> dict[str, Any] | None:
+    """An object's attributes: its ``__dict__`` and its slots (``None``: it has neither)."""
+    attributes = getattr(obj, "__dict__", None)
+    found = dict(attributes) if isinstance(attributes, dict) else None
+    for klass in type(obj).__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                found = found if found is not None else {}
+                found[name] = getattr(obj, name)
+    return found
+
+
+def _names(ins: dis.Instruction) -> tuple[Any, ...]:
+    """The names an instruction loads or stores (two for Python 3.13's paired loads)."""
+    return ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+
+
+def _changed(instructions: list[dis.Instruction], k: int) -> dis.Instruction | None:
+    """The instruction that loads the object the store at ``k`` changes, where it is a plain
+    load: just before an attribute's store, two before an item's (three before a slice's)."""
+    ins, before = instructions[k], instructions[k - 1] if k else None
+    if before is not None and before.opname == "LOAD_FAST_LOAD_FAST":  # Python 3.13: two loads in one
+        first, second = before.argval
+        name = second if ins.opname.endswith("ATTR") else first if ins.opname.endswith("SUBSCR") else None
+        return None if name is None else before._replace(opname="LOAD_FAST", argval=name)
+    back = 1 if ins.opname.endswith("ATTR") else 2 if ins.opname.endswith("SUBSCR") else 3
+    return instructions[k - back] if k >= back else None
+
+
+def _in_place_op(ins: dis.Instruction) -> bool:
+    return ins.opname.startswith("INPLACE_") or (ins.opname == "BINARY_OP" and ins.argrepr.endswith("="))
+
+
+class _Reach:
+    """One question of :func:`stateless_callable`: what a callable reaches, and whether its code
+    may change any of it. Objects already looked at are not looked at again (cycles)."""
+
+    def __init__(self) -> None:
+        self.seen: set[Any] = set()
+        self.mutable = False  # it reaches something its code could change
+        self.mutates = False  # some code looked at changes an attribute or an item
+        self.visits = 0
+
+    def stateless(self, fn: Any, depth: int = 0) -> bool:
+        if not self.callable_ok(fn, depth):
+            return False
+        return not (self.mutable and self.mutates)
+
+    def first(self, obj: Any, kind: str = "") -> bool:
+        """Whether ``obj`` is looked at for the first time."""
+        key = (id(obj), kind)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    # what a value reached is ---------------------------------------------------------------
+
+    def value_ok(self, value: Any, depth: int) -> bool:
+        """A value a callable reaches: a setting, a module, a callable (looked into), or a
+        container (``mutable``: fine only if no code changes one)."""
+        self.visits += 1
+        if self.visits > _VISITS:
+            raise _Unknown
+        if isinstance(value, _IMMUTABLE):
+            return True
+        if depth > 8:
+            return False
+        if isinstance(value, _RANDOM_STATES):
+            return any(value is g for g in _global_generators())
+        if isinstance(value, types.ModuleType):
+            return value.__name__.split(".")[0] in _KNOWN_MODULES
+        if isinstance(value, collections.defaultdict):
+            return False  # reading an item adds it
+        if isinstance(value, (tuple, frozenset, list, dict, set, np.ndarray)) and not self.first(value):
+            return True
+        if isinstance(value, (tuple, frozenset)):
+            return all(self.value_ok(v, depth + 1) for v in itertools.islice(value, _HELD_ITEMS))
+        if isinstance(value, (list, dict, set, bytearray, np.ndarray, torch.Tensor)):
+            self.mutable = True
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                value = value.ravel().tolist()
+            elif isinstance(value, (np.ndarray, torch.Tensor, bytearray)):
+                return True
+            items: Any = itertools.chain(value.keys(), value.values()) if isinstance(value, dict) else value
+            if len(value) > _SHORT_OPS:  # data (a table, samples): one item of each kind is looked at
+                return self.data_ok(items, depth)
+            return all(self.value_ok(v, depth + 1) for v in items)
+        if callable(value) or _attributes(value) is not None:
+            return self.callable_ok(value, depth)
+        return False
+
+    def data_ok(self, items: Any, depth: int) -> bool:
+        """A long container's items: the first ones, and one of each other type among the rest."""
+        items = list(items)
+        if not all(self.value_ok(v, depth + 1) for v in items[:_SHORT_OPS]):
+            return False
+        known = {type(v) for v in items[:_SHORT_OPS]}
+        for kind in set(map(type, items)) - known:
+            example = next(v for v in items if type(v) is kind)
+            if not self.value_ok(example, depth + 1):
+                return False
+        return True
+
+    # callables -----------------------------------------------------------------------------
+
+    def callable_ok(self, fn: Any, depth: int) -> bool:
+        if fn is None:
+            return True
+        if depth > 8:
+            return False
+        if isinstance(fn, types.FunctionType):
+            return self.function_ok(fn, depth)
+        if isinstance(fn, functools.partial):
+            return (
+                self.callable_ok(fn.func, depth + 1)
+                and all(self.value_ok(v, depth + 1) for v in fn.args)
+                and all(self.value_ok(v, depth + 1) for v in fn.keywords.values())
+            )
+        if isinstance(fn, types.MethodType):
+            owner = fn.__self__
+            if any(owner is g for g in _global_generators()):
+                return True  # numpy.random.rand: a method of the generator each worker seeds
+            if isinstance(owner, type):  # a classmethod
+                return self.class_ok(owner, depth + 1) and self.callable_ok(fn.__func__, depth + 1)
+            return self.object_ok(owner, depth + 1) and self.callable_ok(fn.__func__, depth + 1)
+        if isinstance(fn, (types.BuiltinFunctionType, types.MethodWrapperType)):  # also a bound builtin
+            owner = getattr(fn, "__self__", None)
+            if owner is None or isinstance(owner, types.ModuleType):
+                return owner is None or owner.__name__.split(".")[0] in _KNOWN_MODULES
+            if isinstance(owner, _RANDOM_STATES):
+                return any(owner is g for g in _global_generators())
+            if isinstance(owner, type):
+                return self.class_ok(owner, depth + 1, made=True)
+            if _in_place(fn.__name__):
+                self.mutates = True  # a list's bound append kept and called
+            return self.value_ok(owner, depth + 1)
+        if isinstance(fn, type):
+            return self.class_ok(fn, depth, made=True)
+        return self.object_ok(fn, depth)
+
+    def function_ok(self, fn: types.FunctionType, depth: int, own: str | None = None) -> bool:
+        if _module(fn).startswith(_STATELESS_LIBRARIES):
+            return True  # torch's default_collate, torchvision's functionals
+        if not self.first(fn, own or ""):
+            return True
+        if fn.__dict__:
+            self.mutable = True  # attributes of its own (the code may set them)
+        if not self.code_ok(fn.__code__, fn.__globals__, depth, own):
+            return False
+        cells = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+        defaults = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+        return all(self.value_ok(v, depth + 1) for v in [*cells, *defaults])
+
+    def code_ok(
+        self, code: types.CodeType, namespace: dict[str, Any], depth: int, own: str | None = None
+    ) -> bool:
+        """A function's code (and the code of functions, lambdas and comprehensions inside it):
+        the globals it reads are looked at; assigning a global, an enclosing variable or an
+        attribute or item of one is state; changing anything else it reaches (an attribute, an
+        item, an in-place method or operator, ``out=``) is ``mutates``, except a container the
+        code made itself (``own``: the object a constructor fills)."""
+        builtins = namespace.get("__builtins__", {})
+        instructions = list(dis.get_instructions(code))
+        new, reached = self.locals_made(code, instructions)
+        if own is not None:
+            new.add(own)
+        for k, ins in enumerate(instructions):
+            before = instructions[k - 1] if k else None
+            if ins.opname in _REBINDS or (ins.opname == "STORE_DEREF" and ins.argval in code.co_freevars):
+                return False
+            if ins.opname in _MUTATES:
+                target = _changed(instructions, k)
+                if target is not None and target.opname in _LOADS_GLOBAL:
+                    return False  # a global's or an enclosing variable's object changed
+                if not (
+                    target is not None and target.opname.startswith("LOAD_FAST") and target.argval in new
+                ):
+                    self.mutates = True
+            elif _in_place_op(ins):
+                after = instructions[k + 1] if k + 1 < len(instructions) else None
+                if (
+                    after is not None
+                    and after.opname.startswith("STORE_FAST")
+                    and _names(after)[0] in reached
+                ):
+                    self.mutates = True  # ``a = self.array; a += 1``: what ``a`` is changes
+            elif ins.opname in _LOADS_GLOBAL and ins.argval in _OPAQUE_GLOBALS:
+                return False
+            elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                name = ins.argval
+                if name in namespace:
+                    if not self.value_ok(namespace[name], depth + 1):
+                        return False
+                elif not (name in builtins if isinstance(builtins, dict) else hasattr(builtins, name)):
+                    return False  # not defined yet: unknown
+                if _in_place(name):
+                    self.mutates = True  # ``from heapq import heappush``
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"):
+                if ins.argval in _OPAQUE_ATTRIBUTES:
+                    return False  # ``sys.modules``, ``os.environ``, ``importlib.import_module``
+                if _in_place(ins.argval) and not (
+                    before is not None and before.opname.startswith("LOAD_FAST") and _names(before)[-1] in new
+                ):  # ``out.append(x)`` on a list it made is not state
+                    self.mutates = True
+        consts = code.co_consts
+        if any(isinstance(c, str) and _in_place(c) for c in consts):
+            self.mutates = True  # ``getattr(x, "append")``
+        if any(isinstance(c, tuple) and _WRITES_INTO.intersection(c) for c in consts):
+            self.mutates = True  # ``np.add(a, 1, out=a)``, ``inplace=True``
+        return all(
+            self.code_ok(const, namespace, depth + 1) for const in consts if isinstance(const, types.CodeType)
+        )
+
+    @staticmethod
+    def locals_made(code: types.CodeType, instructions: list[dis.Instruction]) -> tuple[set[str], set[str]]:
+        """The locals the code only ever assigns new containers (``d = {}``), and those it may
+        assign something it reaches (an argument, an attribute, an item, a global: an in-place
+        operator on one changes what it reaches)."""
+        stores: dict[str, set[str]] = collections.defaultdict(set)
+        for k, ins in enumerate(instructions):
+            if not ins.opname.startswith("STORE_FAST") or not k:
+                continue
+            source = instructions[k - 1]
+            kind = "result" if _in_place_op(source) else source.opname
+            for name in _names(ins):
+                stores[name].add(kind)
+        arguments = code.co_argcount + code.co_kwonlyargcount
+        arguments += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        reached = set(code.co_varnames[:arguments])
+        new = set()
+        for name, kinds in stores.items():
+            kinds.discard("result")
+            if kinds and kinds <= _NEW_CONTAINER and name not in reached:
+                new.add(name)
+            if not kinds <= _NEW_VALUE:
+                reached.add(name)
+        return new, reached
+
+    def class_ok(self, cls: type, depth: int, made: bool = False) -> bool:
+        """A class reached: a library's, or a class of the user's whose methods and class
+        attributes are known (a class attribute may be changed). ``made``: the code makes
+        objects of it, so what runs as one is made (``__init__``, ``__new__``, a metaclass's
+        ``__call__``) counts, except filling the new object itself."""
+        module = _module(cls)
+        if module.startswith(_STATELESS_LIBRARIES) or module.split(".")[0] in _KNOWN_MODULES:
+            return True
+        if cls.__bases__ == (tuple,) and hasattr(cls, "_fields"):
+            return True  # (a namedtuple: its instances are tuples)
+        if not self.first(cls, "made" if made else "class"):
+            return True
+        if _installed(cls):
+            return False  # another library's class: its code is not read (unknown, not stateless)
+        self.mutable = True  # its class attributes
+        if made and type(cls) is not type and not self.class_ok(type(cls), depth + 1):
+            return False  # a metaclass's __call__ runs as one is made
+        for klass in cls.__mro__:
+            if klass is object or _module(klass).startswith(_STATELESS_LIBRARIES):
+                continue
+            for name, member in vars(klass).items():
+                if not self.member_ok(name, member, depth, made):
+                    return False
+        return True
+
+    def member_ok(self, name: str, member: Any, depth: int, made: bool) -> bool:
+        if (
+            name.startswith("__")
+            and name.endswith("__")
+            and not isinstance(member, (types.FunctionType, staticmethod, classmethod))
+        ):
+            return True  # __module__, __doc__, __dict__, __weakref__ ...
+        member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        if isinstance(member, property):  # its getter runs as it is read
+            return self.callable_ok(member.fget, depth + 1)
+        if (
+            not isinstance(member, types.FunctionType)
+            and _module(type(member)) in ("builtins", "_collections")
+            and hasattr(member, "__get__")
+        ):
+            return True  # a slot's or a namedtuple field's descriptor: the object's, not state
+        if isinstance(member, types.FunctionType):
+            if name in _MADE and made:  # it runs on a new object: filling that one is not state
+                own = member.__code__.co_varnames[0] if member.__code__.co_argcount else None
+                return self.function_ok(member, depth + 1, own=own if name == "__init__" else None)
+            if name in _NOT_CALLED:  # it runs on a new object, not on what is kept
+                return True
+            return self.function_ok(member, depth + 1)
+        return self.value_ok(member, depth + 1)
+
+    def object_ok(self, obj: Any, depth: int) -> bool:
+        """An object: a library's (its settings; what it holds of someone else's looked into;
+        a module's buffers are state), or the user's (its attributes and its class's methods)."""
+        if obj is None or isinstance(obj, _IMMUTABLE) or isinstance(obj, types.ModuleType):
+            return True
+        if isinstance(obj, _RANDOM_STATES):
+            return any(obj is g for g in _global_generators())
+        if isinstance(obj, (io.IOBase, types.GeneratorType)) or hasattr(type(obj), "__next__"):
+            return False  # a file, an iterator: reading it moves it on
+        attributes = _attributes(obj)
+        if attributes is None:
+            return _library(obj) and not isinstance(obj, (list, dict, set))
+        if not self.first(obj):
+            return True
+        if isinstance(obj, torch.nn.Module) and next(obj.buffers(), None) is not None:
+            return False  # running statistics (BatchNorm) change as it is called in training mode
+        if _library(obj):
+            return self.library_ok(obj, attributes, depth)
+        self.mutable = True  # its attributes may be set by its methods
+        if not all(self.value_ok(value, depth + 1) for value in attributes.values()):
+            return False
+        return self.class_ok(type(obj), depth + 1)
+
+    def library_ok(self, obj: Any, attributes: dict[str, Any], depth: int) -> bool:
+        """A library's object: its own settings and bookkeeping (a Module's hook dicts) are not
+        state; what it holds of someone else's is looked at (a ``Compose``'s ops, a ``Lambda``'s
+        function, a dataset a ``Subset`` holds), and so are the library's objects it holds."""
+        if attributes.get("inplace") is True:
+            self.mutates = True  # it writes into what it is given (data the caller may keep)
+        if "PIL." in _module(type(obj)) and hasattr(obj, "im"):
+            self.mutable = True  # an image: its pixels may be changed in place
+        for value in attributes.values():
+            held = (
+                itertools.chain(value.keys(), value.values())
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else [value]
+            )
+            for item in itertools.islice(held, _HELD_ITEMS):  # a longer list is data, not ops
+                if isinstance(item, _IMMUTABLE) or isinstance(item, (np.ndarray, torch.Tensor)):
+                    continue
+                if isinstance(item, type):  # a class it makes objects of (``Lambda(MyOp)``)
+                    if not self.class_ok(item, depth + 1, made=True):
+                        return False
+                elif isinstance(item, _RANDOM_STATES):
+                    if not any(item is g for g in _global_generators()):
+                        return False
+                elif (callable(item) or _attributes(item) is not None) and not self.callable_ok(
+                    item, depth + 1
+                ):
+                    return False
+        return True

@@ -1,0 +1,437 @@
+"""Which code fastload's default workers are kept for: ``stateless_callable`` / ``stateless_in_workers``.
+
+A callable or dataset judged stateless that keeps state would give other batches than torch's
+new workers from the second pass on (silently); one that keeps none but is judged unknown only
+gets torch's default (new workers each pass). Each stateful case here is checked to change as
+it is called, so that the test cannot pass on a case that keeps no state.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import heapq
+import io
+import logging
+import operator
+import os
+import pathlib
+import random
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, Subset
+from torchvision import transforms as T
+
+from fastload.recognize import stateless_callable, stateless_in_workers
+
+COUNT = 0
+
+
+class Alias:  # an in-place operator on a local that is the held array
+    def __init__(self) -> None:
+        self.arr = np.zeros(1)
+
+    def __call__(self, x: Any) -> Any:
+        a = self.arr
+        a += 1
+        return float(a[0])
+
+
+class TorchInPlace:
+    def __init__(self) -> None:
+        self.t = torch.zeros(1)
+
+    def __call__(self, x: Any) -> Any:
+        self.t.add_(1)
+        return float(self.t[0])
+
+
+class NumpyOut:
+    def __init__(self) -> None:
+        self.a = np.zeros(1)
+
+    def __call__(self, x: Any) -> Any:
+        np.subtract(self.a, -1, out=self.a)
+        return float(self.a[0])
+
+
+class Fill:
+    def __init__(self) -> None:
+        self.a = np.zeros(1)
+
+    def __call__(self, x: Any) -> Any:
+        self.a.fill(self.a[0] + 1)
+        return float(self.a[0])
+
+
+class Shuffles:
+    def __init__(self) -> None:
+        self.order = list(range(10))
+
+    def __call__(self, x: Any) -> Any:
+        random.shuffle(self.order)
+        return tuple(self.order)
+
+
+class Heap:
+    def __init__(self) -> None:
+        self.h: list[int] = []
+
+    def __call__(self, x: Any) -> Any:
+        heapq.heappush(self.h, x)
+        return len(self.h)
+
+
+class Insort:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, x: Any) -> Any:
+        bisect.insort(self.seen, x)
+        return len(self.seen)
+
+
+class SetItem:
+    def __init__(self) -> None:
+        self.d: dict[int, int] = {}
+
+    def __call__(self, x: Any) -> Any:
+        operator.setitem(self.d, len(self.d), x)
+        return len(self.d)
+
+
+class ByName:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, x: Any) -> Any:
+        getattr(self.seen, "append")(x)  # noqa: B009 -- the case: a method called by its name
+        return len(self.seen)
+
+
+class HeldAppend:  # a bound builtin method kept and called
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.push = self.seen.append
+
+    def __call__(self, x: Any) -> Any:
+        self.push(x)
+        return len(self.seen)
+
+
+class OrderedMove:
+    def __init__(self) -> None:
+        self.d = collections.OrderedDict((i, i) for i in range(3))
+
+    def __call__(self, x: Any) -> Any:
+        self.d.move_to_end(next(iter(self.d)))
+        return next(iter(self.d))
+
+
+class Counts(collections.Counter):  # a dict subclass: a user class whose methods change itself
+    pass
+
+
+class Reads:  # a held iterator moves on as it is read
+    def __init__(self) -> None:
+        self.it = iter(range(100))
+
+    def __call__(self, x: Any) -> Any:
+        return next(self.it)
+
+
+class Writes:
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+
+    def __call__(self, x: Any) -> Any:
+        self.buffer.write(b"x")
+        return self.buffer.tell()
+
+
+class ByKey:  # ops kept as a dict's keys
+    def __init__(self) -> None:
+        self.ops = {Heap(): 0.5}
+
+    def __call__(self, x: Any) -> Any:
+        for op in self.ops:
+            x = op(x)
+        return x
+
+
+class Records:  # a long list of objects whose method changes them
+    class Record:
+        def __init__(self) -> None:
+            self.views = 0
+
+        def view(self) -> int:
+            self.views += 1
+            return self.views
+
+    def __init__(self) -> None:
+        self.records = [self.Record() for _ in range(100)]
+
+    def __call__(self, x: Any) -> Any:
+        return self.records[0].view()
+
+
+class MadeCounts:  # a class used as the callable: its constructor counts
+    made = 0
+
+    def __init__(self, x: Any) -> None:
+        type(self).made += 1
+        self.v = type(self).made
+
+    def __repr__(self) -> str:
+        return f"MadeCounts({self.v})"
+
+
+class Meta(type):
+    calls = 0
+
+    def __call__(cls, *args: Any) -> Any:
+        Meta.calls += 1
+        return Meta.calls
+
+
+class ByMeta(metaclass=Meta):
+    pass
+
+
+def globals_counter(x: Any) -> Any:
+    globals()["COUNT"] += 1
+    return COUNT
+
+
+def module_counter(x: Any) -> Any:
+    sys.modules[__name__].COUNT += 1  # type: ignore[attr-defined]
+    return COUNT
+
+
+def environment(x: Any) -> Any:
+    os.environ["FASTLOAD_TEST_STATE"] = str(int(os.environ.get("FASTLOAD_TEST_STATE", "0")) + 1)
+    return os.environ["FASTLOAD_TEST_STATE"]
+
+
+def own_attribute(x: Any) -> Any:
+    own_attribute.calls = getattr(own_attribute, "calls", 0) + 1  # type: ignore[attr-defined]
+    return own_attribute.calls  # type: ignore[attr-defined]
+
+
+def _closure_over_a_library_op() -> Callable[[Any], Any]:
+    op = T.RandomErasing(p=0.0)
+
+    def grow(x: Any) -> Any:
+        op.p = op.p + 1
+        return op.p
+
+    return grow
+
+
+def _object_array_of_generators() -> Callable[[Any], Any]:
+    rngs = np.array([np.random.default_rng(0)], dtype=object)
+    return lambda x: float(rngs[0].random())
+
+
+STATEFUL: dict[str, Callable[[], Any]] = {
+    "an in-place operator on an alias": Alias,
+    "a torch in-place method": TorchInPlace,
+    "numpy's out=": NumpyOut,
+    "ndarray.fill": Fill,
+    "random.shuffle of a held list": Shuffles,
+    "heapq.heappush": Heap,
+    "bisect.insort": Insort,
+    "operator.setitem": SetItem,
+    "a method called by name": ByName,
+    "a bound append kept": HeldAppend,
+    "OrderedDict.move_to_end": OrderedMove,
+    "a Counter subclass": lambda: (lambda c: lambda x: c.update([x]) or sum(c.values()))(Counts()),
+    "a held iterator": Reads,
+    "a held BytesIO": Writes,
+    "a dict's keys": ByKey,
+    "a long list of records": Records,
+    "a class as the callable": lambda: MadeCounts,
+    "a metaclass's __call__": lambda: ByMeta,
+    "a Lambda of a class": lambda: T.Lambda(MadeCounts),
+    "globals()": lambda: globals_counter,
+    "sys.modules": lambda: module_counter,
+    "os.environ": lambda: environment,
+    "a function's own attribute": lambda: own_attribute,
+    "a library op changed through a closure": _closure_over_a_library_op,
+    "a SobolEngine": lambda: torch.quasirandom.SobolEngine(1).draw,
+    "an object array of generators": _object_array_of_generators,
+    "a defaultdict read": lambda: (lambda d: lambda x: len(d[x + len(d)]) or len(d))(
+        collections.defaultdict(list)
+    ),
+    "an iterator of a DataLoader": lambda: (lambda it: lambda x: int(next(it)))(
+        iter(torch.utils.data.DataLoader(list(range(10))))  # type: ignore[arg-type]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(STATEFUL))
+def test_code_that_keeps_state_is_not_taken_as_stateless(name: str) -> None:
+    fn = STATEFUL[name]()
+    outputs = [fn(1) for _ in range(3)]
+    assert len({repr(o) for o in outputs}) > 1, f"{name}: the case keeps no state ({outputs})"
+    assert not stateless_callable(STATEFUL[name]())
+
+
+class Preset:  # torchvision's reference presets
+    def __init__(self, size: int) -> None:
+        self.transforms = T.Compose([T.RandomResizedCrop(size), T.PILToTensor()])
+
+    def __call__(self, image: Any) -> Any:
+        return self.transforms(image)
+
+
+class Settings:  # settings of the kinds datasets and transforms hold
+    def __init__(self) -> None:
+        self.root = pathlib.Path("/data")
+        self.dtype, self.device = torch.float32, torch.device("cpu")
+        self.scale, self.pattern = np.float32(0.5), re.compile(r"(\d+)\.jpg")
+        self.log = logging.getLogger("fastload.tests")
+
+    def __call__(self, x: Any) -> Any:
+        self.log.debug("called")
+        return torch.as_tensor(x, dtype=self.dtype, device=self.device) * float(self.scale)
+
+
+class Slots:
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, x: Any) -> Any:
+        return x * self.size
+
+
+def collate_dicts(batch: list[Any]) -> Any:  # a collate building its own containers
+    out: dict[str, list[Any]] = {}
+    images = []
+    for image, label in batch:
+        images.append(image)
+        out.setdefault("labels", []).append(label)
+    out["images"] = images
+    return out
+
+
+@dataclass(frozen=True)
+class Scale:
+    factor: float
+
+    @classmethod
+    def default(cls, x: Any) -> Any:
+        return cls(2.0)(x)
+
+    def __call__(self, x: Any) -> Any:
+        return x * self.factor
+
+
+class Samples(Dataset[Any]):  # a dataset of the user's: a table, a path, a dict per sample
+    def __init__(self) -> None:
+        self.root = pathlib.Path("/data")
+        self.samples = self._scan()
+        self.transform = Preset(8)
+
+    def _scan(self) -> list[tuple[str, int]]:
+        found = []
+        for i in range(200):
+            found.append((f"{i}.jpg", i % 10))
+        return found
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Any:
+        path, label = self.samples[i]
+        sample: dict[str, Any] = {"path": str(self.root / path)}
+        sample["label"] = label
+        return sample
+
+
+class Appends(Dataset[Any]):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> Any:
+        self.seen.append(i)
+        return len(self.seen)
+
+
+class InMemory(Dataset[Any]):  # images held as one tensor; the transform given a view of it
+    def __init__(self, transform: Any) -> None:
+        self.data = torch.full((4, 3, 2, 2), 3.0)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return self.transform(self.data[i])
+
+
+def test_code_that_keeps_no_state_is_known() -> None:
+    known = [Preset(8), Settings(), Slots(2), collate_dicts, Scale(2.0), Scale.default]
+    assert [stateless_callable(fn) for fn in known] == [True] * len(known)
+    assert stateless_in_workers(Samples())
+
+
+def test_datasets_that_change_what_they_hold_are_not_taken_as_stateless() -> None:
+    nested = Subset(Subset(Subset(Subset(Appends(), range(10)), range(10)), range(10)), range(10))
+    stack = getattr(torch.utils.data, "StackDataset", None)  # (torch 2.2+)
+    cases = [
+        *([stack(Appends()), stack(a=Appends())] if stack is not None else []),
+        nested,
+        InMemory(T.Normalize([0.5] * 3, [0.5] * 3, inplace=True)),
+        InMemory(lambda x: x.mul_(0.5)),
+    ]
+    for dataset in cases:
+        first = repr(dataset[0])
+        assert repr(dataset[0]) != first  # it keeps state
+        assert not stateless_in_workers(dataset)
+    assert stateless_in_workers(InMemory(T.Normalize([0.5] * 3, [0.5] * 3)))
+
+
+class Odd:
+    __module__ = None  # type: ignore[assignment]
+
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+class NoSuper(torch.nn.Module):
+    def __init__(self) -> None:  # never calls Module.__init__
+        pass
+
+
+class Refuses:
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__dict__":
+            raise RuntimeError("no attributes here")
+        return object.__getattribute__(self, name)
+
+
+def test_objects_that_cannot_be_looked_at_are_unknown_not_an_error() -> None:
+    assert stateless_callable(Odd())  # a class without a module name is read like any other
+    assert not stateless_callable(NoSuper())
+    assert not stateless_callable(Refuses())
+
+
+def test_a_huge_nested_table_is_unknown() -> None:
+    """What is looked at is bounded: a table of a million settings is not walked to its end."""
+    table = tuple(tuple(range(1000)) for _ in range(1000))
+    small = tuple(tuple(range(10)) for _ in range(10))
+    assert not stateless_callable(lambda x: table[x][x])
+    assert stateless_callable(lambda x: small[x][x])
