@@ -90,6 +90,10 @@ _IMMUTABLE = (
     uuid.UUID,
     logging.Logger,
 )
+#: Settings of Python's own types (a long list of them needs no look at each).
+_PLAIN = frozenset(
+    {bool, int, float, complex, str, bytes, type(None), pathlib.PosixPath, pathlib.WindowsPath}
+)
 #: Opcodes that change what a function does not own (a global, an enclosing variable), and those
 #: that change an object it reaches (an attribute, an item).
 _REBINDS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
@@ -107,7 +111,9 @@ _MUTATING_METHODS = frozenset(
     "difference_update intersection_update symmetric_difference_update "
     "fill put putmask place copyto itemset shuffle heappush heappop heapify heapreplace "
     "heappushpop insort insort_left insort_right paste putpixel putdata putalpha putpalette thumbnail "
-    "train eval requires_grad_ register_buffer load_state_dict draw fast_forward reset".split()
+    "train eval requires_grad_ register_buffer load_state_dict draw fast_forward reset "
+    "iadd iand iconcat ifloordiv ilshift imod imul imatmul ior ipow irshift isub itruediv ixor "
+    "at partition fill_diagonal put_along_axis Draw".split()
 )
 #: Keyword arguments that make a call write into an array it is given (``np.add(a, 1, out=a)``).
 _WRITES_INTO = frozenset({"out", "inplace"})
@@ -115,28 +121,25 @@ _WRITES_INTO = frozenset({"out", "inplace"})
 #: environment, code made from text): what they reach is unknown.
 _OPAQUE_GLOBALS = frozenset("exec eval compile globals __import__ import_module".split())
 _OPAQUE_ATTRIBUTES = frozenset("modules environ putenv unsetenv import_module __globals__".split())
-#: Methods run when an object is made, copied or shown, not as it is called (and the ones an
-#: attribute's assignment runs: the assignment is what counts, in the code that makes it).
+#: Methods run when an object is made, copied or shown, not as it is called.
 _NOT_CALLED = frozenset(
     "__init__ __new__ __post_init__ __init_subclass__ __setstate__ __getstate__ __reduce__ "
-    "__reduce_ex__ __repr__ __str__ __eq__ __hash__ __copy__ __deepcopy__ __class_getitem__ "
-    "__setattr__ __delattr__".split()
+    "__reduce_ex__ __repr__ __str__ __eq__ __hash__ __copy__ __deepcopy__ __class_getitem__".split()
 )
 _MADE = frozenset({"__init__", "__new__", "__post_init__"})
+_DATACLASS_MADE = frozenset({"__init__", "__setattr__", "__delattr__"})
 #: Opcodes whose result is a new container (a local assigned one may be filled freely).
 _NEW_CONTAINER = frozenset(
     "BUILD_LIST BUILD_MAP BUILD_SET BUILD_CONST_KEY_MAP LIST_EXTEND SET_UPDATE DICT_UPDATE DICT_MERGE".split()
 )
-#: Opcodes whose result is a new value, not something reached (a local assigned one is its own).
-_NEW_VALUE = _NEW_CONTAINER | frozenset(
-    "LOAD_CONST BINARY_OP CALL CALL_KW CALL_FUNCTION CALL_FUNCTION_KW CALL_FUNCTION_EX CALL_METHOD "
-    "PRECALL UNARY_NEGATIVE UNARY_NOT UNARY_INVERT UNARY_POSITIVE COMPARE_OP IS_OP CONTAINS_OP "
-    "BUILD_STRING FORMAT_VALUE FORMAT_SIMPLE FORMAT_WITH_SPEC BUILD_TUPLE BINARY_ADD BINARY_SUBTRACT "
-    "BINARY_MULTIPLY BINARY_TRUE_DIVIDE BINARY_FLOOR_DIVIDE BINARY_MODULO BINARY_POWER "
-    "BINARY_MATRIX_MULTIPLY".split()
-)
+#: Instructions that push one value and pop none (a key, an index).
+_PLAIN_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_SMALL_INT"})
 _LOADS_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_NAME"})
 _LOCAL_NAMES = frozenset({"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
+
+
+#: Caches kept in an object: what they hold was computed in an earlier pass.
+_CACHES = tuple(c for c in (getattr(functools, "_lru_cache_wrapper", None),) if isinstance(c, type))
 
 
 class _Unknown(Exception):
@@ -173,6 +176,26 @@ def stateless_callable(fn: Any, depth: int = 0) -> bool:
 def _global_generators() -> tuple[Any, ...]:
     """The generators each worker seeds as torch's do (``random``'s, numpy's, torch's own)."""
     return (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None), torch.default_generator)
+
+
+def _users_function(fn: Any) -> bool:
+    """Whether ``fn`` is a function (or method) of the user's code."""
+    fn = getattr(fn, "__func__", fn)
+    if not isinstance(fn, types.FunctionType):
+        return False
+    home = fn.__globals__.get("__name__")
+    return not (isinstance(home, str) and (home + ".").startswith(_STATELESS_LIBRARIES))
+
+
+def _generated(member: Any) -> bool:
+    """Whether a method was made from text (a dataclass's ``__init__``), not written in a file."""
+    return isinstance(member, types.FunctionType) and member.__code__.co_filename.startswith("<")
+
+
+def _jump_targets(instructions: list[dis.Instruction]) -> set[int]:
+    """The offsets jumps go to (a value there may come from either way)."""
+    jumps = set(dis.hasjrel) | set(dis.hasjabs)
+    return {ins.argval for ins in instructions if ins.opcode in jumps and isinstance(ins.argval, int)}
 
 
 def _module(cls: Any) -> str:
@@ -232,7 +255,17 @@ def _changed(instructions: list[dis.Instruction], k: int) -> dis.Instruction | N
         name = second if ins.opname.endswith("ATTR") else first if ins.opname.endswith("SUBSCR") else None
         return None if name is None else before._replace(opname="LOAD_FAST", argval=name)
     back = 1 if ins.opname.endswith("ATTR") else 2 if ins.opname.endswith("SUBSCR") else 3
-    return instructions[k - back] if k >= back else None
+    if k < back or not all(
+        instructions[k - j].opname in _PLAIN_LOADS and not instructions[k - j].argrepr.startswith("NULL")
+        for j in range(1, back)
+    ):
+        return None  # a key or a bound computed: which object changes is not known
+    return instructions[k - back]
+
+
+def _exact_setting(kind: type) -> bool:
+    """A settings type of Python's or a library's own (a user's subclass of one may hold state)."""
+    return _module(kind).split(".")[0] in _KNOWN_MODULES
 
 
 def _in_place_op(ins: dis.Instruction) -> bool:
@@ -271,7 +304,7 @@ class _Reach:
         if self.visits > _VISITS:
             raise _Unknown
         if isinstance(value, _IMMUTABLE):
-            return True
+            return _exact_setting(type(value)) or self.class_ok(type(value), depth + 1)
         if depth > 8:
             return False
         if isinstance(value, _RANDOM_STATES):
@@ -282,6 +315,9 @@ class _Reach:
             return False  # reading an item adds it
         if isinstance(value, (tuple, frozenset, list, dict, set, np.ndarray)) and not self.first(value):
             return True
+        if isinstance(value, (tuple, frozenset, list, dict, set)) and not _exact_setting(type(value)):
+            if not self.class_ok(type(value), depth + 1):  # a NamedTuple's, a dict subclass's methods
+                return False
         if isinstance(value, (tuple, frozenset)):
             return all(self.value_ok(v, depth + 1) for v in itertools.islice(value, _HELD_ITEMS))
         if isinstance(value, (list, dict, set, bytearray, np.ndarray, torch.Tensor)):
@@ -299,16 +335,14 @@ class _Reach:
         return False
 
     def data_ok(self, items: Any, depth: int) -> bool:
-        """A long container's items: the first ones, and one of each other type among the rest."""
+        """A long container's items: settings and tuples (a table of samples: the first ones
+        looked into), or up to ``_HELD_ITEMS`` objects, each looked at (more: unknown)."""
         items = list(items)
-        if not all(self.value_ok(v, depth + 1) for v in items[:_SHORT_OPS]):
-            return False
-        known = {type(v) for v in items[:_SHORT_OPS]}
-        for kind in set(map(type, items)) - known:
-            example = next(v for v in items if type(v) is kind)
-            if not self.value_ok(example, depth + 1):
-                return False
-        return True
+        if all(kind is tuple or kind in _PLAIN for kind in set(map(type, items))):
+            return all(self.value_ok(v, depth + 1) for v in items[:_SHORT_OPS])
+        if len(items) > _HELD_ITEMS:
+            return False  # objects each of which may hold state: too many to look at
+        return all(self.value_ok(v, depth + 1) for v in items)
 
     # callables -----------------------------------------------------------------------------
 
@@ -348,8 +382,13 @@ class _Reach:
         return self.object_ok(fn, depth)
 
     def function_ok(self, fn: types.FunctionType, depth: int, own: str | None = None) -> bool:
-        if _module(fn).startswith(_STATELESS_LIBRARIES):
-            return True  # torch's default_collate, torchvision's functionals
+        home = fn.__globals__.get("__name__")  # (not __module__: functools.wraps copies that)
+        if isinstance(home, str) and (home + ".").startswith(_STATELESS_LIBRARIES):
+            # torch's default_collate, torchvision's functionals; a wrapper of the user's function
+            # (torch.compile, torch.no_grad) runs that function
+            cells = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+            wrapped = [*cells, getattr(fn, "__wrapped__", None)]
+            return all(self.callable_ok(f, depth + 1) for f in wrapped if _users_function(f))
         if not self.first(fn, own or ""):
             return True
         if fn.__dict__:
@@ -370,15 +409,25 @@ class _Reach:
         code made itself (``own``: the object a constructor fills)."""
         builtins = namespace.get("__builtins__", {})
         instructions = list(dis.get_instructions(code))
-        new, reached = self.locals_made(code, instructions)
+        joins = _jump_targets(instructions)
+        new, numbers = self.locals_made(code, instructions, joins)
+        filled = set()  # ``own``'s attributes the constructor sets (``self.samples = []``)
         if own is not None:
             new.add(own)
+            for k, ins in enumerate(instructions):
+                target = _changed(instructions, k) if ins.opname == "STORE_ATTR" else None
+                if target is not None and target.opname.startswith("LOAD_FAST") and target.argval == own:
+                    filled.add(ins.argval)
         for k, ins in enumerate(instructions):
             before = instructions[k - 1] if k else None
+            if ins.offset in joins:
+                before = None  # a value that may come from another way
             if ins.opname in _REBINDS or (ins.opname == "STORE_DEREF" and ins.argval in code.co_freevars):
                 return False
             if ins.opname in _MUTATES:
                 target = _changed(instructions, k)
+                if target is not None and any(instructions[j].offset in joins for j in range(k - 2, k + 1)):
+                    target = None
                 if target is not None and target.opname in _LOADS_GLOBAL:
                     return False  # a global's or an enclosing variable's object changed
                 if not (
@@ -387,10 +436,10 @@ class _Reach:
                     self.mutates = True
             elif _in_place_op(ins):
                 after = instructions[k + 1] if k + 1 < len(instructions) else None
-                if (
+                if not (
                     after is not None
                     and after.opname.startswith("STORE_FAST")
-                    and _names(after)[0] in reached
+                    and _names(after)[0] in numbers
                 ):
                     self.mutates = True  # ``a = self.array; a += 1``: what ``a`` is changes
             elif ins.opname in _LOADS_GLOBAL and ins.argval in _OPAQUE_GLOBALS:
@@ -408,8 +457,18 @@ class _Reach:
                 if ins.argval in _OPAQUE_ATTRIBUTES:
                     return False  # ``sys.modules``, ``os.environ``, ``importlib.import_module``
                 if _in_place(ins.argval) and not (
-                    before is not None and before.opname.startswith("LOAD_FAST") and _names(before)[-1] in new
-                ):  # ``out.append(x)`` on a list it made is not state
+                    before is not None
+                    and (
+                        before.opname.startswith("LOAD_FAST")
+                        and _names(before)[-1] in new
+                        or before.opname == "LOAD_ATTR"
+                        and before.argval in filled
+                        and k > 1
+                        and instructions[k - 2].opname.startswith("LOAD_FAST")
+                        and instructions[k - 2].argval == own
+                        and before.offset not in joins
+                    )
+                ):  # ``out.append(x)`` on a list it made (or the constructor's own) is not state
                     self.mutates = True
         consts = code.co_consts
         if any(isinstance(c, str) and _in_place(c) for c in consts):
@@ -421,29 +480,39 @@ class _Reach:
         )
 
     @staticmethod
-    def locals_made(code: types.CodeType, instructions: list[dis.Instruction]) -> tuple[set[str], set[str]]:
-        """The locals the code only ever assigns new containers (``d = {}``), and those it may
-        assign something it reaches (an argument, an attribute, an item, a global: an in-place
-        operator on one changes what it reaches)."""
+    def locals_made(
+        code: types.CodeType, instructions: list[dis.Instruction], joins: set[int]
+    ) -> tuple[set[str], set[str]]:
+        """The locals the code only ever assigns new containers (``d = {}``: it may fill them),
+        and those it only ever assigns constants (``n = 0``: an in-place operator on one is
+        arithmetic; on anything else, ``a += 1`` may change what ``a`` is, an array it holds)."""
         stores: dict[str, set[str]] = collections.defaultdict(set)
         for k, ins in enumerate(instructions):
-            if not ins.opname.startswith("STORE_FAST") or not k:
+            if not ins.opname.startswith("STORE_FAST"):
                 continue
-            source = instructions[k - 1]
-            kind = "result" if _in_place_op(source) else source.opname
+            source = instructions[k - 1] if k else None
+            kind = (
+                "joined"
+                if source is None or ins.offset in joins
+                else "result"
+                if _in_place_op(source)
+                else source.opname
+            )
             for name in _names(ins):
                 stores[name].add(kind)
         arguments = code.co_argcount + code.co_kwonlyargcount
         arguments += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-        reached = set(code.co_varnames[:arguments])
-        new = set()
+        given = set(code.co_varnames[:arguments])
+        new, numbers = set(), set()
         for name, kinds in stores.items():
-            kinds.discard("result")
-            if kinds and kinds <= _NEW_CONTAINER and name not in reached:
+            if name in given:
+                continue
+            made = kinds - {"result"}
+            if made and made <= _NEW_CONTAINER and "result" not in kinds:
                 new.add(name)
-            if not kinds <= _NEW_VALUE:
-                reached.add(name)
-        return new, reached
+            if made and made <= {"LOAD_CONST", "LOAD_SMALL_INT"}:
+                numbers.add(name)
+        return new, numbers
 
     def class_ok(self, cls: type, depth: int, made: bool = False) -> bool:
         """A class reached: a library's, or a class of the user's whose methods and class
@@ -453,8 +522,6 @@ class _Reach:
         module = _module(cls)
         if module.startswith(_STATELESS_LIBRARIES) or module.split(".")[0] in _KNOWN_MODULES:
             return True
-        if cls.__bases__ == (tuple,) and hasattr(cls, "_fields"):
-            return True  # (a namedtuple: its instances are tuples)
         if not self.first(cls, "made" if made else "class"):
             return True
         if _installed(cls):
@@ -465,12 +532,15 @@ class _Reach:
         for klass in cls.__mro__:
             if klass is object or _module(klass).startswith(_STATELESS_LIBRARIES):
                 continue
+            dataclass = "__dataclass_fields__" in vars(klass)
             for name, member in vars(klass).items():
-                if not self.member_ok(name, member, depth, made):
+                if dataclass and name in _DATACLASS_MADE and _generated(member):
+                    continue  # a dataclass's own: it sets the fields (a frozen one's raise)
+                if not self.member_ok(name, member, depth):
                     return False
         return True
 
-    def member_ok(self, name: str, member: Any, depth: int, made: bool) -> bool:
+    def member_ok(self, name: str, member: Any, depth: int) -> bool:
         if (
             name.startswith("__")
             and name.endswith("__")
@@ -480,6 +550,9 @@ class _Reach:
         member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
         if isinstance(member, property):  # its getter runs as it is read
             return self.callable_ok(member.fget, depth + 1)
+        if isinstance(member, functools.cached_property):
+            self.mutates = True  # the first read stores its value in the object
+            return self.callable_ok(member.func, depth + 1)
         if (
             not isinstance(member, types.FunctionType)
             and _module(type(member)) in ("builtins", "_collections")
@@ -487,9 +560,9 @@ class _Reach:
         ):
             return True  # a slot's or a namedtuple field's descriptor: the object's, not state
         if isinstance(member, types.FunctionType):
-            if name in _MADE and made:  # it runs on a new object: filling that one is not state
+            if name in _MADE:  # it runs on a new object (the code may make one): filling it is not state
                 own = member.__code__.co_varnames[0] if member.__code__.co_argcount else None
-                return self.function_ok(member, depth + 1, own=own if name == "__init__" else None)
+                return self.function_ok(member, depth + 1, own=own if name != "__new__" else None)
             if name in _NOT_CALLED:  # it runs on a new object, not on what is kept
                 return True
             return self.function_ok(member, depth + 1)
@@ -498,12 +571,16 @@ class _Reach:
     def object_ok(self, obj: Any, depth: int) -> bool:
         """An object: a library's (its settings; what it holds of someone else's looked into;
         a module's buffers are state), or the user's (its attributes and its class's methods)."""
-        if obj is None or isinstance(obj, _IMMUTABLE) or isinstance(obj, types.ModuleType):
+        if obj is None or isinstance(obj, types.ModuleType):
             return True
+        if isinstance(obj, _IMMUTABLE):
+            return _exact_setting(type(obj)) or self.class_ok(type(obj), depth + 1)
         if isinstance(obj, _RANDOM_STATES):
             return any(obj is g for g in _global_generators())
         if isinstance(obj, (io.IOBase, types.GeneratorType)) or hasattr(type(obj), "__next__"):
             return False  # a file, an iterator: reading it moves it on
+        if isinstance(obj, _CACHES):
+            return False  # a cache kept between passes answers what new workers would compute
         attributes = _attributes(obj)
         if attributes is None:
             return _library(obj) and not isinstance(obj, (list, dict, set))
@@ -526,6 +603,8 @@ class _Reach:
             self.mutates = True  # it writes into what it is given (data the caller may keep)
         if "PIL." in _module(type(obj)) and hasattr(obj, "im"):
             self.mutable = True  # an image: its pixels may be changed in place
+        if any(isinstance(v, (list, dict, set, np.ndarray, torch.Tensor)) for v in attributes.values()):
+            self.mutable = True  # a Compose's list of ops, a module's parameters
         for value in attributes.values():
             held = (
                 itertools.chain(value.keys(), value.values())
@@ -535,8 +614,12 @@ class _Reach:
                 else [value]
             )
             for item in itertools.islice(held, _HELD_ITEMS):  # a longer list is data, not ops
-                if isinstance(item, _IMMUTABLE) or isinstance(item, (np.ndarray, torch.Tensor)):
+                if isinstance(item, (np.ndarray, torch.Tensor)):
                     continue
+                if isinstance(item, _IMMUTABLE):
+                    if _exact_setting(type(item)) or self.class_ok(type(item), depth + 1):
+                        continue
+                    return False
                 if isinstance(item, type):  # a class it makes objects of (``Lambda(MyOp)``)
                     if not self.class_ok(item, depth + 1, made=True):
                         return False

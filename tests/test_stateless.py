@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import heapq
 import io
 import logging
@@ -21,13 +22,15 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image, ImageDraw
 from torch.utils.data import Dataset, Subset
 from torchvision import transforms as T
+from torchvision.transforms import functional as TF
 
 from fastload.recognize import stateless_callable, stateless_in_workers
 
@@ -205,6 +208,167 @@ class ByMeta(metaclass=Meta):
     pass
 
 
+class OrAlias:  # ``a = self.seen or []``: the held list, not a new one
+    def __init__(self) -> None:
+        self.seen = [0]
+
+    def __call__(self, x: Any) -> Any:
+        a = self.seen or []
+        a.append(x)
+        return len(self.seen)
+
+
+class GotInPlace:  # an in-place operator on what a method returned: the held array
+    def __init__(self) -> None:
+        self.d = {"a": np.zeros(1)}
+
+    def __call__(self, x: Any) -> Any:
+        a = self.d.get("a")
+        a += 1
+        return float(self.d["a"][0])
+
+
+class UFuncAt:
+    def __init__(self) -> None:
+        self.a = np.zeros(2)
+
+    def __call__(self, x: Any) -> Any:
+        np.add.at(self.a, [0], 1)
+        return float(self.a[0])
+
+
+class Partition:
+    def __init__(self) -> None:
+        self.a = np.array([3.0, 1.0, 2.0])
+
+    def __call__(self, x: Any) -> Any:
+        first = float(self.a[0])
+        self.a.partition(1)
+        return first
+
+
+REGISTRY: dict[int, int] = {}
+
+
+class Registers:  # a constructor writing into a global table under a computed key
+    def __init__(self, x: Any) -> None:
+        self.key = x
+        REGISTRY[self.key] = REGISTRY.get(self.key, 0) + 1
+        self.n = REGISTRY[self.key]
+
+    def __repr__(self) -> str:
+        return f"Registers({self.n})"
+
+
+class Hooked:  # an attribute's assignment runs a method that keeps what it was given
+    log: list[Any] = []
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        Hooked.log.append(value)
+        object.__setattr__(self, name, value)
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+        self.n = len(Hooked.log)
+
+    def __repr__(self) -> str:
+        return f"Hooked({self.n})"
+
+
+class MakesItsOwn:  # makes an object of its own class: that constructor counts
+    made: list[Any] = []
+
+    def __init__(self, x: Any = 0) -> None:
+        self.made.append(x)
+
+    def __call__(self, x: Any) -> Any:
+        type(self)(x)
+        return len(self.made)
+
+
+@functools.cache
+def _cached_draw(i: int) -> float:
+    return random.random()
+
+
+class Tally(int):  # a subclass of a settings type, with state
+    def bump(self) -> int:
+        self.hits = getattr(self, "hits", 0) + 1
+        return self.hits
+
+
+class UsesTally:
+    def __init__(self) -> None:
+        self.t = Tally(3)
+
+    def __call__(self, x: Any) -> Any:
+        return self.t.bump()
+
+
+class Draws:  # draws on an image it holds
+    def __init__(self) -> None:
+        self.image = Image.new("L", (4, 4))
+
+    def __call__(self, x: Any) -> Any:
+        value = self.image.getpixel((0, 0))
+        ImageDraw.Draw(self.image).point((0, 0), fill=value + 1)  # type: ignore[operator]
+        return value
+
+
+class _Config(NamedTuple):
+    p: float
+
+    def draw(self) -> float:
+        return float(_RNG.random())
+
+
+_RNG = np.random.default_rng(0)
+
+
+class Op:
+    def __init__(self, rng: Any = None) -> None:
+        self.rng = rng
+
+    def __call__(self, x: Any) -> Any:
+        return x if self.rng is None else float(self.rng.random())
+
+
+class ManyOps:  # a long list of ops, the last one with a generator of its own
+    def __init__(self) -> None:
+        self.ops = [Op() for _ in range(70)] + [Op(np.random.default_rng(0))]
+
+    def __call__(self, x: Any) -> Any:
+        return self.ops[-1](x)
+
+
+_WEIGHT = torch.nn.Linear(1, 1, bias=False)
+
+
+def _moving_weight(x: Any) -> Any:
+    with torch.no_grad():
+        _WEIGHT.weight.add_(1)
+    return float(_WEIGHT.weight.detach()[0, 0])
+
+
+def _grows(x: Any, pipe: Any) -> Any:
+    pipe.transforms.append(T.Lambda(lambda v: v + 1))
+    return pipe(x)
+
+
+_CALLS = [0]
+
+
+@functools.wraps(TF.hflip)
+def _my_hflip(x: Any) -> Any:  # its __module__ is torchvision's: its code is the user's
+    _CALLS[0] += 1
+    return _CALLS[0]
+
+
+def _counted(x: Any) -> Any:
+    _CALLS[0] += 1
+    return _CALLS[0]
+
+
 def globals_counter(x: Any) -> Any:
     globals()["COUNT"] += 1
     return COUNT
@@ -270,6 +434,24 @@ STATEFUL: dict[str, Callable[[], Any]] = {
     "a defaultdict read": lambda: (lambda d: lambda x: len(d[x + len(d)]) or len(d))(
         collections.defaultdict(list)
     ),
+    "self.seen or []": OrAlias,
+    "an in-place operator on a method's result": GotInPlace,
+    "numpy's ufunc.at": UFuncAt,
+    "ndarray.partition": Partition,
+    "a constructor writing under a computed key": lambda: Registers,
+    "a __setattr__ keeping what it is given": lambda: Hooked,
+    "type(self)(x)": MakesItsOwn,
+    "an lru_cache of random draws": lambda: (
+        lambda x: _cached_draw(_cached_draw.cache_info().currsize) and _cached_draw.cache_info().currsize
+    ),
+    "a subclass of int with state": UsesTally,
+    "ImageDraw on a held image": Draws,
+    "a NamedTuple's method": lambda: (lambda c: lambda x: c.draw())(_Config(0.5)),
+    "a long list of ops of one type": ManyOps,
+    "a library module's parameter changed": lambda: _moving_weight,
+    "a library Compose appended to": lambda: functools.partial(_grows, pipe=T.Compose([])),
+    "functools.wraps of a torchvision function": lambda: _my_hflip,
+    "a torch.no_grad wrapper": lambda: torch.no_grad()(_counted),
     "an iterator of a DataLoader": lambda: (lambda it: lambda x: int(next(it)))(
         iter(torch.utils.data.DataLoader(list(range(10))))  # type: ignore[arg-type]
     ),
@@ -382,10 +564,28 @@ class InMemory(Dataset[Any]):  # images held as one tensor; the transform given 
         return self.transform(self.data[i])
 
 
+class Scanned(Dataset[Any]):  # a constructor filling its own list
+    def __init__(self) -> None:
+        self.samples: list[tuple[str, int]] = []
+        for i in range(10):
+            self.samples.append((f"{i}.jpg", i))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @torch.no_grad()
+    def __getitem__(self, i: int) -> Any:
+        total = 0
+        for _, label in self.samples[: i + 1]:
+            total += label
+        return total
+
+
 def test_code_that_keeps_no_state_is_known() -> None:
-    known = [Preset(8), Settings(), Slots(2), collate_dicts, Scale(2.0), Scale.default]
+    known = [Preset(8), Settings(), Slots(2), collate_dicts, Scale(2.0), Scale.default, Scale]
     assert [stateless_callable(fn) for fn in known] == [True] * len(known)
     assert stateless_in_workers(Samples())
+    assert stateless_in_workers(Scanned())
 
 
 def test_datasets_that_change_what_they_hold_are_not_taken_as_stateless() -> None:
