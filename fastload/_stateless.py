@@ -52,14 +52,14 @@ _RANDOM_STATES = (
 #: in it is looked at).
 _HELD_ITEMS, _SHORT_OPS = 4096, 64
 #: Values looked at in one question before the answer is "unknown" (a huge nested table).
-_VISITS = 50_000
+_VISITS = 20_000
 
 #: Top-level modules whose functions keep no state of their own between calls (their randomness
 #: is the global ``random``/numpy/torch generators, which each worker seeds as torch's do).
 _KNOWN_MODULES = frozenset(
     "torch torchvision numpy PIL fastload math cmath random functools itertools operator collections "
     "typing enum numbers builtins io re string struct warnings copy dataclasses abc types statistics "
-    "bisect heapq time os sys logging pathlib json".split()
+    "bisect heapq time os sys logging pathlib json reprlib contextlib".split()
 )
 #: Values that are settings: they cannot be changed (or their changes are not data).
 _IMMUTABLE = (
@@ -104,7 +104,7 @@ _MUTATES = frozenset(
 #: in-place methods, ``add_``, are those ending in one underscore).
 _MUTATING_METHODS = frozenset(
     "append extend insert pop popitem remove clear update setdefault add discard appendleft "
-    "extendleft popleft rotate sort reverse send throw seed manual_seed set_state setstate "
+    "extendleft popleft sort reverse send throw seed manual_seed set_state setstate "
     "__setitem__ __delitem__ __setattr__ __delattr__ setattr delattr setitem delitem methodcaller "
     "__iadd__ __isub__ __imul__ __imatmul__ __itruediv__ __ifloordiv__ __imod__ __ipow__ "
     "__ilshift__ __irshift__ __iand__ __ixor__ __ior__ move_to_end subtract "
@@ -124,13 +124,29 @@ _OPAQUE_ATTRIBUTES = frozenset("modules environ putenv unsetenv import_module __
 #: Methods run when an object is made, copied or shown, not as it is called.
 _NOT_CALLED = frozenset(
     "__init__ __new__ __post_init__ __init_subclass__ __setstate__ __getstate__ __reduce__ "
-    "__reduce_ex__ __repr__ __str__ __eq__ __hash__ __copy__ __deepcopy__ __class_getitem__".split()
+    "__reduce_ex__ __copy__ __deepcopy__ __class_getitem__".split()
 )
 _MADE = frozenset({"__init__", "__new__", "__post_init__"})
 _DATACLASS_MADE = frozenset({"__init__", "__setattr__", "__delattr__"})
 #: Opcodes whose result is a new container (a local assigned one may be filled freely).
 _NEW_CONTAINER = frozenset(
     "BUILD_LIST BUILD_MAP BUILD_SET BUILD_CONST_KEY_MAP LIST_EXTEND SET_UPDATE DICT_UPDATE DICT_MERGE".split()
+)
+#: Opcodes whose result is a new value (a constant, an operator's result, a string): an
+#: in-place operator on a local only ever assigned one changes nothing else.
+_NEW_VALUE = frozenset(
+    "LOAD_CONST LOAD_SMALL_INT BINARY_OP BUILD_STRING FORMAT_VALUE FORMAT_SIMPLE FORMAT_WITH_SPEC "
+    "COMPARE_OP UNARY_NEGATIVE UNARY_NOT UNARY_INVERT BUILD_TUPLE BINARY_ADD BINARY_SUBTRACT "
+    "BINARY_MULTIPLY BINARY_TRUE_DIVIDE BINARY_FLOOR_DIVIDE BINARY_MODULO BINARY_POWER "
+    "BINARY_MATRIX_MULTIPLY".split()
+)
+#: Functions of a module that change what they are given (``np.add`` makes a new array; these
+#: do not).
+_MODULE_IN_PLACE = frozenset(
+    "shuffle copyto put putmask place fill_diagonal put_along_axis heappush heappop heapify "
+    "heapreplace heappushpop insort insort_left insort_right setitem delitem methodcaller seed "
+    "manual_seed set_state setstate Draw iadd iand iconcat ifloordiv ilshift imod imul imatmul ior "
+    "ipow irshift isub itruediv ixor".split()
 )
 #: Instructions that push one value and pop none (a key, an index).
 _PLAIN_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_SMALL_INT"})
@@ -164,7 +180,10 @@ def stateless_callable(fn: Any, depth: int = 0) -> bool:
     the main process's copy of it (the global ``random``, numpy and torch generators are seeded
     in each worker, as torch seeds them). Code that reaches a module's namespace, the
     environment or ``exec``, a file or another installed library's class, is unknown; anything
-    unknown is not known to keep no state (and an analysis that fails answers so too)."""
+    unknown is not known to keep no state (and an analysis that fails answers so too). Not seen:
+    numpy's ``out`` given by position (``np.multiply(a, 2, a)``) and ``ndarray.resize`` of an
+    array it holds (PIL's ``resize``, far more common, makes a new image): pass
+    ``persistent_workers=False`` for such code."""
     try:
         return _Reach().stateless(fn, depth)
     except (_Unknown, RecursionError):
@@ -178,13 +197,31 @@ def _global_generators() -> tuple[Any, ...]:
     return (getattr(random, "_inst", None), getattr(np.random.mtrand, "_rand", None), torch.default_generator)
 
 
-def _users_function(fn: Any) -> bool:
-    """Whether ``fn`` is a function (or method) of the user's code."""
+def _users_callable(fn: Any) -> bool:
+    """Whether ``fn`` is a callable of the user's code (a function, a method, an object)."""
     fn = getattr(fn, "__func__", fn)
-    if not isinstance(fn, types.FunctionType):
-        return False
-    home = fn.__globals__.get("__name__")
-    return not (isinstance(home, str) and (home + ".").startswith(_STATELESS_LIBRARIES))
+    if isinstance(fn, types.FunctionType):
+        home = fn.__globals__.get("__name__")  # (not __module__: functools.wraps copies that)
+        return not (
+            isinstance(home, str)
+            and ((home + ".").startswith(_STATELESS_LIBRARIES) or home.split(".")[0] in _KNOWN_MODULES)
+        )
+    return callable(fn) and not isinstance(fn, type) and not _library(fn)
+
+
+def _filled_attributes(instructions: list[dis.Instruction], own: str, joins: set[int]) -> set[str]:
+    """The attributes a constructor sets on its new object (``own``) to new containers only
+    (``self.samples = []``), each before it is read: filling them is filling the new object."""
+    stored: dict[str, bool] = {}
+    for k, ins in enumerate(instructions):
+        target = _changed(instructions, k) if ins.opname == "STORE_ATTR" else None
+        if target is not None and target.opname.startswith("LOAD_FAST") and target.argval == own:
+            value = instructions[k - 2] if k > 1 else None
+            fresh = value is not None and value.opname in _NEW_CONTAINER and ins.offset not in joins
+            stored[ins.argval] = stored.get(ins.argval, True) and fresh
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval not in stored:
+            stored[ins.argval] = False  # read (a class attribute) before it is set
+    return {name for name, fresh in stored.items() if fresh}
 
 
 def _generated(member: Any) -> bool:
@@ -255,6 +292,10 @@ def _changed(instructions: list[dis.Instruction], k: int) -> dis.Instruction | N
         name = second if ins.opname.endswith("ATTR") else first if ins.opname.endswith("SUBSCR") else None
         return None if name is None else before._replace(opname="LOAD_FAST", argval=name)
     back = 1 if ins.opname.endswith("ATTR") else 2 if ins.opname.endswith("SUBSCR") else 3
+    if back == 2 and k > 1 and instructions[k - 2].opname == "LOAD_FAST_LOAD_FAST" and before is not None:
+        if before.opname in _PLAIN_LOADS:  # ``v, d`` loaded as one, then the key
+            return before._replace(opname="LOAD_FAST", argval=instructions[k - 2].argval[1])
+        return None
     if k < back or not all(
         instructions[k - j].opname in _PLAIN_LOADS and not instructions[k - j].argrepr.startswith("NULL")
         for j in range(1, back)
@@ -326,20 +367,24 @@ class _Reach:
                 value = value.ravel().tolist()
             elif isinstance(value, (np.ndarray, torch.Tensor, bytearray)):
                 return True
+            if len(value) > _SHORT_OPS:  # data (a table, samples)
+                if isinstance(value, dict):
+                    return self.data_ok(value.keys(), depth) and self.data_ok(value.values(), depth)
+                return self.data_ok(value, depth)
             items: Any = itertools.chain(value.keys(), value.values()) if isinstance(value, dict) else value
-            if len(value) > _SHORT_OPS:  # data (a table, samples): one item of each kind is looked at
-                return self.data_ok(items, depth)
             return all(self.value_ok(v, depth + 1) for v in items)
         if callable(value) or _attributes(value) is not None:
             return self.callable_ok(value, depth)
         return False
 
     def data_ok(self, items: Any, depth: int) -> bool:
-        """A long container's items: settings and tuples (a table of samples: the first ones
-        looked into), or up to ``_HELD_ITEMS`` objects, each looked at (more: unknown)."""
-        items = list(items)
-        if all(kind is tuple or kind in _PLAIN for kind in set(map(type, items))):
-            return all(self.value_ok(v, depth + 1) for v in items[:_SHORT_OPS])
+        """A long container's items: settings, or tuples of settings (a table of samples), by
+        their types; else up to ``_HELD_ITEMS`` objects, each looked at (more: unknown)."""
+        kinds = set(map(type, items))
+        if kinds <= _PLAIN:
+            return True
+        if kinds == {tuple} and set(map(type, itertools.chain.from_iterable(items))) <= _PLAIN:
+            return True
         if len(items) > _HELD_ITEMS:
             return False  # objects each of which may hold state: too many to look at
         return all(self.value_ok(v, depth + 1) for v in items)
@@ -382,13 +427,12 @@ class _Reach:
         return self.object_ok(fn, depth)
 
     def function_ok(self, fn: types.FunctionType, depth: int, own: str | None = None) -> bool:
-        home = fn.__globals__.get("__name__")  # (not __module__: functools.wraps copies that)
-        if isinstance(home, str) and (home + ".").startswith(_STATELESS_LIBRARIES):
+        if not _users_callable(fn):
             # torch's default_collate, torchvision's functionals; a wrapper of the user's function
             # (torch.compile, torch.no_grad) runs that function
             cells = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
             wrapped = [*cells, getattr(fn, "__wrapped__", None)]
-            return all(self.callable_ok(f, depth + 1) for f in wrapped if _users_function(f))
+            return all(self.callable_ok(f, depth + 1) for f in wrapped if _users_callable(f))
         if not self.first(fn, own or ""):
             return True
         if fn.__dict__:
@@ -411,13 +455,13 @@ class _Reach:
         instructions = list(dis.get_instructions(code))
         joins = _jump_targets(instructions)
         new, numbers = self.locals_made(code, instructions, joins)
-        filled = set()  # ``own``'s attributes the constructor sets (``self.samples = []``)
+        if own is not None and any(
+            ins.opname.startswith("STORE_FAST") and own in _names(ins) for ins in instructions
+        ):
+            own = None  # ``self`` rebound: not (only) the new object
+        filled = _filled_attributes(instructions, own, joins) if own is not None else set()
         if own is not None:
             new.add(own)
-            for k, ins in enumerate(instructions):
-                target = _changed(instructions, k) if ins.opname == "STORE_ATTR" else None
-                if target is not None and target.opname.startswith("LOAD_FAST") and target.argval == own:
-                    filled.add(ins.argval)
         for k, ins in enumerate(instructions):
             before = instructions[k - 1] if k else None
             if ins.offset in joins:
@@ -453,20 +497,31 @@ class _Reach:
                     return False  # not defined yet: unknown
                 if _in_place(name):
                     self.mutates = True  # ``from heapq import heappush``
-            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"):
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "IMPORT_FROM"):
                 if ins.argval in _OPAQUE_ATTRIBUTES:
                     return False  # ``sys.modules``, ``os.environ``, ``importlib.import_module``
-                if _in_place(ins.argval) and not (
+                of_module = (
                     before is not None
-                    and (
-                        before.opname.startswith("LOAD_FAST")
-                        and _names(before)[-1] in new
-                        or before.opname == "LOAD_ATTR"
-                        and before.argval in filled
-                        and k > 1
-                        and instructions[k - 2].opname.startswith("LOAD_FAST")
-                        and instructions[k - 2].argval == own
-                        and before.offset not in joins
+                    and before.opname == "LOAD_GLOBAL"
+                    and isinstance(namespace.get(before.argval), types.ModuleType)
+                    and ins.argval in _MUTATING_METHODS
+                    and ins.argval not in _MODULE_IN_PLACE
+                )  # ``np.sort(a)``, ``TF.rotate(img, 10)``: a function of a module, not a method
+                if (
+                    _in_place(ins.argval)
+                    and not of_module
+                    and not (
+                        before is not None
+                        and (
+                            before.opname.startswith("LOAD_FAST")
+                            and _names(before)[-1] in new
+                            or before.opname == "LOAD_ATTR"
+                            and before.argval in filled
+                            and k > 1
+                            and instructions[k - 2].opname.startswith("LOAD_FAST")
+                            and instructions[k - 2].argval == own
+                            and before.offset not in joins
+                        )
                     )
                 ):  # ``out.append(x)`` on a list it made (or the constructor's own) is not state
                     self.mutates = True
@@ -496,6 +551,8 @@ class _Reach:
                 if source is None or ins.offset in joins
                 else "result"
                 if _in_place_op(source)
+                else "BINARY_SUBSCR"
+                if source.opname == "BINARY_OP" and "[" in source.argrepr  # (Python 3.14)
                 else source.opname
             )
             for name in _names(ins):
@@ -510,7 +567,7 @@ class _Reach:
             made = kinds - {"result"}
             if made and made <= _NEW_CONTAINER and "result" not in kinds:
                 new.add(name)
-            if made and made <= {"LOAD_CONST", "LOAD_SMALL_INT"}:
+            if made and made <= _NEW_VALUE:
                 numbers.add(name)
         return new, numbers
 
@@ -535,7 +592,15 @@ class _Reach:
             dataclass = "__dataclass_fields__" in vars(klass)
             for name, member in vars(klass).items():
                 if dataclass and name in _DATACLASS_MADE and _generated(member):
-                    continue  # a dataclass's own: it sets the fields (a frozen one's raise)
+                    # a dataclass's own: it sets the fields (a frozen one's raise); the defaults
+                    # and default factories it calls count
+                    for field in vars(klass)["__dataclass_fields__"].values():
+                        factory = getattr(field, "default_factory", None)
+                        if callable(factory) and not self.callable_ok(factory, depth + 1):
+                            return False
+                        if not self.value_ok(getattr(field, "default", None), depth + 1):
+                            return False
+                    continue
                 if not self.member_ok(name, member, depth):
                     return False
         return True

@@ -13,6 +13,7 @@ import collections
 import functools
 import heapq
 import io
+import itertools
 import logging
 import operator
 import os
@@ -21,7 +22,7 @@ import random
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -369,6 +370,62 @@ def _counted(x: Any) -> Any:
     return _CALLS[0]
 
 
+SHARED_LOG: list[Any] = []
+
+
+class Logs:  # a constructor's attribute bound to a shared list, then filled
+    def __init__(self, x: Any) -> None:
+        self.log = SHARED_LOG
+        self.log.append(x)
+        self.n = len(self.log)
+
+    def __repr__(self) -> str:
+        return f"Logs({self.n})"
+
+
+_IDS = itertools.count()
+
+
+@dataclass
+class Identified:  # a dataclass whose default factory draws from a global counter
+    uid: int = field(default_factory=lambda: next(_IDS))
+
+
+class Tagged:  # its __str__ runs in an f-string and counts
+    def __init__(self) -> None:
+        self.shown = 0
+
+    def __str__(self) -> str:
+        self.shown += 1
+        return str(self.shown)
+
+
+class UsesTag:
+    def __init__(self) -> None:
+        self.tag = Tagged()
+
+    def __call__(self, x: Any) -> Any:
+        return f"{x}-{self.tag}"
+
+
+class CountsCalls:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, x: Any) -> Any:
+        self.n += 1
+        return self.n
+
+
+class Rotates:  # functions of modules whose names are also methods that change their object
+    def __init__(self) -> None:
+        self.angle = 10.0
+
+    def __call__(self, image: Any) -> Any:
+        order = np.sort(np.array([3, 1, 2]))
+        return TF.rotate(image, self.angle + float(np.add(order[0], 1)))
+
+
 def globals_counter(x: Any) -> Any:
     globals()["COUNT"] += 1
     return COUNT
@@ -452,6 +509,13 @@ STATEFUL: dict[str, Callable[[], Any]] = {
     "a library Compose appended to": lambda: functools.partial(_grows, pipe=T.Compose([])),
     "functools.wraps of a torchvision function": lambda: _my_hflip,
     "a torch.no_grad wrapper": lambda: torch.no_grad()(_counted),
+    "a constructor's attribute bound to shared state": lambda: Logs,
+    "a dataclass's default factory": lambda: lambda x: Identified(),
+    "a __str__ that counts": UsesTag,
+    "a torch.no_grad wrapper of an object": lambda: torch.no_grad()(CountsCalls()),
+    "a long dict of tuples holding generators": lambda: (lambda d: lambda x: float(d["k69"][1].random()))(
+        {f"k{i}": (i, np.random.default_rng(i)) for i in range(70)}
+    ),
     "an iterator of a DataLoader": lambda: (lambda it: lambda x: int(next(it)))(
         iter(torch.utils.data.DataLoader(list(range(10))))  # type: ignore[arg-type]
     ),
@@ -582,7 +646,7 @@ class Scanned(Dataset[Any]):  # a constructor filling its own list
 
 
 def test_code_that_keeps_no_state_is_known() -> None:
-    known = [Preset(8), Settings(), Slots(2), collate_dicts, Scale(2.0), Scale.default, Scale]
+    known = [Preset(8), Settings(), Slots(2), collate_dicts, Scale(2.0), Scale.default, Scale, Rotates()]
     assert [stateless_callable(fn) for fn in known] == [True] * len(known)
     assert stateless_in_workers(Samples())
     assert stateless_in_workers(Scanned())
