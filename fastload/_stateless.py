@@ -48,8 +48,8 @@ _RANDOM_STATES = (
     torch.quasirandom.SobolEngine,
 )
 #: The items of a library object's list that are looked at (a longer list is data, not ops), and
-#: the longest list of ops a user's object may hold (a longer one is data: one item of each type
-#: in it is looked at).
+#: the longest list of ops a user's object may hold (a longer one is data: judged by its items'
+#: types, objects looked at one by one up to ``_HELD_ITEMS``).
 _HELD_ITEMS, _SHORT_OPS = 4096, 64
 #: Values looked at in one question before the answer is "unknown" (a huge nested table).
 _VISITS = 20_000
