@@ -113,7 +113,7 @@ _MUTATING_METHODS = frozenset(
     "heappushpop insort insort_left insort_right paste putpixel putdata putalpha putpalette thumbnail "
     "train eval requires_grad_ register_buffer load_state_dict draw fast_forward reset "
     "iadd iand iconcat ifloordiv ilshift imod imul imatmul ior ipow irshift isub itruediv ixor "
-    "at partition fill_diagonal put_along_axis Draw".split()
+    "at partition fill_diagonal put_along_axis Draw pack_into step vector_to_parameters".split()
 )
 #: Keyword arguments that make a call write into an array it is given (``np.add(a, 1, out=a)``).
 _WRITES_INTO = frozenset({"out", "inplace"})
@@ -145,7 +145,8 @@ _NEW_VALUE = frozenset(
 _MODULE_IN_PLACE = frozenset(
     "shuffle copyto put putmask place fill_diagonal put_along_axis heappush heappop heapify "
     "heapreplace heappushpop insort insort_left insort_right setitem delitem methodcaller seed "
-    "manual_seed set_state setstate Draw iadd iand iconcat ifloordiv ilshift imod imul imatmul ior "
+    "manual_seed set_state setstate Draw pack_into vector_to_parameters setattr delattr "
+    "iadd iand iconcat ifloordiv ilshift imod imul imatmul ior "
     "ipow irshift isub itruediv ixor".split()
 )
 #: Instructions that push one value and pop none (a key, an index).
@@ -345,7 +346,12 @@ class _Reach:
         if self.visits > _VISITS:
             raise _Unknown
         if isinstance(value, _IMMUTABLE):
-            return _exact_setting(type(value)) or self.class_ok(type(value), depth + 1)
+            if _exact_setting(type(value)):
+                return True
+            own = _attributes(value) or {}  # a subclass's (an enum member's) attributes
+            return self.class_ok(type(value), depth + 1) and all(
+                self.value_ok(v, depth + 1) for v in own.values() if v is not value
+            )
         if depth > 8:
             return False
         if isinstance(value, _RANDOM_STATES):
@@ -359,8 +365,15 @@ class _Reach:
         if isinstance(value, (tuple, frozenset, list, dict, set)) and not _exact_setting(type(value)):
             if not self.class_ok(type(value), depth + 1):  # a NamedTuple's, a dict subclass's methods
                 return False
+            own = _attributes(value) or {}  # what its constructor set on it
+            if own:
+                self.mutable = True
+            if not all(self.value_ok(v, depth + 1) for v in own.values()):
+                return False
         if isinstance(value, (tuple, frozenset)):
-            return all(self.value_ok(v, depth + 1) for v in itertools.islice(value, _HELD_ITEMS))
+            if len(value) > _SHORT_OPS:
+                return self.data_ok(value, depth)
+            return all(self.value_ok(v, depth + 1) for v in value)
         if isinstance(value, (list, dict, set, bytearray, np.ndarray, torch.Tensor)):
             self.mutable = True
             if isinstance(value, np.ndarray) and value.dtype == object:
@@ -427,14 +440,23 @@ class _Reach:
         return self.object_ok(fn, depth)
 
     def function_ok(self, fn: types.FunctionType, depth: int, own: str | None = None) -> bool:
+        if not self.first(fn, own or ""):
+            return True
         if not _users_callable(fn):
             # torch's default_collate, torchvision's functionals; a wrapper of the user's function
             # (torch.compile, torch.no_grad) runs that function
             cells = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+            for held in [c for c in cells if isinstance(c, (dict, list, tuple))]:  # singledispatch's registry
+                cells.extend(itertools.islice(held.values() if isinstance(held, dict) else held, _HELD_ITEMS))
+            registered = fn.__globals__.get("default_collate_fn_map")  # torch's collate, extended
+            if isinstance(registered, dict):
+                cells.extend(registered.values())
             wrapped = [*cells, getattr(fn, "__wrapped__", None)]
-            return all(self.callable_ok(f, depth + 1) for f in wrapped if _users_callable(f))
-        if not self.first(fn, own or ""):
-            return True
+            return all(  # (a library's function it closes over: its own closure, singledispatch's)
+                self.callable_ok(f, depth + 1)
+                for f in wrapped
+                if _users_callable(f) or isinstance(f, types.FunctionType)
+            )
         if fn.__dict__:
             self.mutable = True  # attributes of its own (the code may set them)
         if not self.code_ok(fn.__code__, fn.__globals__, depth, own):
@@ -495,17 +517,22 @@ class _Reach:
                         return False
                 elif not (name in builtins if isinstance(builtins, dict) else hasattr(builtins, name)):
                     return False  # not defined yet: unknown
-                if _in_place(name):
-                    self.mutates = True  # ``from heapq import heappush``
+                if _in_place(name) or _in_place(getattr(namespace.get(name), "__name__", None)):
+                    self.mutates = True  # ``from heapq import heappush`` (also under another name)
             elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "IMPORT_FROM"):
+                if ins.argval == "__init__" and own is None and ins.opname != "LOAD_SUPER_ATTR":
+                    self.mutates = True  # ``self.__init__()`` again: its stores change what is kept
                 if ins.argval in _OPAQUE_ATTRIBUTES:
                     return False  # ``sys.modules``, ``os.environ``, ``importlib.import_module``
+                module = namespace.get(before.argval) if before is not None else None
                 of_module = (
                     before is not None
                     and before.opname == "LOAD_GLOBAL"
-                    and isinstance(namespace.get(before.argval), types.ModuleType)
+                    and isinstance(module, types.ModuleType)
                     and ins.argval in _MUTATING_METHODS
+                    and not ins.argval.startswith("__")
                     and ins.argval not in _MODULE_IN_PLACE
+                    and getattr(getattr(module, ins.argval, None), "__name__", ins.argval) == ins.argval
                 )  # ``np.sort(a)``, ``TF.rotate(img, 10)``: a function of a module, not a method
                 if (
                     _in_place(ins.argval)
@@ -590,6 +617,11 @@ class _Reach:
             if klass is object or _module(klass).startswith(_STATELESS_LIBRARIES):
                 continue
             dataclass = "__dataclass_fields__" in vars(klass)
+            fresh = not any(  # a __new__ of the user's may hand back an object made before
+                "__new__" in vars(base) and not _module(base).startswith(_STATELESS_LIBRARIES)
+                for base in cls.__mro__
+                if base is not object and _module(base).split(".")[0] not in _KNOWN_MODULES
+            )
             for name, member in vars(klass).items():
                 if dataclass and name in _DATACLASS_MADE and _generated(member):
                     # a dataclass's own: it sets the fields (a frozen one's raise); the defaults
@@ -601,11 +633,11 @@ class _Reach:
                         if not self.value_ok(getattr(field, "default", None), depth + 1):
                             return False
                     continue
-                if not self.member_ok(name, member, depth):
+                if not self.member_ok(name, member, depth, fresh):
                     return False
         return True
 
-    def member_ok(self, name: str, member: Any, depth: int) -> bool:
+    def member_ok(self, name: str, member: Any, depth: int, fresh: bool = True) -> bool:
         if (
             name.startswith("__")
             and name.endswith("__")
@@ -627,7 +659,7 @@ class _Reach:
         if isinstance(member, types.FunctionType):
             if name in _MADE:  # it runs on a new object (the code may make one): filling it is not state
                 own = member.__code__.co_varnames[0] if member.__code__.co_argcount else None
-                return self.function_ok(member, depth + 1, own=own if name != "__new__" else None)
+                return self.function_ok(member, depth + 1, own=own if name != "__new__" and fresh else None)
             if name in _NOT_CALLED:  # it runs on a new object, not on what is kept
                 return True
             return self.function_ok(member, depth + 1)

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
+from numpy.random import shuffle as npshuffle
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset, Subset
 from torchvision import transforms as T
@@ -426,6 +427,50 @@ class Rotates:  # functions of modules whose names are also methods that change 
         return TF.rotate(image, self.angle + float(np.add(order[0], 1)))
 
 
+class DunderSet:  # operator's dunder functions change what they are given
+    def __init__(self) -> None:
+        self.d = {"n": 0}
+
+    def __call__(self, x: Any) -> Any:
+        operator.__setitem__(self.d, "n", self.d["n"] + 1)
+        return self.d["n"]
+
+
+class AliasedShuffle:  # an in-place function imported under another name
+    def __init__(self) -> None:
+        self.order = np.arange(10)
+
+    def __call__(self, x: Any) -> Any:
+        npshuffle(self.order)
+        return tuple(self.order.tolist())
+
+
+class Steps(list):  # a list subclass whose constructor gives it a generator
+    def __init__(self) -> None:
+        super().__init__([1])
+        self.rng = random.Random(0)
+
+
+@functools.singledispatch
+def _dispatched(x: Any) -> Any:
+    return x
+
+
+@_dispatched.register(int)
+def _(x: int) -> Any:
+    _CALLS[0] += 1
+    return _CALLS[0]
+
+
+class Reinitialised:  # runs its constructor again on what is kept
+    def __init__(self) -> None:
+        self.epoch = getattr(self, "epoch", -1) + 1
+
+    def __call__(self, x: Any) -> Any:
+        self.__init__()  # type: ignore[misc]
+        return self.epoch
+
+
 def globals_counter(x: Any) -> Any:
     globals()["COUNT"] += 1
     return COUNT
@@ -516,6 +561,14 @@ STATEFUL: dict[str, Callable[[], Any]] = {
     "a long dict of tuples holding generators": lambda: (lambda d: lambda x: float(d["k69"][1].random()))(
         {f"k{i}": (i, np.random.default_rng(i)) for i in range(70)}
     ),
+    "operator.__setitem__": DunderSet,
+    "numpy's shuffle imported under another name": AliasedShuffle,
+    "a list subclass holding a generator": lambda: (lambda steps: lambda x: steps.rng.random())(Steps()),
+    "a singledispatch function's registered implementation": lambda: _dispatched,
+    "a long tuple with an object at its end": lambda: (lambda ops: lambda x: ops[-1](x))(
+        tuple([0] * 5000 + [CountsCalls()])
+    ),
+    "a constructor run again": Reinitialised,
     "an iterator of a DataLoader": lambda: (lambda it: lambda x: int(next(it)))(
         iter(torch.utils.data.DataLoader(list(range(10))))  # type: ignore[arg-type]
     ),
@@ -693,9 +746,10 @@ def test_objects_that_cannot_be_looked_at_are_unknown_not_an_error() -> None:
     assert not stateless_callable(Refuses())
 
 
-def test_a_huge_nested_table_is_unknown() -> None:
-    """What is looked at is bounded: a table of a million settings is not walked to its end."""
+def test_a_huge_table_is_judged_by_its_types_and_too_many_objects_are_unknown() -> None:
+    """What is looked at is bounded: a table of a million settings is judged by their types, and
+    thousands of objects (each of which may keep state) are not looked at one by one."""
     table = tuple(tuple(range(1000)) for _ in range(1000))
-    small = tuple(tuple(range(10)) for _ in range(10))
-    assert not stateless_callable(lambda x: table[x][x])
-    assert stateless_callable(lambda x: small[x][x])
+    objects = tuple(Op() for _ in range(5000))
+    assert stateless_callable(lambda x: table[x][x])
+    assert not stateless_callable(lambda x: objects[x](x))
