@@ -394,13 +394,24 @@ class _Reach:
         """A long container's items: settings, or tuples of settings (a table of samples), by
         their types; else up to ``_HELD_ITEMS`` objects, each looked at (more: unknown)."""
         kinds = set(map(type, items))
-        if kinds <= _PLAIN:
-            return True
-        if kinds == {tuple} and set(map(type, itertools.chain.from_iterable(items))) <= _PLAIN:
+        if kinds == {tuple}:
+            kinds = set(map(type, itertools.chain.from_iterable(items)))
+        if all(map(self.plain_or_data, kinds)):
             return True
         if len(items) > _HELD_ITEMS:
             return False  # objects each of which may hold state: too many to look at
         return all(self.value_ok(v, depth + 1) for v in items)
+
+    def plain_or_data(self, kind: type) -> bool:
+        """Whether a long container's items of this type are settings (numbers, strings, paths,
+        numpy scalars) or data (arrays, tensors, images: ``mutable``, so the code that reads them
+        must not change them)."""
+        if kind in _PLAIN or (issubclass(kind, np.generic) and _module(kind).startswith("numpy")):
+            return True
+        if issubclass(kind, (np.ndarray, torch.Tensor)) or _module(kind).startswith("PIL."):
+            self.mutable = True
+            return True
+        return False
 
     # callables -----------------------------------------------------------------------------
 

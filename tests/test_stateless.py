@@ -703,6 +703,12 @@ def test_code_that_keeps_no_state_is_known() -> None:
     assert [stateless_callable(fn) for fn in known] == [True] * len(known)
     assert stateless_in_workers(Samples())
     assert stateless_in_workers(Scanned())
+    table = Scanned()  # a long table: numpy labels, arrays held per sample
+    table.samples = [(f"{i}.jpg", np.int64(i % 1000)) for i in range(200_000)]
+    table.images = [np.zeros(2, np.uint8) for _ in range(5000)]  # type: ignore[attr-defined]
+    assert stateless_in_workers(table)
+    table.images[-1] = Op()  # type: ignore[attr-defined]  # (an object among them: unknown)
+    assert not stateless_in_workers(table)
 
 
 def test_datasets_that_change_what_they_hold_are_not_taken_as_stateless() -> None:
