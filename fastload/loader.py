@@ -1218,12 +1218,19 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     # ---------------------------------------------------------------- which path
 
-    def _choose_path(self, log: bool = False) -> None:
+    def _choose_path(self, log: bool = False, unless: str | None = None) -> None:
         """Decides between the fast path, head acceleration and torch's iterator for the dataset as
         it is now, and says which it runs (``path``) and why not a faster one
         (``fast_path_reason``). When ``log``, for an image-folder dataset: one line on the
-        ``fastload`` logger, INFO for the fast path, WARNING (shown by default) for the others."""
+        ``fastload`` logger, INFO for the fast path, WARNING (shown by default) for the others --
+        with ``unless`` (the path before the dataset changed), only if the path is another now,
+        so that the last line said is the path that runs."""
         dataset = self.dataset
+        log = workers_log = log and unless is None
+
+        def say() -> bool:
+            return log or (unless is not None and self._path != unless)
+
         self._source_key = _source_key(dataset)
         #: what the plans below are made from, by value (an op or a sample changed in place)
         self._source_made = _source_state(_dataset_state(dataset))
@@ -1232,12 +1239,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
         self._decide_keeping()
-        if log and self._persistent_by_default and self.num_workers > 0 and self.worker_init_fn is not None:
+        new_workers_each_pass = workers_log and self._persistent_by_default and self.num_workers > 0
+        if new_workers_each_pass and self.worker_init_fn is not None:
             _log.info(
                 "fastload.DataLoader starts new workers each pass, as torch's default: it runs "
                 "worker_init_fn in each pass's new workers. Pass persistent_workers=True to keep them"
             )
-        elif log and self._persistent_by_default and self.num_workers > 0 and not self._keeps_workers:
+        elif new_workers_each_pass and not self._keeps_workers:
             _log.info(
                 "fastload.DataLoader starts new workers each pass, as torch's default: they run code "
                 "of yours that may keep state between passes (%s's __getitem__, transforms or "
@@ -1248,7 +1256,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if self.decode != "cpu":
             self._fast_reason = f"decode={self.decode!r} decodes on the device"
             self._path = "device-decode" if self.decode == "device" else "hybrid"
-            if log:
+            if say():
                 _log.info(
                     "fastload.DataLoader decodes this %s on %s with %s, in a feeder thread %d batches "
                     "ahead of the loop",
@@ -1261,7 +1269,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         structural = _structural_reason(self)
         if structural is None and _is_fast_dataset(dataset):
             self._take_fast(dataset)
-            if log:
+            if say():
                 _log.info("fastload.DataLoader runs the fast path for this %s", type(dataset).__name__)
             return
         if not self._allow_fast:
@@ -1276,7 +1284,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 if self.exact_pixels:
                     view.transform.exact = True
                 self._take_fast(view)
-                if log:
+                if say():
                     _log.info(
                         "fastload.DataLoader runs the fast path for this %s: its whole pipeline is "
                         "fused with decoding",
@@ -1297,7 +1305,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             if head is not None:
                 self._head_dataset = self._worker_dataset = head
                 self._path = "head-accelerated"
-                if log:
+                if say():
                     _log.warning(
                         "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
                         "(%s); not the fast path: %s",
@@ -1306,7 +1314,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                         self._fast_reason,
                     )
                 return
-        if log and image_folder:
+        if image_folder and say():
             _log.warning(
                 "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s; "
                 "no head acceleration: %s",
@@ -1389,7 +1397,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if pool is not None and not pool.closed and pool.num_workers > 0:
             return
         self._engine.close()
-        self._choose_path()
+        self._choose_path(log=True, unless=self._path)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""

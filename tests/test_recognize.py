@@ -337,6 +337,38 @@ def test_a_replaced_transform_is_followed_between_epochs(imagenet_root: Path) ->
     assert third.shape == (4, 3, 32, 32)
 
 
+def test_the_log_follows_a_transform_set_after_the_loader_was_made(
+    imagenet_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transform set after construction (the dataset made first, its transform later) changes the
+    path at the next pass: a line says so, so that the last line logged names the path that runs;
+    a change that keeps the path says nothing more."""
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val")
+    with caplog.at_level(logging.INFO, logger="fastload"):
+        loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+
+        def said() -> list[logging.LogRecord]:
+            records = [r for r in caplog.records if r.name == "fastload"]
+            caplog.clear()
+            return records
+
+        [made] = said()
+        assert made.levelno == logging.WARNING and "torch's iterator" in made.getMessage()
+        dataset.transform = _val_v1()
+        next(iter(loader))
+        [fast] = said()
+        assert loader.path == "fast" and fast.levelno == logging.INFO
+        assert "runs the fast path" in fast.getMessage()
+        dataset.transform = _val_uint8_v1()  # another pipeline on the same path
+        next(iter(loader))
+        assert loader.path == "fast" and not said()
+        dataset.transform = v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2), v1.ToTensor()])
+        next(iter(loader))
+        [back] = said()
+        assert loader.path != "fast" and back.levelno == logging.WARNING
+        assert "ColorJitter" in back.getMessage()
+
+
 @pytest.mark.parametrize("name", list(VAL))
 def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path, name: str) -> None:
     """With a CUDA ``device`` the uint8 batch is converted on the device by torch's arithmetic; the
