@@ -156,6 +156,8 @@ _LOCAL_NAMES = frozenset({"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_C
 
 
 #: Caches kept in an object: what they hold was computed in an earlier pass.
+#: a namedtuple field's descriptor (``_collections._tuplegetter``; ``collections`` from Python 3.12)
+_TUPLE_FIELD = type(collections.namedtuple("_Fields", ["field"]).field)
 _CACHES = tuple(c for c in (getattr(functools, "_lru_cache_wrapper", None),) if isinstance(c, type))
 
 
@@ -661,9 +663,9 @@ class _Reach:
         if isinstance(member, functools.cached_property):
             self.mutates = True  # the first read stores its value in the object
             return self.callable_ok(member.func, depth + 1)
-        if (
+        if type(member) is _TUPLE_FIELD or (
             not isinstance(member, types.FunctionType)
-            and _module(type(member)) in ("builtins", "_collections")
+            and _module(type(member)) == "builtins"
             and hasattr(member, "__get__")
         ):
             return True  # a slot's or a namedtuple field's descriptor: the object's, not state
