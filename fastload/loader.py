@@ -62,6 +62,7 @@ import functools
 import inspect
 import logging
 import math
+import os
 import time
 import warnings
 import weakref
@@ -334,15 +335,34 @@ class _HostIterator:
         return next(self.source)
 
 
+def _workers_live(loader: DataLoader[Any], engine: Any) -> bool:
+    """Whether ``loader`` has workers running (kept from an earlier pass): torch's iterator's or
+    fastload's engine's."""
+    if loader.__dict__.get("_iterator") is not None:
+        return True
+    pool = engine.pool
+    return pool is not None and not pool.closed and pool.num_workers > 0
+
+
 def _pickling_error(error: BaseException) -> bool:
     """Whether ``error`` says that something could not be pickled (what a spawn or forkserver
     worker is sent): ``pickle.PicklingError``, or the ``AttributeError`` / ``TypeError`` pickle
-    raises for a local class or an object without pickle support."""
+    raises for a local class or an object without pickle support (Python 3.13: "Can't get local
+    object"), or one raised where the pickler runs."""
     import pickle
 
     if isinstance(error, pickle.PicklingError):
         return True
-    return isinstance(error, (AttributeError, TypeError)) and "pickle" in str(error).lower()
+    if not isinstance(error, (AttributeError, TypeError)):
+        return False
+    words = str(error).lower()
+    if "pickle" in words or "local object" in words:
+        return True
+    innermost = error.__traceback__
+    while innermost is not None and innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    where = innermost.tb_frame.f_code.co_filename if innermost is not None else ""
+    return os.path.basename(where) in ("pickle.py", "reduction.py")
 
 
 class _SamplerDraws:
@@ -564,6 +584,14 @@ class DataLoaderIterator:
             if loader.num_workers > 0:  # torch's workers fetch this many batches as they start
                 self._draws.fetch_to((loader.prefetch_factor or 2) * loader.num_workers)
         except BaseException:
+            if (
+                self._hold is not None
+                and "_source" not in self.__dict__
+                and not _workers_live(loader, engine)
+            ):
+                # the workers this pass capped torch's threads for never started (a dataset that
+                # cannot be pickled for spawn): the cap ends now, not when the loader is collected
+                engine.end_hold(self._hold)
             self._end()
             raise
 
