@@ -155,9 +155,9 @@ _LOADS_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD
 _LOCAL_NAMES = frozenset({"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
 
 
-#: Caches kept in an object: what they hold was computed in an earlier pass.
 #: a namedtuple field's descriptor (``_collections._tuplegetter``; ``collections`` from Python 3.12)
-_TUPLE_FIELD = type(collections.namedtuple("_Fields", ["field"]).field)
+_TUPLE_FIELD = type(vars(collections.namedtuple("_Fields", ["field"]))["field"])
+#: Caches kept in an object: what they hold was computed in an earlier pass.
 _CACHES = tuple(c for c in (getattr(functools, "_lru_cache_wrapper", None),) if isinstance(c, type))
 
 

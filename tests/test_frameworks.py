@@ -25,6 +25,11 @@ from fastload.loader import DataLoader
 pl_apply = pytest.importorskip("lightning_utilities.core.apply_func")
 pl_move = pytest.importorskip("pytorch_lightning.utilities").move_data_to_device
 accelerate_ops = pytest.importorskip("accelerate.utils.operations")
+# accelerate 1.15 sets the process's device through torch.cpu.set_device, which torch 2.1 lacks
+ACCELERATE_RUNS = pytest.mark.skipif(
+    not hasattr(torch.cpu, "set_device"),
+    reason=f"accelerate 1.15 needs torch 2.2 or later (torch.cpu.set_device), not {torch.__version__}",
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 VAL_SIZE = 12  # the test tree: 4 classes x 3
@@ -140,6 +145,7 @@ def test_lightning_example(imagenet_root: Path, tmp_path: Path, devices: int) ->
     assert re.findall(r"epoch \d: train samples covered (\d+) of (\d+)", out) == [("32", "32")] * 2, out
 
 
+@ACCELERATE_RUNS
 def test_accelerate_example(imagenet_root: Path, tmp_path: Path) -> None:
     out = _run(
         [
