@@ -7,6 +7,7 @@ integers, never bools or floats.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import operator
 import os
@@ -21,6 +22,7 @@ __all__ = [
     "check_optional_int",
     "check_probability",
     "check_size",
+    "optional_attribute",
 ]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -47,6 +49,23 @@ def read_error(error: OSError, i: int, path: str) -> OSError:
     if error.errno is None:
         return OSError(f"cannot read sample {i} ({path!r}): {error}")
     return type(error)(error.errno, f"cannot read sample {i}: {error.strerror}", path)
+
+
+def optional_attribute(obj: Any, name: str, default: Any = None) -> Any:
+    """``getattr(obj, name, default)`` for an attribute fastload looks for on a user's object
+    (a dataset's ``transform``): also ``default`` where the object does not have it and a
+    ``__getattr__`` of its own raises another error than ``AttributeError`` (a ``KeyError`` from a
+    table of fields), which torch's loader never meets because it never asks. An error of the
+    attribute itself (a property that fails) is raised."""
+    try:
+        return getattr(obj, name, default)
+    except Exception:
+        if inspect.getattr_static(obj, name, _MISSING) is _MISSING:
+            return default
+        raise
+
+
+_MISSING = object()
 
 
 def caller_stacklevel() -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import SequentialSampler
 
-from ._checks import sample_index
+from ._checks import optional_attribute, sample_index
 from ._threads import ThreadCap
 from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
 from .batch import IndexedBatch
@@ -187,7 +187,7 @@ class Lookahead:
 
 def dataset_state(dataset: Any) -> tuple[Any, ...]:
     """The dataset's transform objects: replacing one between epochs voids a lookahead."""
-    return tuple(getattr(dataset, name, None) for name in ("transform", "target_transform"))
+    return tuple(optional_attribute(dataset, name) for name in ("transform", "target_transform"))
 
 
 class Engine:

@@ -113,18 +113,26 @@ _MUTATING_METHODS = frozenset(
     "heappushpop insort insort_left insort_right paste putpixel putdata putalpha putpalette thumbnail "
     "train eval requires_grad_ register_buffer load_state_dict draw fast_forward reset "
     "iadd iand iconcat ifloordiv ilshift imod imul imatmul ior ipow irshift isub itruediv ixor "
-    "at partition fill_diagonal put_along_axis Draw pack_into step vector_to_parameters".split()
+    "at partition fill_diagonal put_along_axis Draw pack_into step vector_to_parameters "
+    "alpha_composite floodfill ImageDraw frombytes seek reset_parameters add_module register_parameter "
+    "register_module zero_grad".split()
 )
 #: Keyword arguments that make a call write into an array it is given (``np.add(a, 1, out=a)``).
-_WRITES_INTO = frozenset({"out", "inplace"})
+_WRITES_INTO = frozenset({"out", "inplace", "in_place"})
 #: Names through which code changes what it cannot be seen to (a module's namespace, the
 #: environment, code made from text): what they reach is unknown.
-_OPAQUE_GLOBALS = frozenset("exec eval compile globals __import__ import_module".split())
-_OPAQUE_ATTRIBUTES = frozenset("modules environ putenv unsetenv import_module __globals__".split())
-#: Methods run when an object is made, copied or shown, not as it is called.
+_OPAQUE_GLOBALS = frozenset("exec eval compile globals __import__ import_module get_worker_info".split())
+_OPAQUE_ATTRIBUTES = frozenset(
+    "modules environ putenv unsetenv import_module __globals__ get_worker_info "
+    # PIL's own random draws (C's rand()), which the worker's seeding of random, numpy and torch
+    # does not reset
+    "effect_spread effect_noise".split()
+)
+#: Methods run when an object is made or pickled, not as it is called (``__copy__`` and
+#: ``__deepcopy__`` run on the object kept: read as its other methods).
 _NOT_CALLED = frozenset(
     "__init__ __new__ __post_init__ __init_subclass__ __setstate__ __getstate__ __reduce__ "
-    "__reduce_ex__ __copy__ __deepcopy__ __class_getitem__".split()
+    "__reduce_ex__ __class_getitem__".split()
 )
 _MADE = frozenset({"__init__", "__new__", "__post_init__"})
 _DATACLASS_MADE = frozenset({"__init__", "__setattr__", "__delattr__"})
@@ -165,9 +173,13 @@ class _Unknown(Exception):
     """What a callable reaches is too much to look at: unknown."""
 
 
-def stateless_callable(fn: Any, depth: int = 0) -> bool:
+def stateless_callable(fn: Any, depth: int = 0, *, given_held: bool = False) -> bool:
     """Whether ``fn`` (a transform, a ``target_transform``, a ``collate_fn``) is known to keep no
     state between calls, so that workers kept between passes call it as new ones would.
+
+    ``given_held``: what it is given may hold objects kept elsewhere (a ``collate_fn``'s samples,
+    which a dataset may return as it holds them): changing any of them is state too. The list it
+    is given itself (a batch, which torch's fetcher makes anew) may be reordered or filled.
 
     Known: ``None``; torchvision's, fastload's, torch's and PIL's objects (a module with buffers
     aside: ``BatchNorm``'s running statistics; an iterator; an op told to work in place where it
@@ -184,11 +196,18 @@ def stateless_callable(fn: Any, depth: int = 0) -> bool:
     in each worker, as torch seeds them). Code that reaches a module's namespace, the
     environment or ``exec``, a file or another installed library's class, is unknown; anything
     unknown is not known to keep no state (and an analysis that fails answers so too). Not seen:
-    numpy's ``out`` given by position (``np.multiply(a, 2, a)``) and ``ndarray.resize`` of an
-    array it holds (PIL's ``resize``, far more common, makes a new image): pass
-    ``persistent_workers=False`` for such code."""
+    numpy's ``out`` given by position (``np.multiply(a, 2, a)``), ``copy=False`` (``np.nan_to_num``
+    writing into a held array) and ``ndarray.resize`` of an array it holds (PIL's ``resize``, far
+    more common, makes a new image): pass ``persistent_workers=False`` for such code."""
     try:
-        return _Reach().stateless(fn, depth)
+        reach = _Reach()
+        if not given_held:
+            return reach.stateless(fn, depth)
+        reach.mutable = True  # its arguments' items: another's objects
+        code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+        own = code.co_varnames[0] if code is not None and code.co_argcount else None
+        ok = reach.function_ok(fn, depth, own=own) if own is not None else reach.callable_ok(fn, depth)
+        return ok and not reach.mutates
     except (_Unknown, RecursionError):
         return False
     except Exception:  # noqa: BLE001 -- a user's object that fails to be looked at is unknown
@@ -275,6 +294,8 @@ def _attributes(obj: Any) -> dict[str, Any] | None:
     for klass in type(obj).__mro__:
         slots = vars(klass).get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
+            if name.startswith("__") and not name.endswith("__"):  # stored under its mangled name
+                name = f"_{klass.__name__.lstrip('_')}{name}"
             if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
                 found = found if found is not None else {}
                 found[name] = getattr(obj, name)
@@ -305,6 +326,21 @@ def _changed(instructions: list[dis.Instruction], k: int) -> dis.Instruction | N
     ):
         return None  # a key or a bound computed: which object changes is not known
     return instructions[k - back]
+
+
+def _writes_by_position(fn: Any) -> bool:
+    """Whether ``fn`` (a library's function) takes ``inplace`` (or ``out``) as a positional argument:
+    ``torch.nn.functional.leaky_relu(x, 0.5, True)`` writes into ``x``."""
+    return isinstance(fn, types.FunctionType) and _takes_inplace(fn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _takes_inplace(fn: types.FunctionType) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name in _WRITES_INTO and p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters)
 
 
 def _exact_setting(kind: type) -> bool:
@@ -378,6 +414,8 @@ class _Reach:
             return all(self.value_ok(v, depth + 1) for v in value)
         if isinstance(value, (list, dict, set, bytearray, np.ndarray, torch.Tensor)):
             self.mutable = True
+            if isinstance(value, dict) and any(isinstance(k, str) and k in _WRITES_INTO for k in value):
+                self.mutates = True  # ``np.add(a, x, **self.kw)`` with ``kw = {"out": a}``
             if isinstance(value, np.ndarray) and value.dtype == object:
                 value = value.ravel().tolist()
             elif isinstance(value, (np.ndarray, torch.Tensor, bytearray)):
@@ -433,6 +471,8 @@ class _Reach:
         if isinstance(fn, types.MethodType):
             owner = fn.__self__
             if any(owner is g for g in _global_generators()):
+                if _in_place(fn.__name__):
+                    self.mutates = True  # random.shuffle kept and called on what it is given
                 return True  # numpy.random.rand: a method of the generator each worker seeds
             if isinstance(owner, type):  # a classmethod
                 return self.class_ok(owner, depth + 1) and self.callable_ok(fn.__func__, depth + 1)
@@ -442,6 +482,8 @@ class _Reach:
             if owner is None or isinstance(owner, types.ModuleType):
                 return owner is None or owner.__name__.split(".")[0] in _KNOWN_MODULES
             if isinstance(owner, _RANDOM_STATES):
+                if _in_place(fn.__name__):
+                    self.mutates = True  # np.random.shuffle kept and called on what it is given
                 return any(owner is g for g in _global_generators())
             if isinstance(owner, type):
                 return self.class_ok(owner, depth + 1, made=True)
@@ -497,7 +539,10 @@ class _Reach:
         filled = _filled_attributes(instructions, own, joins) if own is not None else set()
         if own is not None:
             new.add(own)
+        writes_by_position = False  # it calls a function that takes ``inplace`` by position
+        chain: Any = None  # the module the instruction before loaded (``torch.nn.functional``)
         for k, ins in enumerate(instructions):
+            reached, chain = chain, None
             before = instructions[k - 1] if k else None
             if ins.offset in joins:
                 before = None  # a value that may come from another way
@@ -523,11 +568,15 @@ class _Reach:
                     self.mutates = True  # ``a = self.array; a += 1``: what ``a`` is changes
             elif ins.opname in _LOADS_GLOBAL and ins.argval in _OPAQUE_GLOBALS:
                 return False
+            elif ins.opname == "IMPORT_NAME" and str(ins.argval).split(".")[0] not in _KNOWN_MODULES:
+                return False  # ``from mymodule import SEEN`` inside it: what SEEN is, is not looked at
             elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
                 name = ins.argval
                 if name in namespace:
                     if not self.value_ok(namespace[name], depth + 1):
                         return False
+                    writes_by_position = writes_by_position or _writes_by_position(namespace[name])
+                    chain = namespace[name] if isinstance(namespace[name], types.ModuleType) else None
                 elif not (name in builtins if isinstance(builtins, dict) else hasattr(builtins, name)):
                     return False  # not defined yet: unknown
                 if _in_place(name) or _in_place(getattr(namespace.get(name), "__name__", None)):
@@ -538,6 +587,10 @@ class _Reach:
                 if ins.argval in _OPAQUE_ATTRIBUTES:
                     return False  # ``sys.modules``, ``os.environ``, ``importlib.import_module``
                 module = namespace.get(before.argval) if before is not None else None
+                if reached is not None and ins.offset not in joins:  # ``F.relu``, ``torch.nn.functional.elu``
+                    attribute = getattr(reached, ins.argval, None)
+                    writes_by_position = writes_by_position or _writes_by_position(attribute)
+                    chain = attribute if isinstance(attribute, types.ModuleType) else None
                 of_module = (
                     before is not None
                     and before.opname == "LOAD_GLOBAL"
@@ -566,8 +619,10 @@ class _Reach:
                 ):  # ``out.append(x)`` on a list it made (or the constructor's own) is not state
                     self.mutates = True
         consts = code.co_consts
-        if any(isinstance(c, str) and _in_place(c) for c in consts):
-            self.mutates = True  # ``getattr(x, "append")``
+        if any(isinstance(c, str) and (_in_place(c) or own is None and c in _MADE) for c in consts):
+            self.mutates = True  # ``getattr(x, "append")``, ``getattr(self, "__init__")()``
+        if writes_by_position and any(c is True for c in consts):
+            self.mutates = True  # ``F.leaky_relu(x, 0.5, True)``: ``inplace`` given by position
         if any(isinstance(c, tuple) and _WRITES_INTO.intersection(c) for c in consts):
             self.mutates = True  # ``np.add(a, 1, out=a)``, ``inplace=True``
         return all(
@@ -656,7 +711,17 @@ class _Reach:
             and name.endswith("__")
             and not isinstance(member, (types.FunctionType, staticmethod, classmethod))
         ):
-            return True  # __module__, __doc__, __dict__, __weakref__ ...
+            if (
+                member is None
+                or isinstance(member, (str, int, tuple, frozenset, set))
+                or name in ("__annotations__", "__dataclass_fields__")  # (a dataclass's: read above)
+                or _module(type(member)) == "dataclasses"
+                or (_module(type(member)) == "builtins" and not isinstance(member, (list, dict, bytearray)))
+            ):
+                return True  # __module__, __doc__, __dict__, __weakref__, __slots__, tuple's __repr__ ...
+            # a cache or a decorator's object standing for ``__getitem__``/``__call__``, or a
+            # value kept under such a name: read as any other member
+            return self.value_ok(member, depth + 1)
         member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
         if isinstance(member, property):  # its getter runs as it is read
             return self.callable_ok(member.fget, depth + 1)
@@ -696,8 +761,12 @@ class _Reach:
             return _library(obj) and not isinstance(obj, (list, dict, set))
         if not self.first(obj):
             return True
-        if isinstance(obj, torch.nn.Module) and next(obj.buffers(), None) is not None:
-            return False  # running statistics (BatchNorm) change as it is called in training mode
+        if isinstance(obj, torch.nn.Module) and (
+            next(obj.buffers(), None) is not None or next(obj.parameters(), None) is not None
+        ):
+            # running statistics (BatchNorm) change as it is called in training mode; weights are
+            # reset (a random convolution), cast (``.to``/``.half()``) or trained in place
+            return False
         if _library(obj):
             return self.library_ok(obj, attributes, depth)
         self.mutable = True  # its attributes may be set by its methods

@@ -86,7 +86,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from ._checks import caller_stacklevel, check_choice, check_int, sample_index
+from ._checks import caller_stacklevel, check_choice, check_int, optional_attribute, sample_index
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, predicted_order, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, RNGState, base_seed
@@ -117,7 +117,13 @@ from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
-from .recognize import is_image_folder, recognize, stateless_callable, stateless_in_workers, worker_view
+from .recognize import (
+    is_image_folder,
+    recognize,
+    stateless_collate,
+    stateless_in_workers,
+    worker_view,
+)
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
@@ -132,9 +138,9 @@ _STATE_KIND = "fastload.DataLoader"
 
 
 def _is_fast_dataset(dataset: Any) -> bool:
-    transform = getattr(dataset, "transform", None)
+    transform = optional_attribute(dataset, "transform")
     return (
-        callable(getattr(dataset, "get_bytes", None))
+        callable(optional_attribute(dataset, "get_bytes"))
         and transform is not None
         and callable(getattr(transform, "decode_into", None))
         and getattr(transform, "output_size", None) is not None
@@ -1175,7 +1181,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         gets: there are workers, no ``worker_init_fn``, and they run code fastload knows keeps no
         state between passes (its own paths, its folder datasets, torchvision's ``DatasetFolder``,
         ``Subset``/``ConcatDataset`` of those: :func:`fastload.recognize.stateless_in_workers`; a
-        ``collate_fn`` given: :func:`fastload.recognize.stateless_callable`).
+        ``collate_fn`` given: :func:`fastload.recognize.stateless_collate`).
         A dataset's own ``__getitem__``/``__iter__`` gets torch's default, new workers each
         pass, each with a fresh copy of the dataset.
 
@@ -1378,7 +1384,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._keeps_workers = (
             self.worker_init_fn is None
             and (self.decode != "cpu" or stateless_in_workers(self.dataset))
-            and (not self._given_collate or stateless_callable(self._user_collate))
+            and (not self._given_collate or stateless_collate(self._user_collate, self.dataset))
         )
 
     def _refresh_path(self) -> None:

@@ -83,6 +83,7 @@ __all__ = [
     "sample_index",
     "see_through",
     "stateless_callable",
+    "stateless_collate",
     "stateless_in_workers",
     "tensor_antialias",
     "worker_view",
@@ -744,7 +745,46 @@ def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
     reads its attributes). A dataset's own ``__getitem__`` or ``__iter__`` may change the
     worker's copy of the dataset (a shard list shuffled in place, a cache, a counter, a
     generator of its own), which torch's default (each pass's new workers, or the main process
-    with ``num_workers=0``) would not see."""
+    with ``num_workers=0``) would not see. A dataset that cannot be looked at (a ``__getattr__`` of
+    its own raising another error than ``AttributeError``) is not known to."""
+    try:
+        return _stateless_in_workers(dataset, depth)
+    except Exception:  # noqa: BLE001 -- the user's attribute code failing: unknown, torch's default
+        return False
+
+
+def stateless_collate(collate_fn: Any, dataset: Any) -> bool:
+    """Whether ``collate_fn`` is known to keep no state between passes with ``dataset``'s samples:
+    as :func:`stateless_callable`, and, unless the dataset makes every sample anew (fastload's and
+    torchvision's folders decode a file per sample), it changes none of the samples it is given
+    (a dataset may return objects it holds: a ``collate_fn`` that pops a key from such a dict or
+    scales such a tensor in place changes the worker's copy of the dataset). The batch list
+    itself is made anew for each batch: reordering or filling it is not state."""
+    return stateless_callable(collate_fn, given_held=not _fresh_samples(dataset))
+
+
+def _fresh_samples(dataset: Any, depth: int = 0) -> bool:
+    """Whether each sample ``dataset`` returns is made anew (decoded from a file) by code of fastload's
+    or torchvision's."""
+    cls = type(dataset)
+    if isinstance(dataset, EncodedImageDataset):
+        return all(
+            getattr(cls, name).__module__.startswith("fastload.") for name in ("__getitem__", "get_bytes")
+        )
+    if _torchvision_folder(dataset):
+        try:
+            _exact_folder_class(dataset)
+        except NotReproducible:
+            return False
+        return True
+    if depth < 3 and cls is torch.utils.data.Subset:
+        return _fresh_samples(dataset.dataset, depth + 1)
+    if depth < 3 and cls is torch.utils.data.ConcatDataset:
+        return all(_fresh_samples(d, depth + 1) for d in dataset.datasets)
+    return False
+
+
+def _stateless_in_workers(dataset: Any, depth: int) -> bool:
     cls = type(dataset)
     transforms = (getattr(dataset, "transform", None), getattr(dataset, "target_transform", None))
     if isinstance(dataset, EncodedImageDataset):

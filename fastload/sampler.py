@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
-from ._checks import check_int
+from ._checks import check_int, optional_attribute
 from ._epoch import DefaultSeed, resolve_seed
 from ._position import consumed, rest_of_epoch
 from .rng import epoch_permutation
@@ -91,7 +91,7 @@ def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoc
 
 def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
     """``(block_starts, window)`` when ``dataset`` asks for blockwise shuffling, else ``None``."""
-    blocks = getattr(dataset, "shuffle_blocks", None)
+    blocks = optional_attribute(dataset, "shuffle_blocks")
     if blocks is None:
         return None
     starts = np.asarray(blocks, dtype=np.int64)

@@ -21,6 +21,7 @@ import pathlib
 import random
 import re
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -34,9 +35,14 @@ from torch.utils.data import Dataset, Subset
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from fastload.recognize import stateless_callable, stateless_in_workers
+import fastload
+from fastload.recognize import stateless_callable, stateless_collate, stateless_in_workers
 
 COUNT = 0
+# a module of the user's that a function imports inside itself (its list is state)
+_REGISTRY = types.ModuleType("fastload_test_registry")
+_REGISTRY.SEEN = []  # type: ignore[attr-defined]
+sys.modules.setdefault(_REGISTRY.__name__, _REGISTRY)
 
 
 class Alias:  # an in-place operator on a local that is the held array
@@ -506,6 +512,127 @@ def _object_array_of_generators() -> Callable[[Any], Any]:
     return lambda x: float(rngs[0].random())
 
 
+# -- the fourth review's cases ---------------------------------------------------------------
+class Composites:  # alpha_composite onto a held background (a .copy() forgotten)
+    def __init__(self) -> None:
+        self.background = Image.new("RGBA", (2, 2), (0, 0, 0, 255))
+
+    def __call__(self, x: Any) -> Any:
+        self.background.alpha_composite(Image.new("RGBA", (2, 2), (255, 0, 0, 100)))
+        return self.background.getpixel((0, 0))
+
+
+class Floods:  # ImageDraw.floodfill on a held mask
+    def __init__(self) -> None:
+        self.mask = Image.new("L", (2, 2), 0)
+
+    def __call__(self, x: Any) -> Any:
+        ImageDraw.floodfill(self.mask, (0, 0), self.mask.getpixel((0, 0)) + 1)  # type: ignore[arg-type, operator]
+        return self.mask.getpixel((0, 0))
+
+
+class Transposes:  # exif_transpose told to work in place, on a held image
+    def __init__(self) -> None:
+        self.image = Image.new("L", (4, 2))
+        exif = self.image.getexif()
+        exif[0x0112] = 6  # rotated 90 degrees
+        self.image.info["exif"] = exif.tobytes()
+
+    def __call__(self, x: Any) -> Any:
+        from PIL import ImageOps
+
+        size = self.image.size
+        ImageOps.exif_transpose(self.image, in_place=True)
+        return size
+
+
+class RandomConvolution:  # a module's weights reset in place after each use
+    def __init__(self) -> None:
+        self.conv = torch.nn.Conv2d(1, 1, 1)
+
+    def __call__(self, x: Any) -> Any:
+        with torch.no_grad():
+            out = float(self.conv(torch.ones(1, 1, 1, 1)))
+        self.conv.reset_parameters()
+        return out
+
+
+def _shuffles_by_partial(order: list[int]) -> Callable[[Any], Any]:
+    shuffle = functools.partial(random.shuffle, order)
+    return lambda x: shuffle() or tuple(order)
+
+
+def _imports_a_registry(x: Any) -> Any:
+    from fastload_test_registry import SEEN  # type: ignore[import-not-found]
+
+    SEEN.append(x)
+    return len(SEEN)
+
+
+class LeakyInPlace:  # torch's inplace given by position, on a held tensor
+    def __init__(self) -> None:
+        self.data = -torch.ones(2)
+
+    def __call__(self, x: Any) -> Any:
+        return float(torch.nn.functional.leaky_relu(self.data, 0.5, True)[0])
+
+
+class OutByKeywords:  # out= through a held dict of keyword arguments
+    def __init__(self) -> None:
+        self.buffer = np.zeros(1)
+        self.keywords = {"out": self.buffer}
+
+    def __call__(self, x: Any) -> Any:
+        np.add(self.buffer, 1, **self.keywords)
+        return float(self.buffer[0])
+
+
+class PrivateSlot:  # a generator under a private (name-mangled) slot
+    __slots__ = ("size", "__rng")
+
+    def __init__(self) -> None:
+        self.size = 1
+        self.__rng = np.random.default_rng(0)
+
+    def __call__(self, x: Any) -> Any:
+        return float(self.__rng.random()) * self.size
+
+
+class CountsCopies:
+    copies = 0
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        CountsCopies.copies += 1
+        return CountsCopies()
+
+
+class CopiesATemplate:  # copy.deepcopy runs the held object's __deepcopy__
+    def __init__(self) -> None:
+        self.template = CountsCopies()
+
+    def __call__(self, x: Any) -> Any:
+        import copy
+
+        copy.deepcopy(self.template)
+        return CountsCopies.copies
+
+
+class InitByName:  # the constructor run again through getattr
+    def __init__(self) -> None:
+        self.calls = getattr(self, "calls", 0) + 1
+
+    def __call__(self, x: Any) -> Any:
+        getattr(self, "__init__")()  # noqa: B009
+        return self.calls
+
+
+class DunderGenerator:  # a generator kept under a dunder-style class attribute
+    __rng__ = np.random.default_rng(0)
+
+    def __call__(self, x: Any) -> Any:
+        return float(self.__rng__.random())
+
+
 STATEFUL: dict[str, Callable[[], Any]] = {
     "an in-place operator on an alias": Alias,
     "a torch in-place method": TorchInPlace,
@@ -569,6 +696,22 @@ STATEFUL: dict[str, Callable[[], Any]] = {
         tuple([0] * 5000 + [CountsCalls()])
     ),
     "a constructor run again": Reinitialised,
+    "alpha_composite onto a held image": Composites,
+    "ImageDraw.floodfill of a held mask": Floods,
+    "exif_transpose(in_place=True) of a held image": Transposes,
+    "a held module's parameters reset": RandomConvolution,
+    "a list imported inside the function": lambda: _imports_a_registry,
+    "random.shuffle kept as a partial of a held list": lambda: (
+        lambda order: (lambda shuffle: lambda x: shuffle() or tuple(order))(
+            functools.partial(random.shuffle, order)
+        )
+    )(list(range(6))),
+    "torch's inplace given by position": LeakyInPlace,
+    "out= in a held dict of keywords": OutByKeywords,
+    "a generator in a private slot": PrivateSlot,
+    "copy.deepcopy of an object with its own __deepcopy__": CopiesATemplate,
+    "getattr(self, '__init__')()": InitByName,
+    "a generator as a dunder-named class attribute": DunderGenerator,
     "an iterator of a DataLoader": lambda: (lambda it: lambda x: int(next(it)))(
         iter(torch.utils.data.DataLoader(list(range(10))))  # type: ignore[arg-type]
     ),
@@ -759,3 +902,161 @@ def test_a_huge_table_is_judged_by_its_types_and_too_many_objects_are_unknown() 
     objects = tuple(Op() for _ in range(5000))
     assert stateless_callable(lambda x: table[x][x])
     assert not stateless_callable(lambda x: objects[x](x))
+
+
+class CachedDraws(Dataset[Any]):  # a sample cache on __getitem__: the first pass's draws for ever
+    def __len__(self) -> int:
+        return 4
+
+    @functools.cache  # noqa: B019
+    def __getitem__(self, i: int) -> Any:
+        return random.random()
+
+
+class Memo:  # a memoising decorator of the user's
+    def __init__(self, method: Any) -> None:
+        self.method, self.seen = method, {}
+
+    def __get__(self, obj: Any, kind: Any) -> Any:
+        return functools.partial(self, obj)
+
+    def __call__(self, obj: Any, x: Any) -> Any:
+        if x not in self.seen:
+            self.seen[x] = self.method(obj, x)
+        return self.seen[x]
+
+
+class Memoised:
+    @Memo
+    def __call__(self, x: Any) -> Any:
+        return random.random()
+
+
+def test_caches_and_pils_own_random_draws_are_state() -> None:
+    """A kept cache answers the first pass's draws where new workers draw again; PIL's effects
+    draw from C's rand(), which reseeding random, numpy and torch (as each worker is) does not reset."""
+    cached, memoised = CachedDraws(), Memoised()
+    for call in (lambda: cached[0], lambda: memoised(0)):
+        random.seed(0)
+        first = call()
+        random.seed(1)
+        assert call() == first  # another seed, the same draw: the cache answered
+        random.seed(1)
+        assert random.random() != first  # (what a new worker seeded so draws)
+    assert not stateless_in_workers(cached) and not stateless_callable(memoised)
+    image = Image.new("L", (16, 16))
+    image.paste(255, (0, 0, 8, 16))
+    spread = T.Lambda(lambda im: np.asarray(im.effect_spread(3)).tobytes())
+    draws = []
+    for _ in range(2):
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        draws.append(spread(image))
+    assert draws[0] != draws[1]  # the same seeds, other pixels: C's rand() moved on
+    assert not stateless_callable(spread)
+
+
+class Records(Dataset[Any]):  # annotation records held, returned as they are held
+    def __init__(self) -> None:
+        self.records = [{"x": torch.full((2,), float(i + 1)), "name": f"{i}.jpg"} for i in range(8)]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.records[i]
+
+
+def pops_names(batch: list[Any]) -> Any:  # changes the dataset's own dicts
+    names = [sample.pop("name", None) for sample in batch]
+    return torch.stack([sample["x"] for sample in batch]), names
+
+
+def scales(batch: list[Any]) -> Any:  # changes the dataset's own tensors
+    for sample in batch:
+        sample["x"].mul_(2)
+    return torch.stack([sample["x"] for sample in batch])
+
+
+def sorts(batch: list[Any]) -> Any:  # reorders the batch list itself (made anew per batch)
+    batch.sort(key=lambda sample: sample["name"], reverse=True)
+    return torch.stack([sample["x"] for sample in batch])
+
+
+def test_a_collate_fn_changing_the_samples_a_dataset_holds_is_state() -> None:
+    """A collate_fn is given the dataset's own objects where the dataset returns what it holds:
+    changing them changes the worker's copy of the dataset (torch's new workers start from the
+    main process's copy each pass). Reordering the batch list is not state; with a folder
+    dataset (each sample decoded anew) changing the samples is not either."""
+    for collate in (pops_names, scales):
+        dataset = Records()
+        first = repr(collate([dataset[0]]))
+        assert repr(collate([dataset[0]])) != first  # it changes what the dataset holds
+        assert stateless_in_workers(Records()) and stateless_callable(collate)  # each alone: nothing kept
+        assert not stateless_collate(collate, Records())
+        loader = fastload.DataLoader(Records(), batch_size=2, num_workers=2, collate_fn=collate)
+        assert not loader.persistent_workers
+    assert stateless_collate(sorts, Records())
+    assert fastload.DataLoader(Records(), batch_size=2, num_workers=2, collate_fn=sorts).persistent_workers
+    folder = torchvision_folder()
+    assert stateless_collate(scales_images, folder)
+
+
+def scales_images(batch: list[Any]) -> Any:
+    for image, _ in batch:
+        image.mul_(2)
+    return batch
+
+
+def torchvision_folder() -> Any:
+    import torchvision
+
+    class Empty(torchvision.datasets.DatasetFolder):  # type: ignore[misc]
+        def __init__(self) -> None:  # a folder's class and attributes, without files
+            self.samples, self.targets, self.classes = [], [], []
+            self.loader, self.transform, self.target_transform = (
+                torchvision.datasets.folder.default_loader,
+                None,
+                None,
+            )
+
+    return Empty()
+
+
+def reads_worker_info(batch: list[Any]) -> Any:  # changes the worker's dataset through torch's info
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        info.dataset.served += len(batch)
+    return batch
+
+
+def test_a_collate_fn_reaching_the_worker_info_is_unknown() -> None:
+    assert not stateless_callable(reads_worker_info)
+
+
+class Fields(Dataset[Any]):  # attributes read from a table of fields (KeyError for others)
+    def __init__(self) -> None:
+        self.__dict__["fields"] = {"n": 6}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.fields[name]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
+def test_a_dataset_whose_getattr_raises_another_error_loads_as_with_torch(num_workers: Any) -> None:
+    """torch's loader never asks a dataset for ``transform``: a ``__getattr__`` raising KeyError for
+    a name it lacks must not stop fastload's loader from being made or iterated."""
+    want = [b.tolist() for b in torch.utils.data.DataLoader(Fields(), batch_size=4)]
+    loader = fastload.DataLoader(Fields(), batch_size=4, num_workers=num_workers)
+    assert [b.tolist() for b in loader] == want
+    shuffled = fastload.DataLoader(Fields(), batch_size=4, num_workers=num_workers, shuffle=True)
+    assert sorted(x for b in shuffled for x in b.tolist()) == list(range(6))
