@@ -62,6 +62,7 @@ import functools
 import inspect
 import logging
 import math
+import multiprocessing
 import os
 import time
 import warnings
@@ -341,6 +342,19 @@ class _HostIterator:
         return next(self.source)
 
 
+def _pickles_workers(loader: DataLoader[Any]) -> bool:
+    """Whether a pass of torch's iterator may start workers that are sent the dataset pickled (a
+    start method other than fork, no workers kept from an earlier pass)."""
+    if loader.num_workers == 0 or loader.__dict__.get("_iterator") is not None:
+        return False
+    context = loader.multiprocessing_context
+    try:
+        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    except Exception:  # noqa: BLE001 -- an odd context: assume it pickles
+        return True
+    return method != "fork"
+
+
 def _workers_live(loader: DataLoader[Any], engine: Any) -> bool:
     """Whether ``loader`` has workers running (kept from an earlier pass): torch's iterator's or
     fastload's engine's."""
@@ -534,8 +548,13 @@ class DataLoaderIterator:
                 # and an engine of its own (its cap on torch's threads ends with it)
                 self._own_torch_workers = own = own_engine
                 try:
-                    with warnings.catch_warnings():
-                        if loader._auto_workers:  # torch's notice of it: the fallback below says more
+                    # torch's notice of a pickling error as spawn/forkserver workers start: with
+                    # automatic workers the fallback below says more. Only there: entering
+                    # catch_warnings makes Python show again warnings it showed once (torch's
+                    # pin_memory and worker-count warnings would repeat every pass)
+                    quiet = loader._auto_workers and _pickles_workers(loader)
+                    with warnings.catch_warnings() if quiet else contextlib.nullcontext():
+                        if quiet:
                             warnings.filterwarnings("ignore", message="Got pickle error when attempting")
                         # (re)makes loader._torch_ring when the loader's workers start
                         torch_iter = loader._torch_iter(own_workers=own)

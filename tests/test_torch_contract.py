@@ -1891,3 +1891,20 @@ def test_a_worker_init_fn_reads_torchs_worker_info_on_the_fast_path(imagenet_roo
     loader = fastload.DataLoader(dataset, batch_size=4, num_workers=2, worker_init_fn=_needs_worker_info)
     assert loader.path == "fast"
     assert sum(len(labels) for _, labels in loader) == len(dataset)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torchs_warnings_are_shown_as_often_as_with_torch(num_workers: int) -> None:
+    """A warning torch shows once (the "default" action: once per place) stays once over passes
+    and loaders: fastload's iterator must not make Python forget what it showed (entering
+    ``warnings.catch_warnings`` does), which repeated torch's pin_memory warning every pass."""
+    counts = []
+    for loader_class in LOADERS:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("default")
+            loader = loader_class(_Range(8), batch_size=4, num_workers=num_workers, pin_memory=True)
+            for _ in range(3):
+                list(loader)
+            list(loader_class(_Range(8), batch_size=4, num_workers=num_workers, pin_memory=True))
+        counts.append(collections.Counter(str(w.message)[:40] for w in record))
+    assert counts[1] == counts[0]
