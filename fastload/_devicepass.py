@@ -272,6 +272,8 @@ class EncodedPass:
         self.feeder.close()
         self.decoder.shutdown(wait=False, cancel_futures=True)
         self.readers.shutdown(wait=False, cancel_futures=True)
+        self.decodes.clear()  # a batch decoded ahead: its device memory goes now, not with the pass
+        self.reads.clear()
 
 
 class Shares(Sequence[np.ndarray]):
@@ -491,6 +493,9 @@ class FedPass:
 
     def close(self) -> None:
         self.feeder.close()
+        copied, self._copied = self._copied, None
+        if copied is not None:  # the last copy out of host memory, which the loader may free next
+            self.prefetcher._backend.synchronize_event(copied)
 
 
 def reuses_device_memory(transforms: Any) -> bool:

@@ -146,6 +146,12 @@ class SampleKeys:
         return None
 
 
+def _cuda_index(device: torch.device | None) -> int | None:
+    """The index of a CUDA ``device`` that names one (``None`` for the CPU, no device, or a plain
+    ``cuda``: the current device then)."""
+    return device.index if device is not None and device.type == "cuda" else None
+
+
 def has_batch(batches: Sequence[np.ndarray], k: int) -> bool:
     """Whether ``batches`` has a batch ``k`` (a :class:`SamplerBatches` is read up to it)."""
     return batches.has(k) if isinstance(batches, SamplerBatches) else k < len(batches)
@@ -237,6 +243,7 @@ class Engine:
                 loader.worker_init_fn,
                 bool(getattr(transform, "channels_first", False)),
                 preload=import_decode_modules,
+                cuda_device=_cuda_index(loader.device),
             )
         return self.pool
 

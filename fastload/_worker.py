@@ -1012,6 +1012,8 @@ class WorkerPool:
         preload: Imports what decoding needs (e.g. :func:`fastload.transforms.import_decode_modules`):
             run here before process workers start (forked ones inherit the modules) and by each
             spawn/forkserver worker as it starts.
+        cuda_device: The CUDA device the batches go to, where the loader knows it (the thread
+            page-locking the ring runs on it); ``None``: the calling thread's current device.
     """
 
     def __init__(
@@ -1030,6 +1032,7 @@ class WorkerPool:
         worker_init_fn: Callable[[int], None] | None,
         channels_first: bool = False,
         preload: Callable[[], None] | None = None,
+        cuda_device: int | None = None,
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
@@ -1050,7 +1053,9 @@ class WorkerPool:
             self.images = shared_slots(num_slots, (batch_size, *sample_shape), dtype)  # a page each
             self.labels = shared_empty((num_slots, batch_size), torch.int64)
             if self.pin:  # cudaHostRegister: labels first, then the slots in the order they are used
-                device = current_cuda_device()  # the lock thread's, as torch's pin thread takes it
+                # the lock thread's: the loader's device, else the current one (as torch's pin
+                # thread takes it)
+                device = cuda_device if cuda_device is not None else current_cuda_device()
                 self.page_lock = PageLock([self.labels, *self.images.unbind(0)], host, device)
         else:
             self.images = torch.empty((num_slots, batch_size, *sample_shape), dtype=dtype)

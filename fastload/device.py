@@ -4,6 +4,7 @@ Every other module asks here instead of calling ``torch.cuda`` or ``os.cpu_count
 
 - :func:`device_is_cuda`, :func:`cuda_available`, :func:`default_device`: "is this CUDA",
   answered without creating a CUDA context (nothing here touches CUDA at import time).
+- :func:`small_to_device`: a few parameters on a device, without blocking the host.
 - Streams (:class:`StreamBackend`, :func:`stream_backend`) and pinned host memory
   (:class:`HostMemory`, :func:`host_memory`, :class:`PageLock`, :func:`register_pinned`) live in
   :mod:`fastload.gpu.streams` and :mod:`fastload.gpu.memory`; their names stay importable from here.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "default_device",
     "device_is_cuda",
     "local_world_size",
+    "small_to_device",
 ]
 
 MAX_AUTO_WORKERS = 16
@@ -55,6 +58,24 @@ def default_device() -> torch.device:
     if cuda_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def small_to_device(
+    array: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A small host array (parameters, indices) as a tensor on ``device``.
+
+    On CUDA the copy is staged through pinned memory and is asynchronous: transforms queued on
+    the prefetcher's side stream (behind a wait on the training stream) never block the host.
+    """
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+    if dtype is not None and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)  # on the host: same rounding, smaller copy
+    if device.type == "cpu":
+        return tensor
+    if device_is_cuda(device):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 # --------------------------------------------------------------------------------------------

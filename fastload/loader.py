@@ -109,7 +109,7 @@ from ._worker import (
     ship_dataset,
     start_method,
 )
-from .device import auto_num_workers, available_cpus, cuda_available
+from .device import auto_num_workers, cpu_share, cuda_available
 from .distributed import get_rank, get_world_size, ranks_known
 from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers, device_decoder
@@ -519,6 +519,8 @@ class DataLoaderIterator:
                     f"decode={loader.decode!r} needs a sampler with a len(): {ENDLESS_SAMPLER}. Pass "
                     "a sampler with __len__ (one epoch's order), or decode='cpu'"
                 )
+            if loader.decode != "cpu":  # (gpu_transforms may have been set since __init__)
+                _refuse_reused_device_memory(loader.decode, loader.gpu_transforms)
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start)
             elif loader.decode == "hybrid":
@@ -1972,7 +1974,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         buffers across passes). With ``decode="hybrid"`` its CPU threads leave the workers theirs."""
         decoder = self.__dict__.get("_decoder")
         if decoder is None or decoder.device != device:
-            threads = 0 if self.decode == "device" else max(1, available_cpus() - self.num_workers)
+            # this process's share of the CPUs (one rank of several on a node), less the workers'
+            threads = cpu_share() if self.decode == "device" else max(1, cpu_share() - self.num_workers)
             decoder = self._decoder = BatchDecoder(device, cpu_threads=threads)
         return decoder
 
@@ -2053,6 +2056,17 @@ class _ConvertThen(BatchTransform):
         return apply_transform(self.then, images, indices, epoch, seed)
 
 
+def _refuse_reused_device_memory(decode: str, gpu_transforms: Any) -> None:
+    """``decode="device"`` / ``"hybrid"`` transform batches ahead of the loop: a transform writing
+    into a ring of device buffers would overwrite one the loop still holds."""
+    if reuses_device_memory(gpu_transforms):
+        raise ValueError(
+            f"decode={decode!r} prepares batches {FEEDER_DEPTH} ahead of the loop in a feeder thread: "
+            "gpu_transforms that reuse device memory (gpu.Normalize(buffers=k)) would overwrite a batch "
+            "the loop still holds; leave buffers at 0 (the default)"
+        )
+
+
 def _check_device_decode(
     decode: str, dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any, on_error: str
 ) -> None:
@@ -2078,6 +2092,7 @@ def _check_device_decode(
             f"decode={decode!r} builds its own batches: collate_fn and batch_sampler are not supported "
             "with it"
         )
+    _refuse_reused_device_memory(decode, gpu_transforms)
     if on_error != "raise":
         raise ValueError(
             f"on_error={on_error!r} is not supported with decode={decode!r}: a corrupt image raises a "

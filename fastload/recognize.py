@@ -62,6 +62,7 @@ import torch
 from . import transforms as T
 from ._stateless import stateless_callable
 from .decode import affine_for_table, pil_resample_available, to_chw_by_table
+from .device import small_to_device
 from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
 
 __all__ = [
@@ -141,6 +142,8 @@ class Conversion:
             if step[0] == "to":
                 self.dtype = step[1]
         self._local = threading.local()
+        #: :meth:`batch`'s normalization constants per device: copied there once, without blocking
+        self._on_device: dict[torch.device, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def hwc(self, hwc: np.ndarray, out: np.ndarray) -> None:
         """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`.
@@ -178,12 +181,24 @@ class Conversion:
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """The steps on uint8 images ``(..., 3, H, W)`` (on any device): a new contiguous tensor."""
-        out = torch.empty(images.shape, dtype=self.dtype, device=images.device)
-        return convert(images, out, self.steps)
+        device = images.device
+        out = torch.empty(images.shape, dtype=self.dtype, device=device)
+        constants = self._on_device.get(device)
+        if constants is None:  # once: on CUDA a pageable copy per batch would stall the stream
+            constants = self._on_device[device] = {
+                k: (
+                    small_to_device(np.array(step[1]), device, self.dtype).view(-1, 1, 1),
+                    small_to_device(np.array(step[2]), device, self.dtype).view(-1, 1, 1),
+                )
+                for k, step in enumerate(self.steps)
+                if step[0] == "normalize"
+            }
+        return convert(images, out, self.steps, constants)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_local"]  # per-thread tables
+        state["_on_device"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -328,22 +343,32 @@ def _affine(lut: np.ndarray, steps: tuple[tuple[Any, ...], ...]) -> np.ndarray |
     return affine_for_table(lut, scale, divide, mean, std)
 
 
-def convert(src: torch.Tensor, out: torch.Tensor, steps: tuple[tuple[Any, ...], ...]) -> torch.Tensor:
+def convert(
+    src: torch.Tensor,
+    out: torch.Tensor,
+    steps: tuple[tuple[Any, ...], ...],
+    constants: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> torch.Tensor:
     """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
 
     The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
     ``Normalize``: ``sub_(mean).div_(std)``), so equal uint8 pixels give equal floats.
+    ``constants``: step k's ``(mean, std)`` as ``(C, 1, 1)`` tensors of ``out``'s dtype on its
+    device, where they are there already.
     """
     out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
-    for step in steps:
+    for k, step in enumerate(steps):
         kind = step[0]
         if kind == "div":
             out.div_(step[1])
         elif kind == "mul":
             out.mul_(step[1])
         elif kind == "normalize":
-            mean = torch.as_tensor(step[1], dtype=out.dtype, device=out.device).view(-1, 1, 1)
-            std = torch.as_tensor(step[2], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+            if constants is not None and k in constants:
+                mean, std = constants[k]
+            else:
+                mean = torch.as_tensor(step[1], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+                std = torch.as_tensor(step[2], dtype=out.dtype, device=out.device).view(-1, 1, 1)
             out.sub_(mean).div_(std)
     return out
 

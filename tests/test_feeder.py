@@ -67,6 +67,30 @@ def test_the_feeder_runs_at_most_depth_batches_ahead() -> None:
     assert len(made) <= 10
 
 
+def test_close_keeps_no_batch_it_made() -> None:
+    """A batch made while the queue was full, waiting for room, is not left queued after close():
+    device memory goes with the pass."""
+    import gc
+    import weakref
+
+    for _ in range(5):
+        made: list[weakref.ref[torch.Tensor]] = []
+
+        def prepare(k: int, made: list[weakref.ref[torch.Tensor]] = made) -> torch.Tensor:
+            batch = torch.zeros(4)
+            made.append(weakref.ref(batch))
+            return batch
+
+        feeder, _ = _feeder(prepare, 20, depth=2)
+        deadline = time.monotonic() + 10
+        while len(made) < 3 and time.monotonic() < deadline:  # two queued, a third waiting for room
+            time.sleep(0.01)
+        time.sleep(0.05)
+        feeder.close()
+        gc.collect()
+        assert len(made) == 3 and [r for r in made if r() is not None] == []
+
+
 def test_an_error_surfaces_from_its_batch_and_the_next_batch_follows() -> None:
     def prepare(k: int) -> torch.Tensor:
         if k == 2:
@@ -468,6 +492,25 @@ def test_leaving_a_fed_pass_early_stops_its_thread(imagenet_root: Path) -> None:
     assert not any(t.name == "fastload-feeder" for t in threading.enumerate())
 
 
+def test_closing_a_fed_pass_waits_for_its_last_copy_out_of_host_memory(imagenet_root: Path) -> None:
+    """The loader frees (or unlocks) its batch memory after a pass closes: the feeder's last copy
+    out of it must be done first (its event waited on), as every earlier one was."""
+    with fake_cuda() as (streams, _):
+        waited: list[Any] = []
+        streams.synchronize_event = waited.append  # type: ignore[method-assign]
+        loader = _fast_loader(imagenet_root, gpu.Normalize([0.5], [0.25]), num_workers=1)
+        it = iter(loader)
+        next(it)
+        fed = it._fed  # type: ignore[attr-defined]
+        fed.feeder.close()  # (the thread stopped: its last copy is the one left)
+        last = fed._copied
+        assert last is not None and last not in waited
+        fed.close()
+        assert waited[-1] == last and fed._copied is None
+        del it
+        loader.close()
+
+
 @pytest.mark.parametrize("path", ["device", "hybrid", "fast"])
 def test_close_during_a_pass_ends_it_on_every_path(imagenet_root: Path, path: str) -> None:
     """loader.close() while a pass iterates: the pass's threads stop, and its next() says the loader
@@ -491,6 +534,9 @@ def test_close_during_a_pass_ends_it_on_every_path(imagenet_root: Path, path: st
         RuntimeError, match=r"the DataLoader was closed \(close\(\), or its workers shut down\)"
     ):
         next(it)
+    if path != "fast":  # nothing decoded or read ahead is kept: device memory goes with the pass
+        source = it._source  # type: ignore[attr-defined]
+        assert not source.decodes and not source.reads
     deadline = time.monotonic() + 10
     while any(t.name.startswith("fastload-") for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)

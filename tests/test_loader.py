@@ -577,6 +577,18 @@ def test_decode_on_device_argument_checks(imagenet_root: Path) -> None:
         )
     with pytest.raises(ValueError, match="decode should be"):
         DataLoader(plain, decode="gpu")
+    # batches made ahead in a feeder thread: a ring of device buffers would be overwritten under
+    # the loop (the in-thread prefetcher, one batch ahead, is where buffers=k is safe)
+    ring = gpu.Compose([gpu.RandomResizedCrop(16), gpu.Normalize([0.5], [0.5], buffers=2)])
+    for decode in ("device", "hybrid"):
+        refused = rf"decode='{decode}' prepares batches 2 ahead .* leave buffers at 0"
+        with pytest.raises(ValueError, match=refused):
+            DataLoader(plain, decode=decode, gpu_transforms=ring)
+    loader = DataLoader(plain, decode="device", gpu_transforms=gpu.Resize(8), batch_size=4)
+    loader.gpu_transforms = ring  # set after construction: refused when the pass starts
+    with pytest.raises(ValueError, match="would overwrite a batch the loop still holds"):
+        iter(loader)
+    loader.close()
 
 
 def test_progress_bar(train_set: ImageFolder, capsys: pytest.CaptureFixture[str]) -> None:

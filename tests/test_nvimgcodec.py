@@ -389,6 +389,68 @@ def test_images_in_a_pitched_buffer_give_the_same_crops(stand_in: Any) -> None:
     assert torch.equal(pitched[0], torch.from_numpy(whole[5:25, 7:37].copy()).permute(2, 0, 1))
 
 
+def test_the_decoders_cpu_threads_are_this_ranks_share(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvImageCodec's CPU threads (header parsing, Huffman decoding of its hybrid backend): this
+    process's share of the CPUs -- 8 ranks on a node would otherwise start one per CPU each --,
+    less the CPU workers' with decode="hybrid"."""
+    import fastload.device
+    import fastload.loader
+
+    threads: list[int] = []
+
+    class Recording:
+        def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
+            self.device = device
+            threads.append(cpu_threads)
+
+    monkeypatch.setattr(fastload.loader, "BatchDecoder", Recording)
+    monkeypatch.setattr(fastload.loader, "cpu_share", lambda: 6)  # e.g. 48 CPUs, 8 ranks
+    _loader(imagenet_root, "device")._batch_decoder(torch.device("cpu"))
+    _loader(imagenet_root, "hybrid", num_workers=2)._batch_decoder(torch.device("cpu"))
+    assert threads == [6, 4]
+    monkeypatch.setattr(fastload.loader, "cpu_share", fastload.device.cpu_share)  # the real share:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # half of this process's CPUs, at least 1
+    _loader(imagenet_root, "device")._batch_decoder(torch.device("cpu"))
+    assert threads[-1] == max(1, fastload.device.available_cpus() // 2)
+
+
+def test_one_decoder_decodes_one_batch_at_a_time(stand_in: Any) -> None:
+    """A loader's decoder is shared by its passes, and a pass left behind may still decode a
+    batch ahead when the next starts: calls from two threads take turns (nvImageCodec's Python
+    decoder, and the images it holds until their copies are done, are not for two at once)."""
+    import threading
+    import time
+
+    decoder = nvimgcodec.RegionDecoder(torch.device("cpu"))
+    inner = decoder.decoder
+    decode, active, most = inner.decode, [0], [0]
+
+    def slow_decode(*args: Any, **kwargs: Any) -> Any:
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        active[0] -= 1
+        return decode(*args, **kwargs)
+
+    inner.decode = slow_decode
+    files = _jpegs([(40, 60), (33, 21)])
+    results: list[Any] = []
+
+    def run() -> None:
+        for _ in range(4):
+            results.append(decoder.decode(files, [(5, 7, 20, 30), None]))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and len(results) == 8
+    assert all(torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1]) for r in results)
+
+
 def _jpegs(sizes: list[tuple[int, int]], progressive: tuple[int, ...] = ()) -> list[bytes]:
     files = []
     for k, (height, width) in enumerate(sizes):

@@ -393,3 +393,90 @@ def test_a_lock_that_raises_or_is_released_early_never_hangs() -> None:
     assert time.perf_counter() - t0 < 2 and len(slow.registered) < 6
     assert sorted(slow.unregistered) == sorted(slow.registered)
     assert not [t for t in threading.enumerate() if t.name == "fastload-pagelock" and t.is_alive()]
+
+
+def test_a_slot_fence_marks_every_device_in_use_not_only_the_current_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop copies a batch to the device it chose -- DDP written as ``images.to(rank)``, with
+    no ``set_device``, copies to cuda:1 while the current device stays 0 --, so a slot's fence is
+    recorded on the current stream of each device this process has a context on (asked without
+    making one), and the slot is free only when all are done. (torch.cuda's calls stood in for.)"""
+    from fastload.gpu import memory
+
+    recorded: list[tuple[str, bool]] = []
+
+    class Event:
+        def __init__(self, blocking: bool = False) -> None:
+            self.blocking, self.finished, self.stream = blocking, False, ""
+
+        def record(self, stream: str) -> None:
+            self.stream = stream
+            recorded.append((stream, self.blocking))
+
+        def query(self) -> bool:
+            return self.finished
+
+        def synchronize(self) -> None:
+            self.finished = True
+
+    contexts = {0: True, 1: True, 2: False, 3: True}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current stream of cuda:{device}")
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda d: contexts[d], raising=False)
+    host = memory._CudaHost()
+    fence = host.fence()
+    assert recorded == [(f"current stream of cuda:{d}", True) for d in (0, 1, 3)]  # blocking: no spinning
+    assert not host.done(fence)
+    fence[0].finished = fence[2].finished = True
+    assert not host.done(fence)  # cuda:1's copy may still read the slot
+    fence[1].finished = True
+    assert host.done(fence)
+    host.wait(host.fence())  # waits on each
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda d: False, raising=False)
+    assert memory.devices_in_use() == [0]  # none known: the current device
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert host.fence() is None and host.done(None)
+
+
+def test_the_ring_is_page_locked_on_the_loaders_device(
+    imagenet_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread page-locking the workers' ring runs on the loader's CUDA device where the loader
+    names one (``device="cuda:1"``), else on the current device as torch's pin thread: it would
+    otherwise make a context on GPU 0 in every rank."""
+    from fastload import _engine, _worker
+
+    devices: list[int | None] = []
+
+    class RecordingLock:
+        def __init__(self, tensors: list[torch.Tensor], host: Any, device: int | None) -> None:
+            devices.append(device)
+
+        def wait(self, index: int | None = None) -> bool:
+            return False
+
+        def ready(self, index: int) -> bool | None:
+            return False
+
+        def release(self) -> None:
+            pass
+
+    assert _engine._cuda_index(torch.device("cuda", 1)) == 1
+    assert _engine._cuda_index(torch.device("cuda")) is None and _engine._cuda_index(None) is None
+    assert _engine._cuda_index(torch.device("cpu")) is None
+    monkeypatch.setattr(_worker, "PageLock", RecordingLock)
+    monkeypatch.setattr(_worker, "current_cuda_device", lambda: 0)
+    for named in (None, 1):
+        monkeypatch.setattr(_engine, "_cuda_index", lambda device, named=named: named)
+        with fake_cuda(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "fastload could not page-lock")
+            loader = fastload.DataLoader(
+                _train(imagenet_root), batch_size=5, device="cpu", pin_memory=True, num_workers=2
+            )
+            assert len(list(loader)) == len(loader)
+            loader.close()
+    assert devices == [0, 1]

@@ -16,6 +16,7 @@ from torchvision import transforms as v1
 from torchvision.transforms import v2
 
 import fastload
+from fastload.device import small_to_device
 from fastload.recognize import convert_pipeline, sample_index, worker_view
 
 MEAN = (0.485, 0.456, 0.406)
@@ -385,6 +386,28 @@ def test_device_conversion_equals_the_per_sample_one(imagenet_root: Path, name: 
     batched = geometry.convert_batch(torch.from_numpy(hwc).permute(0, 3, 1, 2))
     assert batched.is_contiguous() and batched.dtype == VAL[name][1]
     assert torch.equal(batched, per_sample)
+
+
+def test_the_device_conversion_copies_its_constants_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Normalize's mean and std go to the batch's device once (through pinned memory on CUDA), not
+    as a blocking copy per batch; each device has its own, and a pickled copy takes none along."""
+    copies: list[torch.device] = []
+
+    def counted(array: Any, device: torch.device, dtype: Any = None) -> torch.Tensor:
+        copies.append(device)
+        return small_to_device(array, device, dtype)
+
+    monkeypatch.setattr(fastload.recognize, "small_to_device", counted)
+    conversion = convert_pipeline(_val_v1()).geometry_only().conversion
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    by_torchvision = v1.Normalize(MEAN, STD)(images.float().div(255))
+    for _ in range(3):
+        assert torch.equal(conversion.batch(images), by_torchvision)
+    on_meta = conversion.batch(images.to("meta"))
+    assert on_meta.device.type == "meta" and on_meta.dtype == torch.float32
+    conversion.batch(images.to("meta"))
+    assert copies == [torch.device("cpu")] * 2 + [torch.device("meta")] * 2  # mean and std, per device
+    assert not pickle.loads(pickle.dumps(conversion))._on_device
 
 
 @pytest.mark.parametrize(

@@ -239,8 +239,8 @@ class BatchDecoder:
 
     Args:
         device: Where the images are decoded.
-        cpu_threads: nvImageCodec's CPU threads (0: one per CPU; ``decode="hybrid"`` leaves the
-            workers theirs).
+        cpu_threads: nvImageCodec's CPU threads (0: one per CPU; the loader gives its process's
+            share of the CPUs, less the workers' with ``decode="hybrid"``).
     """
 
     def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:

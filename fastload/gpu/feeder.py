@@ -181,13 +181,17 @@ class DeviceFeeder:
     def close(self) -> None:
         """Stops the thread (after the batch it is preparing) and drops what it had made."""
         self._stop.set()
+        self._drop_queued()
+        if threading.current_thread() is not self._thread:  # (a collection may run it there)
+            self._thread.join(timeout=30)
+            self._drop_queued()  # a put that was waiting for room took the room the first drop made
+
+    def _drop_queued(self) -> None:
         while True:
             try:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        if threading.current_thread() is not self._thread:  # (a collection may run it there)
-            self._thread.join(timeout=30)
 
     def stop_for_exit(self) -> threading.Thread:
         """At interpreter exit (see :mod:`fastload._exit`): stops the thread after the batch it is

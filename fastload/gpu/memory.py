@@ -54,10 +54,11 @@ class HostMemory(Protocol):
         ...
 
     def fence(self) -> Any:
-        """A mark after every copy queued so far on the current device stream (``None``: none can
-        be pending). Pinned memory that is reused -- fastload's batch buffers -- must not be
-        written until the asynchronous copies out of it are done, which torch's caching pinned
-        allocator ensures for its own blocks, but not for memory locked in place."""
+        """A mark after every copy queued so far on the current stream of each device this process
+        uses (``None``: none can be pending). Pinned memory that is reused -- fastload's batch
+        buffers -- must not be written until the asynchronous copies out of it are done, which
+        torch's caching pinned allocator ensures for its own blocks, but not for memory locked in
+        place."""
         ...
 
     def done(self, fence: Any) -> bool:
@@ -140,16 +141,33 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
     def fence(self) -> Any:
         if not torch.cuda.is_initialized():
             return None  # nothing was ever queued on a device
-        event = torch.cuda.Event()
-        event.record()  # the current device's current stream: where `tensor.cuda()` copies
-        return event
+        # The loop copied to the device it chose, not necessarily this thread's current one (DDP
+        # written as `images.to(rank)` without set_device): a mark on the current stream -- where
+        # `tensor.to(device)` copies -- of every device this process has a context on. Blocking
+        # events: a thread waiting on one sleeps instead of spinning a CPU the workers need.
+        events = []
+        for device in devices_in_use():
+            event = torch.cuda.Event(blocking=True)
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return events
 
     def done(self, fence: Any) -> bool:
-        return fence is None or bool(fence.query())
+        return fence is None or all(event.query() for event in fence)
 
     def wait(self, fence: Any) -> None:
-        if fence is not None:
-            fence.synchronize()
+        for event in fence or ():
+            event.synchronize()
+
+
+def devices_in_use() -> list[int]:
+    """The CUDA devices this process has a context on (asked without making one), or the current
+    device where torch cannot say."""
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is None:  # pragma: no cover - torch has it from 1.x to today
+        return [torch.cuda.current_device()]
+    devices = [d for d in range(torch.cuda.device_count()) if has_context(d)]
+    return devices or [torch.cuda.current_device()]
 
 
 _CUDA_HOST = _CudaHost()

@@ -42,14 +42,16 @@ import importlib
 import itertools
 import math
 import os
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
 
 from .._slices import ByteSlices
+from .streams import pinned_device
 from .transforms import PackedImages
 
 __all__ = [
@@ -270,11 +272,26 @@ class NotInPlace(RuntimeError):
     """nvImageCodec did not decode into the buffer it was given (see :meth:`RegionDecoder.decode_packed`)."""
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _one_at_a_time(method: _Method) -> _Method:
+    """``method`` under its decoder's lock."""
+
+    @functools.wraps(method)
+    def locked(self: RegionDecoder, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, locked)
+
+
 class RegionDecoder:
     """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
 
     Args:
-        device: The CUDA device (its index) the images are decoded on.
+        device: The CUDA device the images are decoded on (``cuda`` without an index: the calling
+            thread's current device, as torch takes it).
         hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one
             (``None``: :func:`hw_decoder_load`).
         cpu_threads: Its CPU threads (host-side parsing, the hybrid backend's Huffman decoding);
@@ -289,6 +306,7 @@ class RegionDecoder:
                 "nvImageCodec is not installed: pip install 'fastload[nvimgcodec-cu12]' (or -cu13, matching "
                 "torch's CUDA)"
             )
+        device = pinned_device(device)  # "cuda": this thread's device, not device 0 on every rank
         self.nv = nv
         self.device = device
         kinds = nv.BackendKind
@@ -309,6 +327,9 @@ class RegionDecoder:
         )
         self._decoder: Any = None
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
+        #: one call at a time: two passes of a loader share its decoder, and a pass left behind
+        #: may still be decoding a batch ahead when the next one starts
+        self._lock = threading.RLock()
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
             color_spec=nv.ColorSpec.SRGB,
@@ -415,6 +436,7 @@ class RegionDecoder:
             sources.append(source)
         return sources, asked
 
+    @_one_at_a_time
     def decode(
         self,
         encoded: Sequence[bytes | memoryview | np.ndarray],
@@ -469,11 +491,12 @@ class RegionDecoder:
                 view = view.clone() if view.is_contiguous() else view.contiguous()
             out.append(view)
         if cuda:  # pragma: no cover - needs CUDA
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # waited on by this thread: sleeping, not spinning
             event.record(torch.cuda.current_stream(self.device))
             self._held = (event, decoded)  # nvImageCodec's images live until the copies are done
         return out
 
+    @_one_at_a_time
     def decode_packed(
         self,
         encoded: Sequence[bytes | memoryview | np.ndarray],
@@ -615,6 +638,7 @@ class RegionDecoder:
             stacklevel=4,
         )
 
+    @_one_at_a_time
     def release(self) -> None:
         """Lets go of the last call's nvImageCodec images once the copies out of them are done
         (the next :meth:`decode` does it itself; call it before dropping the decoder)."""

@@ -107,7 +107,9 @@ class _CudaStreams:
             tensor.record_stream(stream)
 
     def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        event = torch.cuda.Event()
+        # blocking: a thread that waits on it sleeps instead of spinning a CPU (CUDA's default
+        # with fewer contexts than CPUs), which the hybrid path's workers decode on
+        event = torch.cuda.Event(blocking=True)
         event.record(stream)
         return event
 

@@ -104,7 +104,7 @@ from .. import rng
 from .._checks import check_int, check_probability, check_size
 from ..batch import IndexedBatch
 from ..decode import affine_for_table, to_chw_by_table
-from ..device import device_is_cuda
+from ..device import small_to_device
 
 try:  # the plan of a batch's resize in a few calls without the interpreter (setup.py)
     from .. import _resample as _c_resample
@@ -278,24 +278,6 @@ def _uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draw
     if n == 0:
         return np.zeros((0, draws), dtype=np.float64)
     return rng.batch_uniform(int(seed), int(epoch), idx.astype(np.int64), stream, draws)
-
-
-def _to_device(
-    array: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """A small host array (parameters, indices) as a tensor on ``device``.
-
-    On CUDA the copy is staged through pinned memory and is asynchronous: transforms queued on
-    the prefetcher's side stream (behind a wait on the training stream) never block the host.
-    """
-    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
-    if dtype is not None and tensor.dtype != dtype:
-        tensor = tensor.to(dtype)  # on the host: same rounding, smaller copy
-    if device.type == "cpu":
-        return tensor
-    if device_is_cuda(device):
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def _refuse_empty(heights: np.ndarray, widths: np.ndarray, what: str) -> None:
@@ -649,7 +631,7 @@ class _Plan:
                 if axis.resampled and (axis.win0[0] != 0 or axis.winlen[0] != out.shape[dim]):
                     out = out.narrow(dim, int(axis.win0[0]), int(axis.winlen[0]))
         if self.flip.any():
-            mask = _to_device(self.flip, out.device).view(-1, 1, 1, 1)
+            mask = small_to_device(self.flip, out.device).view(-1, 1, 1, 1)
             out = torch.where(mask, out.flip(-1), out)
         return out
 
@@ -735,8 +717,8 @@ class _Plan:
             np.multiply(np.arange(len(offsets_x), dtype=np.int64), kx, out=offsets_x)
             if many:
                 int_parts[per_group * g + 5][:] = rows
-        ints_there = _to_device(ints, device).split(int_sizes)
-        floats_there = _to_device(floats, device).split(float_sizes)
+        ints_there = small_to_device(ints, device).split(int_sizes)
+        floats_there = small_to_device(floats, device).split(float_sizes)
         for g, (_, rx, _, _) in enumerate(plans):
             picks, bags_y, offsets_y, bags_x, offsets_x = ints_there[per_group * g : per_group * g + 5]
             result = _resample(
@@ -1373,8 +1355,8 @@ class ColorJitter(BatchTransform):
     @staticmethod
     def _blend(images: torch.Tensor, other: torch.Tensor, factor: np.ndarray) -> torch.Tensor:
         compute = images.dtype if images.is_floating_point() else torch.get_default_dtype()
-        ratio = _to_device(factor, images.device, compute).view(-1, 1, 1, 1)
-        alpha = _to_device(1.0 - factor, images.device, compute).view(-1, 1, 1, 1)
+        ratio = small_to_device(factor, images.device, compute).view(-1, 1, 1, 1)
+        alpha = small_to_device(1.0 - factor, images.device, compute).view(-1, 1, 1, 1)
         # addcmul rounds a + alpha * b once, like torchvision's add_(b, alpha=...): bit-identical.
         return torch.addcmul(images.mul(ratio), other, alpha)
 
@@ -1383,7 +1365,7 @@ class ColorJitter(BatchTransform):
         bound = 1.0 if fp else float(torch.iinfo(images.dtype).max)
         if op == 0:
             compute = images.dtype if fp else torch.get_default_dtype()
-            out = images.mul(_to_device(factor, images.device, compute).view(-1, 1, 1, 1))
+            out = images.mul(small_to_device(factor, images.device, compute).view(-1, 1, 1, 1))
         elif op == 1:
             mean = _grayscale(images).mean(dim=(-3, -2, -1), keepdim=True)
             out = self._blend(images, mean, factor)
@@ -1411,7 +1393,7 @@ class ColorJitter(BatchTransform):
                 if chosen.all():
                     out = self._apply(op, out, factor)
                     break
-                rows = _to_device(np.nonzero(chosen)[0], out.device)
+                rows = small_to_device(np.nonzero(chosen)[0], out.device)
                 if staged is None:
                     staged = out.clone()
                 staged.index_copy_(0, rows, self._apply(op, out.index_select(0, rows), factor[chosen]))
@@ -1510,10 +1492,10 @@ class RandomErasing(BatchTransform):
         device = images.device
         ys = np.arange(images.shape[2])[None, :]
         xs = np.arange(images.shape[3])[None, :]
-        in_rows = _to_device(erase[:, None] & (ys >= top[:, None]) & (ys < (top + h)[:, None]), device)
-        in_cols = _to_device((xs >= left[:, None]) & (xs < (left + w)[:, None]), device)
+        in_rows = small_to_device(erase[:, None] & (ys >= top[:, None]) & (ys < (top + h)[:, None]), device)
+        in_cols = small_to_device((xs >= left[:, None]) & (xs < (left + w)[:, None]), device)
         mask = in_rows[:, None, :, None] & in_cols[:, None, None, :]
-        fill = _to_device(torch.tensor(self.value, dtype=torch.float32).to(images.dtype), device).view(
+        fill = small_to_device(torch.tensor(self.value, dtype=torch.float32).to(images.dtype), device).view(
             1, -1, 1, 1
         )
         return torch.where(mask, fill, images)
@@ -1756,8 +1738,8 @@ class Normalize(BatchTransform):
         key = (work.device, work.dtype)
         if key not in self._constants:
             self._constants[key] = (
-                _to_device(np.array(self.mean), work.device, work.dtype).view(-1, 1, 1),
-                _to_device(np.array(self.std), work.device, work.dtype).view(-1, 1, 1),
+                small_to_device(np.array(self.mean), work.device, work.dtype).view(-1, 1, 1),
+                small_to_device(np.array(self.std), work.device, work.dtype).view(-1, 1, 1),
             )
         mean, std = self._constants[key]
         if self._by_table(images, out):
