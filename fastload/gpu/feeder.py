@@ -21,9 +21,10 @@ protocol: the consumer stream waits on the batch's event (not on everything ``S`
 since, which would serialise the next batches' decode with the model), and each of its tensors is
 recorded on the consumer stream, so the caching allocator does not reuse their memory early.
 
-Device memory: at most ``depth`` finished batches wait in the queue, one more is being prepared,
-and the consumer holds one: ``depth + 2`` batches (``depth=2``, float32 batches of 256 x 224 x 224:
-about 620 MB).
+Device memory: at most ``depth`` finished batches wait in the queue, one more is being prepared
+(or waits for room in the queue), and the consumer holds one: ``depth + 2`` batches, and during
+``next()`` the one a ``for`` loop's variables still name (``depth=2``, float32 batches of 256 x
+224 x 224: about 620 MB, 770 MB with that one).
 
 Errors keep torch's iterator contract: an exception while preparing batch ``k`` is raised by the
 ``next()`` that would have returned batch ``k``, and the following ``next()`` returns batch
