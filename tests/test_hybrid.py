@@ -102,6 +102,26 @@ def test_one_sample_box_is_the_batch_box(scale: tuple[float, float], ratio: tupl
     assert np.array_equal(np.array(one), boxes)
 
 
+def test_a_head_on_images_some_already_cropped_resizes_those_and_crops_the_rest() -> None:
+    """``apply_head(..., cropped=...)``: images decoded as their crop box are only resized; the
+    others go through the whole head; each lands at its place in the batch."""
+    from fastload.gpu.hybrid import apply_head
+
+    head = [gpu.RandomResizedCrop(8)]
+    g = torch.Generator().manual_seed(0)
+    images = [
+        torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
+        for h, w in [(20, 30), (16, 16), (9, 12)]
+    ]
+    indices = np.array([4, 5, 6])
+    out = apply_head(head, images, indices, 2, 1, cropped=[True, False, True])
+    assert out.shape == (3, 3, 8, 8)
+    resized = gpu.Resize((8, 8))([images[0], images[2]])
+    assert torch.equal(out[0], resized[0]) and torch.equal(out[2], resized[1])
+    whole = gpu.apply_transform(gpu.Compose(head), [images[1]], indices[[1]], 2, 1)
+    assert torch.equal(out[1], whole[0])
+
+
 def test_an_evaluation_head_resizes_and_centre_crops_like_the_device() -> None:
     head = DeviceHead([gpu.Resize(256), gpu.CenterCrop(224)])
     plan = head.plan(375, 500)  # torchvision: 341 x 256, then a 224 window at (16, 58)

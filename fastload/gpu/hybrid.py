@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from .. import rng as _rng
+from ..device import small_to_device
 from ..transforms import CenterCrop as _CpuCenterCrop
 from ..transforms import Plan, Transform
 from .decode import RegionBatch
@@ -135,9 +136,9 @@ def apply_head(
     if not whole:
         return resized
     out = resized.new_empty((len(images), *resized.shape[1:]))
-    out[torch.tensor(boxes, device=out.device)] = resized
+    out[small_to_device(np.array(boxes), out.device)] = resized  # (not a blocking pageable copy)
     rest = apply_transform(compose, [images[k] for k in whole], indices[whole], epoch, seed)
-    out[torch.tensor(whole, device=out.device)] = rest
+    out[small_to_device(np.array(whole), out.device)] = rest
     return out
 
 
