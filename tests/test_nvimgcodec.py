@@ -67,6 +67,22 @@ def test_without_the_module_or_a_cuda_device_torchvision_decodes(monkeypatch: py
         nvimgcodec._imported.cache_clear()
 
 
+def test_an_nvimgcodec_older_than_09_is_named_and_torchvision_decodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.8's decode parameters have no sample_format, which fastload uses: such an install is
+    not taken (its decoder could not be made), and ``loader.decoder`` says why and how to fix it."""
+    import types
+
+    old = types.SimpleNamespace(__version__="0.8.0", as_images=None)
+    monkeypatch.setattr(nvimgcodec, "_imported", lambda: old)
+    assert not nvimgcodec.available("cuda") and nvimgcodec.too_old()
+    said = device_decoder("cuda")
+    assert "nvImageCodec 0.8.0 is installed, but fastload needs 0.9 or later: pip install -U" in said
+    monkeypatch.setattr(old, "__version__", "0.9.0")
+    assert nvimgcodec.available("cuda") and not nvimgcodec.too_old() and not nvimgcodec.available("cpu")
+
+
 def test_only_each_crop_box_is_decoded_and_the_batches_are_the_same(
     imagenet_root: Path, stand_in: Any
 ) -> None:

@@ -95,11 +95,14 @@ def device_decoder(
     if not torchvision_jpeg_available():
         return "PIL on the CPU (torchvision.io.decode_jpeg is not available)"
     if device.type == "cuda":
-        return (
-            "nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29; "
-            "nvImageCodec adds the hardware decoder and region decoding: pip install "
-            "'fastload[nvimgcodec-cu12]' or -cu13)"
+        why = (
+            f"nvImageCodec {nvimgcodec.nvimgcodec_version()} is installed, but fastload needs 0.9 or "
+            "later: pip install -U 'fastload[nvimgcodec-cu12]' or -cu13"
+            if nvimgcodec_usable and nvimgcodec.too_old()
+            else "nvImageCodec adds the hardware decoder and region decoding: pip install "
+            "'fastload[nvimgcodec-cu12]' or -cu13"
         )
+        return f"nvJPEG through torchvision.io.decode_jpeg (batched; deprecated from torchvision 0.29; {why})"
     return "libjpeg-turbo on the CPU through torchvision.io.decode_jpeg (no GPU decoder on a CPU device)"
 
 

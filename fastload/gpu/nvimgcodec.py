@@ -126,12 +126,20 @@ def use_module(module: Any) -> Iterator[None]:
 
 def available(device: torch.device | str | None) -> bool:
     """Whether ``decode="device"`` decodes with nvImageCodec on ``device``: it imports (and is not
-    turned off with ``FASTLOAD_NVIMGCODEC=0``) and the device is CUDA (any device for a module
-    given to :func:`use_module`)."""
+    turned off with ``FASTLOAD_NVIMGCODEC=0``), it is 0.9 or later (:func:`too_old`) and the
+    device is CUDA (any device for a module given to :func:`use_module`)."""
     if _injected is not None:
         return True
     device = torch.device("cpu") if device is None else torch.device(device)
-    return device.type == "cuda" and _imported() is not None
+    module = _imported() if device.type == "cuda" else None
+    return module is not None and _version_at_least(module, (0, 9))
+
+
+def too_old() -> bool:
+    """Whether the nvImageCodec that imports is older than 0.9, whose decode parameters
+    (``sample_format``) and planar images fastload uses."""
+    module = _imported()
+    return module is not None and not _version_at_least(module, (0, 9))
 
 
 def nvimgcodec_version() -> str | None:
