@@ -26,14 +26,17 @@ import pathlib
 import random
 import re
 import sys
+import threading
 import types
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["stateless_callable"]
+__all__ = ["GlobalRead", "globals_read", "stateless_callable"]
 
 #: The libraries whose transform objects keep no state between calls (their ops' attributes are
 #: their settings); what they hold (a ``Compose``'s ops, a ``Lambda``'s function) is looked at too.
@@ -352,11 +355,34 @@ def _in_place_op(ins: dis.Instruction) -> bool:
     return ins.opname.startswith("INPLACE_") or (ins.opname == "BINARY_OP" and ins.argrepr.endswith("="))
 
 
+#: A global read as data: the module namespace and the name (``SIZE`` in ``Resize(SIZE)``).
+GlobalRead = tuple[dict[str, Any], str]
+_recording = threading.local()
+#: Globals that are code or modules, not data a loop may assign between epochs.
+_CODE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+@contextmanager
+def globals_read() -> Iterator[list[GlobalRead]]:
+    """Inside the block, every global that the code looked at by :func:`stateless_callable` reads
+    as data (a number, a list, an object: not a module, class or function) is added to the list
+    given: stateless code can still read a global the loop assigns between epochs (``SIZE =
+    epoch_size(epoch)``), which workers kept from an earlier pass would not see."""
+    read: list[GlobalRead] = []
+    previous = getattr(_recording, "read", None)
+    _recording.read = read
+    try:
+        yield read
+    finally:
+        _recording.read = previous
+
+
 class _Reach:
     """One question of :func:`stateless_callable`: what a callable reaches, and whether its code
     may change any of it. Objects already looked at are not looked at again (cycles)."""
 
     def __init__(self) -> None:
+        self.read: list[GlobalRead] | None = getattr(_recording, "read", None)
         self.seen: set[Any] = set()
         self.mutable = False  # it reaches something its code could change
         self.mutates = False  # some code looked at changes an attribute or an item
@@ -575,6 +601,8 @@ class _Reach:
                 if name in namespace:
                     if not self.value_ok(namespace[name], depth + 1):
                         return False
+                    if self.read is not None and not isinstance(namespace[name], _CODE):
+                        self.read.append((namespace, name))
                     writes_by_position = writes_by_position or _writes_by_position(namespace[name])
                     chain = namespace[name] if isinstance(namespace[name], types.ModuleType) else None
                 elif not (name in builtins if isinstance(builtins, dict) else hasattr(builtins, name)):

@@ -15,20 +15,32 @@ copy, 20 MiB held, and a 3 ms comparison per pass); tensors by identity and in-p
 transform objects (``Compose``, torchvision ops, anything with public attributes) by their public
 attributes, four levels deep from the dataset (an op of a ``Compose`` of a ``Subset``'s dataset
 included); wrapped datasets (``Subset``, ``ConcatDataset``) two levels deep; anything else
-(functions, long tuples, files) by identity. Not seen: a change inside an object kept in a list
-(the copy is shallow) or deeper than these levels.
+(functions, long tuples, files) by identity. Of a class of the user's, its private attributes
+(unless a library class among its bases may keep caches there) and its classes' data attributes
+too; arrays a dict holds by content; and the module globals its code reads as data
+(:func:`globals_state`, from :func:`fastload._stateless.globals_read`). Not seen: a change inside
+an object kept in a list (the copy is shallow) or deeper than these levels, an array over 64 MiB
+changed in place, a tensor written through ``.numpy()`` or ``.data`` (its version unchanged).
 """
 
 from __future__ import annotations
 
 import enum
 import types
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 import torch
 
-__all__ = ["SOURCE_ATTRIBUTES", "changed_attributes", "dataset_state", "source_key", "source_state"]
+__all__ = [
+    "SOURCE_ATTRIBUTES",
+    "changed_attributes",
+    "changed_globals",
+    "dataset_state",
+    "globals_state",
+    "source_key",
+    "source_state",
+]
 
 #: What the loader's path decision and plans are made from (its own index for ``_index``).
 SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index")
@@ -57,6 +69,8 @@ class _Content:
         data: Any
         if isinstance(value, np.ndarray):
             data = value.copy() if value.nbytes <= _ARRAY_BYTES else (id(value), value.shape)
+        elif isinstance(value, dict):  # arrays it holds by content (labels updated in place)
+            data = {k: _Content(v) if isinstance(v, np.ndarray) else v for k, v in value.items()}
         else:
             data = value.copy()
         self.data = data
@@ -100,23 +114,70 @@ def _value_state(value: Any, depth: int, memo: dict[int, Any]) -> Any:
     if isinstance(value, torch.utils.data.Dataset) and depth < 2:
         return dataset_state(value, depth + 1, memo)
     if depth < 4 and not isinstance(value, _OPAQUE) and isinstance(getattr(value, "__dict__", None), dict):
-        items = vars(value).items()
-        public = tuple((name, _value_state(v, depth + 1, memo)) for name, v in items if name[:1] != "_")
+        items = _watched_attributes(value)
+        public = tuple((name, _value_state(v, depth + 1, memo)) for name, v in items)
         return (type(value).__name__, id(value), public)
     return ("object", id(value))
 
 
-def dataset_state(dataset: Any, depth: int = 0, memo: dict[int, Any] | None = None) -> tuple[Any, ...]:
-    """The dataset's public attributes as a pass start compares them (see the module docs)."""
+def _users(cls: type) -> bool:
+    """Whether ``cls`` is the user's (not torch's, torchvision's, fastload's, PIL's, numpy's)."""
+    return str(getattr(cls, "__module__", "")).split(".")[0] not in _LIBRARIES
+
+
+_LIBRARIES = frozenset({"torch", "torchvision", "fastload", "PIL", "numpy", "builtins", "typing"})
+_PLAIN_BASES = (object, torch.utils.data.Dataset, torch.utils.data.IterableDataset, Generic)
+
+
+def _watched_attributes(obj: Any) -> list[tuple[str, Any]]:
+    """An object's attributes a pass start compares: the public ones; of a class of the user's
+    also its private ones (``self._scale``) and its classes' data attributes (``SIZE = 16`` in
+    the class body, which a loop may assign between epochs), not its methods."""
+    attributes = vars(obj)
+    cls = type(obj)
+    if not _users(cls):
+        return [(name, v) for name, v in attributes.items() if name[:1] != "_"]
+    # private ones only where no library class in its bases may keep a cache there
+    private = all(_users(klass) or klass in _PLAIN_BASES for klass in cls.__mro__)
+    out = [(name, v) for name, v in attributes.items() if not name.startswith("__" if private else "_")]
+    for klass in cls.__mro__:
+        if klass is object or not _users(klass):
+            continue
+        for name, v in vars(klass).items():
+            if name.startswith("__") or name in attributes or callable(v) or hasattr(v, "__get__"):
+                continue
+            out.append((f"{klass.__name__}.{name}", v))
+    return out
+
+
+def globals_state(read: list[tuple[dict[str, Any], str]]) -> tuple[Any, ...]:
+    """The values of the globals the dataset's code reads (see
+    :func:`fastload._stateless.globals_read`), as :func:`dataset_state` compares attributes."""
+    memo: dict[int, Any] = {}
+    return tuple(
+        (f"{namespace.get('__name__', '?')}.{name}", _value_state(namespace.get(name, _MISSING), 1, memo))
+        for namespace, name in read
+    )
+
+
+_MISSING = ("missing",)
+
+
+def dataset_state(
+    dataset: Any, depth: int = 0, memo: dict[int, Any] | None = None, names: tuple[str, ...] | None = None
+) -> tuple[Any, ...]:
+    """The dataset's attributes as a pass start compares them (see the module docs); ``names``:
+    only those (what the loader's plans are made from, where no workers are kept)."""
     if memo is None:
         memo = {}
     attributes = getattr(dataset, "__dict__", None)
     if attributes is None:
         return (id(dataset),)
     out: list[tuple[str, Any]] = []
-    for name, value in attributes.items():
-        if name.startswith("_"):
-            continue  # private: the dataset's own caches
+    # private attributes of fastload's and torchvision's datasets: their own caches
+    for name, value in _watched_attributes(dataset) if isinstance(attributes, dict) else ():
+        if names is not None and name not in names:
+            continue
         if depth < 2 and isinstance(value, list) and value and isinstance(value[0], torch.utils.data.Dataset):
             out.append((name, tuple(dataset_state(v, depth + 1, memo) for v in value)))
         else:
@@ -130,6 +191,12 @@ def changed_attributes(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[
         return ["the dataset object"]
     old, new = dict(before[1]), dict(after[1])
     return [f"'{name}'" for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+
+
+def changed_globals(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
+    """The globals (of :func:`globals_state`) whose value differs, as ``"global module.NAME"``."""
+    old, new = dict(before), dict(after)
+    return [f"global {name}" for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
 
 
 def source_state(state: tuple[Any, ...]) -> tuple[Any, ...]:

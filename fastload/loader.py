@@ -93,10 +93,14 @@ from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, p
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, RNGState, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
+from ._stateless import GlobalRead, globals_read
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
+from ._watch import SOURCE_ATTRIBUTES as _SOURCE_ATTRIBUTES
 from ._watch import changed_attributes as _changed_attributes
+from ._watch import changed_globals as _changed_globals
 from ._watch import dataset_state as _dataset_state
+from ._watch import globals_state as _globals_state
 from ._watch import source_key as _source_key
 from ._watch import source_state as _source_state
 from ._worker import (
@@ -1288,7 +1292,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
         self._source_key = _source_key(dataset)
         #: what the plans below are made from, by value (an op or a sample changed in place)
-        self._source_made = _source_state(_dataset_state(dataset))
+        self._source_made = _source_state(_dataset_state(dataset, names=_SOURCE_ATTRIBUTES))
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
         self._worker_dataset = self._head_dataset = None
@@ -1402,11 +1406,14 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         """Whether fastload's default keeps the workers between passes (see the
         ``persistent_workers`` property): only where they run code known to keep no state and
         torch's new workers would run nothing more (no ``worker_init_fn``)."""
-        self._keeps_workers = (
-            self.worker_init_fn is None
-            and (self.decode != "cpu" or stateless_in_workers(self.dataset))
-            and (not self._given_collate or stateless_collate(self._user_collate, self.dataset))
-        )
+        with globals_read() as read:  # the globals that code reads: compared at each pass start
+            self._keeps_workers = (
+                self.worker_init_fn is None
+                and (self.decode != "cpu" or stateless_in_workers(self.dataset))
+                and (not self._given_collate or stateless_collate(self._user_collate, self.dataset))
+            )
+        unique = {(id(namespace), name): (namespace, name) for namespace, name in read}
+        self._globals_watched: list[GlobalRead] | None = list(unique.values())
 
     def _refresh_path(self) -> None:
         """At the start of a pass: follow a dataset whose transform or samples were replaced or
@@ -1424,12 +1431,24 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self._user_collate = self.collate_fn
         if self.decode != "cpu":
             return
-        state = _dataset_state(self.dataset)  # fastload._watch: what is compared, and how
+        kept = self._persistent_by_default and self.num_workers > 0
+        # fastload._watch: what is compared, and how (without kept workers, only what the plans
+        # are made from: copies of every list and array a dataset holds cost time and memory)
+        state = _dataset_state(self.dataset, names=None if kept else _SOURCE_ATTRIBUTES)
+        if kept and self.__dict__.get("_globals_watched") is None:
+            self._decide_keeping()  # (a copy of the loader: the globals are this process's)
+        globals_now = _globals_state(self._globals_watched or []) if kept else ()
         before, self._workers_dataset = self._workers_dataset, state
-        changed = before is not None and before != state
-        if self._persistent_by_default and self.num_workers > 0 and (changed or callables_set):
+        globals_before, self._workers_globals = self.__dict__.get("_workers_globals"), globals_now
+        changed = before is not None and (before != state or globals_before != globals_now)
+        if kept and (changed or callables_set):
             if before is not None:  # (set before the first pass: no workers yet)
-                what = ", ".join(_changed_attributes(before, state))
+                what = ", ".join(
+                    [
+                        *(_changed_attributes(before, state) if before != state else []),
+                        *_changed_globals(globals_before or (), globals_now),
+                    ]
+                )
                 _log.info(
                     "fastload.DataLoader restarts its workers: %s, "
                     "and torch's loader would start new workers that see it (persistent_workers=True: "
@@ -1688,6 +1707,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         # the dataset's compared state (copies of its lists: 1.28M samples) is this process's:
         # the copy's dataset is another object, compared anew (its plans made again at its first pass)
         state["_workers_dataset"] = state["_source_made"] = None
+        state["_workers_globals"] = state["_globals_watched"] = None  # (module namespaces)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
