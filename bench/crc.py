@@ -34,11 +34,12 @@ import torch
 
 import fastload.transforms as fT
 from fastload import rng
-from fastload.benchmark import default_data
 from fastload.folder import scan_folder
 from fastload.loader import DataLoader
 from fastload.memory import InMemoryImageFolder
 from fastload.pack import write_pack
+
+from _harness.config import default_data
 
 
 def _per_image(blobs: list[bytes], repeats: int) -> dict[str, float]:

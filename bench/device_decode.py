@@ -6,7 +6,7 @@ On the same files (the train split, read into memory first: no I/O), images/s of
 
 * ``torchvision``: ``torchvision.io.decode_jpeg(list_of_jpegs, device="cuda")``, the batched
   nvJPEG call on the JPEGs it takes (what fastload's device decoding builds on);
-* ``decode_batch``: :func:`fastload.decode.decode_batch` on the same JPEGs, routed by their
+* ``decode_batch``: :func:`fastload.gpu.decode.decode_batch` on the same JPEGs, routed by their
   headers (the routes already known, as from the second epoch on): its overhead over the call;
 * ``loader``: ``fastload.DataLoader(decode="device")`` with ``gpu.RandomResizedCrop(224)`` (the
   feeder thread: read, route, decode, crop, labels; no model), ``--workers`` reader threads, over
@@ -37,8 +37,11 @@ import torch
 
 import fastload
 from fastload import gpu
-from fastload.benchmark import default_data, endless
-from fastload.decode import decode_batch, decode_jpegs, device_decoder, device_routes
+from fastload.decode import decode_jpegs
+from fastload.gpu.decode import decode_batch, device_decoder, device_routes
+
+from _harness.config import default_data
+from _harness.timing import endless
 
 
 def _sync(device: torch.device) -> None:

@@ -164,6 +164,7 @@ def _timed(
     """(images/s, CPU microseconds per image, the busy thread's operations meanwhile, seconds)."""
     packed, native = ROWS[row]
     nvimgcodec.PACKED, nvimgcodec.NATIVE = packed, native
+    os.environ["FASTLOAD_GPU_EXPERIMENTAL"] = "1"  # in place and the C interface are experimental
     loader = fastload.DataLoader(
         dataset,
         batch_size=batch_size,

@@ -37,7 +37,8 @@ import torchvision.transforms.v2 as v2
 import torchvision.transforms.v2.functional as tvf
 
 from fastload import gpu
-from fastload.prefetch import default_device, stream_backend
+from fastload.device import default_device
+from fastload.gpu.streams import stream_backend
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload import gpu
+from fastload import fused, gpu
 from fastload import transforms as T
 from fastload.decode import decode_pil
 from fastload.recognize import convert_pipeline
@@ -45,11 +45,11 @@ DEFAULT_DATA = Path.home() / ".cache" / "fastload" / "synthetic-imagenet"
 
 
 class _Timer:
-    """Wraps a module-level function of :mod:`fastload.transforms` and adds up its CPU time."""
+    """Wraps a module-level function of :mod:`fastload.fused` and adds up its CPU time."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.real: Callable[..., Any] = getattr(T, name)
+        self.real: Callable[..., Any] = getattr(fused, name)
         self.seconds = 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -82,7 +82,7 @@ def measure(datas: list[bytes], split: str, repeats: int) -> dict[str, float]:
     stages = {
         "header": ["jpeg_header"],
         "decode": ["decode_jpeg_region"],
-        "resample + crop + write": ["pil_resample", "_run_ops", "_copy_tensor_out"],
+        "resample + crop + write": ["pil_resample", "run_ops", "_copy_tensor_out"],
     }
     timers = {name: _Timer(name) for names in stages.values() for name in names}
     out = np.empty((224, 224, 3), dtype=np.uint8)
@@ -91,7 +91,7 @@ def measure(datas: list[bytes], split: str, repeats: int) -> dict[str, float]:
     for _ in range(repeats):
         for t in timers.values():
             t.seconds = 0.0
-            setattr(T, t.name, t)
+            setattr(fused, t.name, t)
         try:
             t0 = time.process_time()
             for d in datas:
@@ -99,7 +99,7 @@ def measure(datas: list[bytes], split: str, repeats: int) -> dict[str, float]:
             total = time.process_time() - t0
         finally:
             for t in timers.values():
-                setattr(T, t.name, t.real)
+                setattr(fused, t.name, t.real)
         staged = 0.0
         for stage, names in stages.items():
             seconds = sum(timers[name].seconds for name in names)

@@ -10,7 +10,8 @@ from typing import Any
 
 __version__ = "0.1.0.dev0"
 
-from .folder import ClassIndex, FolderIndex, ImageFolder, scan_folder, scan_list
+from .folder import ClassIndex, FolderIndex, scan_folder, scan_list
+from .imagefolder import ImageFolder
 from .stats import LoaderStats
 
 # Names resolved on first use, so `import fastload` stays light.

@@ -1,4 +1,4 @@
-"""Command line: ``python -m fastload {synth,scan,pack,bench,info} ...`` (also installed as ``fastload``)."""
+"""Command line: ``python -m fastload {synth,scan,pack,info} ...`` (also installed as ``fastload``)."""
 
 from __future__ import annotations
 
@@ -136,11 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack_parser(sub)
 
     p = sub.add_parser(
-        "bench", help="throughput benchmark (same options as bench/throughput.py)", add_help=False
-    )
-    p.set_defaults(func=None)
-
-    p = sub.add_parser(
         "info", help="one line: versions, whether the C extension is built, whether DALI is installed"
     )
     p.add_argument("--json", action="store_true", help="every field as JSON (what benchmark records carry)")
@@ -149,13 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        # Imported only for `bench`: it loads torchvision and every backend it measures, which
-        # `python -m fastload --help` and the other commands do not need.
-        from .benchmark import main as bench_main
-
-        return bench_main(argv[1:], prog="python -m fastload bench")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -710,8 +710,8 @@ def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
 @dataclass(frozen=True)
 class TorchWorkerInit:
     """The ``worker_init_fn`` of torch's worker processes started by ``fastload.DataLoader``: starts
-    the idle trim (see below), turns on streamed batches (``stream``), then runs the user's
-    ``worker_init_fn``, if any.
+    the idle trim (see below; ``trim``), turns on streamed batches (``stream``), then runs the
+    user's ``worker_init_fn``, if any.
 
     Why: torch's worker loop builds a batch as a list of per-sample tensors and then collates them
     (at batch 256 of 224 px, 38.5 MB of samples). glibc's malloc serves such blocks from its heap
@@ -735,6 +735,9 @@ class TorchWorkerInit:
     #: fastload's default persistent workers: the pass cell (:func:`pass_seed_cell`) from which
     #: the worker seeds itself at each pass, as torch's new worker of that pass would be seeded.
     pass_seeds: torch.Tensor | None = field(default=None, compare=False)
+    #: Whether the idle check also gives the heap's free memory back (``malloc_trim``): only where
+    #: fastload runs every op in the worker (no allocator change in a process running user code).
+    trim: bool = False
 
     def __call__(self, worker_id: int) -> None:
         send_through_memfd()  # batches this worker sends never need /dev/shm (fastload._shm)
@@ -744,7 +747,7 @@ class TorchWorkerInit:
             enable_streaming(self.ring, worker_id)
         else:
             enable_ring(self.ring, worker_id)  # a user's collate_fn: RingedCollate, in reused segments
-        trim = _malloc_trim()
+        trim = _malloc_trim() if self.trim else None
         if (trim is not None or self.ring is not None) and IDLE_TRIM_SECONDS is not None:
             threading.Thread(
                 target=_trim_when_idle, args=(trim, IDLE_TRIM_SECONDS), name="fastload-idle-trim", daemon=True

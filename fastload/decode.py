@@ -47,12 +47,15 @@ __all__ = [
     "SKIP_HINT",
     "decode_error",
     "describe_unknown",
+    "DECODE_ERRORS",
     "decode_jpeg_tensor",
     "decode_jpegs",
     "decode_pil",
     "dct_scale",
     "decode_jpeg_region",
     "JpegInfo",
+    "encoded_tensor",
+    "jpeg_extension_built",
     "jpeg_header",
     "jpeg_info",
     "load_reduced",
@@ -83,9 +86,9 @@ DCT_SCALES = (8, 4, 2, 1)
 #: JPEG, whose first picture is what PIL and libjpeg decode).
 JPEG_FORMATS = ("JPEG", "MPO")
 
-# What PIL and torchvision raise on a bad file (PIL: OSError incl. "truncated", SyntaxError and
-# ValueError from plugins, DecompressionBombError; torchvision.io: RuntimeError).
-_DECODE_ERRORS: tuple[type[BaseException], ...] = (
+#: What PIL and torchvision raise on a bad file (PIL: OSError incl. "truncated", SyntaxError and
+#: ValueError from plugins, DecompressionBombError; torchvision.io: RuntimeError).
+DECODE_ERRORS: tuple[type[BaseException], ...] = (
     UnidentifiedImageError,
     OSError,
     SyntaxError,
@@ -233,7 +236,7 @@ def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Im
     """
     try:
         return Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else data))
-    except _DECODE_ERRORS as e:
+    except DECODE_ERRORS as e:
         raise decode_error(name, e, data) from None
 
 
@@ -284,7 +287,7 @@ def load_reduced(
             if result is not None:
                 applied = max(1, int(round(width / result[1][2])))
         img.load()
-    except _DECODE_ERRORS as e:
+    except DECODE_ERRORS as e:
         raise decode_error(name, e, data) from None
     return img, applied
 
@@ -292,6 +295,11 @@ def load_reduced(
 def roi_decoder_available() -> bool:
     """Whether region-of-interest decoding (the ``fastload._jpeg`` C extension) is built and enabled."""
     return USE_ROI_DECODE and _jpeg is not None
+
+
+def jpeg_extension_built() -> bool:
+    """Whether the ``fastload._jpeg`` C extension is built (enabled or not: :func:`roi_decoder_available`)."""
+    return _jpeg is not None
 
 
 def to_chw_by_table(
@@ -663,10 +671,10 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
         return torch.from_numpy(
             np.array(decode_pil(data if not isinstance(data, np.ndarray) else data.tobytes(), name))
         ).permute(2, 0, 1)
-    encoded = _encoded_tensor(data)
+    encoded = encoded_tensor(data)
     try:
         return decode(encoded)
-    except _DECODE_ERRORS as e:
+    except DECODE_ERRORS as e:
         # torchvision prefixes its messages with "decode_jpeg, /path/to/decode_jpeg.cpp:171, ".
         message = str(e)
         if ".cpp:" in message:
@@ -674,11 +682,9 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
         raise decode_error(name, message, data) from None
 
 
-# --------------------------------------------------------------------------------------------
-# Batched decoding on the device
-
-
-def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
+def encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
+    """An encoded file as the 1-D uint8 tensor torchvision's decoders take (the device path's
+    batched decode too): a tensor as it is, a writable contiguous uint8 array without a copy."""
     if isinstance(data, torch.Tensor):
         return data
     if (
@@ -691,15 +697,3 @@ def _encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> tor
         return torch.from_numpy(data)
     # torch.frombuffer warns on read-only buffers: hand it a private writable copy
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-#: Device decoding moved to :mod:`fastload.gpu.decode`; these names stay importable from here.
-_MOVED = ("decode_batch", "device_decoder", "device_routes", "ROUTE_UNKNOWN", "ROUTE_DEVICE", "ROUTE_CPU")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from .gpu import decode as device_decoding  # on first use: it imports this module
-
-        return getattr(device_decoding, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,12 @@ Every other module asks here instead of calling ``torch.cuda`` or ``os.cpu_count
 - :func:`device_is_cuda`, :func:`cuda_available`, :func:`default_device`: "is this CUDA",
   answered without creating a CUDA context (nothing here touches CUDA at import time).
 - :func:`small_to_device`: a few parameters on a device, without blocking the host.
-- Streams (:class:`StreamBackend`, :func:`stream_backend`) and pinned host memory
-  (:class:`HostMemory`, :func:`host_memory`, :class:`PageLock`, :func:`register_pinned`) live in
-  :mod:`fastload.gpu.streams` and :mod:`fastload.gpu.memory`; their names stay importable from here.
+- :func:`gpu_experimental`: whether the GPU code not yet measured on a GPU runs
+  (``FASTLOAD_GPU_EXPERIMENTAL=1``; off by default).
+- Streams and pinned host memory live on the GPU side: :mod:`fastload.gpu.streams`
+  (:class:`~fastload.gpu.streams.StreamBackend`, :func:`~fastload.gpu.streams.stream_backend`) and
+  :mod:`fastload.gpu.memory` (:func:`~fastload.gpu.memory.host_memory`,
+  :class:`~fastload.gpu.memory.PageLock`).
 - :func:`available_cpus`: the CPUs this process may run on (its affinity mask).
 - :func:`local_world_size`: the processes of this job on this machine.
 - :func:`auto_num_workers`: ``num_workers="auto"``.
@@ -16,7 +19,6 @@ Every other module asks here instead of calling ``torch.cuda`` or ``os.cpu_count
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +29,7 @@ __all__ = [
     "cuda_available",
     "default_device",
     "device_is_cuda",
+    "gpu_experimental",
     "local_world_size",
     "small_to_device",
 ]
@@ -76,6 +79,41 @@ def small_to_device(
     if device_is_cuda(device):
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+#: The environment variable that turns on the GPU code not yet measured on a GPU (see
+#: :func:`gpu_experimental`).
+GPU_EXPERIMENTAL = "FASTLOAD_GPU_EXPERIMENTAL"
+
+
+def gpu_experimental() -> bool:
+    """Whether the GPU code that was written for a GPU but never measured on one runs:
+    ``FASTLOAD_GPU_EXPERIMENTAL=1`` in the environment; unset, empty or ``0``: off (the default).
+
+    It turns on, together (``docs/gpu.md``, "Experimental"):
+
+    - nvImageCodec's in-place region decoding: a batch's crops decoded into one buffer
+      (:meth:`fastload.gpu.nvimgcodec.RegionDecoder.decode_packed`), and with it nvImageCodec's C
+      interface (``fastload._nvimgcodec``: one call per batch without the interpreter). Off: each
+      crop is decoded by nvImageCodec's Python interface and copied out of its memory, as measured
+      on an H200.
+    - ``decode="hybrid"``'s split that follows the training loop's demand
+      (:class:`fastload.gpu.hybrid.HybridSplit`). Off: the split follows the two sides' decoding
+      rates, as measured on an H200.
+
+    Read each time it is asked (a decoder or a split asks once, when it is made), so a test or a
+    program may set the variable before making its loader.
+
+    Raises:
+        ValueError: If the variable holds anything other than ``1``, ``0`` or nothing.
+    """
+    value = os.environ.get(GPU_EXPERIMENTAL, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{GPU_EXPERIMENTAL} should be 1 (on) or 0 (off, the default), but got "
+            f"{GPU_EXPERIMENTAL}={value!r}"
+        )
+    return value == "1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,28 +183,3 @@ def auto_num_workers() -> int:
     Example: 2 CPUs, no torchrun -> 2; 32 CPUs and ``torchrun --nproc-per-node 8`` -> 4.
     """
     return min(MAX_AUTO_WORKERS, cpu_share())
-
-
-# The GPU's half lives in fastload.gpu (streams, pinned host memory); its names stay importable
-# from here, resolved on first use (fastload.gpu imports this module).
-_MOVED = {
-    "HostMemory": "memory",
-    "PageLock": "memory",
-    "host_memory": "memory",
-    "register_pinned": "memory",
-    "unregister_pinned": "memory",
-    "StreamBackend": "streams",
-    "current_cuda_device": "streams",
-    "pinned_device": "streams",
-    "simulate_cuda": "streams",
-    "stream_backend": "streams",
-    "use_device": "streams",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from importlib import import_module
-
-        return getattr(import_module(f"fastload.gpu.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

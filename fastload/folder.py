@@ -1,4 +1,4 @@
-"""Class-index-consistent folder scanning and the file-backed ``ImageFolder``.
+"""Class-index-consistent folder scanning: a split's files -> :class:`FolderIndex`.
 
 torchvision's ``ImageFolder`` numbers the classes of *each split* by sorting that split's
 directory names. A validation folder that lacks one class therefore shifts every later label by
@@ -18,6 +18,10 @@ Worked example: ``train/`` has classes ``a, b, c``; ``val/`` lacks ``b``::
 Per-sample data lives in numpy arrays (relative paths in one byte buffer with offsets, targets as
 int64), never in Python lists of tuples, so an index of 1.28M files is cheap to pickle to workers,
 shares pages after ``fork`` and saves/loads in well under a second.
+
+Where it sits in the data flow: the first step. A :class:`FolderIndex` (from :func:`scan_folder`
+or :func:`scan_list`) is what the datasets read samples through (:mod:`fastload.imagefolder`,
+:mod:`fastload.memory`) and what :mod:`fastload.pack` writes into a pack file.
 """
 
 from __future__ import annotations
@@ -26,24 +30,14 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
 
-from ._checks import caller_stacklevel, read_error, sample_index
-from ._stream import fetch
-from .decode import load_sample
+from ._checks import caller_stacklevel, read_error
 
-__all__ = [
-    "IMG_EXTENSIONS",
-    "ClassIndex",
-    "EncodedImageDataset",
-    "FolderIndex",
-    "ImageFolder",
-    "scan_folder",
-    "scan_list",
-]
+__all__ = ["IMG_EXTENSIONS", "ClassIndex", "FolderIndex", "scan_folder", "scan_list"]
 
 IMG_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -836,223 +830,3 @@ def scan_list(
             relpaths.append(rel)
             targets.append(target)
     return FolderIndex(root, relpaths, targets, class_index)
-
-
-class _SampleList(Sequence[tuple[str, int]]):
-    """``dataset.samples`` as a lazy sequence of ``(path, target)`` tuples (no per-sample objects kept)."""
-
-    def __init__(self, index: FolderIndex) -> None:
-        self._index = index
-
-    @overload
-    def __getitem__(self, i: int) -> tuple[str, int]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[tuple[str, int]]: ...
-
-    def __getitem__(self, i: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self._index.paths[i], int(self._index.targets[i])
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-
-def _check_callable(value: Any, name: str) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} should be callable, but got {type(value).__name__}")
-
-
-class EncodedImageDataset:
-    """What :class:`ImageFolder` and :class:`~fastload.memory.InMemoryImageFolder` share: torchvision's
-    ``ImageFolder`` attributes over a :class:`FolderIndex`, and samples decoded from encoded bytes.
-
-    Attributes (as torchvision's): ``classes``, ``class_to_idx``, ``samples`` / ``imgs`` (a lazy
-    sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list:
-    ``Counter``, ``np.asarray`` and ``torch.as_tensor`` work on it unchanged), ``root``,
-    ``transform``, ``target_transform``; plus ``index`` (the :class:`FolderIndex`) and
-    ``class_index``.
-
-    ``dataset[i]`` is ``(transform(image), target_transform(target))``: the image is a PIL RGB image
-    (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
-    decoding is fused with it and the image is a uint8 tensor. The loader reads
-    ``get_bytes(i)`` and ``describe(i)`` directly to decode in its workers.
-
-    A subclass provides :attr:`index` and :meth:`get_bytes`, and calls ``__init__`` to set the rest.
-    """
-
-    def __init__(
-        self,
-        root: str | None,
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[[int], Any] | None = None,
-    ) -> None:
-        self.check_transforms(transform, target_transform)
-        self.root = root
-        self.transform = transform
-        self.target_transform = target_transform
-
-    @staticmethod
-    def check_transforms(transform: Any, target_transform: Any) -> None:
-        """``TypeError`` unless both are callable or ``None`` (for checks before any costly work)."""
-        _check_callable(transform, "transform")
-        _check_callable(target_transform, "target_transform")
-
-    @property
-    def index(self) -> FolderIndex:
-        """The samples: paths, int64 targets and the shared :class:`ClassIndex`."""
-        raise NotImplementedError
-
-    def get_bytes(self, i: int) -> bytes | memoryview:
-        """The encoded file of sample ``i``."""
-        raise NotImplementedError
-
-    def describe(self, i: int) -> str:
-        """How errors name sample ``i``: its index and path."""
-        return f"sample {i} ({self.index.paths[i]!r})"
-
-    @property
-    def class_index(self) -> ClassIndex:
-        return self.index.classes
-
-    @property
-    def classes(self) -> list[str]:
-        return self.index.classes.classes
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.index.classes.class_to_idx
-
-    @property
-    def targets(self) -> np.ndarray:
-        """The labels, int64."""
-        return self.index.targets
-
-    @property
-    def samples(self) -> Sequence[tuple[str, int]]:
-        """``(path, target)`` pairs, as ``ImageFolder.samples`` (a lazy sequence)."""
-        return _SampleList(self.index)
-
-    @property
-    def imgs(self) -> Sequence[tuple[str, int]]:
-        """The same as :attr:`samples` (torchvision's alias)."""
-        return self.samples
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        i = sample_index(i)  # a float is an error, as a list's (torchvision's ImageFolder.samples)
-        target: Any = int(self.targets[i])
-        image = load_sample(self.get_bytes(i), self.transform, self.describe(i))
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """``[self[i] for i in indices]`` (what torch's fetcher calls for a batch). In the worker
-        processes ``fastload.DataLoader`` starts on torch's path, each sample's image is copied
-        into its row of one batch tensor as soon as it is made (:mod:`fastload._stream`): the same
-        batch, without a list of per-sample tensors."""
-        return fetch(self, indices)
-
-    def extra_repr(self) -> str:
-        """Lines added to ``repr`` after the root (torchvision's ``VisionDataset.extra_repr``)."""
-        return f"Classes: {len(self.index.classes)}"
-
-    def __repr__(self) -> str:
-        lines = [
-            f"{type(self).__name__}",
-            f"    Number of datapoints: {len(self)}",
-            f"    Root location: {getattr(self, 'root', None)}",
-        ]
-        lines += [f"    {line}" for line in self.extra_repr().splitlines()]
-        if self.transform is not None:
-            lines.append(f"    Transform: {self.transform!r}")
-        return "\n".join(lines)
-
-
-class ImageFolder(EncodedImageDataset):
-    """Drop-in for ``torchvision.datasets.ImageFolder`` whose labels follow a shared class list.
-
-    Same attributes as torchvision's (see :class:`EncodedImageDataset`): ``classes``,
-    ``class_to_idx``, ``samples`` / ``imgs``, ``targets`` (int64 numpy), plus ``index`` (the
-    :class:`FolderIndex`) and ``class_index``.
-
-    ``dataset[i]`` returns ``(transform(image), target_transform(target))``. The image is a PIL RGB
-    image (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
-    decoding is fused with it (reduced-size JPEG decoding straight to the crop) and the image is a
-    uint8 tensor. A file that cannot be decoded raises :class:`fastload.decode.DecodeError` naming it.
-
-    Args:
-        root: The split's folder.
-        transform: Applied to the image.
-        target_transform: Applied to the label.
-        classes: The canonical class list (see :func:`scan_folder`); ``None`` uses ``root``'s folders.
-        loader: ``loader(path) -> image`` replacing the built-in decoder (must be picklable for
-            spawn workers: a module-level function, not a lambda).
-        extensions: File endings that count as images.
-        strict: See :func:`scan_folder`.
-        index: A ready :class:`FolderIndex` (then ``root``, ``classes``, ``extensions`` are not used
-            for scanning; ``root`` may be ``None``).
-        allow_empty: Accept a folder without any image file (an empty dataset) instead of raising
-            ``FileNotFoundError`` (torchvision's ``allow_empty``; see :func:`scan_folder`).
-
-    Raises:
-        FileNotFoundError: If ``root`` does not exist, or (unless ``allow_empty``) holds no image file
-            in any class folder: ``Found no valid file for the classes a, b in 'val'. Supported
-            extensions are: .jpg, ...``.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str] | None,
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[[int], Any] | None = None,
-        classes: ClassIndex | Sequence[str] | str | os.PathLike[str] | None = None,
-        loader: Callable[[str], Any] | None = None,
-        extensions: str | Iterable[str] = IMG_EXTENSIONS,
-        strict: bool = True,
-        index: FolderIndex | None = None,
-        allow_empty: bool = False,
-    ) -> None:
-        self.check_transforms(transform, target_transform)
-        _check_callable(loader, "loader")
-        if index is None:
-            if root is None:
-                raise ValueError("ImageFolder needs root (a folder to scan) or index (a FolderIndex)")
-            index = scan_folder(
-                root, classes=classes, extensions=extensions, strict=strict, allow_empty=allow_empty
-            )
-        elif not isinstance(index, FolderIndex):
-            raise TypeError(f"index should be a FolderIndex, but got {type(index).__name__}")
-        super().__init__(index.root, transform, target_transform)
-        self._index = index
-        self.loader = loader
-
-    @property
-    def index(self) -> FolderIndex:
-        """The :class:`FolderIndex` scanned (or passed)."""
-        return self._index
-
-    @property
-    def skipped(self) -> dict[str, int]:
-        """What the scan left out, by reason (see :attr:`FolderIndex.skipped`), e.g.
-        ``{"hidden_files": 2, "hidden_dirs": 0, "repeated_dirs": 0, "other_files": 1}``."""
-        return self._index.skipped
-
-    def get_bytes(self, i: int) -> bytes:
-        """The encoded file of sample ``i``."""
-        return self.index.read_bytes(i)
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        if self.loader is None:
-            return super().__getitem__(i)
-        target: Any = int(self.index.targets[i])
-        image = self.loader(self.index.paths[i])
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target

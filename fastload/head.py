@@ -66,7 +66,8 @@ from .decode import (
     jpeg_header,
     open_image,
 )
-from .folder import EncodedImageDataset
+from .fused import Plan, decode_plan
+from .imagefolder import EncodedImageDataset
 from .recognize import (
     CONVERSIONS,
     Conversion,
@@ -80,9 +81,9 @@ from .recognize import (
     resize_mode,
     tensor_antialias,
 )
-from .transforms import Plan, decode_plan, resized_output_size
+from .transforms import resized_output_size
 
-__all__ = ["HeadPipeline", "head_view", "split_pipeline"]
+__all__ = ["HeadPipeline", "head_view", "split_pipeline", "torchvision_op"]
 
 _CROPS = ("RandomResizedCrop", "Resize", "CenterCrop")
 
@@ -238,6 +239,19 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
     )
 
 
+def torchvision_op(op: Any) -> bool:
+    """Whether ``op`` is an instance of one of torchvision's own transform classes (not a subclass
+    defined elsewhere, not ``Lambda``, which runs a function of the user's); a container
+    (``RandomApply``, ``RandomChoice``, ``RandomOrder``, ``Compose``) when every op it holds is."""
+    cls = type(op)
+    if not cls.__module__.startswith("torchvision.transforms") or cls.__name__ == "Lambda":
+        return False
+    inner = getattr(op, "transforms", None)
+    if isinstance(inner, (list, tuple, torch.nn.ModuleList)):
+        return all(torchvision_op(t) for t in inner)
+    return True
+
+
 def wrapped_head(leading: list[Any]) -> bool:
     """Whether the ops before the head leave a ``tv_tensors.Image`` (a v2 ``ToImage`` last wins
     over a ``PILToTensor`` before it)."""
@@ -333,6 +347,16 @@ class HeadPipeline:
     def user_ops(self) -> list[str]:
         """The names of the ops that run as the user's objects."""
         return [_kind_name(stage) for stage in self.stages if not isinstance(stage, _Convert)]
+
+    @property
+    def foreign_ops(self) -> list[str]:
+        """The names of the ops run as written that are not torchvision's own transform classes
+        (:func:`torchvision_op`): code of the user's."""
+        return [
+            _kind_name(stage)
+            for stage in self.stages
+            if not isinstance(stage, _Convert) and not torchvision_op(stage)
+        ]
 
     def describe(self) -> str:
         """One line: what is fused and what runs as written, in pipeline order."""

@@ -2,7 +2,7 @@
 
 One place answers "what am I running on", for ``python -m fastload info`` (the one-line set-up
 summary that ``make bench`` and ``make test`` end with) and for the run records of the benchmark
-(``fastload.benchmark`` writes :func:`environment` into every JSON record).
+(``bench/throughput.py`` writes :func:`environment` into every JSON record).
 
 Example:
     >>> from fastload.info import environment, summary_line
@@ -32,7 +32,7 @@ import torchvision
 from . import __version__
 from .device import available_cpus, cuda_available
 from .gpu.decode import device_decoder
-from .gpu.transforms import plan_extension_built
+from .gpu.resample import plan_extension_built
 
 __all__ = ["C_EXTENSION_HINT", "C_RESAMPLE_HINT", "dali_version", "environment", "summary_line"]
 

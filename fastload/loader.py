@@ -62,8 +62,6 @@ import functools
 import inspect
 import logging
 import math
-import multiprocessing
-import os
 import time
 import warnings
 import weakref
@@ -90,28 +88,19 @@ from torch.utils.data.distributed import DistributedSampler as TorchDistributedS
 from ._checks import caller_stacklevel, check_choice, check_int, optional_attribute, sample_index
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, predicted_order, split_batches
-from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, RNGState, base_seed
+from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, base_seed
 from ._position import rest_of_epoch
 from ._shm import shm_error
-from ._stateless import GlobalRead, globals_read
+from ._source import changed_attributes, source_key, source_state
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
-from ._watch import SOURCE_ATTRIBUTES as _SOURCE_ATTRIBUTES
-from ._watch import changed_attributes as _changed_attributes
-from ._watch import changed_globals as _changed_globals
-from ._watch import dataset_state as _dataset_state
-from ._watch import globals_state as _globals_state
-from ._watch import source_key as _source_key
-from ._watch import source_state as _source_state
 from ._worker import (
     CLOSED_MIDPASS,
     TorchWorkerInit,
-    UnsendableBatchError,
     frozen_heap,
     pass_seed_cell,
     reporting_context,
     ship_dataset,
-    start_method,
 )
 from .device import auto_num_workers, cpu_share, cuda_available
 from .distributed import get_rank, get_world_size, ranks_known
@@ -122,13 +111,7 @@ from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
-from .recognize import (
-    is_image_folder,
-    recognize,
-    stateless_collate,
-    stateless_in_workers,
-    worker_view,
-)
+from .recognize import is_image_folder, recognize, worker_view
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
@@ -156,24 +139,6 @@ def _same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
     return a is not None and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _workers_see_what_main_does(dataset: Any, decode: str) -> bool:
-    """``num_workers="auto"``: whether loading in workers gives what the main process would
-    (torch's default, ``num_workers=0``); else it says so, once, with the way to have workers."""
-    if isinstance(dataset, IterableDataset):
-        return False
-    if decode != "cpu" or stateless_in_workers(dataset):
-        return True
-    _log.warning(
-        "fastload.DataLoader loads this %s in the main process, as torch's default num_workers=0: "
-        "num_workers='auto' starts workers only for datasets whose code is known to keep no state "
-        "(its __getitem__ and what it holds, or its transforms, may change as it is called: a "
-        "cache, a generator of its own; see fastload.recognize.stateless_in_workers). Pass "
-        "num_workers=N to load in N workers",
-        type(dataset).__name__,
-    )
-    return False
-
-
 def _structural_reason(loader: DataLoader[Any]) -> str | None:
     """Why the loader's arguments (not its dataset) rule out the fast path, or ``None``."""
     if isinstance(loader.dataset, IterableDataset):
@@ -187,6 +152,73 @@ def _structural_reason(loader: DataLoader[Any]) -> str | None:
     if _endless(loader.sampler):
         return ENDLESS_SAMPLER
     return None
+
+
+#: torch's samplers and fastload's, and plain sequences of indices: they run no code of the user's.
+_OWN_SAMPLERS = (
+    list,
+    tuple,
+    range,
+    np.ndarray,
+    SequentialSampler,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    TorchDistributedSampler,
+    DistributedSampler,
+    EpochRandomSampler,
+)
+
+
+def _user_code(loader: DataLoader[Any]) -> str | None:
+    """What of the user's the loader runs -- a dataset, transform, ``target_transform``,
+    ``collate_fn``, sampler or ``worker_init_fn`` of theirs -- or ``None`` where fastload runs every
+    op itself: the fast path and ``decode="device"``/``"hybrid"`` over fastload's datasets and
+    transforms (a recognised torchvision pipeline included), and head acceleration whose every op
+    after the head is one of torchvision's transform classes. The defaults follow it
+    (:meth:`DataLoader._apply_defaults`); nothing of the user's code is read to decide."""
+    if loader.worker_init_fn is not None:
+        return "a worker_init_fn"
+    if loader._given_collate:
+        return "a collate_fn"
+    if loader._given_batch_sampler:
+        return "a batch_sampler"
+    if type(loader.sampler) not in _OWN_SAMPLERS:
+        return f"a sampler of yours ({type(loader.sampler).__name__})"
+    path = loader._path
+    if path == "torch":
+        return f"{type(loader.dataset).__name__}'s own code"
+    dataset: Any = (
+        loader._head_dataset if path == "head-accelerated" else loader._fast_dataset or loader.dataset
+    )
+    if optional_attribute(dataset, "target_transform") is not None:
+        return "a target_transform"
+    if path == "head-accelerated":
+        foreign = dataset.transform.foreign_ops
+        return f"ops of yours after the head ({', '.join(foreign)})" if foreign else None
+    if not type(dataset).__module__.startswith("fastload."):
+        return f"a dataset class of yours ({type(dataset).__name__})"
+    transform = optional_attribute(dataset, "transform")
+    if transform is not None and not type(transform).__module__.startswith("fastload."):
+        return f"a transform of yours ({type(transform).__name__})"
+    return None
+
+
+def _torch_checks(
+    num_workers: int,
+    multiprocessing_context: Any,
+    prefetch_factor: int | None,
+    persistent_workers: bool | None,
+) -> None:
+    """torch's checks of the arguments that depend on ``num_workers`` (which fastload's default
+    sets only once the path is known), by torch's own ``DataLoader``: its errors, in its words."""
+    torch.utils.data.DataLoader(
+        [],  # type: ignore[arg-type]
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing_context,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=bool(persistent_workers),
+    )
 
 
 #: Why a sampler without ``__len__`` (an endless one) runs torch's iterator.
@@ -250,7 +282,6 @@ class _TorchPass:
         start: int,
         ring: MainRing | None,
         keep_ring: bool,
-        fallback: Callable[[UnsendableBatchError, int], Iterator[Any]] | None = None,
         own_workers: bool = False,
     ) -> None:
         self.it = torch_iter
@@ -258,36 +289,17 @@ class _TorchPass:
         self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
         self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
         self.ring_pass = None if ring is None else ring.pass_number()
-        #: automatic workers: ``fallback(error, batch)`` gives the pass from ``batch`` on, loaded in
-        #: the main process, when a worker cannot send a batch (see ``DataLoader._load_in_process``)
-        self.fallback = fallback
-        self.batch = 0  # the number of the next batch of the pass
         for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
             next(self)
 
     def __next__(self) -> Any:
         try:
-            batch = self._next()
-        except UnsendableBatchError as e:
-            fallback = self.fallback
-            if fallback is None:
-                self.batch += 1  # that batch is over (torch's iterator goes on after it)
-                hint = shm_error(e)  # it did not fit in /dev/shm: say so, with the fix
-                if hint is not None:
-                    raise hint from e
-                raise
-            self.close()
-            self.ring, self.fallback = None, None
-            self.it = fallback(e, self.batch)
-            batch = next(self.it)
-        except RuntimeError as e:
-            hint = shm_error(e)  # /dev/shm too small: say so, with the fix
+            return self._next()
+        except RuntimeError as e:  # (UnsendableBatchError too) torch's iterator goes on after it
+            hint = shm_error(e)  # it did not fit in /dev/shm: say so, with the fix
             if hint is None:
                 raise
-            self.batch += 1
             raise hint from e
-        self.batch += 1
-        return batch
 
     def _next(self) -> Any:
         if self.ring is None:
@@ -346,19 +358,6 @@ class _HostIterator:
         return next(self.source)
 
 
-def _pickles_workers(loader: DataLoader[Any]) -> bool:
-    """Whether a pass of torch's iterator may start workers that are sent the dataset pickled (a
-    start method other than fork, no workers kept from an earlier pass)."""
-    if loader.num_workers == 0 or loader.__dict__.get("_iterator") is not None:
-        return False
-    context = loader.multiprocessing_context
-    try:
-        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
-    except Exception:  # noqa: BLE001 -- an odd context: assume it pickles
-        return True
-    return method != "fork"
-
-
 def _workers_live(loader: DataLoader[Any], engine: Any) -> bool:
     """Whether ``loader`` has workers running (kept from an earlier pass): torch's iterator's or
     fastload's engine's."""
@@ -366,27 +365,6 @@ def _workers_live(loader: DataLoader[Any], engine: Any) -> bool:
         return True
     pool = engine.pool
     return pool is not None and not pool.closed and pool.num_workers > 0
-
-
-def _pickling_error(error: BaseException) -> bool:
-    """Whether ``error`` says that something could not be pickled (what a spawn or forkserver
-    worker is sent): ``pickle.PicklingError``, or the ``AttributeError`` / ``TypeError`` pickle
-    raises for a local class or an object without pickle support (Python 3.13: "Can't get local
-    object"), or one raised where the pickler runs."""
-    import pickle
-
-    if isinstance(error, pickle.PicklingError):
-        return True
-    if not isinstance(error, (AttributeError, TypeError)):
-        return False
-    words = str(error).lower()
-    if "pickle" in words or "local object" in words:
-        return True
-    innermost = error.__traceback__
-    while innermost is not None and innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    where = innermost.tb_frame.f_code.co_filename if innermost is not None else ""
-    return os.path.basename(where) in ("pickle.py", "reduction.py")
 
 
 class _SamplerDraws:
@@ -535,57 +513,22 @@ class DataLoaderIterator:
             elif loader.fast_path:
                 if loader.limit_threads:
                     self._hold = engine.limit_threads(loader.num_workers)
-                try:
-                    source = FastPass(loader, engine, self.epoch, start, self.seed)
-                except Exception as e:
-                    if not (loader._auto_workers and _pickling_error(e)):
-                        raise
-                    loader._give_up_workers(e)
-                    source = FastPass(loader, engine, self.epoch, start, self.seed)
+                source = FastPass(loader, engine, self.epoch, start, self.seed)
                 self._generation = source.generation
                 if not own_engine:
                     loader._fast_pass = weakref.ref(self)
             else:
                 if loader.limit_threads:
                     self._hold = engine.limit_threads(loader.num_workers)
-                rng_state = RNGState(loader.generator) if loader._auto_workers else None
                 # a pass started while the loop's iterates on the default persistent workers (a
                 # peek inside the loop): workers of its own, as torch's default gives each iterator,
                 # and an engine of its own (its cap on torch's threads ends with it)
                 self._own_torch_workers = own = own_engine
-                try:
-                    # torch's notice of a pickling error as spawn/forkserver workers start: with
-                    # automatic workers the fallback below says more. Only there: entering
-                    # catch_warnings makes Python show again warnings it showed once (torch's
-                    # pin_memory and worker-count warnings would repeat every pass)
-                    quiet = loader._auto_workers and _pickles_workers(loader)
-                    with warnings.catch_warnings() if quiet else contextlib.nullcontext():
-                        if quiet:
-                            warnings.filterwarnings("ignore", message="Got pickle error when attempting")
-                        # (re)makes loader._torch_ring when the loader's workers start
-                        torch_iter = loader._torch_iter(own_workers=own)
-                except Exception as e:
-                    if own or not (loader._auto_workers and _pickling_error(e)):
-                        raise
-                    loader._give_up_workers(e)
-                    if rng_state is not None:
-                        rng_state.restore()  # torch's default draws from here
-                    torch_iter = loader._torch_iter()
-                fallback = None
-                if loader._auto_workers and not own:
-                    fallback = functools.partial(
-                        loader._load_in_process,
-                        rng_state=rng_state,
-                        start=start,
-                        rest=rest,
-                        restored=weakref.WeakMethod(self._rng_restored),  # no cycle through the pass
-                    )
+                torch_iter = loader._torch_iter(own_workers=own)  # (re)makes loader._torch_ring
                 if own:
                     source = _TorchPass(torch_iter, start, None, False, own_workers=True)
                 else:
-                    source = _TorchPass(
-                        torch_iter, start, loader._torch_ring, loader.persistent_workers, fallback
-                    )
+                    source = _TorchPass(torch_iter, start, loader._torch_ring, loader.persistent_workers)
                     loader._torch_pass = weakref.ref(self)
             self._source = source
             if loader.decode != "cpu":  # loader.close() ends it (its threads), as it stops the workers
@@ -713,12 +656,6 @@ class DataLoaderIterator:
         workers = self._loader.num_workers
         if workers > 0:  # torch's iterator fetches one batch ahead per batch it hands out
             self._draws.fetch_to((self._loader.prefetch_factor or 2) * workers + self._done - self._start)
-
-    def _rng_restored(self) -> None:
-        """torch's RNG was set back to the pass's start, and the pass starts again without workers
-        (inside its first ``next()``): the sampler's draws are made again from there."""
-        self._draws = _SamplerDraws(self._loader, self._length)
-        self._draws.fetch_to(1)
 
     def close(self) -> None:
         """Ends the pass now (the next pass is the next epoch)."""
@@ -877,7 +814,11 @@ def _worker_init(
     # set in the instance's namespace: not the user's assignment (DataLoader.__setattr__)
     attributes = loader.__dict__
     attributes["worker_init_fn"] = TorchWorkerInit(
-        user_fn, stream=stream, ring=ring if stream or ringed else None, pass_seeds=pass_seeds
+        user_fn,
+        stream=stream,
+        ring=ring if stream or ringed else None,
+        pass_seeds=pass_seeds,
+        trim=loader._runs_user_code is None,
     )
     if stream:
         attributes["collate_fn"] = stream_collate
@@ -914,12 +855,17 @@ def _in_order_argument(in_order: bool) -> dict[str, bool]:
 class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     """Drop-in for :class:`torch.utils.data.DataLoader` (see the module docs for what it adds).
 
-    Every torch argument keeps its name and meaning; these defaults differ, to fix known traps:
-    ``num_workers="auto"`` (:func:`auto_num_workers`), ``persistent_workers=True`` when there are
-    workers running fastload's or torchvision's dataset code (and no ``worker_init_fn``),
-    ``pin_memory=True`` when CUDA is available. The main
-    process's torch intra-op threads are capped so that they and the workers never oversubscribe
-    the CPUs (``limit_threads``).
+    Every torch argument keeps its name and meaning, and its default wherever the loader runs code
+    of the user's -- a dataset, transform, ``target_transform``, ``collate_fn``, sampler or
+    ``worker_init_fn`` of theirs (torch's path, or ops of theirs after an accelerated head):
+    ``num_workers=0``, no workers kept between passes, no pinning, no cap on torch's threads.
+    Where fastload runs every op itself (the fast path, ``decode="device"``/``"hybrid"``, head
+    acceleration whose later ops are all torchvision's transform classes, with torch's samplers
+    and ``default_collate``), its own defaults apply: ``num_workers="auto"``
+    (:func:`auto_num_workers`), workers kept between passes, ``pin_memory=True`` when CUDA is
+    available, and the iterating thread's intra-op threads capped while the workers live
+    (``limit_threads``). Nothing of the user's code is read to decide: which of the two applies
+    depends only on the classes involved. Values passed explicitly are always honoured.
 
     Args:
         dataset: Any map-style or iterable dataset.
@@ -927,15 +873,17 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             ``collate_fn``, ``drop_last``, ``timeout``, ``worker_init_fn``,
             ``multiprocessing_context``, ``generator``, ``prefetch_factor``, ``pin_memory_device``
             and ``in_order``.
-        num_workers: Worker count, or ``"auto"``. ``0`` decodes in this process, as torch does; on
+        num_workers: Worker count, or ``"auto"`` (a share of this machine's CPUs, on any path).
+            Default: ``"auto"`` where fastload runs every op, else torch's ``0``. ``0`` decodes in
+            this process, as torch does; on
             the fast path a batch's samples are split over ``torch.get_num_threads()`` threads, as
             torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a
             ``get_bytes`` override, a ``target_transform``) still runs in the calling thread.
-        pin_memory: ``None`` pins when CUDA is available.
-        persistent_workers: ``None`` keeps workers between epochs where that cannot change
-            what the loop gets (see the ``persistent_workers`` property): there are workers, no
-            ``worker_init_fn``, and they run fastload's or torchvision's dataset code; they are
-            seeded at each pass as torch's new workers of that pass would be.
+        pin_memory: Default: pins where fastload runs every op and CUDA is available, or where
+            ``device`` is a CUDA device; else torch's ``False``.
+        persistent_workers: Default: workers are kept between epochs where fastload runs every op
+            (seeded at each pass as torch's new workers of that pass would be), else torch's
+            ``False``.
         seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed
             job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
             needed) 0, like torch's ``DistributedSampler``, so that every rank shuffles alike
@@ -969,7 +917,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         reuse_buffers: Hand out views of the reusable batch buffers, recycled once nothing refers to
             a batch (see the module docs); ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
-        limit_threads: Cap ``torch.get_num_threads()`` in the iterating thread at this process's
+        limit_threads: Default: ``True`` where fastload runs every op, else ``False``.
+            Cap ``torch.get_num_threads()`` in the iterating thread at this process's
             share of the CPUs (divided among the job's local ranks) less ``num_workers``, at least
             1, from the start of a pass while the workers are alive (until the pass ends without
             persistent workers; until ``close()`` or collection with them). A cap never raises
@@ -1011,7 +960,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int | str = "auto",
+        num_workers: int | str | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool | None = None,
         drop_last: bool = False,
@@ -1032,32 +981,44 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         on_error: str = "raise",
         reuse_buffers: bool = True,
         progress: bool = False,
-        limit_threads: bool = True,
+        limit_threads: bool | None = None,
         decode: str = "cpu",
         epoch_lookahead: bool = True,
         fast_path: bool = True,
         exact_pixels: bool = False,
     ) -> None:
-        auto_workers = num_workers == "auto"
-        if auto_workers:
-            # torch's default (0) for an IterableDataset (workers would each replay the whole
-            # stream unless the dataset shards itself, which only the user can know) and for a
-            # dataset whose code may keep state: the main process's one copy of it (a cache, a
-            # generator of its own) is not what copies in workers would give
-            num_workers = auto_num_workers() if _workers_see_what_main_does(dataset, decode) else 0
+        if num_workers == "auto":  # asked for, on any path
+            num_workers = auto_num_workers()
         elif isinstance(num_workers, bool):
             num_workers = int(num_workers)  # torch takes True as 1 worker (a bool is an int)
-        elif not isinstance(num_workers, (int, np.integer)):
+        elif num_workers is not None and not isinstance(num_workers, (int, np.integer)):
             # torch raises TypeError here too, from comparing a str with 0: same type, named argument
             raise TypeError(
                 f"num_workers should be a non-negative integer or 'auto', but got num_workers={num_workers!r}"
             )
-        elif num_workers < 0:  # torch's ValueError and words (its tests match them), then "auto"
+        elif num_workers is not None and num_workers < 0:  # torch's ValueError and words, then "auto"
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                 f"fastload.DataLoader also takes num_workers='auto' (a share of this machine's CPUs), "
                 f"but got num_workers={num_workers}"
             )
+        #: the arguments left to their default, which depend on the path (see :meth:`_apply_defaults`)
+        self._defaulted = frozenset(
+            name
+            for name, value in (
+                ("num_workers", num_workers),
+                ("pin_memory", pin_memory),
+                ("persistent_workers", persistent_workers),
+                ("limit_threads", limit_threads),
+            )
+            if value is None
+        )
+        #: what torch checks against num_workers, checked once the default is known (_apply_defaults)
+        self._asked = {
+            "multiprocessing_context": multiprocessing_context,
+            "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers,
+        }
         # Other values, batch_size and every torch argument: torch's own checks and messages
         # (in super().__init__ below).
         check_choice(worker_type, "worker_type", ("process", "thread"))
@@ -1083,19 +1044,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 )
         if seed is not None:
             check_int(seed, "seed", type_error=True)
-        if pin_memory is None:
-            pin_memory = cuda_available()
-        #: persistent workers the user did not ask for: they follow a dataset changed between passes
+        #: persistent workers the user did not ask for (fastload's default where it runs every op)
         self._persistent_by_default = persistent_workers is None
-        self._workers_dataset: tuple[Any, ...] | None = None  # the dataset's state at the last pass start
-        if persistent_workers is None:
-            # not with a worker_init_fn: torch's default runs it in each pass's new workers (it
-            # may seed them, or shard the worker's copy of the dataset, once per copy)
-            persistent_workers = isinstance(num_workers, int) and num_workers > 0 and worker_init_fn is None
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
-        if isinstance(num_workers, int) and num_workers > 0:
-            # torch's workers then report a batch that cannot be pickled instead of hanging
-            multiprocessing_context = reporting_context(multiprocessing_context)
         is_iterable = isinstance(dataset, IterableDataset)
         own_sampler = replaces_random_sampler = False
         if distributed:
@@ -1130,32 +1081,38 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._given_collate = collate_fn is not None and collate_fn is not default_collate
         self._user_collate = collate_fn
         self._given_batch_sampler = batch_sampler is not None
+        given_workers = num_workers is not None
+        if given_workers and num_workers > 0:  # type: ignore[operator]
+            # torch's workers then report a batch that cannot be pickled instead of hanging
+            multiprocessing_context = reporting_context(multiprocessing_context)
+        # With num_workers left to its default (which depends on the path, known below), what torch
+        # checks against it waits for it (_apply_defaults); else torch's checks and words, here.
         super().__init__(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
             sampler=sampler,
             batch_sampler=batch_sampler,
-            num_workers=num_workers,
+            num_workers=int(num_workers) if given_workers else 0,  # type: ignore[arg-type]
             collate_fn=collate_fn,
-            pin_memory=pin_memory,
+            pin_memory=bool(pin_memory),
             drop_last=drop_last,
             timeout=timeout,
             worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context,
+            multiprocessing_context=multiprocessing_context if given_workers else None,
             generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor if given_workers else None,
+            persistent_workers=bool(persistent_workers) if given_workers else False,
             pin_memory_device=pin_memory_device,
             **_in_order_argument(in_order),
         )
         if not self._persistent_by_default:  # asked for: visible where frameworks read the arguments
-            self.__dict__["persistent_workers"] = self._persistent_workers
+            self.__dict__["persistent_workers"] = bool(persistent_workers)
         self.worker_type = worker_type
         self.on_error = on_error
         self.reuse_buffers = bool(reuse_buffers)
         self.progress = bool(progress)
-        self.limit_threads = bool(limit_threads)
+        self.limit_threads = bool(limit_threads)  # (a default is set with the path: _apply_defaults)
         self.device = None if device is None else torch.device(device)
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
@@ -1175,13 +1132,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self._hybrid_dataset = view
         self._allow_fast = bool(fast_path)
         self.exact_pixels = bool(exact_pixels)
-        #: workers the user did not ask for (``num_workers="auto"``): a batch they cannot send
-        #: makes the loader load in the main process instead (see :meth:`_load_in_process`)
-        self._auto_workers = bool(auto_workers and self.num_workers > 0)
         self._fast_dataset: Any = None
         self._fast_reason: str | None = None
         self._device_conversion: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._source_key: tuple[Any, ...] | None = None
+        self._source_made: tuple[Any, ...] | None = None
         self._worker_dataset: Any = None  # what torch's workers serve instead of the dataset
         self._head_dataset: Any = None  # head acceleration: what torch's iterator serves (fastload.head)
         self._path = "torch"
@@ -1200,29 +1155,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def persistent_workers(self) -> bool:
-        """Whether workers are kept between passes (torch's attribute).
-
-        fastload's default (``None``) keeps them only where that cannot change what the loop
-        gets: there are workers, no ``worker_init_fn``, and they run code fastload knows keeps no
-        state between passes (its own paths, its folder datasets, torchvision's ``DatasetFolder``,
-        ``Subset``/``ConcatDataset`` of those: :func:`fastload.recognize.stateless_in_workers`; a
-        ``collate_fn`` given: :func:`fastload.recognize.stateless_collate`).
-        A dataset's own ``__getitem__``/``__iter__`` gets torch's default, new workers each
-        pass, each with a fresh copy of the dataset.
-
-        A framework that makes the loader again from its instance attributes (``vars(loader)``:
-        Lightning, injecting its ``DistributedSampler`` into a loader made outside its hooks)
-        finds the value there only where it was passed, as torch's default ``False`` is left out:
-        fastload's default stays a default (workers reseeded each pass, not kept with a
-        ``worker_init_fn``)."""
-        kept = bool(self.__dict__.get("_persistent_workers", False))
-        if (
-            kept
-            and self.__dict__.get("_persistent_by_default")
-            and not self.__dict__.get("_keeps_workers", True)
-        ):
-            return False
-        return kept
+        """Whether workers are kept between passes (torch's attribute). Left to its default: kept
+        where fastload runs every op itself and there are workers, else torch's default (new
+        workers each pass; see the class docs). A framework that makes the loader again from its
+        instance attributes (``vars(loader)``: Lightning) finds the value there only where it was
+        passed, so that fastload's default stays a default in the new loader."""
+        return bool(self.__dict__.get("_persistent_workers", False))
 
     @persistent_workers.setter
     def persistent_workers(self, value: bool) -> None:  # torch's __init__ (and refusal after it)
@@ -1279,63 +1217,52 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def _choose_path(self, log: bool = False, unless: str | None = None) -> None:
         """Decides between the fast path, head acceleration and torch's iterator for the dataset as
-        it is now, and says which it runs (``path``) and why not a faster one
-        (``fast_path_reason``). When ``log``, for an image-folder dataset: one line on the
-        ``fastload`` logger, INFO for the fast path, WARNING (shown by default) for the others --
-        with ``unless`` (the path before the dataset changed), only if the path is another now,
-        so that the last line said is the path that runs."""
+        it is now, says which it runs (``path``) and why not a faster one (``fast_path_reason``),
+        and sets the arguments left to their default for it (:meth:`_apply_defaults`). When
+        ``log``, for an image-folder dataset: one line on the ``fastload`` logger, INFO for the
+        fast path, WARNING (shown by default) for the others -- with ``unless`` (the path before
+        the dataset changed), only if the path is another now, so that the last line said is the
+        path that runs."""
         dataset = self.dataset
-        log = workers_log = log and unless is None
-
-        def say() -> bool:
-            return log or (unless is not None and self._path != unless)
-
-        self._source_key = _source_key(dataset)
-        #: what the plans below are made from, by value (an op or a sample changed in place)
-        self._source_made = _source_state(_dataset_state(dataset, names=_SOURCE_ATTRIBUTES))
+        self._source_key = source_key(dataset)
+        self._source_made = source_state(dataset)  # what the plans are made from, by value
         self._device_conversion = None
         self._fast_dataset, self._fast_reason = None, None
         self._worker_dataset = self._head_dataset = None
         self._path = "torch"
-        self._decide_keeping()
-        new_workers_each_pass = workers_log and self._persistent_by_default and self.num_workers > 0
-        if new_workers_each_pass and self.worker_init_fn is not None:
-            _log.info(
-                "fastload.DataLoader starts new workers each pass, as torch's default: it runs "
-                "worker_init_fn in each pass's new workers. Pass persistent_workers=True to keep them"
+        level, line = self._decide_path(dataset)
+        self._apply_defaults(first=not self.__dict__.get("_defaults_set"))
+        if self._path == "torch" and self.num_workers > 0:
+            # torch's workers serve a torchvision DatasetFolder from fastload's index (see _torch_iter)
+            self._worker_dataset = worker_view(dataset)[0]
+        if line is None or not (log and (unless is None or self._path != unless)):
+            return
+        if self.decode != "cpu":
+            line = line.format(decoder=self.decoder)
+        if self._path == "torch" and "num_workers" in self._defaulted:
+            line += (
+                f"; it loads in the main process, as torch's default num_workers=0 ({self._runs_user_code} "
+                f"runs): pass num_workers='auto' to load in {auto_num_workers()} workers"
             )
-        elif new_workers_each_pass and not self._keeps_workers:
-            _log.info(
-                "fastload.DataLoader starts new workers each pass, as torch's default: they run code "
-                "of yours that may keep state between passes (%s's __getitem__, transforms or "
-                "collate_fn: see fastload.recognize.stateless_callable). Pass persistent_workers=True "
-                "to keep them",
-                type(dataset).__name__,
-            )
+        _log.log(level, "%s", line.replace("%s", type(dataset).__name__, 1))
+
+    def _decide_path(self, dataset: Any) -> tuple[int, str | None]:
+        """Sets the path for ``dataset``; returns the line that says it (``%s``: the dataset's
+        class), or ``None`` where nothing is said (torch's path for a dataset fastload does not read)."""
         if self.decode != "cpu":
             self._fast_reason = f"decode={self.decode!r} decodes on the device"
             self._path = "device-decode" if self.decode == "device" else "hybrid"
-            if say():
-                _log.info(
-                    "fastload.DataLoader decodes this %s on %s with %s, in a feeder thread %d batches "
-                    "ahead of the loop",
-                    type(dataset).__name__,
-                    self.device if self.device is not None else "cpu",
-                    self.decoder,
-                    FEEDER_DEPTH,
-                )
-            return
+            return logging.INFO, (  # (the decoder is named once the workers are known)
+                f"fastload.DataLoader decodes this %s on {self.device if self.device is not None else 'cpu'} "
+                f"with {{decoder}}, in a feeder thread {FEEDER_DEPTH} batches ahead of the loop"
+            )
         structural = _structural_reason(self)
         if structural is None and _is_fast_dataset(dataset):
             self._take_fast(dataset)
-            if say():
-                _log.info("fastload.DataLoader runs the fast path for this %s", type(dataset).__name__)
-            return
+            return logging.INFO, "fastload.DataLoader runs the fast path for this %s"
         if not self._allow_fast:
             self._fast_reason = "fast_path=False"
-            if self.num_workers > 0:  # torch's workers serve a DatasetFolder from fastload's index
-                self._worker_dataset = worker_view(dataset)[0]
-            return
+            return logging.INFO, None
         found = recognize(dataset) if structural is None else None
         if found is not None and found.dataset is not None:
             view: Any = found.dataset
@@ -1343,47 +1270,61 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 if self.exact_pixels:
                     view.transform.exact = True
                 self._take_fast(view)
-                if say():
-                    _log.info(
-                        "fastload.DataLoader runs the fast path for this %s: its whole pipeline is "
-                        "fused with decoding",
-                        type(dataset).__name__,
-                    )
-                return
+                return logging.INFO, (
+                    "fastload.DataLoader runs the fast path for this %s: its whole pipeline is fused "
+                    "with decoding"
+                )
             self._fast_reason = (
                 "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
                 "acceleration) reproduce"
             )
         else:
             self._fast_reason = structural if found is None else found.reason
-        image_folder = is_image_folder(dataset) and not isinstance(dataset, IterableDataset)
-        head_reason = None
-        if image_folder:
-            head: Any
-            head, head_reason = head_view(dataset, exact=self.exact_pixels)
-            if head is not None:
-                self._head_dataset = self._worker_dataset = head
-                self._path = "head-accelerated"
-                if say():
-                    _log.warning(
-                        "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
-                        "(%s); not the fast path: %s",
-                        type(dataset).__name__,
-                        head.transform.describe(),
-                        self._fast_reason,
-                    )
-                return
-        if image_folder and say():
-            _log.warning(
-                "fastload.DataLoader runs torch's iterator for this %s (no acceleration): %s; "
-                "no head acceleration: %s",
-                type(dataset).__name__,
-                self._fast_reason,
-                head_reason,
+        if not is_image_folder(dataset) or isinstance(dataset, IterableDataset):
+            return logging.WARNING, None
+        head: Any
+        head, head_reason = head_view(dataset, exact=self.exact_pixels)
+        if head is None:
+            return logging.WARNING, (
+                "fastload.DataLoader runs torch's iterator for this %s (no acceleration): "
+                f"{self._fast_reason}; no head acceleration: {head_reason}"
             )
-        if self.num_workers > 0:
-            # torch's workers serve a torchvision DatasetFolder from fastload's index (see _torch_iter)
-            self._worker_dataset = worker_view(dataset)[0]
+        self._head_dataset = self._worker_dataset = head
+        self._path = "head-accelerated"
+        return logging.WARNING, (
+            "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
+            f"({head.transform.describe()}); not the fast path: {self._fast_reason}"
+        )
+
+    def _apply_defaults(self, first: bool) -> None:
+        """The arguments left to their default, for the path chosen: fastload's where it runs every
+        op itself (``num_workers="auto"``, workers kept between passes, pinned memory with CUDA,
+        ``limit_threads``), torch's where it runs code of the user's (``_runs_user_code``: no workers,
+        none kept, no pinning, no cap). ``first``: at construction, where torch's checks against
+        ``num_workers`` (made here when it was left to its default) raise torch's errors."""
+        self._runs_user_code = _user_code(self)
+        own = self._runs_user_code is None
+        defaulted = self._defaulted
+        if "num_workers" in defaulted:
+            self.num_workers = auto_num_workers() if own else 0
+            asked = self._asked
+            if first:
+                _torch_checks(self.num_workers, **asked)  # torch's errors, in its words
+            self.prefetch_factor = None if self.num_workers == 0 else asked["prefetch_factor"] or 2
+            context = asked["multiprocessing_context"]
+            self.__dict__["_persistent_workers"] = bool(asked["persistent_workers"]) and self.num_workers > 0
+            if self.num_workers > 0:
+                self.multiprocessing_context = reporting_context(context)
+            else:
+                self.multiprocessing_context = None
+        if "persistent_workers" in defaulted:
+            self.__dict__["_persistent_workers"] = own and self.num_workers > 0
+        if "pin_memory" in defaulted:
+            to_cuda = self.device is not None and self.device.type == "cuda"
+            self.pin_memory = (own and cuda_available()) or to_cuda
+        if "limit_threads" in defaulted:
+            self.limit_threads = own
+        self._defaults_set = True
 
     def _take_fast(self, view: Any) -> None:
         """The fast path, serving ``view``."""
@@ -1402,26 +1343,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             # the next pass: so do fastload's path and default workers (see _refresh_path)
             self.__dict__["_callables_set"] = True
 
-    def _decide_keeping(self) -> None:
-        """Whether fastload's default keeps the workers between passes (see the
-        ``persistent_workers`` property): only where they run code known to keep no state and
-        torch's new workers would run nothing more (no ``worker_init_fn``)."""
-        with globals_read() as read:  # the globals that code reads: compared at each pass start
-            self._keeps_workers = (
-                self.worker_init_fn is None
-                and (self.decode != "cpu" or stateless_in_workers(self.dataset))
-                and (not self._given_collate or stateless_collate(self._user_collate, self.dataset))
-            )
-        unique = {(id(namespace), name): (namespace, name) for namespace, name in read}
-        self._globals_watched: list[GlobalRead] | None = list(unique.values())
-
     def _refresh_path(self) -> None:
-        """At the start of a pass: follow a dataset whose transform or samples were replaced or
-        changed in place, as torch's loader does, unless live persistent workers hold the old one
-        (as torch's do), and a ``collate_fn`` / ``worker_init_fn`` set since the last pass. The
-        default persistent workers (not asked for) are restarted when the dataset changed since
-        the last pass (:func:`_dataset_state`) or one of those was set, as torch's default new
-        workers each pass see them; whether they are kept is decided again."""
+        """At the start of a pass: follow what fastload reads of the dataset itself (its transform,
+        ``target_transform``, samples and loader, :mod:`fastload._source`), replaced or changed in
+        place, and a ``collate_fn`` / ``worker_init_fn`` set since the last pass, as torch's loader
+        does; workers asked for (``persistent_workers=True``) keep what they started with, as
+        torch's do, while workers kept by fastload's default restart. The path and the defaults
+        that follow it are decided again."""
         # persistent workers asked for keep what they started with, as torch's do
         callables_set = self.__dict__.pop("_callables_set", False) and (
             self._persistent_by_default or not self.persistent_workers or not self.num_workers
@@ -1431,47 +1359,30 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self._user_collate = self.collate_fn
         if self.decode != "cpu":
             return
-        kept = self._persistent_by_default and self.num_workers > 0
-        # fastload._watch: what is compared, and how (without kept workers, only what the plans
-        # are made from: copies of every list and array a dataset holds cost time and memory)
-        state = _dataset_state(self.dataset, names=None if kept else _SOURCE_ATTRIBUTES)
-        if kept and self.__dict__.get("_globals_watched") is None:
-            self._decide_keeping()  # (a copy of the loader: the globals are this process's)
-        globals_now = _globals_state(self._globals_watched or []) if kept else ()
-        before, self._workers_dataset = self._workers_dataset, state
-        globals_before, self._workers_globals = self.__dict__.get("_workers_globals"), globals_now
-        changed = before is not None and (before != state or globals_before != globals_now)
-        if kept and (changed or callables_set):
-            if before is not None:  # (set before the first pass: no workers yet)
-                what = ", ".join(
-                    [
-                        *(_changed_attributes(before, state) if before != state else []),
-                        *_changed_globals(globals_before or (), globals_now),
-                    ]
-                )
-                _log.info(
-                    "fastload.DataLoader restarts its workers: %s, "
-                    "and torch's loader would start new workers that see it (persistent_workers=True: "
-                    "they keep what they started with, as torch's do)",
-                    f"the dataset changed since the last epoch ({what})"
-                    if changed
-                    else "collate_fn or worker_init_fn was set since the last epoch",
-                )
-            self._stop_workers()
-            self._decide_keeping()
-        if callables_set:
-            self._engine.close()
-            self._choose_path(log=True)
-            return
-        if _same_source(self._source_key, _source_key(self.dataset)) and self._source_made == _source_state(
-            state
-        ):
+        state = source_state(self.dataset)
+        before = self._source_made
+        if not callables_set and _same_source(self._source_key, source_key(self.dataset)) and before == state:
             return
         pool = self._engine.pool
-        if pool is not None and not pool.closed and pool.num_workers > 0:
+        live = (pool is not None and not pool.closed and pool.num_workers > 0) or self.__dict__.get(
+            "_iterator"
+        ) is not None
+        if live and not self._persistent_by_default and not callables_set:
             return
-        self._engine.close()
-        self._choose_path(log=True, unless=self._path)
+        if live:
+            what = (
+                "collate_fn or worker_init_fn was set"
+                if callables_set
+                else f"the dataset's {', '.join(changed_attributes(before or (), state))} changed"
+            )
+            _log.info(
+                "fastload.DataLoader restarts its workers: %s since the last epoch, and torch's loader "
+                "would start new workers that see it (persistent_workers=True: they keep what they "
+                "started with, as torch's do)",
+                what,
+            )
+        self._stop_workers()
+        self._choose_path(log=True, unless=None if callables_set else self._path)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""
@@ -1706,8 +1617,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         state["_base_seed_drawn"] = False
         # the dataset's compared state (copies of its lists: 1.28M samples) is this process's:
         # the copy's dataset is another object, compared anew (its plans made again at its first pass)
-        state["_workers_dataset"] = state["_source_made"] = None
-        state["_workers_globals"] = state["_globals_watched"] = None  # (module namespaces)
+        state["_source_made"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -1878,7 +1788,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             self._pass_seeds = pass_seed_cell() if reseeded else None
         try:
             with (
-                frozen_heap(self.multiprocessing_context),
+                # the parent's heap frozen for the fork only where the workers run no code of the user's
+                frozen_heap(self.multiprocessing_context)
+                if self._runs_user_code is None
+                else contextlib.nullcontext(),
                 _served(self, view if shipped is None else shipped),
                 _worker_init(self, table, None if own_workers else self._pass_seeds),
             ):
@@ -1892,48 +1805,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 shipped.close()  # the workers have their copy of its descriptor
         if not own_workers:
             self._torch_workers_started = True
-        return it
-
-    def _load_in_process(
-        self,
-        error: UnsendableBatchError,
-        batch: int,
-        *,
-        rng_state: RNGState | None,
-        start: int,
-        rest: np.ndarray | None = None,
-        restored: Callable[[], Callable[[], None] | None] | None = None,
-    ) -> Iterator[Any]:
-        """Workers the user did not ask for cannot send a batch: from now on this loader loads in
-        the main process, as torch's default (``num_workers=0``) does, and the pass goes on with
-        batch ``batch`` (the one that failed).
-
-        The pass's order is made again (a fastload sampler gives the same order for the epoch);
-        the batches before ``batch`` are loaded again and skipped. Failing at the pass's first batch
-        (the usual case: no sample of the dataset can be pickled), torch's RNG is set back to where
-        it was when the pass began, so random transforms draw what torch's default would.
-        """
-        lines = [line for line in str(error).splitlines() if "could not send batch" in line] or [str(error)]
-        reason = lines[-1].split("UnsendableBatchError: ")[-1].split(". With num_workers")[0].strip()
-        warnings.warn(
-            f"fastload.DataLoader started {self.num_workers} worker processes (num_workers='auto'), "
-            f"but they cannot send this dataset's batches to the main process ({reason}); this loader "
-            "now loads in the main process, as torch's default num_workers=0 does. Pass num_workers=0 "
-            "to skip the attempt, or return picklable samples to use workers.",
-            stacklevel=5,  # the loop's next(): through DataLoaderIterator, _HostIterator, _TorchPass
-        )
-        self.close()  # torch's workers stop
-        self._in_main_process()
-        is_restored = batch == start and rng_state is not None
-        if is_restored:
-            rng_state.restore()  # type: ignore[union-attr]
-        self._rest = rest  # a resumed epoch: the same rest of it
-        it = self._torch_iter()
-        again = restored() if is_restored and restored is not None else None
-        if again is not None:
-            again()  # the pass's sampler draws, made again after torch's base seed
-        for _ in range(batch):  # the batches the consumer already has
-            next(it)
         return it
 
     def _draw_as_torch(self, what: str) -> None:
@@ -1961,32 +1832,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                     base_seed()  # RandomSampler's seed: the same expression, torch's global RNG
             else:
                 torch.randperm(len(self.dataset), generator=self.generator)  # type: ignore[arg-type]
-
-    def _give_up_workers(self, error: BaseException) -> None:
-        """Workers the user did not ask for could not be started: what a spawn or forkserver worker
-        is sent (the dataset, a ``collate_fn``, a ``worker_init_fn``) cannot be pickled, e.g. a
-        class defined inside a function. torch's default (``num_workers=0``) needs no pickling, so
-        this loader now loads in the main process (the caller starts the pass again; on torch's
-        path with torch's RNG set back to where it was when the pass began)."""
-        method = start_method(self.multiprocessing_context)
-        warnings.warn(
-            f"fastload.DataLoader tried to start {self.num_workers} worker processes (num_workers="
-            f"'auto', start method {method!r}), but what they are sent cannot be pickled "
-            f"({type(error).__name__}: {str(error).splitlines()[0]}); this loader now loads in the "
-            "main process, as torch's default num_workers=0 does. Pass num_workers=0 to skip the "
-            "attempt, or define the dataset's class (and collate_fn, worker_init_fn) at the top "
-            "level of a module to use workers.",
-            stacklevel=4,  # the loop's iter(): through DataLoader.__iter__ and DataLoaderIterator
-        )
-        self.close()
-        self._in_main_process()
-
-    def _in_main_process(self) -> None:
-        """From now on, no workers (the automatic ones were given up): ``timeout``, a wait for
-        workers, goes too (torch's single-process iterator requires 0)."""
-        self.num_workers = 0
-        self.timeout = 0
-        self._auto_workers = False
 
     def _batch_decoder(self, device: torch.device) -> BatchDecoder:
         """The device paths' decoder (nvImageCodec's or torchvision's), made once per loader and
@@ -2024,7 +1869,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         reason = None
         if reuses_device_memory(prefetcher.transforms):
             reason = "gpu_transforms reuse device memory (Normalize(buffers=k)), safe one batch ahead only"
-        elif not (self.fast_path or (self.num_workers > 0 and not self._auto_workers)):
+        elif not (self.fast_path or self.num_workers > 0):
             reason = (
                 "torch's path loads in this process (num_workers=0), drawing from torch's global random "
                 "state, which a thread would interleave with the loop's draws; num_workers > 0 moves it"

@@ -64,7 +64,8 @@ from ._checks import check_choice, check_int, check_optional_int, read_error
 from ._packformat import HeadPlan, PackView
 from ._slices import ByteSlices
 from .device import available_cpus
-from .folder import ClassIndex, EncodedImageDataset, FolderIndex, scan_folder
+from .folder import ClassIndex, FolderIndex, scan_folder
+from .imagefolder import EncodedImageDataset
 from .pack import PackFile, bounded_map, progress_bar
 
 __all__ = ["SHUFFLE_ORDERS", "InMemoryImageFolder", "available_memory"]

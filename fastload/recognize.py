@@ -60,10 +60,10 @@ import numpy as np
 import torch
 
 from . import transforms as T
-from ._stateless import stateless_callable
 from .decode import affine_for_table, pil_resample_available, to_chw_by_table
 from .device import small_to_device
-from .folder import ClassIndex, EncodedImageDataset, FolderIndex, ImageFolder
+from .folder import ClassIndex, FolderIndex
+from .imagefolder import EncodedImageDataset, ImageFolder
 
 __all__ = [
     "CONVERSIONS",
@@ -83,9 +83,6 @@ __all__ = [
     "resize_mode",
     "sample_index",
     "see_through",
-    "stateless_callable",
-    "stateless_collate",
-    "stateless_in_workers",
     "tensor_antialias",
     "worker_view",
 ]
@@ -758,81 +755,6 @@ def _torchvision_loader(dataset: Any) -> Any:
             "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
         )
     return loader
-
-
-def stateless_in_workers(dataset: Any, depth: int = 0) -> bool:
-    """Whether what worker processes run for ``dataset`` is code fastload knows keeps no state
-    between passes: a fastload folder dataset (its own ``__getitem__``), a torchvision
-    ``DatasetFolder`` whose class keeps torchvision's ``__getitem__``/``__len__`` with
-    torchvision's loader, or torch's ``Subset``/``ConcatDataset`` of those, whose transforms are
-    :func:`stateless_callable`; another map-style dataset where its class's code and what it
-    holds are, as :func:`stateless_callable` looks at a callable's (a ``__getitem__`` that only
-    reads its attributes). A dataset's own ``__getitem__`` or ``__iter__`` may change the
-    worker's copy of the dataset (a shard list shuffled in place, a cache, a counter, a
-    generator of its own), which torch's default (each pass's new workers, or the main process
-    with ``num_workers=0``) would not see. A dataset that cannot be looked at (a ``__getattr__`` of
-    its own raising another error than ``AttributeError``) is not known to."""
-    try:
-        return _stateless_in_workers(dataset, depth)
-    except Exception:  # noqa: BLE001 -- the user's attribute code failing: unknown, torch's default
-        return False
-
-
-def stateless_collate(collate_fn: Any, dataset: Any) -> bool:
-    """Whether ``collate_fn`` is known to keep no state between passes with ``dataset``'s samples:
-    as :func:`stateless_callable`, and, unless the dataset makes every sample anew (fastload's and
-    torchvision's folders decode a file per sample), it changes none of the samples it is given
-    (a dataset may return objects it holds: a ``collate_fn`` that pops a key from such a dict or
-    scales such a tensor in place changes the worker's copy of the dataset). The batch list
-    itself is made anew for each batch: reordering or filling it is not state."""
-    return stateless_callable(collate_fn, given_held=not _fresh_samples(dataset))
-
-
-def _fresh_samples(dataset: Any, depth: int = 0) -> bool:
-    """Whether each sample ``dataset`` returns is made anew (decoded from a file) by code of fastload's
-    or torchvision's."""
-    cls = type(dataset)
-    if isinstance(dataset, EncodedImageDataset):
-        return all(
-            getattr(cls, name).__module__.startswith("fastload.") for name in ("__getitem__", "get_bytes")
-        )
-    if _torchvision_folder(dataset):
-        try:
-            _exact_folder_class(dataset)
-        except NotReproducible:
-            return False
-        return True
-    if depth < 3 and cls is torch.utils.data.Subset:
-        return _fresh_samples(dataset.dataset, depth + 1)
-    if depth < 3 and cls is torch.utils.data.ConcatDataset:
-        return all(_fresh_samples(d, depth + 1) for d in dataset.datasets)
-    return False
-
-
-def _stateless_in_workers(dataset: Any, depth: int) -> bool:
-    cls = type(dataset)
-    transforms = (getattr(dataset, "transform", None), getattr(dataset, "target_transform", None))
-    if isinstance(dataset, EncodedImageDataset):
-        own = all(
-            getattr(cls, name).__module__.startswith("fastload.") for name in ("__getitem__", "get_bytes")
-        )
-        return own and getattr(dataset, "loader", None) is None and all(map(stateless_callable, transforms))
-    if _torchvision_folder(dataset):
-        try:
-            _exact_folder_class(dataset)
-            _torchvision_loader(dataset)
-        except NotReproducible:
-            return False
-        return all(map(stateless_callable, transforms))
-    if depth < 3 and cls is torch.utils.data.Subset:
-        return stateless_in_workers(dataset.dataset, depth + 1)
-    if depth < 3 and cls is torch.utils.data.ConcatDataset:
-        return all(stateless_in_workers(d, depth + 1) for d in dataset.datasets)
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(cls, "__getitem__"):
-        return False  # a stream: what a worker's copy has read of it is its state
-    # any other map-style dataset: its __getitem__ and what it holds, as a callable's are looked at
-    # (a cache, a list of skipped files, a generator of its own are state)
-    return stateless_callable(dataset, depth)
 
 
 _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result

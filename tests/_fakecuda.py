@@ -1,7 +1,7 @@
 """Stand-ins for CUDA on a machine without a GPU: pinned host memory that remembers what it pinned,
 and stream operations that record every host-to-device copy and whether its source was pinned.
 
-Installed with :func:`fastload.device.simulate_cuda`, they let a CPU test fail on a pageable copy
+Installed with :func:`fastload.gpu.streams.simulate_cuda`, they let a CPU test fail on a pageable copy
 anywhere on a loader's path to the device.
 """
 
@@ -143,7 +143,7 @@ class CopyRecorder:
 @contextlib.contextmanager
 def fake_cuda(register_ok: bool = True, hold_fences: bool = False) -> Iterator[tuple[CopyRecorder, FakeHost]]:
     """Inside the block, loaders and prefetchers use the stand-ins (see the module docs)."""
-    from fastload.device import simulate_cuda
+    from fastload.gpu.streams import simulate_cuda
 
     host = FakeHost(register_ok, hold_fences)
     streams = CopyRecorder(host)

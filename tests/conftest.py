@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fastload.synthetic import make_imagenet_like
+
+
+def _import_bench_harness() -> None:
+    """Makes ``bench/_harness`` (the benchmark harness behind ``bench/throughput.py``, not a part of
+    the package) importable as ``_harness`` in the tests, as running a script in ``bench/`` does."""
+    init = Path(__file__).resolve().parents[1] / "bench" / "_harness" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "_harness", init, submodule_search_locations=[str(init.parent)]
+    )
+    assert spec is not None and spec.loader is not None
+    sys.modules["_harness"] = harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+
+
+_import_bench_harness()
 
 
 @pytest.fixture(scope="session")

@@ -18,17 +18,22 @@ import torch
 import torchvision
 
 import fastload
-from fastload import benchmark, info
+from fastload import info
 from fastload.__main__ import main as cli_main
 from fastload.decode import roi_decoder_available
-from fastload.device import available_cpus
+from fastload.device import auto_num_workers, available_cpus
+
+from _harness import cli, timing
+from _harness.backends import BACKENDS, Backend
+from _harness.config import PIPELINES, STORY, BenchConfig, model_counts, split_too_small, steady_counts
+from _harness.report import LEGEND
 
 
 @pytest.fixture(autouse=True)
 def _results_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --json the benchmark writes bench/results/throughput.json (and .png) in the working
     directory: here, in the test's own folder."""
-    monkeypatch.setattr(benchmark, "DEFAULT_JSON", tmp_path / "results" / "throughput.json")
+    monkeypatch.setattr(cli, "DEFAULT_JSON", tmp_path / "results" / "throughput.json")
 
 
 def _bench_args(root: Path, *extra: str) -> list[str]:
@@ -40,7 +45,7 @@ def test_throughput_bench_writes_records_and_table(
 ) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the bench extra)")
     out = tmp_path / "r.json"
-    code = benchmark.main(
+    code = cli.main(
         _bench_args(
             imagenet_root,
             "--workers",
@@ -164,7 +169,7 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
 ) -> None:
     out = tmp_path / "r.json"
     args = ["--workers", "1", "--backends", "fastload", "--pipelines", "val", "--repeat", "1"]
-    assert benchmark.main(_bench_args(imagenet_root, *args, "--step-ms", "200", "--json", str(out))) == 0
+    assert cli.main(_bench_args(imagenet_root, *args, "--step-ms", "200", "--json", str(out))) == 0
     (r,) = json.loads(out.read_text())
     assert r["step_ms"] == 200 and r["settings"]["step_ms"] == 200
     # 2 batches of 4 images, each followed by a 0.2 s step: at most 10 images/s.
@@ -178,11 +183,11 @@ def test_step_ms_simulates_a_model_and_shows_the_stall(
 def test_an_unavailable_backend_is_named_once_before_the_table(
     imagenet_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def build(config: benchmark.BenchConfig, pipeline: str, num_workers: int) -> list[object]:
+    def build(config: BenchConfig, pipeline: str, num_workers: int) -> list[object]:
         raise AssertionError("an unavailable backend is never built")
 
-    missing = benchmark.Backend("missing", build, lambda: "needs a library this machine lacks")
-    monkeypatch.setitem(benchmark.BACKENDS, "missing", missing)
+    missing = Backend("missing", build, lambda: "needs a library this machine lacks")
+    monkeypatch.setitem(BACKENDS, "missing", missing)
     args = [
         "--workers",
         "0,1",
@@ -193,7 +198,7 @@ def test_an_unavailable_backend_is_named_once_before_the_table(
         "--repeat",
         "1",
     ]
-    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    assert cli.main(_bench_args(imagenet_root, *args)) == 0
     lines = capsys.readouterr().out.splitlines()
     notes = [i for i, line in enumerate(lines) if line.startswith("skipping missing:")]
     header = next(i for i, line in enumerate(lines) if line.startswith("backend"))
@@ -227,7 +232,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
 def test_bench_errors_are_one_clear_line(
     imagenet_root: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    assert benchmark.main(["--data", str(imagenet_root), "--workers", "0", *args]) == 2
+    assert cli.main(["--data", str(imagenet_root), "--workers", "0", *args]) == 2
     assert message in _one_error_line(capsys)
 
 
@@ -235,7 +240,7 @@ def test_bench_errors_are_one_clear_line(
 def test_bench_device_cuda_without_cuda_is_one_line(
     imagenet_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert benchmark.main(["--data", str(imagenet_root), "--device", "cuda"]) == 2
+    assert cli.main(["--data", str(imagenet_root), "--device", "cuda"]) == 2
     err = _one_error_line(capsys)
     assert "CUDA is not available on this machine" in err and "leave --device out" in err
 
@@ -259,32 +264,32 @@ def test_torch_threads_is_set_recorded_and_a_busy_machine_is_named(
     monkeypatch.setattr(info.os, "getloadavg", lambda: (cpus + 1.0, cpus + 1.0, cpus + 1.0))
     args = ["--workers", "0", "--backends", "torchvision", "--pipelines", "val", "--repeat", "1"]
     torch.set_num_threads(2)
-    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    assert cli.main(_bench_args(imagenet_root, *args)) == 0
     note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: load average")]
     assert len(note) == 1 and "torch runs 2 threads" in note[0] and "--torch-threads 1" in note[0], note
     out = tmp_path / "r.json"
-    assert benchmark.main(_bench_args(imagenet_root, *args, "--torch-threads", "1", "--json", str(out))) == 0
+    assert cli.main(_bench_args(imagenet_root, *args, "--torch-threads", "1", "--json", str(out))) == 0
     assert torch.get_num_threads() == 1
     (record,) = json.loads(out.read_text())
     assert record["settings"]["torch_threads"] == 1
     assert "note: load average" not in capsys.readouterr().out  # one thread: nothing to wait for
     # Workers only (no 0-worker row): the main process's threads do not load, so no note either.
     torch.set_num_threads(2)
-    assert benchmark.main(_bench_args(imagenet_root, *args[2:], "--workers", "1")) == 0
+    assert cli.main(_bench_args(imagenet_root, *args[2:], "--workers", "1")) == 0
     assert "note: load average" not in capsys.readouterr().out
 
 
 def test_bench_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert benchmark.main(["--data", str(tmp_path)]) == 2
+    assert cli.main(["--data", str(tmp_path)]) == 2
     assert "python -m fastload synth" in _one_error_line(capsys)
     (tmp_path / "train").mkdir()
-    assert benchmark.main(["--data", str(tmp_path), "--pipelines", "val"]) == 2
+    assert cli.main(["--data", str(tmp_path), "--pipelines", "val"]) == 2
     assert f"{tmp_path / 'val'} not found" in _one_error_line(capsys)
 
 
 def test_the_old_reference_name_still_works(imagenet_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--workers", "0", "--backends", "decode-ceiling", "--pipelines", "val", "--repeat", "1"]
-    assert benchmark.main(_bench_args(imagenet_root, *args)) == 0
+    assert cli.main(_bench_args(imagenet_root, *args)) == 0
     captured = capsys.readouterr()
     assert "now called full-decode" in captured.err and "\nfull-decode " in captured.out
 
@@ -304,15 +309,18 @@ def test_the_commands_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> 
     """``python -m fastload --help`` in a terminal: no reST markup (it showed raw double backticks)."""
     text = _cli(capsys, "--help")
     assert text.startswith("usage: python -m fastload ")
-    assert "``" not in text and "python -m fastload {synth,scan,pack,bench,info}" in " ".join(text.split())
+    assert "``" not in text and "python -m fastload {synth,scan,pack,info}" in " ".join(text.split())
 
 
 def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_columns(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    text = _cli(capsys, "bench", "--help")
-    assert text.startswith("usage: python -m fastload bench ")
-    for name in [*benchmark.BACKENDS, "full-decode", *benchmark.PIPELINES]:
+    with pytest.raises(SystemExit) as done:  # argparse's --help
+        cli.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: bench/throughput.py ")
+    for name in [*BACKENDS, "full-decode", *PIPELINES]:
         assert f"\n  {name} " in text, name
     for default in (
         "default: 0 and this machine's CPUs",
@@ -323,7 +331,7 @@ def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_column
         "default: torchvision,swap,fastload; --all: every one",
     ):
         assert default in " ".join(text.split()), default
-    assert benchmark.LEGEND in text
+    assert LEGEND in text
 
 
 def test_version_and_setup_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -405,15 +413,20 @@ def test_cli_scan(imagenet_root: Path, tmp_path: Path) -> None:
 
 
 def test_importing_the_benchmark_imports_no_optional_dependency() -> None:
+    """No module of fastload imports the benchmark harness (bench/_harness, not a part of the
+    package), and the harness imports neither DALI nor matplotlib until a run needs them."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
     code = (
-        "import sys, fastload.dali; assert 'fastload.benchmark' not in sys.modules; "
-        "import fastload.benchmark; "
+        "import sys, importlib, pkgutil, fastload; "
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(fastload.__path__, 'fastload.')]; "
+        "assert not [m for m in sys.modules if m.startswith('_harness')]; "
+        f"sys.path.insert(0, {str(bench)!r}); import _harness.cli; "
         "print(sorted(m for m in sys.modules if m.startswith(('nvidia', 'matplotlib'))))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
-    assert "dali" in benchmark.BACKENDS and benchmark.BACKENDS["dali"].name == "dali"
+    assert "dali" in BACKENDS and BACKENDS["dali"].name == "dali"
 
 
 def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_build_it() -> None:
@@ -432,9 +445,9 @@ def test_setup_summary_without_the_c_extension_says_what_it_costs_and_how_to_bui
 
 def test_setup_summary_says_when_the_resize_taps_have_no_c_extension() -> None:
     env = info.environment()
-    from fastload.gpu import transforms
+    from fastload.gpu import resample
 
-    assert env["c_resample"] == ("built" if transforms._c_resample is not None else "not built")
+    assert env["c_resample"] == ("built" if resample._c_resample is not None else "not built")
     assert (env["c_resample"] == "built") == (importlib.util.find_spec("fastload._resample") is not None)
     assert "resize taps" not in info.summary_line({**env, "c_resample": "built"})
     line = info.summary_line({**env, "c_resample": "not built"})
@@ -464,18 +477,18 @@ def test_full_decode_reference_brackets_the_rows_it_is_compared_with(
         calls.append("decode")
         return [float(next(rates)) for _ in range(2)]
 
-    real_measure = benchmark.measure
+    real_measure = timing.measure
 
     def counted_measure(*args: object, **kwargs: object) -> dict:
         calls.append("measure")
         return real_measure(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(benchmark, "full_decode_rates", fake_decode)
-    monkeypatch.setattr(benchmark, "measure", counted_measure)
-    config = benchmark.BenchConfig(
+    monkeypatch.setattr(timing, "full_decode_rates", fake_decode)
+    monkeypatch.setattr(timing, "measure", counted_measure)
+    config = BenchConfig(
         data=imagenet_root, batch_size=2, batches=1, warmup=0, repeat=2, steady=False, steady_warmup=False
     )
-    records = benchmark.run(
+    records = timing.run(
         config,
         ["torchvision", "fastload", "full-decode"],
         ["val"],
@@ -502,22 +515,18 @@ def test_default_run_tells_its_story(
     """No --backends: torch's loader, the one-line swap and fastload's own pipeline, on 0 workers and
     this machine's CPUs; a legend naming exactly those rows; the records and a plot beside them; and
     last, the verdict: the swap's images/s over torch's, with the number the table shows."""
-    assert benchmark.main(_bench_args(imagenet_root, "--repeat", "1")) == 0
+    assert cli.main(_bench_args(imagenet_root, "--repeat", "1")) == 0
     lines = capsys.readouterr().out.splitlines()
     out = tmp_path / "results" / "throughput.json"
     records = json.loads(out.read_text())
     # every worker count the test tree's splits can measure (on many CPUs, not all: see below)
-    config = benchmark.BenchConfig(data=imagenet_root, batch_size=2)
+    config = BenchConfig(data=imagenet_root, batch_size=2)
     measurable = {
-        p: [
-            w
-            for w in sorted({0, benchmark.auto_num_workers()})
-            if not benchmark.split_too_small(config, p, w)
-        ]
+        p: [w for w in sorted({0, auto_num_workers()}) if not split_too_small(config, p, w)]
         for p in ("train", "val")
     }
     assert [(r["backend"], r["pipeline"], r["num_workers"]) for r in records] == [
-        (b, p, w) for p in ("train", "val") for w in measurable[p] for b in benchmark.STORY
+        (b, p, w) for p in ("train", "val") for w in measurable[p] for b in STORY
     ]
     workers = measurable["train"]
     plotted = importlib.util.find_spec("matplotlib") is not None  # optional (the bench extra)
@@ -526,7 +535,7 @@ def test_default_run_tells_its_story(
     header = next(line for line in lines if line.startswith("backend"))
     assert "vs decode" not in header  # no reference row, no column for it
     rows = lines[lines.index("rows:") + 1 : lines.index("columns:")]
-    assert [r.split()[0] for r in rows] == list(benchmark.STORY)
+    assert [r.split()[0] for r in rows] == list(STORY)
     if plotted:
         assert lines[-2] == f"wrote {out}, {out.with_suffix('.png')}"
     else:  # the run goes on without its plot, and says why
@@ -553,35 +562,35 @@ def test_all_leaves_gpu_rows_out_without_cuda(
         measured.extend(backends)
         return []
 
-    monkeypatch.setattr(benchmark, "run", fake_run)
-    assert benchmark.main(_bench_args(imagenet_root, "--all", "--device", "cpu")) == 0
-    gpu_rows = [name for name, b in benchmark.BACKENDS.items() if b.gpu_only]
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert cli.main(_bench_args(imagenet_root, "--all", "--device", "cpu")) == 0
+    gpu_rows = [name for name, b in BACKENDS.items() if b.gpu_only]
     assert sorted(gpu_rows) == ["dali", "device-decode", "hybrid"]
     assert not set(gpu_rows) & set(measured)
-    assert set(measured) == {*benchmark.BACKENDS, "full-decode"} - set(gpu_rows)
+    assert set(measured) == {*BACKENDS, "full-decode"} - set(gpu_rows)
     assert f"skipping {', '.join(gpu_rows)}: GPU pipelines" in capsys.readouterr().out
 
 
 def test_the_load_note_needs_another_program_on_a_core() -> None:
     """Load below 1 (nothing else holds a core, e.g. 0.7 on 2 CPUs with torch's 2 threads): no note."""
     env = {"load_average": [0.7, 0.7, 0.7], "available_cpus": 2}
-    assert benchmark._busy_machine_note(env, 2, [0, 2]) is None
+    assert cli._busy_machine_note(env, 2, [0, 2]) is None
     env["load_average"] = [1.2, 1.0, 1.0]
-    assert (benchmark._busy_machine_note(env, 2, [0, 2]) or "").startswith("note: load average 1.2 on 2 CPUs")
+    assert (cli._busy_machine_note(env, 2, [0, 2]) or "").startswith("note: load average 1.2 on 2 CPUs")
 
 
 def test_timed_runs_are_never_served_from_the_prefetched_batches(imagenet_root: Path) -> None:
     """By default the warm-up takes what the workers decoded ahead and each timed run is several
     times that; counts given on the command line are taken as they are."""
-    config = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2)
-    assert benchmark.steady_counts(config, 0) == (3, 8)
-    assert benchmark.steady_counts(config, 2) == (5, 12)
-    assert benchmark.steady_counts(config, 14) == (29, 84)
-    assert benchmark.steady_counts(benchmark.BenchConfig(data=imagenet_root, batches=200), 14) == (29, 200)
-    exact = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False, steady_warmup=False)
-    assert benchmark.steady_counts(exact, 14) == (2, 8)
-    only_batches = benchmark.BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False)
-    assert benchmark.steady_counts(only_batches, 14) == (29, 8)  # the warm-up still drains the ring
+    config = BenchConfig(data=imagenet_root, batches=8, warmup=2)
+    assert steady_counts(config, 0) == (3, 8)
+    assert steady_counts(config, 2) == (5, 12)
+    assert steady_counts(config, 14) == (29, 84)
+    assert steady_counts(BenchConfig(data=imagenet_root, batches=200), 14) == (29, 200)
+    exact = BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False, steady_warmup=False)
+    assert steady_counts(exact, 14) == (2, 8)
+    only_batches = BenchConfig(data=imagenet_root, batches=8, warmup=2, steady=False)
+    assert steady_counts(only_batches, 14) == (29, 8)  # the warm-up still drains the ring
 
 
 def test_a_split_too_small_for_the_workers_says_so_instead_of_a_number(
@@ -589,11 +598,11 @@ def test_a_split_too_small_for_the_workers_says_so_instead_of_a_number(
 ) -> None:
     """The test tree's val split holds 12 images: 3 batches of 4, fewer than the 4 that 2 workers
     decode ahead. The row is not measured, and the output says why and what to do."""
-    config = benchmark.BenchConfig(data=imagenet_root, batch_size=4)
-    assert benchmark.split_too_small(config, "val", 1) is None  # 3 batches >= 2
-    reason = benchmark.split_too_small(config, "val", 2)
+    config = BenchConfig(data=imagenet_root, batch_size=4)
+    assert split_too_small(config, "val", 1) is None  # 3 batches >= 2
+    reason = split_too_small(config, "val", 2)
     assert reason is not None and "3 batches of 4 (12 images)" in reason and "fewer than the 4" in reason
-    assert benchmark.main(
+    assert cli.main(
         ["--data", str(imagenet_root), "--batch-size", "4", "--workers", "2", "--pipelines", "val",
          "--backends", "fastload", "--repeat", "1", "--json", str(imagenet_root.parent / "small.json")]
     ) == 0  # fmt: skip
@@ -614,10 +623,10 @@ def test_model_mode_trains_a_model_fed_by_each_loader_and_on_resident_data(
     out = tmp_path / "model.json"
     args = ["--data", str(imagenet_root), "--model", "tiny", "--batch-size", "2", "--workers", "1"]
     args += ["--warmup", "2", "--batches", "3", "--repeat", "2", "--device", "cpu", "--json", str(out)]
-    assert benchmark.main(args) == 0
+    assert cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     records = json.loads(out.read_text())
-    assert [r["backend"] for r in records] == ["ceiling", *benchmark.STORY]
+    assert [r["backend"] for r in records] == ["ceiling", *STORY]
     ceiling = records[0]
     assert ceiling["share_of_ceiling"] == 1.0 and len(ceiling["images_per_s_runs"]) == 4  # before + after
     for r in records[1:]:
@@ -645,7 +654,7 @@ def test_model_mode_says_how_the_hybrid_split_each_batch(
     out = tmp_path / "model.json"
     args = ["--data", str(imagenet_root), "--model", "tiny", "--batch-size", "4", "--workers", "1"]
     args += ["--warmup", "2", "--batches", "3", "--repeat", "1", "--device", "cpu", "--json", str(out)]
-    assert benchmark.main([*args, "--backends", "hybrid"]) == 0
+    assert cli.main([*args, "--backends", "hybrid"]) == 0
     lines = capsys.readouterr().out.splitlines()
     hybrid = [r for r in json.loads(out.read_text()) if r["backend"] == "hybrid"]
     assert len(hybrid) == 1 and hybrid[0]["split"].startswith("HybridSplit(adaptive: CPU share ")
@@ -659,7 +668,7 @@ def test_model_mode_splits_each_step_into_launch_and_the_device_finishing_it(
     device (the synchronisation), apart from the time next() took. Stand-ins with known durations:
     a loader that takes 15 ms per batch, a step whose call takes 20 ms, a device that finishes 10 ms
     after it."""
-    from fastload import modelbench
+    from _harness import model as modelbench
 
     def slow_batches() -> Any:
         while True:
@@ -681,7 +690,7 @@ def test_model_mode_splits_each_step_into_launch_and_the_device_finishing_it(
 
 
 def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
-    from fastload.modelbench import model_verdict
+    from _harness.model import model_verdict
 
     def rec(backend: str, share: float) -> dict[str, Any]:
         return {
@@ -712,7 +721,7 @@ def test_model_verdict_on_a_gpu_names_the_model_and_the_card() -> None:
 def test_the_host_ceiling_is_float32_host_memory_the_step_copies_itself() -> None:
     """The host ceiling's batch is what the one-line swap hands out (float32 on the host, the
     ceiling's values), and the step moves it to its device itself, as a training loop does."""
-    from fastload.modelbench import TrainStep, build_model, host_batches, resident_batches
+    from _harness.model import TrainStep, build_model, host_batches, resident_batches
 
     images, labels = next(host_batches(4, 3, size=16, pin=False))
     resident, resident_labels = next(resident_batches(4, 3, torch.device("cpu"), size=16))
@@ -728,10 +737,10 @@ def test_the_host_ceiling_is_float32_host_memory_the_step_copies_itself() -> Non
 def test_model_mode_counts_drain_the_ring_and_bad_models_are_named(
     imagenet_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = benchmark.BenchConfig(data=imagenet_root, batches=25, warmup=30)
-    assert benchmark.model_counts(config, 14) == (30, 28) and benchmark.model_counts(config, 20) == (41, 40)
+    config = BenchConfig(data=imagenet_root, batches=25, warmup=30)
+    assert model_counts(config, 14) == (30, 28) and model_counts(config, 20) == (41, 40)
     args = ["--data", str(imagenet_root), "--device", "cpu", "--batch-size", "2", "--workers", "1"]
-    assert benchmark.main([*args, "--model", "resnet51"]) == 2
+    assert cli.main([*args, "--model", "resnet51"]) == 2
     assert "--model should be a torchvision classification model" in capsys.readouterr().err
-    assert benchmark.main([*args, "--model", "tiny", "--backends", "full-decode"]) == 2
+    assert cli.main([*args, "--model", "tiny", "--backends", "full-decode"]) == 2
     assert "full-decode is no loader" in capsys.readouterr().err

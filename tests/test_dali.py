@@ -19,12 +19,16 @@ import torch
 import torchvision.transforms.functional as F
 from PIL import Image
 
-from fastload import benchmark, rng
+from fastload import rng
 from fastload import transforms as T
-from fastload.benchmark import dali_backend
 from fastload.dali import IMAGENET_MEAN, IMAGENET_STD, DALILoader, image_size
-from fastload.folder import ClassIndex, FolderIndex, ImageFolder, scan_folder
+from fastload.folder import ClassIndex, FolderIndex, scan_folder
+from fastload.imagefolder import ImageFolder
 from fastload.sampler import DistributedSampler
+
+from _harness import timing
+from _harness.backends import BACKENDS, dali_backend
+from _harness.config import BenchConfig
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
 STD = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
@@ -384,15 +388,15 @@ def test_bench_backend_yields_normalized_batches(
 ) -> None:
     backend = dali_backend()
     assert backend.name == "dali" and backend.unavailable() is None
-    config = benchmark.BenchConfig(data=imagenet_root, batch_size=4, batches=2, warmup=1, repeat=1)
+    config = BenchConfig(data=imagenet_root, batch_size=4, batches=2, warmup=1, repeat=1)
     loader = backend.build(config, "train", 0)
     assert isinstance(loader, DALILoader) and loader.num_threads == 1 and loader.train
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32 and labels.dtype == torch.int64
     assert abs(images.mean().item()) < 1.5  # normalized, not 0..255
     loader.close()
-    monkeypatch.setitem(benchmark.BACKENDS, "dali", backend)
-    records = benchmark.run(config, ["torchvision", "dali"], ["val"], [0], log=lambda line: None)
+    monkeypatch.setitem(BACKENDS, "dali", backend)
+    records = timing.run(config, ["torchvision", "dali"], ["val"], [0], log=lambda line: None)
     assert [r["backend"] for r in records] == ["torchvision", "dali"]
     assert records[1]["images_per_s"] > 0 and records[1]["ratio_vs_torchvision"] is not None
 

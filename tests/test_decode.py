@@ -16,10 +16,11 @@ from torchvision.transforms import functional as F1
 from torchvision.transforms.v2 import functional as F
 
 import fastload.decode
+import fastload.fused
 import fastload.transforms as fT
 from fastload import rng
 from fastload.decode import DecodeError, dct_scale, decode_jpeg_tensor, decode_pil, load_sample, open_image
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.synthetic import render_image
 from fastload.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
@@ -119,14 +120,14 @@ def test_dct_scaling_is_applied_for_large_crops_only(
     samples: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[int, int, tuple[int, int]]] = []
-    real = fT.load_reduced
+    real = fastload.fused.load_reduced
 
     def spy(img: Image.Image, scale: int, name: str = "image", data: Any = None) -> tuple[Image.Image, int]:
         loaded, applied = real(img, scale, name, data)
         calls.append((scale, applied, loaded.size))
         return loaded, applied
 
-    monkeypatch.setattr(fT, "load_reduced", spy)
+    monkeypatch.setattr(fastload.fused, "load_reduced", spy)
     monkeypatch.setattr(
         fastload.decode, "USE_ROI_DECODE", False
     )  # the PIL path (test_roi_decode covers the other)
@@ -347,7 +348,7 @@ def test_without_torchvision_io_pil_decodes_the_same_crops(
     for index, (name, data) in enumerate(items):
         with rng.sample_scope(0, 0, index):
             with_tv.append(TRAIN.decode_and_apply(data, name))
-    monkeypatch.setattr(fT, "torchvision_jpeg_available", lambda: False)
+    monkeypatch.setattr(fastload.fused, "torchvision_jpeg_available", lambda: False)
     for index, (name, data) in enumerate(items):
         with rng.sample_scope(0, 0, index):
             pil = TRAIN.decode_and_apply(data, name)
@@ -386,7 +387,7 @@ def _check_c_resample(cases: int) -> None:
         size = (int(rng.integers(1, 160)), int(rng.integers(1, 160)))
         name = ("bilinear", "bicubic")[case % 3 % 2]
         flip = bool(case % 4 < 2)
-        ref = Image.fromarray(pixels).resize(size, fT._PIL_FILTERS[name], box=box)
+        ref = Image.fromarray(pixels).resize(size, fastload.fused._PIL_FILTERS[name], box=box)
         if flip:
             ref = ref.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         out = np.empty((size[1], size[0], 3), dtype=np.uint8)
@@ -423,7 +424,7 @@ def test_c_resample_declines_what_it_does_not_reproduce(
         used.append(fastload.decode.pil_resample_window(*args))
         return used[-1]
 
-    monkeypatch.setattr(fT, "pil_resample_window", spy)
+    monkeypatch.setattr(fastload.fused, "pil_resample_window", spy)
     fast = tf.decode_and_apply(data, resampler="pil", reduce=False)
     assert used == [True]  # the C resampler ran
     monkeypatch.setattr(fastload.decode, "_PIL_ORDER", [None])  # as with a Pillow it does not reproduce

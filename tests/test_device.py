@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fastload import device, distributed
+from fastload.gpu.streams import stream_backend
 
 _VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -57,5 +58,26 @@ def test_cuda_detection_does_not_need_cuda() -> None:
     assert device.cuda_available() == torch.cuda.is_available()
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert device.default_device().type == expected
-    assert device.stream_backend("cpu").is_cuda is False
-    assert device.stream_backend("cuda").is_cuda is True  # constructing it does not touch CUDA
+    assert stream_backend("cpu").is_cuda is False
+    assert stream_backend("cuda").is_cuda is True  # constructing it does not touch CUDA
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, False), ("", False), ("0", False), ("1", True), (" 1 ", True)]
+)
+def test_the_experimental_gpu_code_is_off_unless_the_switch_says_1(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv("FASTLOAD_GPU_EXPERIMENTAL", raising=False)
+    else:
+        monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", value)
+    assert device.gpu_experimental() is on
+
+
+def test_a_misspelt_experimental_switch_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "yes")
+    with pytest.raises(
+        ValueError, match="FASTLOAD_GPU_EXPERIMENTAL should be 1 .* got FASTLOAD_GPU_EXPERIMENTAL='yes'"
+    ):
+        device.gpu_experimental()

@@ -1,4 +1,4 @@
-"""fastload.decode.decode_batch: batched decoding on the device (CPU tensors here, CUDA where present)."""
+"""fastload.gpu.decode.decode_batch: batched decoding on the device (CPU tensors here, CUDA where present)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from fastload import ImageFolder
-from fastload.decode import DecodeError, decode_batch, decode_jpeg_region, jpeg_header, roi_decoder_available
+from fastload.decode import DecodeError, decode_jpeg_region, jpeg_header, roi_decoder_available
+from fastload.gpu.decode import decode_batch
 
 needs_c_extension = pytest.mark.skipif(not roi_decoder_available(), reason="the C extension is not built")
 

@@ -22,7 +22,7 @@ import fastload.decode
 import fastload.gpu.decode
 import fastload.loader
 from fastload import gpu
-from fastload.feeder import DeviceFeeder
+from fastload.gpu.feeder import DeviceFeeder
 
 
 def _feeder(
@@ -199,7 +199,7 @@ def test_device_decode_runs_beside_the_training_thread(
     for k, (images, labels, indices) in enumerate(batches):
         idx = order[5 * k : 5 * k + 5]
         assert indices.tolist() == idx.tolist() and labels.tolist() == [int(ds.targets[i]) for i in idx]
-        decoded = fastload.decode.decode_batch([ds.get_bytes(int(i)) for i in idx])
+        decoded = fastload.gpu.decode.decode_batch([ds.get_bytes(int(i)) for i in idx])
         assert torch.equal(images, tf(decoded, indices=idx, epoch=0, seed=3))
 
 
@@ -283,14 +283,15 @@ def test_the_loader_names_its_decoder(imagenet_root: Path, caplog: pytest.LogCap
     with caplog.at_level(logging.INFO, logger="fastload"):
         loader = _device_loader(imagenet_root, num_workers=0)
     assert loader.path == "device-decode"
-    assert loader.decoder == fastload.decode.device_decoder("cpu") and "on the CPU" in loader.decoder
+    assert loader.decoder == fastload.gpu.decode.device_decoder("cpu") and "on the CPU" in loader.decoder
     lines = [r.getMessage() for r in caplog.records if r.name == "fastload"]
     assert lines == [
         f"fastload.DataLoader decodes this InMemoryImageFolder on cpu with {loader.decoder}, in a feeder "
         "thread 2 batches ahead of the loop"
     ]
     assert (
-        "nvJPEG" in fastload.decode.device_decoder("cuda") or not fastload.decode.torchvision_jpeg_available()
+        "nvJPEG" in fastload.gpu.decode.device_decoder("cuda")
+        or not fastload.decode.torchvision_jpeg_available()
     )
 
 

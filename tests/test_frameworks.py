@@ -19,7 +19,7 @@ import torch
 
 from fastload import transforms as T
 from fastload.batch import IndexedBatch
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader
 
 pl_apply = pytest.importorskip("lightning_utilities.core.apply_func")

@@ -16,7 +16,9 @@ from _nosimd import run_without_simd
 
 import fastload.decode
 from fastload import gpu, rng
-from fastload.gpu.transforms import PackedImages, Resize, crop_resize
+from fastload.batch import IndexedBatch
+from fastload.gpu import PackedImages, Resize, crop_resize
+from fastload.gpu import normalize as gpu_normalize
 
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -58,12 +60,12 @@ def level_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def test_indexed_batch_unpacks_as_pair_and_pickles_with_indices():
     images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
-    b = gpu.IndexedBatch(images, torch.tensor([1, 2]), torch.tensor([10, 11]))
+    b = IndexedBatch(images, torch.tensor([1, 2]), torch.tensor([10, 11]))
     x, y = b
     assert x is images and y.tolist() == [1, 2] and len(b) == 2
     assert b.images is images and b.labels.tolist() == [1, 2]
     back = pickle.loads(pickle.dumps(b))
-    assert isinstance(back, gpu.IndexedBatch)
+    assert isinstance(back, IndexedBatch)
     assert back.indices.tolist() == [10, 11] and torch.equal(back[0], images)
 
 
@@ -72,13 +74,9 @@ def test_indexed_batch_unpacks_as_pair_and_pickles_with_indices():
 def test_indexed_batch_survives_torch_pin_memory():
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    b = gpu.IndexedBatch(
-        torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([5, 6])
-    )
+    b = IndexedBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), torch.tensor([5, 6]))
     pinned = pin_memory(b)
-    assert (
-        isinstance(pinned, gpu.IndexedBatch) and pinned[0].is_pinned() and pinned.indices.tolist() == [5, 6]
-    )
+    assert isinstance(pinned, IndexedBatch) and pinned[0].is_pinned() and pinned.indices.tolist() == [5, 6]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +223,7 @@ def test_same_sample_same_output_whatever_the_batch():
 
 
 def test_one_huge_image_does_not_pad_the_whole_batch():
-    from fastload.gpu.transforms import _group_by_extent
+    from fastload.gpu.resample import _group_by_extent
 
     span_y = np.array([300] * 63 + [3000])
     span_x = np.array([300] * 63 + [4000])
@@ -271,7 +269,7 @@ def test_grouping_by_extent_is_the_fewest_groups_of_bounded_padding(monkeypatch:
     """The groups are the fewest runs of the regions sorted widest first whose padding to each
     run's widest costs at most 1.5 times their own in all, the cheapest such split (every split
     tried, on small batches); the C extension and numpy give the same groups on any batch."""
-    from fastload.gpu import transforms as gt
+    from fastload.gpu import resample as gt
 
     rs = np.random.RandomState(1)
     seen = set()
@@ -523,20 +521,20 @@ def test_normalize_of_fast_path_batches_is_bit_identical_with_and_without_the_ta
     images = batch(5, 19, 23).contiguous(memory_format=torch.channels_last)
     ref = tvf.normalize(tvf.to_dtype(images, torch.float32, scale=True), mean, std)
     calls: list[bool] = []
-    real = gpu.transforms.to_chw_by_table
+    real = gpu_normalize.to_chw_by_table
 
     def counted(*args: object) -> bool:
         calls.append(real(*args))  # type: ignore[arg-type]
         return calls[-1]
 
-    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", counted)
+    monkeypatch.setattr(gpu_normalize, "to_chw_by_table", counted)
     out = gpu.Normalize(mean, std)(images)
     assert torch.equal(out, ref) and out.is_contiguous()
     assert calls == ([True] * 5 if fastload.decode._jpeg is not None else [False])  # one per image
-    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", lambda *args: False)  # as without the C extension
+    monkeypatch.setattr(gpu_normalize, "to_chw_by_table", lambda *args: False)  # as without the C extension
     assert torch.equal(gpu.Normalize(mean, std)(images), ref)
     calls.clear()
-    monkeypatch.setattr(gpu.transforms, "to_chw_by_table", counted)
+    monkeypatch.setattr(gpu_normalize, "to_chw_by_table", counted)
     assert torch.equal(gpu.Normalize(mean, std)(images.contiguous()), ref)  # NCHW input: torch's passes
     assert calls == []
 
@@ -778,13 +776,13 @@ def test_antialias_taps_are_torchs_weights_in_torchs_order(c: bool, monkeypatch:
     it): each weight is torch's triangle filter normalised by its sum in order of k (torch's kernel
     setup, written out here per pixel in plain Python floats); taps past a pixel's own filter
     weigh 0 and read inside the region; positions come with each image's shift."""
-    from fastload.gpu import transforms as gt
+    from fastload.gpu import resample as gt
 
     if c and gt._c_resample is None:
         pytest.skip("the C extension fastload._resample is not built")
     monkeypatch.setattr(gt, "USE_C_TAPS", c)
     images = [natural(h, w, seed=h) for h, w in [(300, 260), (900, 880), (60, 70), (333, 250)]]
-    plan = gt._Plan(images)
+    plan = gt.GeometryPlan(images)
     gpu.RandomResizedCrop(48)._update(plan, np.arange(4), 0, 3)
     taps = plan.x.taps(None, True)
     lo, hi = taps.bounds()
@@ -818,7 +816,7 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
     float64 (and the same per-pixel filter numbers first): random crops, flips, down- and
     upscales, zero padding around a resize (taps outside the region and outputs outside the window
     weigh 0), and any subset of images in any order."""
-    from fastload.gpu import transforms as gt
+    from fastload.gpu import resample as gt
 
     if gt._c_resample is None:
         pytest.skip("the C extension fastload._resample is not built")
@@ -826,7 +824,7 @@ def test_antialias_taps_from_the_c_extension_are_numpys_bits(monkeypatch: pytest
     for case in range(40):
         sizes = rng.integers(3, 400, (int(rng.integers(1, 12)), 2))
         images = [torch.zeros(3, int(h), int(w), dtype=torch.uint8) for h, w in sizes]
-        plan = gt._Plan(images)
+        plan = gt.GeometryPlan(images)
         out = int(rng.integers(1, 300))
         indices = np.arange(len(images))
         if case % 3 == 0:  # padding: a crop larger than the resized image
@@ -874,7 +872,7 @@ def test_an_image_without_pixels_is_named_by_the_resizing_transforms() -> None:
 def test_the_c_extension_refuses_wrong_arrays_by_name() -> None:
     """A wrong dtype (even of the right item size) or a wrong length is a clear error naming the
     argument, never numbers read or written as another type."""
-    from fastload.gpu import transforms as gt
+    from fastload.gpu import resample as gt
 
     if gt._c_resample is None:
         pytest.skip("the C extension fastload._resample is not built")
@@ -918,7 +916,7 @@ def test_the_c_extension_refuses_wrong_arrays_by_name() -> None:
 def test_region_rows_from_the_c_extension_are_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where each row of a group's resampling table starts: the same from the C extension and its
     numpy stand-in, for any images, regions and channel counts (an image with no rows too)."""
-    from fastload.gpu import transforms as gt
+    from fastload.gpu import resample as gt
 
     if gt._c_resample is None:
         pytest.skip("the C extension fastload._resample is not built")

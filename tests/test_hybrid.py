@@ -396,6 +396,7 @@ def test_a_loop_the_cpu_workers_keep_fed_gets_its_batches_from_them(
         real_plan(self, plan, sample_rng)
 
     monkeypatch.setattr(fastload.gpu.hybrid.DeviceHead, "_plan", slow_plan)
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "1")  # following the demand is experimental
 
     def shares(step_seconds: float) -> tuple[list[float], HybridSplit]:
         loader = _hybrid(imagenet_root, None, worker_type="thread")
@@ -415,7 +416,9 @@ def test_a_loop_the_cpu_workers_keep_fed_gets_its_batches_from_them(
     assert "the loop takes" in repr(slow_split)
 
 
-def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
+def test_the_split_follows_the_measured_rates_and_probes_an_idle_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     split = HybridSplit()
     assert split.cpu_images(256, workers=4) == 128  # nothing measured: half each
     split.record_cpu(64, 0.1, workers=4)  # 640 images/s per worker, 2,560 together
@@ -434,9 +437,19 @@ def test_the_split_follows_the_measured_rates_and_probes_an_idle_side() -> None:
     assert sum(ones) == 20 and even.decisions[-40:] == [float(k) for k in ones]
     fixed = HybridSplit(cpu_share=0.3)
     assert [fixed.cpu_images(10, workers=2) for _ in range(3)] == [3, 3, 3]  # fixed: every batch alike
-    # The loop's demand: the CPU takes what it supplies of it (with 10 % headroom), never less than
-    # the balanced split; all of it where it supplies enough.
+    # By default the split follows the two sides' rates only (as measured on a GPU): the loop's
+    # demand is recorded, not followed.
+    rates = HybridSplit()
+    rates.record_cpu(64, 0.1, workers=4)
+    rates.record_device(256, 256 / 7680)
+    rates.record_demand(256, 256 / 2000)
+    assert not rates.follow_demand and rates.share() == pytest.approx(0.25)
+    assert "the loop takes" not in repr(rates)
+    # Experimental (FASTLOAD_GPU_EXPERIMENTAL=1), the loop's demand: the CPU takes what it supplies of
+    # it (with 10 % headroom), never less than the balanced split; all of it where it supplies enough.
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "1")
     loop = HybridSplit()
+    assert loop.follow_demand
     loop.record_cpu(64, 0.1, workers=4)  # 2,560 images/s
     loop.record_device(256, 256 / 7680)  # 7,680 images/s: balanced, the CPU's share is 0.25
     assert loop.share() == pytest.approx(0.25)

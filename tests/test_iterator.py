@@ -23,7 +23,7 @@ import torch
 
 from fastload import transforms as T
 from fastload.decode import DecodeError
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader, DataLoaderIterator
 
 CONTEXTS = ["fork", "spawn", "forkserver"]
@@ -221,7 +221,7 @@ KILL_SELF = textwrap.dedent(
     import os, sys, time
     import psutil
     from fastload import transforms as T
-    from fastload.folder import ImageFolder
+    from fastload.imagefolder import ImageFolder
     from fastload.loader import DataLoader
 
     if __name__ == "__main__":
@@ -264,7 +264,7 @@ EXIT_WITH_IGNORED_SIGTERM = textwrap.dedent(
     """
     import signal, sys
     from fastload import transforms as T
-    from fastload.folder import ImageFolder
+    from fastload.imagefolder import ImageFolder
     from fastload.loader import DataLoader
 
     if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 
 from fastload import gpu
 from fastload import transforms as T
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader
 
 

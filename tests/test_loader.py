@@ -999,56 +999,40 @@ def test_device_decoding_without_a_device_where_cuda_is_says_it_decodes_on_the_c
 
 
 def test_the_dataset_state_compared_each_pass() -> None:
-    """Default persistent workers restart, and plans are made again, when the dataset changed
-    (fastload._watch): short values by value, a long tuple by identity (it cannot change), a list
-    by a copy of its content (changed in place: relabelled samples), a transform by its ops'
-    public attributes (an op's size changed in place: progressive resizing)."""
+    """Plans are made again when what fastload reads of the dataset changed (fastload._source):
+    its samples by a copy of their content (changed in place: relabelled samples), its transform
+    by its ops' public attributes (an op's size changed in place: progressive resizing); nothing
+    else of the dataset is read."""
     from torchvision import transforms as T
 
-    from fastload._watch import changed_attributes as _changed
-    from fastload.loader import _dataset_state
+    from fastload._source import changed_attributes, source_state
 
     class Plain(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __init__(self) -> None:
             self.size = (32, 32)
-            self.names = tuple(str(i) for i in range(100_000))
             self.samples = [(f"{i}.jpg", i % 3) for i in range(100_000)]
             self.transform = T.Compose([T.Resize(36), T.CenterCrop(32)])
             self._cache = {"private": 1}
 
     ds = Plain()
-    before = _dataset_state(ds)
-    assert dict(before[1])["names"] == ("tuple", id(ds.names))
-    assert "_cache" in dict(before[1])  # a class of the user's: its private attributes too (self._scale)
-    ds.size = (32, 32)  # an equal new tuple: no change
+    before = source_state(ds)
+    assert [name for name, _ in before[1]] == ["transform", "samples"]  # not size, not _cache
+    ds.size = (16, 16)
+    ds._cache["private"] = 2
     ds.samples = list(ds.samples)  # an equal new list: no change
+    assert source_state(ds) == before
     ds.transform.transforms[1] = T.CenterCrop(32)  # an equal op (another object): a change
-    assert _dataset_state(ds) != before
-    before = _dataset_state(ds)
-    assert _dataset_state(ds) == before
+    assert source_state(ds) != before
+    before = source_state(ds)
     for change in (
-        lambda: setattr(ds, "size", (16, 16)),
         lambda: ds.samples.__setitem__(5, ("5.jpg", 0)),  # relabelled (it was 2)
         lambda: setattr(ds.transform.transforms[0], "size", 24),
         lambda: ds.transform.transforms.append(T.RandomHorizontalFlip()),
     ):
         change()
-        after = _dataset_state(ds)
+        after = source_state(ds)
         assert after != before
         before = after
-    # an op changed in place inside a wrapped dataset (Subset -> folder -> Compose -> op)
-    wrapped = torch.utils.data.Subset(ds, [0, 1])
-    before = _dataset_state(wrapped)
-    ds.transform.transforms[0].size = 20
-    assert _dataset_state(wrapped) != before
-    # two attributes holding one list (a torchvision folder's samples and imgs): one copy, and
-    # a change through either name is seen; a new list under one name is a change of that name
-    ds.imgs = ds.samples
-    state = dict(_dataset_state(ds)[1])
-    assert state["imgs"] is state["samples"]
-    before = _dataset_state(ds)
-    ds.imgs[7] = ("7.jpg", 2)
-    assert _changed(before, _dataset_state(ds)) == ["'imgs'", "'samples'"]
-    before = _dataset_state(ds)
-    ds.imgs = [("x.jpg", 0)]
-    assert _changed(before, _dataset_state(ds)) == ["'imgs'"]
+    assert changed_attributes(before, source_state(ds)) == []
+    ds.samples[7] = ("7.jpg", 2)
+    assert changed_attributes(before, source_state(ds)) == ["'samples'"]

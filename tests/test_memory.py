@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 
 import fastload.memory as memory
 from fastload.decode import DecodeError
-from fastload.folder import ClassIndex, FolderIndex, ImageFolder, scan_folder
+from fastload.folder import ClassIndex, FolderIndex, scan_folder
+from fastload.imagefolder import ImageFolder
 from fastload.memory import InMemoryImageFolder
 from fastload.pack import PackError, write_pack
 from fastload.synthetic import make_imagenet_like

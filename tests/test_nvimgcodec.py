@@ -38,6 +38,12 @@ def stand_in() -> Iterator[Any]:
     fake.Decoder.ignore_images_after = None
 
 
+@pytest.fixture
+def experimental(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding the crops in place is experimental (never measured on a GPU): on for the test."""
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "1")
+
+
 def _pipeline() -> gpu.Compose:
     return gpu.Compose(
         [gpu.RandomResizedCrop(24), gpu.RandomHorizontalFlip(), gpu.Normalize([0.0], [1 / 255])]
@@ -199,8 +205,14 @@ def test_hybrid_decodes_the_device_share_by_region(imagenet_root: Path, stand_in
 
 
 def test_the_loader_names_nvimgcodec(
-    imagenet_root: Path, stand_in: Any, caplog: pytest.LogCaptureFixture
+    imagenet_root: Path, stand_in: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert not nvimgcodec.decodes_in_place()  # by default: each image copied, as measured on a GPU
+    assert _loader(imagenet_root).decoder.endswith(
+        "; each image copied out of nvImageCodec's memory; decoding the crops in place is experimental, "
+        "not measured on a GPU yet: FASTLOAD_GPU_EXPERIMENTAL=1 turns it on)"
+    )
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "1")
     with caplog.at_level(logging.INFO, logger="fastload"):
         loader = _loader(imagenet_root)
     assert loader.decoder.startswith("nvImageCodec 0.9.0-stand-in (the hardware JPEG decoder")
@@ -290,7 +302,7 @@ def test_nvimgcodec_regions_on_the_gpu_match_libjpeg_turbo(imagenet_root: Path) 
 @pytest.mark.cuda
 @pytest.mark.parametrize("through_c", [True, False])
 def test_nvimgcodec_decodes_in_place_on_the_gpu(
-    imagenet_root: Path, through_c: bool, monkeypatch: pytest.MonkeyPatch
+    imagenet_root: Path, through_c: bool, monkeypatch: pytest.MonkeyPatch, experimental: None
 ) -> None:  # pragma: no cover
     """The real decoder (nvImageCodec 0.9 and a CUDA device) writes each region, planar, into the
     batch buffer it is given, on the decoder's stream: the pixels of copying each image out of its
@@ -477,7 +489,7 @@ def _jpegs(sizes: list[tuple[int, int]], progressive: tuple[int, ...] = ()) -> l
     return files
 
 
-def test_regions_are_decoded_into_one_buffer_and_resized_from_it(stand_in: Any) -> None:
+def test_regions_are_decoded_into_one_buffer_and_resized_from_it(stand_in: Any, experimental: None) -> None:
     """decode_regions: the device-decoded boxes (and their margins) land in one buffer, channels
     first, with no tensor per image; what the decoder refuses and what it does not take (a PNG)
     are decoded by the CPU, each its own tensor; the head then gives the images that decoding
@@ -522,7 +534,7 @@ def test_regions_are_decoded_into_one_buffer_and_resized_from_it(stand_in: Any) 
 
 
 def test_the_loaders_batches_do_not_depend_on_decoding_in_place(
-    imagenet_root: Path, stand_in: Any, monkeypatch: pytest.MonkeyPatch
+    imagenet_root: Path, stand_in: Any, monkeypatch: pytest.MonkeyPatch, experimental: None
 ) -> None:
     """decode="device" and "hybrid" with nvImageCodec decoding into one buffer per batch give the
     batches that copying each image out of its own memory gives, bit for bit, an odd refused
@@ -558,7 +570,7 @@ def test_the_loaders_batches_do_not_depend_on_decoding_in_place(
 
 
 def test_a_decoder_that_does_not_decode_in_place_is_caught_on_the_first_batch(
-    imagenet_root: Path, stand_in: Any
+    imagenet_root: Path, stand_in: Any, experimental: None
 ) -> None:
     """Where nvImageCodec hands back images elsewhere than the buffer it was given (or cannot
     wrap it), on the first batch or any later one, one warning says so and each image is copied

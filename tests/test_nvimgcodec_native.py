@@ -47,6 +47,12 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def experimental(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C interface and decoding in place are experimental (never measured on a GPU): on here."""
+    monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "1")
+
+
 @pytest.fixture
 def real() -> Iterator[Any]:
     """nvImageCodec for the device paths on a CPU device (its CPU decoder), both interfaces on."""
@@ -425,6 +431,11 @@ def test_the_c_interface_says_why_it_is_not_used(monkeypatch: pytest.MonkeyPatch
         )
         monkeypatch.setenv("FASTLOAD_NVIMGCODEC_NATIVE", "0")
         assert nvimgcodec.native_interface()[1].startswith("turned off (FASTLOAD_NVIMGCODEC_NATIVE=0")
+        monkeypatch.setenv("FASTLOAD_GPU_EXPERIMENTAL", "0")  # the default: the C interface is not used
+        assert nvimgcodec.native_interface() == (
+            False,
+            "experimental, not measured on a GPU yet (FASTLOAD_GPU_EXPERIMENTAL=1 turns it on)",
+        )
     with pytest.raises(OSError, match=r"could not open nvImageCodec's library /nowhere/libnvimgcodec.so.0"):
         _native().Session("/nowhere/libnvimgcodec.so.0", nvimgcodec.CPU_ONLY_DEVICE, [(1, 1.0)])
     with pytest.raises(TypeError):

@@ -284,7 +284,7 @@ def test_the_ring_is_locked_slot_by_slot() -> None:
     import threading
 
     from fastload._shm import shared_slots
-    from fastload.device import PageLock
+    from fastload.gpu.memory import PageLock
 
     gate = threading.Event()
 
@@ -312,7 +312,7 @@ def test_cuda_pin_is_always_a_new_copy() -> None:  # pragma: no cover - needs CU
     """``Tensor.pin_memory()`` returns a pinned tensor itself: for a view of a page-locked batch
     buffer that is a "copy" the workers overwrite once the buffer is reused (seen on a GPU machine:
     reuse_buffers=False batches changed after they were handed out)."""
-    from fastload.device import host_memory
+    from fastload.gpu.memory import host_memory
 
     host = host_memory()
     ring = torch.arange(2 * 4 * 6 * 3, dtype=torch.uint8).reshape(2, 4, 6, 3).pin_memory()
@@ -330,7 +330,7 @@ def test_batches_are_pinned_copies_while_their_slot_is_still_being_locked(imagen
 
     from _fakecuda import CopyRecorder
 
-    from fastload.device import simulate_cuda
+    from fastload.gpu.streams import simulate_cuda
 
     gate = threading.Event()
 
@@ -364,7 +364,7 @@ def test_a_lock_that_raises_or_is_released_early_never_hangs() -> None:
     import time
 
     from fastload._shm import shared_slots
-    from fastload.device import PageLock
+    from fastload.gpu.memory import PageLock
 
     class Raising(FakeHost):
         def register(self, t: torch.Tensor) -> bool:

@@ -12,7 +12,10 @@ import torchvision.transforms.v2.functional as tvf
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from fastload import gpu
-from fastload.prefetch import CUDAPrefetcher, default_device, device_is_cuda, stream_backend
+from fastload.batch import IndexedBatch
+from fastload.device import default_device, device_is_cuda
+from fastload.gpu.prefetch import CUDAPrefetcher
+from fastload.gpu.streams import stream_backend
 
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -322,7 +325,7 @@ class IndexedDataset(Dataset):
 
 def collate_indexed(samples):
     images, labels, indices = zip(*samples, strict=False)
-    return gpu.IndexedBatch(torch.stack(images), torch.tensor(labels), torch.tensor(indices))
+    return IndexedBatch(torch.stack(images), torch.tensor(labels), torch.tensor(indices))
 
 
 class SeededLoader(DataLoader):
@@ -361,7 +364,7 @@ def test_indexed_batches_give_per_sample_augmentation_independent_of_batching(nu
         got = {}
         for batch in p:
             x, y = batch
-            assert isinstance(batch, gpu.IndexedBatch) and x.dtype == torch.float32
+            assert isinstance(batch, IndexedBatch) and x.dtype == torch.float32
             for row, index in enumerate(batch.indices.tolist()):
                 got[index] = x[row]
         outputs[batch_size] = got

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 import fastload.decode
+import fastload.fused
 import fastload.transforms as fT
 from fastload import rng
 from fastload.decode import (
@@ -186,13 +187,13 @@ def test_fused_transforms_give_the_same_bytes_with_and_without_it(
 
 def test_only_the_crop_is_decoded(jpegs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, ...]] = []
-    real = fT.decode_jpeg_region
+    real = fastload.fused.decode_jpeg_region
 
     def spy(data: bytes, left: int, top: int, width: int, height: int, scale: int = 1) -> np.ndarray | None:
         calls.append((left, top, width, height, scale))
         return real(data, left, top, width, height, scale)
 
-    monkeypatch.setattr(fT, "decode_jpeg_region", spy)
+    monkeypatch.setattr(fastload.fused, "decode_jpeg_region", spy)
     data = jpegs["444.JPEG"]
     with rng.sample_scope(5, 0, 1):
         TRAIN.decode_and_apply(data, "444")

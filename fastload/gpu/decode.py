@@ -17,22 +17,25 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin
 
-from .. import decode as cpu_decoding
 from .._slices import ByteSlices
 from ..decode import (
-    _DECODE_ERRORS,
+    DECODE_ERRORS,
     JPEG_FORMATS,
-    _encoded_tensor,
     decode_jpeg_tensor,
+    decode_jpegs,
     decode_pil,
+    encoded_tensor,
+    jpeg_extension_built,
     jpeg_header,
     jpeg_info,
     open_image,
+    roi_decoder_available,
     torchvision_jpeg_available,
 )
+from ..device import GPU_EXPERIMENTAL, gpu_experimental
 from . import nvimgcodec
+from .base import PackedImages
 from .memory import host_memory
-from .transforms import PackedImages
 
 __all__ = [
     "ROUTE_CPU",
@@ -79,6 +82,11 @@ def device_decoder(
             how = "the crops decoded into one buffer per batch, " + (
                 why if through_c else f"through its Python interface: {why}"
             )
+        elif not gpu_experimental():
+            how = (
+                "each image copied out of nvImageCodec's memory; decoding the crops in place is "
+                f"experimental, not measured on a GPU yet: {GPU_EXPERIMENTAL}=1 turns it on"
+            )
         elif not nvimgcodec.PACKED:
             how = "each image copied out of nvImageCodec's memory: fastload.gpu.nvimgcodec.PACKED is off"
         elif nvimgcodec.decodes_in_place():
@@ -116,7 +124,7 @@ def _route(data: bytes | memoryview | np.ndarray) -> int:
     a truncated or too large file, whose error the CPU decoder names)."""
     if not torchvision_jpeg_available():
         return ROUTE_CPU
-    if cpu_decoding._jpeg is not None:
+    if jpeg_extension_built():
         return ROUTE_DEVICE if jpeg_header(data) is not None else ROUTE_CPU
     try:  # no C extension: PIL reads the header (it does not decode either)
         img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
@@ -165,7 +173,7 @@ class Headers:
             self._read(int(indices[k]), data.numpy() if isinstance(data, torch.Tensor) else data)
 
     def _read(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
-        if cpu_decoding._jpeg is not None and cpu_decoding.USE_ROI_DECODE:
+        if roi_decoder_available():
             info = jpeg_info(data)
             if info is None:
                 self.route[i] = ROUTE_CPU
@@ -205,7 +213,7 @@ class RegionBatch:
 
     Attributes:
         n: The batch's images.
-        packed: The in-place images (:class:`~fastload.gpu.transforms.PackedImages`), or ``None``.
+        packed: The in-place images (:class:`~fastload.gpu.base.PackedImages`), or ``None``.
         positions: Each packed image's position in the batch.
         boxes: Each packed image's crop box in it, ``(len(packed), 4)``: top, left, height, width.
         others: ``(position, image, is_box)`` for the rest: ``is_box``: the image is its crop box
@@ -482,10 +490,10 @@ def decode_batch(
                 torch.from_numpy(np.array(decode_pil(blob, label(k)))).permute(2, 0, 1), device
             )
     if jpeg_slots:
-        tensors = [_encoded_tensor(encoded[k]) for k in jpeg_slots]
+        tensors = [encoded_tensor(encoded[k]) for k in jpeg_slots]
         try:
-            decoded = cpu_decoding.decode_jpegs(tensors, device)
-        except _DECODE_ERRORS:
+            decoded = decode_jpegs(tensors, device)
+        except DECODE_ERRORS:
             # Find the culprit one by one, so the error names it.
             decoded = [_to_device(decode_jpeg_tensor(raws[k], label(k)), device) for k in jpeg_slots]
         for k, image in zip(jpeg_slots, decoded, strict=False):

@@ -30,7 +30,7 @@ Errors keep torch's iterator contract: an exception while preparing batch ``k`` 
 ``next()`` that would have returned batch ``k``, and the following ``next()`` returns batch
 ``k + 1``. A resumed pass starts at its first batch not handed out (``start``).
 
-Everything device-specific goes through a :class:`fastload.device.StreamBackend`, so on a
+Everything device-specific goes through a :class:`fastload.gpu.streams.StreamBackend`, so on a
 machine without CUDA the same code runs with no-op streams (and tests inject a recording fake).
 """
 
@@ -70,7 +70,7 @@ class DeviceFeeder:
         start: The first batch (a resumed pass: the first one not handed out yet).
         device: Where the batches are made.
         depth: Finished batches kept ready (at least 1).
-        backend: Stream operations (default :func:`fastload.device.stream_backend`).
+        backend: Stream operations (default :func:`fastload.gpu.streams.stream_backend`).
         timeout: Seconds ``next()`` waits for a batch before raising ``RuntimeError`` (0: forever),
             as the loader's ``timeout``.
     """

@@ -18,27 +18,34 @@ epoch, index)``). So a sample gets the same box and flip whichever side decodes 
 does not depend on the split except for the decoders' pixels (reduced-size decoding and PIL's
 resample on the CPU, full decoding and torch's antialiased resize on the device: a few levels).
 
-The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch. The
-device decodes only what the CPU cannot: its decoding and cropping run on the GPU beside the
-model, and take the model's time there. So the CPU's share is the larger of
+The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch: the
+CPU's share is ``cpu_rate / (cpu_rate + device_rate)``, the split at which neither side waits for
+the other, where ``cpu_rate`` is what all the workers decode per second (from each worker's time
+per task) and ``device_rate`` what the decoder thread decodes and crops per second (from its wall
+time, up to the decode's event). This is the split measured on an H200 (ResNet-50 at 77 % of the
+GPU-resident ceiling, ``decode="device"`` 76 %). A side measured too slow to take one image of a
+batch gets none (the split is then all-CPU or all-device), and one image every
+:attr:`HybridSplit.probe_every` batches so that a change is noticed. Without workers
+(``num_workers=0``) every image goes to the device. ``loader.hybrid.cpu_share = 0.5`` fixes the
+split (the batches are then bit for bit repeatable, also across a resume); ``None`` makes it
+adaptive again.
+
+Experimental, never measured on a GPU, off unless ``FASTLOAD_GPU_EXPERIMENTAL=1``
+(:func:`fastload.device.gpu_experimental`, read when the split is made): the split that also
+follows the training loop's demand. The device decodes only what the CPU cannot: its decoding and
+cropping run on the GPU beside the model, and take the model's time there. So the CPU's share is
+the larger of
 
 - ``cpu_rate / (demand * headroom)``: as much as the workers supply of what the training loop
   takes (``demand``: images per second the loop takes batches at, from its own time between two
   ``next()`` calls over its last 32 batches, the waiting left out; ``headroom`` 1.1), up to all
   of it, and
-- ``cpu_rate / (cpu_rate + device_rate)``: the split at which neither side waits for the other,
-  the fastest the two give together (where the loop takes more than both supply, or its demand is
-  not known: a loop that only queues work on the GPU and returns at once asks for everything),
+- the balanced split above, the fastest the two give together (where the loop takes more than
+  both supply, or its demand is not known: a loop that only queues work on the GPU and returns at
+  once asks for everything).
 
-where ``cpu_rate`` is what all the workers decode per second (from each worker's time per task)
-and ``device_rate`` what the decoder thread decodes and crops per second (from its wall time, up
-to the decode's event). So a model the workers alone keep fed (on an H200 with 14 workers,
-fastload's CPU pipeline keeps a ResNet-50 98 % busy) gets its batches from the CPU, and a faster
-one the rest from the device. A side measured too slow to take one image of a batch gets none
-(the split is then all-CPU or all-device), and one image every :attr:`HybridSplit.probe_every`
-batches so that a change is noticed. Without workers (``num_workers=0``) every image goes to the device.
-``loader.hybrid.cpu_share = 0.5`` fixes the split (the batches are then bit for bit repeatable,
-also across a resume); ``None`` makes it adaptive again.
+So a model the workers alone keep fed (on an H200 with 14 workers, fastload's CPU pipeline keeps a
+ResNet-50 98 % busy) would get its batches from the CPU, and a faster one the rest from the device.
 """
 
 from __future__ import annotations
@@ -52,12 +59,14 @@ import numpy as np
 import torch
 
 from .. import rng as _rng
-from ..device import small_to_device
+from ..device import gpu_experimental, small_to_device
+from ..fused import Plan
 from ..transforms import CenterCrop as _CpuCenterCrop
-from ..transforms import Plan, Transform
+from ..transforms import Transform
+from .base import apply_transform
 from .decode import RegionBatch
+from .geometry import CenterCrop, Compose, RandomResizedCrop, Resize, crop_resize
 from .memory import host_memory
-from .transforms import CenterCrop, Compose, RandomResizedCrop, Resize, apply_transform, crop_resize
 
 __all__ = ["DeviceHead", "HybridSplit", "apply_head", "region_crop", "split_head"]
 
@@ -114,7 +123,7 @@ def apply_head(
 
     A :class:`~fastload.gpu.decode.RegionBatch` (its boxes drawn by :func:`region_crop`'s
     ``boxes``) has its in-place images' boxes resized in one pass from their buffer
-    (:func:`~fastload.gpu.transforms.crop_resize`), the other images as below.
+    (:func:`~fastload.gpu.geometry.crop_resize`), the other images as below.
 
     ``cropped[k]``: image ``k`` was decoded as its crop box only (region decoding, the box drawn
     by :func:`region_crop`'s ``boxes`` for its size and key), so it is only resized, as the crop
@@ -231,12 +240,14 @@ class HybridSplit:
     Args:
         cpu_share: A fixed fraction of each batch for the CPU workers; ``None``: follow the
             measured rates.
+        follow_demand: Whether the adaptive split also follows the training loop's demand
+            (experimental, see the module docs); ``None``: ``FASTLOAD_GPU_EXPERIMENTAL=1``.
 
     Attributes:
         cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
         device_rate: Images per second the device side decodes and crops (``None`` until measured).
         demand: Images per second the training loop takes, over its last ``demand_window``
-            batches (``None`` until measured).
+            batches (``None`` until measured; the split follows it only with ``follow_demand``).
         headroom: The CPU side alone is trusted with a batch when it supplies this many times the
             demand.
         probe_every: A side that gets no image is given one every this many batches.
@@ -249,8 +260,9 @@ class HybridSplit:
     #: The loop's demand is measured over this many batches.
     demand_window = 32
 
-    def __init__(self, cpu_share: float | None = None) -> None:
+    def __init__(self, cpu_share: float | None = None, follow_demand: bool | None = None) -> None:
         self.cpu_share = cpu_share
+        self.follow_demand = gpu_experimental() if follow_demand is None else bool(follow_demand)
         self.cpu_rate: float | None = None
         self.device_rate: float | None = None
         self.demand: float | None = None
@@ -285,7 +297,7 @@ class HybridSplit:
         if cpu is None or device is None:
             return 0.5  # nothing measured yet: half each, then follow the rates
         balanced = cpu / (cpu + device) if cpu + device > 0 else 0.5
-        if not self.demand:
+        if not self.follow_demand or not self.demand:
             return balanced
         return max(balanced, min(1.0, cpu / (self.demand * self.headroom)))
 
@@ -345,7 +357,8 @@ class HybridSplit:
             return "not measured" if r is None else f"{r:,.0f} images/s"
 
         mode = "adaptive" if self._cpu_share is None else f"fixed at {self._cpu_share:g}"
+        loop = f"; the loop takes {rate(self.demand)}" if self.follow_demand else ""
         return (
             f"HybridSplit({mode}: CPU share {self.share():.2f}; CPU {rate(self.cpu_rate)}, "
-            f"device {rate(self.device_rate)}; the loop takes {rate(self.demand)})"
+            f"device {rate(self.device_rate)}{loop})"
         )

@@ -24,11 +24,14 @@ What fastload asks of it (:class:`RegionDecoder`):
   that margin cut off.
 - the decode is queued on the calling thread's CUDA stream (the decoder thread's own); each image
   is copied into torch's memory there (so that the streams that use it can be recorded on it), and
-  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later);
-  from nvImageCodec 0.9 the crops are decoded in place instead, into one buffer per batch
-  (:meth:`RegionDecoder.decode_packed`), and where fastload's C extension ``fastload._nvimgcodec``
-  is built, by one call into nvImageCodec's C interface per batch with the interpreter released
-  (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off).
+  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later).
+  This is the path measured on an H200, and the default.
+
+Experimental, never run on a GPU, off unless ``FASTLOAD_GPU_EXPERIMENTAL=1``
+(:func:`fastload.device.gpu_experimental`): from nvImageCodec 0.9 the crops decoded in place
+instead, into one buffer per batch (:meth:`RegionDecoder.decode_packed`), and where fastload's C
+extension ``fastload._nvimgcodec`` is built, by one call into nvImageCodec's C interface per batch
+with the interpreter released (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off).
 
 An image it cannot decode (``None`` in its output) is decoded by the CPU instead, which names the
 sample in a :class:`fastload.DecodeError` if the file is broken.
@@ -51,8 +54,9 @@ import numpy as np
 import torch
 
 from .._slices import ByteSlices
+from ..device import GPU_EXPERIMENTAL, gpu_experimental
+from .base import PackedImages
 from .streams import pinned_device
-from .transforms import PackedImages
 
 __all__ = [
     "DecoderUnavailable",
@@ -159,12 +163,13 @@ def _version_at_least(module: Any, wanted: tuple[int, int]) -> bool:
 
 
 def decodes_in_place() -> bool:
-    """Whether region decoding writes each batch's crops into one buffer (:data:`PACKED` on and
-    nvImageCodec 0.9 or later: ``as_images`` of planar buffers), else each image is copied out of
-    nvImageCodec's own memory."""
+    """Whether region decoding writes each batch's crops into one buffer (experimental:
+    ``FASTLOAD_GPU_EXPERIMENTAL=1``, :data:`PACKED` on and nvImageCodec 0.9 or later:
+    ``as_images`` of planar buffers), else each image is copied out of nvImageCodec's own memory."""
     nv = _module()
     return (
         PACKED
+        and gpu_experimental()
         and nv is not None
         and _version_at_least(nv, (0, 9))
         and hasattr(getattr(nv, "SampleFormat", None), "P_RGB")
@@ -184,6 +189,8 @@ def native_interface() -> tuple[bool, str]:
     nv = _module()
     if nv is None:
         return False, "nvImageCodec is not installed"
+    if not gpu_experimental():
+        return False, f"experimental, not measured on a GPU yet ({GPU_EXPERIMENTAL}=1 turns it on)"
     if not decodes_in_place():
         return False, "the crops are not decoded in place"
     if not NATIVE or os.environ.get("FASTLOAD_NVIMGCODEC_NATIVE", "1") == "0":
@@ -519,7 +526,7 @@ class RegionDecoder:
         known (the header columns; ``(n, 2)``), else read from its code stream.
 
         Returns:
-            The decoded regions (:class:`~fastload.gpu.transforms.PackedImages`, one per image;
+            The decoded regions (:class:`~fastload.gpu.base.PackedImages`, one per image;
             a refused image's is left as it was), each region's box within its decoded region
             (``(n, 4)``: top, left, height, width), and whether nvImageCodec decoded each image
             (``False``: the caller decodes it on the CPU). ``None`` where decoding in place is
@@ -562,7 +569,7 @@ class RegionDecoder:
         spans = (numels + ALIGN - 1) // ALIGN * ALIGN
         offsets = np.zeros(len(numels), dtype=np.int64)
         np.cumsum(spans[:-1], out=offsets[1:])
-        # room past the last image for the resampler's row windows (see gpu.transforms._resample)
+        # room past the last image for the resampler's row windows (see gpu.resample)
         total = int(spans.sum()) + (int(widths.max()) if len(widths) else 0)
         flat = torch.empty(total, dtype=torch.uint8, device=self.device)
         cuda = self.device.type == "cuda"

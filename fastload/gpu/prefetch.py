@@ -31,7 +31,7 @@ Per-sample randomness: indices, epoch, seed
 ``transforms`` is called as ``transforms(images, indices=..., epoch=..., seed=...)`` when it is
 a :class:`fastload.gpu.BatchTransform` (any other callable gets the images only):
 
-- ``indices``: ``batch.indices`` when the loader yields :class:`fastload.gpu.IndexedBatch`, or
+- ``indices``: ``batch.indices`` when the loader yields :class:`fastload.IndexedBatch`, or
   ``batch["indices"]`` for a dict batch; otherwise ``None`` (the transforms then draw from
   torch's global RNG, like torchvision).
 - ``seed``: ``loader.seed``, else ``loader.sampler.seed``, else 0.
@@ -43,7 +43,7 @@ indices)`` and exposes integer ``seed`` and ``epoch`` attributes.
 
 Batches
 -------
-Every tensor inside tuples, lists, dicts, namedtuples and :class:`~fastload.gpu.IndexedBatch` is
+Every tensor inside tuples, lists, dicts, namedtuples and :class:`~fastload.IndexedBatch` is
 moved. The transforms apply to the *image element* only: element 0 of a tuple/list, the
 ``"images"`` (or ``"image"``) entry of a dict, or the batch itself if it is a tensor. It may be
 an ``(N, C, H, W)`` tensor or a list of ``(C, H, W)`` tensors (the resize-type transforms turn
@@ -64,8 +64,8 @@ from .._checks import check_int
 from ..batch import IndexedBatch, iter_tensors
 from ..device import default_device, device_is_cuda
 from ..stats import LoaderStats
+from .base import apply_transform
 from .streams import StreamBackend, stream_backend
-from .transforms import apply_transform
 
 __all__ = [
     "CUDAPrefetcher",
@@ -209,11 +209,11 @@ class CUDAPrefetcher:
     the earlier batches were handed out; the following ``next()`` goes on with batch ``k + 1``
     if the loader does (torch's and fastload's iterators do).
 
-    Example (CPU, ``indices`` from :class:`~fastload.gpu.IndexedBatch`):
+    Example (CPU, ``indices`` from :class:`~fastload.IndexedBatch`):
         >>> import torch
-        >>> from fastload import gpu
-        >>> batches = [gpu.IndexedBatch(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.tensor([0, 1]),
-        ...                             torch.tensor([4, 5]))]
+        >>> from fastload import IndexedBatch, gpu
+        >>> batches = [IndexedBatch(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.tensor([0, 1]),
+        ...                         torch.tensor([4, 5]))]
         >>> p = CUDAPrefetcher(batches, device="cpu", transforms=gpu.Normalize([0.5], [0.5]))
         >>> [(tuple(x.shape), x.dtype, float(x.min())) for x, y in p]
         [((2, 3, 8, 8), torch.float32, -1.0)]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _faults import train_tf  # noqa: E402
 
-from fastload.folder import ImageFolder  # noqa: E402
+from fastload.imagefolder import ImageFolder  # noqa: E402
 from fastload.loader import DataLoader  # noqa: E402
 
 #: Steps before measuring starts: the buffers, workers and caches of the first passes exist by then.

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fastload.folder import ImageFolder, scan_folder
+from fastload.folder import scan_folder
+from fastload.imagefolder import ImageFolder
 from fastload.memory import InMemoryImageFolder
 from fastload.pack import write_pack
 from fastload.synthetic import make_imagenet_like

@@ -22,7 +22,7 @@ from torchvision.transforms.v2 import functional as F
 
 from fastload import rng
 from fastload.decode import DecodeError
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader
 
 from ._faults import SIZE, bad_images, drain, reference_rgb, reference_val, train_tf, val_tf

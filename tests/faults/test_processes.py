@@ -29,7 +29,7 @@ import psutil
 import pytest
 import torch
 
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader
 
 from ._faults import slope, train_tf
@@ -88,7 +88,7 @@ CTRL_C = textwrap.dedent(
     import signal, sys, time
     import psutil, torch
     from fastload import transforms as T
-    from fastload.folder import ImageFolder
+    from fastload.imagefolder import ImageFolder
     from fastload.loader import DataLoader
 
     if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 
 from fastload import ResumeError
 from fastload import transforms as T
-from fastload.folder import ImageFolder
+from fastload.imagefolder import ImageFolder
 from fastload.loader import DataLoader
 
 from ._faults import train_tf
@@ -102,7 +102,7 @@ TRAIN = textwrap.dedent(
     import os, sys, time
     import torch
     from fastload import transforms as T
-    from fastload.folder import ImageFolder
+    from fastload.imagefolder import ImageFolder
     from fastload.loader import DataLoader
 
     if __name__ == "__main__":

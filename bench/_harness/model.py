@@ -1,9 +1,11 @@
 """Does the GPU wait for data? A real training step, fed by a loader and by data already on the device.
 
 The question a GPU user asks of a data loader is not its images/s but how much of the time the
-model waits for it. This module holds the model side of ``bench/throughput.py --model NAME``
-(:func:`fastload.benchmark.run_model` feeds it each backend's batches):
+model waits for it. This module is the ``--model NAME`` mode of ``bench/throughput.py`` (its
+command line is in ``cli``):
 
+- :func:`run_model`: the step fed by each backend's train pipeline at each worker count, and by
+  data already on the device (the ceiling, measured before and after the backends);
 - :func:`build_model` and :class:`TrainStep`: a torchvision classification model (any name
   ``torchvision.models.get_model`` knows, or :data:`TINY`), trained by SGD in ``channels_last``
   memory, under bf16 autocast on CUDA -- the usual fast recipe;
@@ -37,17 +39,12 @@ import torch
 import torchvision
 from torch import nn
 
-__all__ = [
-    "TINY",
-    "TrainStep",
-    "build_model",
-    "format_model_table",
-    "model_label",
-    "model_verdict",
-    "host_batches",
-    "resident_batches",
-    "time_steps",
-]
+from fastload.folder import ClassIndex
+from fastload.info import environment
+
+from .backends import BACKENDS
+from .config import BenchConfig, model_counts, pipeline_split, split_too_small
+from .timing import ProcessTree, endless, progress_bar, shutdown
 
 #: A one-convolution model (``--model tiny``): the mode runs in seconds on a CPU (tests, a first try).
 TINY = "tiny"
@@ -307,3 +304,158 @@ def model_verdict(records: Sequence[dict[str, Any]]) -> str | None:
     if not on_gpu:
         line += ". Not a GPU's figures: without CUDA the model shares the CPUs with the loader's workers"
     return line
+
+
+#: The model mode's legend (printed under its table).
+MODEL_LEGEND = """\
+ceiling      the same training step on one batch already on the device: how fast this device
+             trains the model when data costs nothing (measured before and after the loaders)
+host ceiling (on a GPU) the same batch as float32 in pinned host memory, copied by the step
+             itself (.to(device, non_blocking=True), on the training stream): the best any loader
+             of float32 CPU batches gives a loop that copies its batches (the one-line swap's case)
+images/s     median of --repeat timed runs of training steps (each run at least one ring of
+             prefetched batches, after a warm-up that drains it)
+of ceiling   images/s divided by the ceiling's: how busy the loader keeps the device
+waiting      share of the wall time the loop waited in next() for a batch; each step ends
+             synchronised (as a loop that logs its loss does), so the device was idle meanwhile
+CPU cores    CPU time of this process and its workers over the wall time (1.0 = one core busy):
+             the ceiling's is the training loop's own; the rest is what the loader costs
+step ms      median time of a step outside next(): its launch and the wait for the device to
+             finish it. Above the ceiling's without waiting: the loader slows the step itself
+launch ms    of which the training thread's own work (the step's call, before the wait): above
+             the ceiling's, the loader's threads take the loop's interpreter or cores; a longer
+             rest, the loader's own device work shares the device with the model"""
+
+#: The model table's first column for the rows that no loader feeds.
+_FEEDING = {
+    "ceiling": "ceiling (data on the device)",
+    "host-ceiling": "host ceiling (float32, pinned)",
+}
+
+
+def run_model(
+    config: BenchConfig,
+    model: str,
+    backends: Sequence[str],
+    workers: Sequence[int],
+    log: Callable[[str], None] = print,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """The ``--model`` mode: ``model``'s training step fed by each backend's train pipeline at
+    each worker count, and on data already on the device (the ceiling, measured before and after
+    the backends of each worker count). One record per row (see the module docstring).
+    """
+    device = torch.device(config.device)
+    classes = len(ClassIndex.from_folder(config.data / pipeline_split("train")))
+    net = build_model(model, classes, device)
+    step = TrainStep(net, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # one input size: let cuDNN pick its kernels once
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    cpu = ProcessTree().cpu_seconds
+    env = environment()
+    records: list[dict[str, Any]] = []
+    usable = []
+    for name in backends:
+        reason = BACKENDS[name].unavailable()
+        if reason:
+            log(f"skipping {name}: {reason}")
+        else:
+            usable.append(name)
+
+    def record(name: str, w: int | None, result: dict[str, Any], warmup: int, steps: int) -> dict[str, Any]:
+        rec = {
+            "mode": "model",
+            "backend": name,
+            "feeding": _FEEDING.get(name, name),
+            "model": model,
+            "num_workers": w,
+            "batch_size": config.batch_size,
+            "images_per_s": result["images_per_s"],
+            "images_per_s_runs": result["images_per_s_runs"],
+            "share_of_ceiling": None,
+            "waiting": result["waiting"],
+            "cpu_cores": result.get("cpu_cores"),
+            "step_ms": result.get("step_ms"),
+            "launch_ms": result.get("launch_ms"),
+            "device": config.device,
+            "device_name": device_name,
+            "warmup_steps": warmup,
+            "timed_steps": steps,
+            "repeat": config.repeat,
+            "environment": env,
+        }
+        return rec
+
+    for w in workers:
+        too_small = split_too_small(config, "train", w)
+        if too_small is not None:
+            log(too_small)
+            continue
+        warmup, steps = model_counts(config, w)
+        total = warmup + config.repeat * steps
+        with progress_bar(progress, total, f"{model} ceiling (before)") as bar:
+            resident = resident_batches(config.batch_size, classes, device)
+            before = time_steps(
+                resident, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+            )
+        rows = []
+        if device.type == "cuda":  # what a loop that copies float32 host batches reaches at best
+            with progress_bar(progress, total, f"{model} host ceiling") as bar:
+                host = host_batches(config.batch_size, classes)
+                rows.append(
+                    record(
+                        "host-ceiling",
+                        None,
+                        time_steps(
+                            host, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+                        ),
+                        warmup,
+                        steps,
+                    )
+                )
+        for name in usable:
+            with progress_bar(progress, total, f"{model} workers={w} {name}") as bar:
+                loader = BACKENDS[name].build(config, "train", w)
+                try:
+                    result = time_steps(
+                        endless(loader),
+                        step,
+                        warmup,
+                        steps,
+                        config.repeat,
+                        on_step=bar.update,
+                        cpu_seconds=cpu,
+                    )
+                    decoder = getattr(loader, "decoder", None)  # after the run: a decoder given up shows
+                    hybrid = getattr(loader, "hybrid", None)  # the split it settled on, and why
+                    split = None if hybrid is None else repr(hybrid)
+                finally:
+                    shutdown(loader)
+                    del loader
+            rows.append({**record(name, w, result, warmup, steps), "decoder": decoder, "split": split})
+        with progress_bar(progress, total, f"{model} ceiling (after)") as bar:
+            resident = resident_batches(config.batch_size, classes, device)
+            after = time_steps(
+                resident, step, warmup, steps, config.repeat, on_step=bar.update, cpu_seconds=cpu
+            )
+        runs = before["images_per_s_runs"] + after["images_per_s_runs"]
+        top = record(
+            "ceiling",
+            None,
+            {
+                "images_per_s": statistics.median(runs),
+                "images_per_s_runs": runs,
+                "waiting": statistics.median([before["waiting"], after["waiting"]]),
+                "cpu_cores": statistics.median([before["cpu_cores"], after["cpu_cores"]]),
+                "step_ms": statistics.median([before["step_ms"], after["step_ms"]]),
+                "launch_ms": statistics.median([before["launch_ms"], after["launch_ms"]]),
+            },
+            warmup,
+            steps,
+        )
+        top["share_of_ceiling"] = 1.0
+        for rec in rows:
+            rec["share_of_ceiling"] = rec["images_per_s"] / top["images_per_s"]
+        records += [top, *rows]
+    return records
