@@ -63,6 +63,7 @@ import _null_nvimgcodec as null  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import gpu  # noqa: E402
+from fastload._iterator import batch_decoder  # noqa: E402
 from fastload.gpu import nvimgcodec  # noqa: E402
 
 
@@ -191,7 +192,7 @@ def _timed(
     ops = 0 if busy is None else busy.count - ops0
     if busy is not None:
         cpu -= busy.cpu_seconds - busy0  # the pass's own CPU time
-    region_decoder = loader._batch_decoder(torch.device("cpu")).region_decoder
+    region_decoder = batch_decoder(loader, torch.device("cpu")).region_decoder
     loader.close()
     if (
         region_decoder is None

@@ -8,9 +8,10 @@ workers' share per batch) and a host pass's copy and device transforms (:class:`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, overload
+from dataclasses import dataclass
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from ._engine import Engine, FastPass, SampleNames, split_batches
 from .batch import IndexedBatch
 from .decode import DecodeError, without_skip_hint
 from .gpu import Compose, apply_transform
-from .gpu.decode import BatchDecoder, RegionBatch
+from .gpu.decode import BatchDecoder, Headers, RegionBatch
 from .gpu.feeder import DeviceFeeder
 from .gpu.hybrid import HybridSplit, apply_head, region_crop, split_head
 from .gpu.memory import host_memory
@@ -27,13 +28,11 @@ from .gpu.prefetch import CUDAPrefetcher
 from .gpu.streams import pinned_device, stream_backend, use_device
 from .memory import InMemoryImageFolder
 
-if TYPE_CHECKING:
-    from .loader import DataLoader
-
 __all__ = [
     "FEEDER_DEPTH",
     "EncodedPass",
     "FedPass",
+    "HybridParts",
     "HybridPass",
     "Shares",
     "head_and_rest",
@@ -96,12 +95,22 @@ class EncodedPass:
     ``next()`` of batch ``k``; the pass goes on after it.
     """
 
-    def __init__(self, loader: DataLoader[Any], epoch: int, seed: int, start: int) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        epoch: int,
+        seed: int,
+        start: int,
+        order: np.ndarray,
+        headers: Headers,
+        make_decoder: Callable[[torch.device], BatchDecoder],
+    ) -> None:
         self.loader = loader
         self.epoch, self.seed = epoch, seed
         # with its index: the threads decode where this thread's "cuda" is (its rank's GPU)
         self.device = pinned_device(loader.device if loader.device is not None else torch.device("cpu"))
-        self.batches = split_batches(loader._pass_order(), loader.batch_size or 1, loader.drop_last)
+        self.batches = split_batches(order, loader.batch_size or 1, loader.drop_last)
+        self.make_decoder = make_decoder
         self.readers = ThreadPoolExecutor(
             max_workers=max(1, loader.num_workers), thread_name_prefix="fastload-read"
         )
@@ -111,7 +120,7 @@ class EncodedPass:
         self.decodes: dict[int, Future[tuple[Any, Any]]] = {}  # images (or what _decoded makes), event
         self.backend = stream_backend(self.device)
         self._decode_stream: Any = None
-        self.headers = loader._decode_headers()
+        self.headers = headers
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
         #: the leading crop/resize of gpu_transforms and the rest (None: no such head), and the
@@ -185,7 +194,7 @@ class EncodedPass:
                 use_device(self.device.index or 0)
             self._decode_stream = backend.new_stream(self.device)
         if self.batch_decoder is None:
-            self.batch_decoder = self.loader._batch_decoder(self.device)
+            self.batch_decoder = self.make_decoder(self.device)
         with backend.stream_context(self._decode_stream):
             indices = self._device_indices(k)
             encoded = self._encoded(k)
@@ -307,6 +316,19 @@ class Shares(Sequence[np.ndarray]):
         return self.batches[k][self.device_count(k) :]
 
 
+@dataclass
+class HybridParts:
+    """What ``decode="hybrid"`` splits ``gpu_transforms`` and the dataset into (made once per loader):
+    the measured ``split`` of each batch, the leading crop/resize ``head`` both sides run, the
+    ``rest`` run on the device after it, and the ``dataset`` the CPU workers decode from (the
+    loader's, cropping as the device's head)."""
+
+    split: HybridSplit
+    head: list[Any]
+    rest: list[Any]
+    dataset: Any
+
+
 class HybridPass(EncodedPass):
     """decode='hybrid': each batch split between the device's decoder and the CPU workers (see
     :mod:`fastload.gpu.hybrid`), and assembled on the device beside the training loop:
@@ -324,22 +346,32 @@ class HybridPass(EncodedPass):
     raised by the ``next()`` of its batch; the pass goes on after it.
     """
 
-    def __init__(self, loader: DataLoader[Any], engine: Engine, epoch: int, seed: int, start: int) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        engine: Engine,
+        epoch: int,
+        seed: int,
+        start: int,
+        order: np.ndarray,
+        headers: Headers,
+        make_decoder: Callable[[torch.device], BatchDecoder],
+        hybrid: HybridParts,
+    ) -> None:
         self.engine = engine
-        super().__init__(loader, epoch, seed, start)
+        self.parts = hybrid
+        super().__init__(loader, epoch, seed, start, order, headers, make_decoder)
 
     def _setup(self, start: int) -> None:
-        loader = self.loader
-        split = loader.hybrid
-        assert split is not None and loader._hybrid_dataset is not None  # made with decode="hybrid"
-        self.split = split
-        self.rest = Compose(loader._hybrid_rest) if loader._hybrid_rest else None
-        self.shares = Shares(self.batches, split, loader.num_workers)
+        loader, parts = self.loader, self.parts
+        self.split = parts.split
+        self.rest = Compose(parts.rest) if parts.rest else None
+        self.shares = Shares(self.batches, parts.split, loader.num_workers)
         self.cpu: FastPass | None = None
         self.generation: int | None = None
         if loader.num_workers > 0:
             self.cpu = FastPass(
-                loader, self.engine, self.epoch, start, self.seed, self.shares, loader._hybrid_dataset
+                loader, self.engine, self.epoch, start, self.seed, self.shares, parts.dataset, lookahead=False
             )
             self.generation = self.cpu.generation
         self._held: tuple[Any, Any] | None = None  # (copy event, the CPU share it reads)
@@ -366,7 +398,7 @@ class HybridPass(EncodedPass):
         return images, event
 
     def _decoded(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
-        out = apply_head(self.loader._hybrid_head, images, indices, self.epoch, self.seed)
+        out = apply_head(self.parts.head, images, indices, self.epoch, self.seed)
         return out.contiguous(memory_format=torch.channels_last)
 
     def _prepare(self, k: int) -> IndexedBatch:

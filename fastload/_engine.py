@@ -12,7 +12,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -26,9 +26,6 @@ from .decode import without_skip_hint
 from .device import cpu_share
 from .sampler import DistributedSampler, EpochRandomSampler
 from .transforms import import_decode_modules
-
-if TYPE_CHECKING:
-    from .loader import DataLoader
 
 __all__ = [
     "SUPERSEDED",
@@ -218,7 +215,7 @@ class Engine:
         self.generation += 1
         return self.generation
 
-    def get_pool(self, loader: DataLoader[Any], seed: int, dataset: Any) -> WorkerPool:
+    def get_pool(self, loader: Any, seed: int, dataset: Any) -> WorkerPool:
         """The workers (made on first use) and their slot ring for ``dataset`` (the fast path's
         dataset, or ``decode="hybrid"``'s view whose transform crops as the device does)."""
         if self.pool is None or self.pool.closed:
@@ -260,7 +257,7 @@ class Engine:
         if hold == self.holds:
             self.threads.release()
 
-    def fill_lookahead(self, loader: DataLoader[Any], epoch: int, seed: int) -> None:
+    def fill_lookahead(self, loader: Any, epoch: int, seed: int) -> None:
         """Gives free slots to the next epoch's first batches (see ``epoch_lookahead``)."""
         pool = self.pool
         if not (loader.epoch_lookahead and loader.persistent_workers) or pool is None:
@@ -327,30 +324,35 @@ class Engine:
 
 
 class FastPass:
-    """One pass of the fast path: the epoch's batches, ``start`` batches in, through the engine.
+    """One pass of the fast path: the epoch's ``batches``, ``start`` batches in, through the engine.
 
-    ``batches`` and ``dataset`` (``decode="hybrid"``): the workers' share of each batch, decoded
-    with that dataset's transform, and no epoch lookahead (a share is decided when issued).
+    ``loader`` is the ``fastload.DataLoader`` (its public settings: ``num_workers``, ``timeout``,
+    ``stats``, ...); what the pass needs of its state comes as arguments: ``batches``, the
+    ``dataset`` the workers decode from, each sample's random-stream ``keys`` (a sampler of the
+    user's, see :class:`SampleKeys`). ``lookahead=False`` (``decode="hybrid"``, whose workers get
+    a share of each batch, decided when issued): no epoch lookahead.
     """
 
     def __init__(
         self,
-        loader: DataLoader[Any],
+        loader: Any,
         engine: Engine,
         epoch: int,
         start: int,
         seed: int,
-        batches: Sequence[np.ndarray] | None = None,
-        dataset: Any = None,
+        batches: Sequence[np.ndarray],
+        dataset: Any,
+        keys: SampleKeys | None = None,
+        lookahead: bool = True,
     ) -> None:
         self.loader = loader
         self.engine = engine
         self.epoch = epoch
         self.seed = seed
-        self.lookahead = batches is None
-        self.dataset = loader._fast_dataset if dataset is None else dataset
-        self.batches: Sequence[np.ndarray] = batches if batches is not None else loader._pass_batches(epoch)
-        self.keys = loader._sample_keys() if dataset is None else None
+        self.lookahead = lookahead
+        self.dataset = dataset
+        self.batches = batches
+        self.keys = keys
         self.next_batch = start
         self.issued = start
         self.pool = engine.get_pool(loader, seed, self.dataset)

@@ -7,7 +7,7 @@ reads the dataset as it is at every pass, so a change the loop makes between epo
 transform, a recognised op's size changed in place for progressive resizing, samples relabelled in
 place) reaches the next epoch. Each pass start therefore compares :func:`source_state` with the one
 the plans were made from and makes them again where it differs
-(:meth:`fastload.DataLoader._refresh_path`). Nothing else of the dataset is read: a dataset of the
+(:func:`fastload._path.refresh_path`). Nothing else of the dataset is read: a dataset of the
 user's runs on torch's path with torch's defaults, new workers each pass, which see it as it is.
 
 The state holds each of those attributes: numbers, strings and short tuples by value; lists, dicts

@@ -683,7 +683,7 @@ def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
     torch's worker loop makes its fetcher as the worker starts (seeded by torch for the first
     pass), and again for each later pass's ``_ResumeIteration``; before that is sent, the main
     process writes the pass's number and base seed into ``cell``
-    (:meth:`fastload.DataLoader._torch_iter`). This wraps the fetcher's factory in this process
+    (:func:`fastload._torchpath.torch_iter`). This wraps the fetcher's factory in this process
     only: at every call of torch's worker loop after its first, the worker seeds itself from the
     cell (:func:`seed_as_torch`), so random transforms draw what torch's new workers would draw
     (also a worker that started late, after the main process had begun a later pass: it serves

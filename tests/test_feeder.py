@@ -18,6 +18,7 @@ from PIL.JpegImagePlugin import get_sampling
 
 import fastload
 import fastload._devicepass
+import fastload._iterator
 import fastload.decode
 import fastload.gpu.decode
 import fastload.loader
@@ -221,7 +222,7 @@ def test_headers_are_read_once_per_sample_not_every_epoch(
     loader = _device_loader(imagenet_root, num_workers=1, drop_last=False)
     for _ in range(3):
         assert sum(len(y) for _, y in loader) == 32
-    table = loader._decode_headers()
+    table = fastload._iterator.decode_headers(loader)
     assert len(headers) == 32 if fastload.decode.roi_decoder_available() else len(headers) == 0
     routes = table.route
     assert set(np.unique(routes)) <= {1, 2} and (routes > 0).all()  # every sample routed, once
@@ -402,7 +403,7 @@ def test_a_users_sampler_is_read_in_the_loops_thread_when_a_feeder_runs(imagenet
             imagenet_root, None, num_workers=2, shuffle=False, sampler=Drawing(20), batch_size=1
         )
         it = iter(loader)
-        assert isinstance(getattr(it, "_fed", None), fastload.loader.FedPass)
+        assert isinstance(getattr(it, "_fed", None), fastload._devicepass.FedPass)
         order, draws = [], []
         for batch in it:
             order += batch.indices.tolist()

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import fastload
+import fastload._iterator
 from fastload import gpu
 from fastload.gpu import nvimgcodec
 from fastload.gpu.decode import GIVE_UP_AFTER, BatchDecoder, device_decoder
@@ -105,7 +106,7 @@ def test_only_each_crop_box_is_decoded_and_the_batches_are_the_same(
     assert decoder.options == ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1" == nvimgcodec.OPTIONS
     assert [b.backend_kind.name for b in decoder.backends] == ["HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"]
     regions = [r for call in decoder.calls for r in call]
-    headers = loader._decode_headers()
+    headers = fastload._iterator.decode_headers(loader)
     assert len(regions) == int((headers.route == 1).sum()) and None not in regions  # every JPEG: its box
     crop = gpu.RandomResizedCrop(24)
     ds = fastload.InMemoryImageFolder(imagenet_root / "train")
@@ -423,8 +424,8 @@ def test_the_decoders_cpu_threads_are_this_ranks_share(
     """nvImageCodec's CPU threads (header parsing, Huffman decoding of its hybrid backend): this
     process's share of the CPUs -- 8 ranks on a node would otherwise start one per CPU each --,
     less the CPU workers' with decode="hybrid"."""
+    import fastload._iterator
     import fastload.device
-    import fastload.loader
 
     threads: list[int] = []
 
@@ -433,14 +434,15 @@ def test_the_decoders_cpu_threads_are_this_ranks_share(
             self.device = device
             threads.append(cpu_threads)
 
-    monkeypatch.setattr(fastload.loader, "BatchDecoder", Recording)
-    monkeypatch.setattr(fastload.loader, "cpu_share", lambda: 6)  # e.g. 48 CPUs, 8 ranks
-    _loader(imagenet_root, "device")._batch_decoder(torch.device("cpu"))
-    _loader(imagenet_root, "hybrid", num_workers=2)._batch_decoder(torch.device("cpu"))
+    monkeypatch.setattr(fastload._iterator, "BatchDecoder", Recording)
+    monkeypatch.setattr(fastload._iterator, "cpu_share", lambda: 6)  # e.g. 48 CPUs, 8 ranks
+    batch_decoder = fastload._iterator.batch_decoder
+    batch_decoder(_loader(imagenet_root, "device"), torch.device("cpu"))
+    batch_decoder(_loader(imagenet_root, "hybrid", num_workers=2), torch.device("cpu"))
     assert threads == [6, 4]
-    monkeypatch.setattr(fastload.loader, "cpu_share", fastload.device.cpu_share)  # the real share:
+    monkeypatch.setattr(fastload._iterator, "cpu_share", fastload.device.cpu_share)  # the real share:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # half of this process's CPUs, at least 1
-    _loader(imagenet_root, "device")._batch_decoder(torch.device("cpu"))
+    batch_decoder(_loader(imagenet_root, "device"), torch.device("cpu"))
     assert threads[-1] == max(1, fastload.device.available_cpus() // 2)
 
 

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 import fastload
+import fastload._iterator
 from fastload import gpu
 from fastload.gpu import nvimgcodec
 from fastload.gpu.decode import BatchDecoder
@@ -278,7 +279,7 @@ def test_the_loaders_batches_are_the_same_through_either_interface(
         "one buffer per batch, by one call into its C interface per batch, without the interpreter)"
         in loader.decoder
     )
-    batch_decoder = loader._batch_decoder(torch.device("cpu"))
+    batch_decoder = fastload._iterator.batch_decoder(loader, torch.device("cpu"))
     assert batch_decoder.asked > 0 and batch_decoder.refused == 0  # nvImageCodec decoded its share
     assert set(_Recording.calls) == {"decode" if check_crc else "decode_slices"}
     nvimgcodec.NATIVE = False

@@ -105,11 +105,11 @@ def test_without_pin_memory_the_prefetcher_says_the_copies_are_synchronous(image
 def test_device_loaders_pin_by_default_where_cuda_is(
     monkeypatch: pytest.MonkeyPatch, imagenet_root: Path
 ) -> None:
-    import fastload.loader
+    import fastload._path
 
-    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: True)
+    monkeypatch.setattr(fastload._path, "cuda_available", lambda: True)
     assert fastload.DataLoader(_train(imagenet_root), batch_size=4, num_workers=0).pin_memory is True
-    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: False)
+    monkeypatch.setattr(fastload._path, "cuda_available", lambda: False)
     assert fastload.DataLoader(_train(imagenet_root), batch_size=4, num_workers=0).pin_memory is False
 
 

@@ -36,9 +36,9 @@ def _unpinned_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ring carries batches torch's iterator does not copy into pinned memory: these tests
     run with ``pin_memory``'s default of a machine without CUDA (``False``) on a GPU machine too;
     ``test_no_ring_when_torchs_pin_memory_thread_copies_the_batches`` covers pinning."""
-    import fastload.loader
+    import fastload._path
 
-    monkeypatch.setattr(fastload.loader, "cuda_available", lambda: False)
+    monkeypatch.setattr(fastload._path, "cuda_available", lambda: False)
 
 
 def _tv_pipeline() -> tv.Compose:
@@ -569,7 +569,9 @@ def test_no_ring_when_torchs_pin_memory_thread_copies_the_batches(
         monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
         monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
     else:  # and fastload's check of it (this file's fixture says False)
-        monkeypatch.setattr(fastload.loader, "cuda_available", lambda: True)
+        import fastload._torchpath
+
+        monkeypatch.setattr(fastload._torchpath, "cuda_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)

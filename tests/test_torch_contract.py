@@ -25,7 +25,8 @@ from torch.utils.data import IterableDataset
 
 import fastload
 from fastload._epoch import DefaultSeed
-from fastload.loader import ENDLESS_SAMPLER, DataLoaderIterator
+from fastload._passorder import ENDLESS_SAMPLER
+from fastload.loader import DataLoaderIterator
 
 LOADERS = [torch.utils.data.DataLoader, fastload.DataLoader]
 Pair = collections.namedtuple("Pair", ["x", "y"])

@@ -1,0 +1,253 @@
+"""The pass order: which samples a pass of a ``fastload.DataLoader`` hands out, in which batches.
+
+The order of a pass comes from the loader's sampler (or, for a resumed epoch, from the rest of the
+epoch's global order, resharded over this job's ranks: :func:`resume_pass`); its plan (what a
+``state_dict`` records: the dataset size, batch size, the order's sharding) from :func:`plan`. The
+fast path cuts it into batches at once where the order is known without reading the sampler
+(:func:`pass_batches`); torch's iterator draws it through :class:`PassIndices`. Every function
+takes the loader (its sampler, batch size and epoch state) as its first argument.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import (
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
+
+from ._checks import sample_index
+from ._engine import SampleKeys, SamplerBatches, predicted_order, split_batches
+from ._epoch import Plan, Resume, ResumeError
+from ._position import rest_of_epoch
+from .distributed import get_rank, get_world_size
+from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
+
+_log = logging.getLogger("fastload")
+
+
+#: Why a sampler without ``__len__`` (an endless one) runs torch's iterator.
+ENDLESS_SAMPLER = (
+    "the sampler has no len() (an endless sampler): fastload's own paths need each epoch's length "
+    "when it starts"
+)
+
+
+def endless(sampler: Any) -> bool:
+    """A sampler without ``__len__`` (torch iterates it as it goes; it may never end)."""
+    try:
+        len(sampler)
+    except TypeError:
+        return True
+    return False
+
+
+def pass_length(loader: Any) -> int | None:
+    """``len(loader)`` as torch computes it (``None`` without one), without calling it for an
+    ``IterableDataset``: torch's ``len(loader)`` arms its check that warns when the dataset yields
+    more than its ``__len__`` said, which only the user's own call should do."""
+    if not isinstance(loader.dataset, IterableDataset):
+        try:
+            return len(loader)
+        except TypeError:  # a sampler or batch_sampler without __len__ (an endless one): torch iterates it
+            return None
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:  # an IterableDataset without __len__
+        return None
+    if loader.batch_size is None:
+        return n
+    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
+
+
+def set_sampler_epoch(sampler: Any, epoch: int) -> None:
+    """The loader sets its sampler's epoch (if it has ``set_epoch``); not an epoch the user gave it
+    (see :func:`take_sampler_epoch`)."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+        if getattr(sampler, "_told_epoch", False):
+            sampler._told_epoch = False
+
+
+class PassIndices:
+    """torch's index sampler for a :class:`DataLoader` (its ``_index_sampler``): the rest of a
+    resumed epoch once, in batches, else the loader's own ``batch_sampler`` (or ``sampler``)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)  # no cycle: the loader is freed (and its workers stop) at once
+
+    def _base(self, loader: Any) -> Any:
+        return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self._loader()
+        assert loader is not None  # torch's iterator holds the loader while it draws indices
+        rest = loader._rest  # torch's iterator may call iter() twice as it starts: no pop
+        if rest is None:
+            return iter(self._base(loader))
+        if loader.batch_sampler is None:
+            return iter(rest.tolist())
+        return iter([b.tolist() for b in split_batches(rest, loader.batch_size or 1, loader.drop_last)])
+
+    def __len__(self) -> int:
+        loader = self._loader()
+        assert loader is not None
+        return len(self._base(loader))
+
+
+def take_sampler_epoch(loader: Any) -> None:
+    """A pass start: the epoch given to the sampler (``loader.sampler.set_epoch(e)``,
+    torchvision's reference script's ``train_sampler.set_epoch(epoch)``) since the loader last
+    set it is the pass's epoch, as ``loader.set_epoch(e)`` (torch's sampler would use it): the
+    sampler fastload made, or a sampler of the user's with an ``epoch`` attribute that changed
+    since the last pass (torch's ``DistributedSampler``)."""
+    sampler: Any = loader.sampler
+    if loader._own_sampler and getattr(sampler, "_told_epoch", False):
+        sampler._told_epoch = False
+        loader._epochs.set_epoch(sampler.epoch)
+        return
+    if loader._own_sampler:
+        return
+    # a sampler of the user's with an epoch (torch's DistributedSampler, RASampler): an epoch
+    # it was given since the last pass (0 before the first) is the pass's too, so that a job
+    # restarted at epoch e (set_epoch(e) on the sampler) does not draw epoch 0's augmentations
+    if loader._given_batch_sampler:
+        sampler = getattr(loader.batch_sampler, "sampler", None)
+    epoch = getattr(sampler, "epoch", None)
+    if type(epoch) is not int or epoch < 0:
+        return
+    last = loader.__dict__.get("_user_sampler_epoch", 0)
+    loader._user_sampler_epoch = epoch
+    if epoch != last and not loader._epochs.epoch_set:
+        loader._epochs.set_epoch(epoch)
+
+
+def sampler_epoch(loader: Any) -> int | None:
+    """The epoch of a ``DistributedSampler`` the user passed (and sets the epoch of): its order's."""
+    if loader._own_sampler or not isinstance(loader.sampler, TorchDistributedSampler):
+        return None
+    return int(loader.sampler.epoch)
+
+
+def plan(loader: Any) -> Plan:
+    """How this loader hands out an epoch (what its state records)."""
+    n = None if isinstance(loader.dataset, IterableDataset) else len(loader.dataset)
+    fields: dict[str, Any] = {}
+    if n is not None and loader.batch_size is not None and not loader._given_batch_sampler:
+        fields = sampler_plan(loader.sampler, loader.dataset, loader._own_sampler)
+    if "order" not in fields:  # a custom sampler: its ranks must not change
+        fields["num_replicas"] = get_world_size()
+        fields["rank"] = get_rank()
+    return Plan(num_samples=n, batch_size=loader.batch_size, drop_last=bool(loader.drop_last), **fields)
+
+
+def refuse_random_order(loader: Any, state: Any, plan: Plan) -> None:
+    """A state taken inside an epoch of torch's random samplers (``RandomSampler``,
+    ``SubsetRandomSampler``, ``WeightedRandomSampler``): their order comes from the RNG's
+    state at the pass's start, which a restarted job does not have, so skipping the batches
+    already seen would skip others (some seen twice, some never)."""
+    if plan.global_order:
+        return
+    sampler = (
+        getattr(loader.batch_sampler, "sampler", None) if loader._given_batch_sampler else loader.sampler
+    )
+    if not isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
+        return
+    if isinstance(sampler, EpochRandomSampler):
+        return
+    states = state if isinstance(state, list) else [state]
+    if any(isinstance(one, dict) and one.get("batches") for one in states):
+        raise ResumeError(
+            f"this state was taken inside an epoch of torch's {type(sampler).__name__}, whose order "
+            "a restarted job cannot draw again (it comes from the RNG's state at the pass's start): "
+            "resuming would skip other samples than those seen. Pass shuffle=True instead of a "
+            "RandomSampler (fastload's order, a function of seed and epoch), or distributed=True / "
+            "fastload.DistributedSampler, to resume inside an epoch; a state taken at an epoch's end "
+            "resumes with any sampler"
+        )
+
+
+def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
+    """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
+
+    ``None`` indices: the sampler's own order. A resume this loader made itself (same ranks,
+    batch size and sharding) skips batches on torch's path, loading them as an uninterrupted
+    run did (its random draws go on from there); any other resume -- and every resume on
+    fastload's own paths, whose draws are per sample -- runs this rank's share of the rest of
+    the global order.
+    """
+    sampler = loader.sampler
+    if resume is None:
+        start = sampler.resume_point() if isinstance(sampler, DistributedSampler) else None
+        if start is not None:
+            loader._epochs.start_at(start, 0)  # the sampler's own state: it yields the rest
+        return 0, None
+    if isinstance(sampler, DistributedSampler):
+        sampler.forget_resume()  # the loader's state says where the epoch stands
+    user_epoch = sampler_epoch(loader)
+    if user_epoch is not None and resume.sampler_epoch is not None and user_epoch != resume.sampler_epoch:
+        return 0, None  # the user's sampler went on to another epoch: it is whole
+    torch_path = not loader.fast_path and loader.decode == "cpu"
+    the_plan = plan(loader)
+    if resume.batches is not None and (torch_path or not the_plan.global_order):
+        loader._epochs.start_at(0, resume.batches)
+        return resume.batches, None
+    order = global_order(loader.sampler, loader.dataset, epoch if user_epoch is None else user_epoch)
+    assert order is not None  # a resume with a position comes with a plan with a global order
+    loader._epochs.start_at(resume.position, 0)
+    rest = rest_of_epoch(
+        order, resume.position, the_plan.num_replicas, the_plan.rank, the_plan.pad, the_plan.drop_tail
+    )
+    return 0, rest
+
+
+def pass_batches(loader: Any, epoch: int, cuda_feed: bool) -> Sequence[np.ndarray]:
+    """This pass's batches for the fast path: a resumed epoch's rest, or an order known
+    without reading the sampler (fastload's own samplers, a sequential one), cut at once;
+    any other sampler read as the batches are issued (:class:`fastload._engine.SamplerBatches`),
+    as torch's iterator reads it -- except with a CUDA ``device``, whose batches a feeder
+    thread takes: the sampler is read whole here, at ``iter()``, in the iterating thread, so that
+    a sampler drawing from torch's global RNG draws where torch's does, not interleaved with the
+    training loop's draws from another thread (``cuda_feed``)."""
+    batch_size = loader.batch_size or 1
+    if loader._rest is not None or cuda_feed or predicted_order(loader.sampler, epoch) is not None:
+        return split_batches(pass_order(loader), batch_size, loader.drop_last)
+    n = len(loader.sampler)
+    expected = n // batch_size if loader.drop_last else -(-n // batch_size)
+    return SamplerBatches(loader.sampler, batch_size, loader.drop_last, expected)
+
+
+def sample_keys(loader: Any) -> SampleKeys | None:
+    """For a sampler of the user's (not fastload's, not sequential): each sample's random
+    stream keyed by its copy and this rank too (:class:`fastload._engine.SampleKeys`), so
+    that a sample given twice (``RASampler``'s repeats, sampling with replacement) or on two
+    ranks gets its own augmentation, as torch's draws would."""
+    sampler = loader.sampler
+    if loader._own_sampler or type(sampler) in (SequentialSampler, EpochRandomSampler, DistributedSampler):
+        return None  # fastload's orders: a sample's stream is its own on any rank (resharding)
+    replicas, rank = getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)
+    if not (isinstance(replicas, int) and isinstance(rank, int) and 0 <= rank < replicas):
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        replicas = torch.distributed.get_world_size() if distributed else 1
+        rank = torch.distributed.get_rank() if distributed else 0
+    return SampleKeys(len(loader.dataset), rank, replicas)
+
+
+def pass_order(loader: Any) -> np.ndarray:
+    """This pass's indices: a resumed epoch's rest, or the sampler's order."""
+    rest = loader._rest
+    if rest is not None:
+        return rest
+    return np.fromiter((sample_index(i) for i in loader.sampler), dtype=np.int64)

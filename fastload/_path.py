@@ -1,0 +1,355 @@
+"""Which path a ``fastload.DataLoader`` runs, and the defaults that follow from it.
+
+:func:`choose_path` decides between the fast path (fastload's engine runs the whole pipeline),
+head acceleration (torch's iterator over a view whose pipeline head is fused with decoding) and
+torch's iterator, says which and why not a faster one, and :func:`apply_defaults` sets the
+arguments left to their default: torch's wherever the loader runs code of the user's
+(:func:`user_code`), fastload's only where it runs every op itself. Nothing of the user's code is
+read to decide. At each pass start :func:`refresh_path` follows what fastload reads of the
+dataset itself (:mod:`fastload._source`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import (
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    default_collate,
+)
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
+
+from ._checks import optional_attribute
+from ._devicepass import FEEDER_DEPTH, reuses_device_memory
+from ._passorder import ENDLESS_SAMPLER, endless
+from ._source import changed_attributes, source_key, source_state
+from ._torchpath import stop_workers
+from ._worker import (
+    reporting_context,
+)
+from .device import auto_num_workers, cuda_available
+from .gpu.hybrid import split_head
+from .gpu.nvimgcodec import hw_decoder_load
+from .head import head_view
+from .recognize import is_image_folder, recognize, worker_view
+from .sampler import DistributedSampler, EpochRandomSampler
+from .transforms import import_decode_modules
+
+_log = logging.getLogger("fastload")
+
+
+def is_fast_dataset(dataset: Any) -> bool:
+    transform = optional_attribute(dataset, "transform")
+    return (
+        callable(optional_attribute(dataset, "get_bytes"))
+        and transform is not None
+        and callable(getattr(transform, "decode_into", None))
+        and getattr(transform, "output_size", None) is not None
+    )
+
+
+def same_source(a: tuple[Any, ...] | None, b: tuple[Any, ...]) -> bool:
+    return a is not None and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def structural_reason(loader: Any) -> str | None:
+    """Why the loader's arguments (not its dataset) rule out the fast path, or ``None``."""
+    if isinstance(loader.dataset, IterableDataset):
+        return "the dataset is an IterableDataset"
+    if loader._given_batch_sampler:
+        return "a batch_sampler is given"
+    if loader.batch_size is None:
+        return "batch_size=None (no batching)"
+    if loader._given_collate:
+        return "a collate_fn is given (the fast path builds its batches itself; default_collate is fine)"
+    if endless(loader.sampler):
+        return ENDLESS_SAMPLER
+    return None
+
+
+#: torch's samplers and fastload's, and plain sequences of indices: they run no code of the user's.
+_OWN_SAMPLERS = (
+    list,
+    tuple,
+    range,
+    np.ndarray,
+    SequentialSampler,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    TorchDistributedSampler,
+    DistributedSampler,
+    EpochRandomSampler,
+)
+
+
+def user_code(loader: Any) -> str | None:
+    """What of the user's the loader runs -- a dataset, transform, ``target_transform``,
+    ``collate_fn``, sampler or ``worker_init_fn`` of theirs -- or ``None`` where fastload runs every
+    op itself: the fast path and ``decode="device"``/``"hybrid"`` over fastload's datasets and
+    transforms (a recognised torchvision pipeline included), and head acceleration whose every op
+    after the head is one of torchvision's transform classes. The defaults follow it
+    (:func:`apply_defaults`); nothing of the user's code is read to decide."""
+    if loader.worker_init_fn is not None:
+        return "a worker_init_fn"
+    if loader._given_collate:
+        return "a collate_fn"
+    if loader._given_batch_sampler:
+        return "a batch_sampler"
+    if type(loader.sampler) not in _OWN_SAMPLERS:
+        return f"a sampler of yours ({type(loader.sampler).__name__})"
+    path = loader._path
+    if path == "torch":
+        return f"{type(loader.dataset).__name__}'s own code"
+    dataset: Any = (
+        loader._head_dataset if path == "head-accelerated" else loader._fast_dataset or loader.dataset
+    )
+    if optional_attribute(dataset, "target_transform") is not None:
+        return "a target_transform"
+    if path == "head-accelerated":
+        foreign = dataset.transform.foreign_ops
+        return f"ops of yours after the head ({', '.join(foreign)})" if foreign else None
+    if not type(dataset).__module__.startswith("fastload."):
+        return f"a dataset class of yours ({type(dataset).__name__})"
+    transform = optional_attribute(dataset, "transform")
+    if transform is not None and not type(transform).__module__.startswith("fastload."):
+        return f"a transform of yours ({type(transform).__name__})"
+    return None
+
+
+def torch_checks(
+    num_workers: int,
+    multiprocessing_context: Any,
+    prefetch_factor: int | None,
+    persistent_workers: bool | None,
+) -> None:
+    """torch's checks of the arguments that depend on ``num_workers`` (which fastload's default
+    sets only once the path is known), by torch's own ``DataLoader``: its errors, in its words."""
+    torch.utils.data.DataLoader(
+        [],  # type: ignore[arg-type]
+        num_workers=num_workers,
+        multiprocessing_context=multiprocessing_context,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=bool(persistent_workers),
+    )
+
+
+def refuse_reused_device_memory(decode: str, gpu_transforms: Any) -> None:
+    """``decode="device"`` / ``"hybrid"`` transform batches ahead of the loop: a transform writing
+    into a ring of device buffers would overwrite one the loop still holds."""
+    if reuses_device_memory(gpu_transforms):
+        raise ValueError(
+            f"decode={decode!r} prepares batches {FEEDER_DEPTH} ahead of the loop in a feeder thread: "
+            "gpu_transforms that reuse device memory (gpu.Normalize(buffers=k)) would overwrite a batch "
+            "the loop still holds; leave buffers at 0 (the default)"
+        )
+
+
+def check_device_decode(
+    decode: str, dataset: Any, gpu_transforms: Any, collate_fn: Any, batch_sampler: Any, on_error: str
+) -> None:
+    """The arguments ``decode="device"`` / ``"hybrid"`` need, checked with a message naming the fix."""
+    hw_decoder_load()  # FASTLOAD_HW_DECODER_LOAD, if set, is a share from 0 to 1
+    if not callable(getattr(dataset, "get_bytes", None)):
+        raise ValueError(
+            f"decode={decode!r} needs a dataset that serves encoded images "
+            "(fastload.ImageFolder or InMemoryImageFolder)"
+        )
+    if gpu_transforms is None:
+        raise ValueError(
+            f"decode={decode!r} needs gpu_transforms that bring the decoded images to one size, "
+            "e.g. gpu.Compose([gpu.RandomResizedCrop(224), gpu.Normalize(...)])"
+        )
+    if getattr(dataset, "transform", None) is not None:
+        raise ValueError(
+            f"decode={decode!r} decodes and transforms on the device: leave the dataset's transform None "
+            "and pass the augmentations as gpu_transforms"
+        )
+    if collate_fn is not None or batch_sampler is not None:
+        raise ValueError(
+            f"decode={decode!r} builds its own batches: collate_fn and batch_sampler are not supported "
+            "with it"
+        )
+    refuse_reused_device_memory(decode, gpu_transforms)
+    if on_error != "raise":
+        raise ValueError(
+            f"on_error={on_error!r} is not supported with decode={decode!r}: a corrupt image raises a "
+            "DecodeError naming it from the next() of its batch (the pass goes on after it); use "
+            "decode='cpu' to skip unreadable samples"
+        )
+    if decode == "hybrid":
+        split_head(gpu_transforms)  # its workers run the head of gpu_transforms
+
+
+def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> None:
+    """Decides between the fast path, head acceleration and torch's iterator for the dataset as
+    it is now, says which it runs (``path``) and why not a faster one (``fast_path_reason``),
+    and sets the arguments left to their default for it (:func:`apply_defaults`). When
+    ``log``, for an image-folder dataset: one line on the ``fastload`` logger, INFO for the
+    fast path, WARNING (shown by default) for the others -- with ``unless`` (the path before
+    the dataset changed), only if the path is another now, so that the last line said is the
+    path that runs."""
+    dataset = loader.dataset
+    loader._source_key = source_key(dataset)
+    loader._source_made = source_state(dataset)  # what the plans are made from, by value
+    loader._device_conversion = None
+    loader._fast_dataset, loader._fast_reason = None, None
+    loader._worker_dataset = loader._head_dataset = None
+    loader._path = "torch"
+    level, line = decide_path(loader, dataset)
+    apply_defaults(loader, first=not loader.__dict__.get("_defaults_set"))
+    if loader._path == "torch" and loader.num_workers > 0:
+        # torch's workers serve a torchvision DatasetFolder from fastload's index (torch_iter)
+        loader._worker_dataset = worker_view(dataset)[0]
+    if line is None or not (log and (unless is None or loader._path != unless)):
+        return
+    if loader.decode != "cpu":
+        line = line.format(decoder=loader.decoder)
+    if loader._path == "torch" and "num_workers" in loader._defaulted:
+        line += (
+            f"; it loads in the main process, as torch's default num_workers=0 ({loader._runs_user_code} "
+            f"runs): pass num_workers='auto' to load in {auto_num_workers()} workers"
+        )
+    _log.log(level, "%s", line.replace("%s", type(dataset).__name__, 1))
+
+
+def decide_path(loader: Any, dataset: Any) -> tuple[int, str | None]:
+    """Sets the path for ``dataset``; returns the line that says it (``%s``: the dataset's
+    class), or ``None`` where nothing is said (torch's path for a dataset fastload does not read)."""
+    if loader.decode != "cpu":
+        loader._fast_reason = f"decode={loader.decode!r} decodes on the device"
+        loader._path = "device-decode" if loader.decode == "device" else "hybrid"
+        return logging.INFO, (  # (the decoder is named once the workers are known)
+            f"fastload.DataLoader decodes this %s on {loader.device if loader.device is not None else 'cpu'} "
+            f"with {{decoder}}, in a feeder thread {FEEDER_DEPTH} batches ahead of the loop"
+        )
+    structural = structural_reason(loader)
+    if structural is None and is_fast_dataset(dataset):
+        take_fast(loader, dataset)
+        return logging.INFO, "fastload.DataLoader runs the fast path for this %s"
+    if not loader._allow_fast:
+        loader._fast_reason = "fast_path=False"
+        return logging.INFO, None
+    found = recognize(dataset) if structural is None else None
+    if found is not None and found.dataset is not None:
+        view: Any = found.dataset
+        if not (loader.exact_pixels and view.transform.reduce):
+            if loader.exact_pixels:
+                view.transform.exact = True
+            take_fast(loader, view)
+            return logging.INFO, (
+                "fastload.DataLoader runs the fast path for this %s: its whole pipeline is fused "
+                "with decoding"
+            )
+        loader._fast_reason = (
+            "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
+            "acceleration) reproduce"
+        )
+    else:
+        loader._fast_reason = structural if found is None else found.reason
+    if not is_image_folder(dataset) or isinstance(dataset, IterableDataset):
+        return logging.WARNING, None
+    head: Any
+    head, head_reason = head_view(dataset, exact=loader.exact_pixels)
+    if head is None:
+        return logging.WARNING, (
+            "fastload.DataLoader runs torch's iterator for this %s (no acceleration): "
+            f"{loader._fast_reason}; no head acceleration: {head_reason}"
+        )
+    loader._head_dataset = loader._worker_dataset = head
+    loader._path = "head-accelerated"
+    return logging.WARNING, (
+        "fastload.DataLoader accelerates the head of this %s's pipeline on torch's iterator "
+        f"({head.transform.describe()}); not the fast path: {loader._fast_reason}"
+    )
+
+
+def apply_defaults(loader: Any, first: bool) -> None:
+    """The arguments left to their default, for the path chosen: fastload's where it runs every
+    op itself (``num_workers="auto"``, workers kept between passes, pinned memory with CUDA,
+    ``limit_threads``), torch's where it runs code of the user's (``_runs_user_code``: no workers,
+    none kept, no pinning, no cap). ``first``: at construction, where torch's checks against
+    ``num_workers`` (made here when it was left to its default) raise torch's errors."""
+    loader._runs_user_code = user_code(loader)
+    own = loader._runs_user_code is None
+    defaulted = loader._defaulted
+    if "num_workers" in defaulted:
+        loader.num_workers = auto_num_workers() if own else 0
+        asked = loader._asked
+        if first:
+            torch_checks(loader.num_workers, **asked)  # torch's errors, in its words
+        loader.prefetch_factor = None if loader.num_workers == 0 else asked["prefetch_factor"] or 2
+        context = asked["multiprocessing_context"]
+        loader.__dict__["_persistent_workers"] = bool(asked["persistent_workers"]) and loader.num_workers > 0
+        if loader.num_workers > 0:
+            loader.multiprocessing_context = reporting_context(context)
+        else:
+            loader.multiprocessing_context = None
+    if "persistent_workers" in defaulted:
+        loader.__dict__["_persistent_workers"] = own and loader.num_workers > 0
+    if "pin_memory" in defaulted:
+        to_cuda = loader.device is not None and loader.device.type == "cuda"
+        loader.pin_memory = (own and cuda_available()) or to_cuda
+    if "limit_threads" in defaulted:
+        loader.limit_threads = own
+    loader._defaults_set = True
+
+
+def take_fast(loader: Any, view: Any) -> None:
+    """The fast path, serving ``view``."""
+    if loader.device is not None and loader.device.type == "cuda" and view is not loader.dataset:
+        # a recognised pipeline: uint8 batches cross to the GPU (4x less traffic), converted there
+        view.transform = view.transform.geometry_only()
+        loader._device_conversion = view.transform.convert_batch
+    loader._fast_dataset = view
+    loader._path = "fast"
+    import_decode_modules()  # now, not inside the first batch (see torch_iter for torch's path)
+
+
+def refresh_path(loader: Any) -> None:
+    """At the start of a pass: follow what fastload reads of the dataset itself (its transform,
+    ``target_transform``, samples and loader, :mod:`fastload._source`), replaced or changed in
+    place, and a ``collate_fn`` / ``worker_init_fn`` set since the last pass, as torch's loader
+    does; workers asked for (``persistent_workers=True``) keep what they started with, as
+    torch's do, while workers kept by fastload's default restart. The path and the defaults
+    that follow it are decided again."""
+    # persistent workers asked for keep what they started with, as torch's do
+    callables_set = loader.__dict__.pop("_callables_set", False) and (
+        loader._persistent_by_default or not loader.persistent_workers or not loader.num_workers
+    )
+    if callables_set:
+        loader._given_collate = loader.collate_fn is not None and loader.collate_fn is not default_collate
+        loader._user_collate = loader.collate_fn
+    if loader.decode != "cpu":
+        return
+    state = source_state(loader.dataset)
+    before = loader._source_made
+    if not callables_set and same_source(loader._source_key, source_key(loader.dataset)) and before == state:
+        return
+    pool = loader._engine.pool
+    live = (pool is not None and not pool.closed and pool.num_workers > 0) or loader.__dict__.get(
+        "_iterator"
+    ) is not None
+    if live and not loader._persistent_by_default and not callables_set:
+        return
+    if live:
+        what = (
+            "collate_fn or worker_init_fn was set"
+            if callables_set
+            else f"the dataset's {', '.join(changed_attributes(before or (), state))} changed"
+        )
+        _log.info(
+            "fastload.DataLoader restarts its workers: %s since the last epoch, and torch's loader "
+            "would start new workers that see it (persistent_workers=True: they keep what they "
+            "started with, as torch's do)",
+            what,
+        )
+    stop_workers(loader)
+    choose_path(loader, log=True, unless=None if callables_set else loader._path)

@@ -1,0 +1,454 @@
+"""torch's path: torch's own iterator and workers for what the fast path does not serve, with the
+measured additions fastload makes to it.
+
+What is added, each measured (``docs/how-it-works.md``): a torchvision folder served to the workers
+from fastload's numpy index (flat worker memory at 1.28M samples), batches sent through memfd and
+reused segments (a 64 MB ``/dev/shm``), a dataset pickled once for spawn/forkserver workers, a
+resumed epoch's rest (:class:`fastload._passorder.PassIndices`), a batch a worker cannot send
+named instead of a hang. Where the workers run no code of the user's (head acceleration of
+torchvision's ops only) fastload's defaults keep them between passes and seed them at each pass
+as torch's new workers would be (:func:`torch_iter`); and the draws torch's loader makes from the
+global RNG are made where fastload's code replaces torch's (:func:`draw_as_torch`), so that a
+training loop's random numbers are those it gets with torch's loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils.data.dataloader as torch_dataloader_module
+from PIL import Image
+from torch.multiprocessing import get_sharing_strategy
+from torch.utils.data import (
+    IterDataPipe,
+    MapDataPipe,
+    default_collate,
+)
+
+from ._checks import caller_stacklevel
+from ._epoch import base_seed
+from ._shm import shm_error
+from ._stream import MainRing, RingedCollate, ring_supported, ring_table
+from ._stream import collate as stream_collate
+from ._worker import (
+    TorchWorkerInit,
+    frozen_heap,
+    pass_seed_cell,
+    ship_dataset,
+)
+from .device import cuda_available
+from .gpu.memory import host_memory
+from .head import head_view
+from .recognize import worker_view
+
+_log = logging.getLogger("fastload")
+
+#: torch's own class, taken where it is defined when fastload is imported: also where a script
+#: replaced the name ``torch.utils.data.DataLoader`` by fastload's since
+TORCH_DATALOADER = torch_dataloader_module.DataLoader
+
+
+class TorchPass:
+    """Any other dataset / collate_fn / batch_sampler: torch's own iterator, ``start`` batches in.
+
+    torch's iterator goes on after a batch whose loading raised, and so does this one. With a
+    ring (:class:`fastload._stream.MainRing`), each ``next()`` first frees the batch segments
+    nothing refers to any more, then notes the segments the new batch came in; the end of the
+    pass lets go of the ring's mappings (persistent workers) or of the ring (workers that stop).
+    """
+
+    def __init__(
+        self,
+        torch_iter: Iterator[Any],
+        start: int,
+        ring: MainRing | None,
+        keep_ring: bool,
+        own_workers: bool = False,
+    ) -> None:
+        self.it = torch_iter
+        self.own_workers = own_workers  # a pass beside the loop's on persistent workers: its own stop with it
+        self.ring = ring  # the reused batch segments of torch's workers (see fastload._stream)
+        self.keep_ring = keep_ring  # persistent workers: the ring outlives the pass
+        self.ring_pass = None if ring is None else ring.pass_number()
+        for _ in range(start):  # resume on torch's path: the skipped batches are still loaded
+            next(self)
+
+    def __next__(self) -> Any:
+        try:
+            return self._next()
+        except RuntimeError as e:  # (UnsendableBatchError too) torch's iterator goes on after it
+            hint = shm_error(e)  # it did not fit in /dev/shm: say so, with the fix
+            if hint is None:
+                raise
+            raise hint from e
+
+    def _next(self) -> Any:
+        if self.ring is None:
+            return next(self.it)
+        self.ring.poll()
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            self.close()
+            raise
+        self.ring.received(batch)
+        return batch
+
+    def close(self) -> None:
+        if self.own_workers:
+            shutdown = getattr(self.it, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+        ring = self.ring
+        if ring is None:
+            return
+        if not self.keep_ring:
+            ring.clear()
+        elif ring.pass_number() == self.ring_pass:  # not when a later pass uses the ring already
+            ring.release()  # the workers stay: they drop what is free when idle
+
+
+class SamplerDraws:
+    """One pass's draws of the ``RandomSampler`` torch's loader makes for ``shuffle=True``, where
+    :class:`EpochRandomSampler` stands in for it (else none): its seed before its first index
+    (without ``generator``), or a ``torch.randperm`` of ``generator`` there and another once its
+    indices run out. torch's iterator takes indices a batch at a time ("fetches"): the first one
+    draws, and the one after the last batch (the last batch itself, when it is short and kept)
+    runs out. Workers fetch ``prefetch_factor * num_workers`` batches as they start and one more
+    per batch handed out; without workers, each ``next()`` fetches its own batch."""
+
+    def __init__(self, loader: Any, length: int | None) -> None:
+        self._loader = loader
+        self._begin = loader._replaces_random_sampler
+        self._end = self._begin and loader.generator is not None
+        self._fetched = 0
+        self._last: int | None = None  # the fetch that runs out of indices (None: unknown)
+        if self._end and length is not None:
+            size = len(loader.dataset)
+            short_last = bool(loader.batch_size and not loader.drop_last and size % loader.batch_size)
+            self._last = length + (0 if short_last else 1)
+
+    def fetch_to(self, fetches: int) -> None:
+        """torch's iterator has fetched ``fetches`` batches of indices (or tried to) in this pass."""
+        while self._fetched < fetches and (self._begin or self._end):
+            self._fetched += 1
+            if self._begin:
+                self._begin = False
+                draw_as_torch(self._loader, "sampler")
+            if self._end and self._fetched == self._last:
+                self.exhausted()
+
+    def exhausted(self) -> None:
+        """The sampler ran out of indices (at the latest: the pass's end)."""
+        if self._end:
+            self._end = False
+            draw_as_torch(self._loader, "sampler end")
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_pin_memory_warning() -> str | None:
+    """What torch's iterator says of ``pin_memory=True`` where no accelerator is found (recent
+    torch warns; older torch said nothing): asked of torch's own loader once, with a generator of
+    its own (torch's global RNG is not drawn from)."""
+    torch_loader = TORCH_DATALOADER
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        iter(torch_loader([0], pin_memory=True, generator=torch.Generator()))  # type: ignore[arg-type]
+    said = [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+    return said[0] if said else None
+
+
+def warn_as_torch_of_pin_memory(loader: Any) -> None:
+    """torch's warning of ``pin_memory=True`` without an accelerator, on fastload's own paths
+    (torch's iterator gives it on torch's path), naming the user's line."""
+    if loader.pin_memory and not _accelerator_available():
+        message = _torch_pin_memory_warning()
+        if message is not None:
+            warnings.warn(message, stacklevel=caller_stacklevel())
+
+
+def _accelerator_available() -> bool:
+    """Whether fastload can pin memory (CUDA, or a test's stand-in for it: see
+    :func:`fastload.gpu.streams.simulate_cuda`), or torch finds another accelerator
+    (``torch.accelerator``, torch >= 2.6)."""
+    if host_memory().can_pin():
+        return True
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return False
+
+
+@contextlib.contextmanager
+def served(loader: Any, view: Any) -> Iterator[None]:
+    """``loader.dataset`` is ``view`` inside the block (while torch's iterator starts its workers).
+
+    torch's iterator takes the dataset its workers serve from ``loader.dataset`` when it is made,
+    and torch's ``DataLoader`` refuses to reassign that attribute after construction, so it is
+    swapped directly in the instance and restored at once, also when starting a worker raises.
+    """
+    if view is None:
+        yield
+        return
+    dataset = loader.dataset
+    object.__setattr__(loader, "dataset", view)
+    try:
+        yield
+    finally:
+        object.__setattr__(loader, "dataset", dataset)
+
+
+def torch_pins(loader: Any) -> bool:
+    """Whether torch's iterator copies every batch into pinned memory (its pin_memory thread, as
+    torch decides it): the main process then never gets the worker's segment back to reuse it."""
+    if not loader.pin_memory:
+        return False
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6 pins for any accelerator
+    return bool(accelerator.is_available() if accelerator is not None else cuda_available())
+
+
+def streams(loader: Any) -> bool:
+    """Whether torch's workers of ``loader`` stream the batches of fastload datasets: it batches
+    and collates with ``default_collate`` (see :func:`_worker_init`)."""
+    return loader.batch_sampler is not None and loader.collate_fn is default_collate
+
+
+def rings_collate(loader: Any) -> bool:
+    """Whether torch's workers of ``loader`` run its ``collate_fn`` (the user's, given at
+    construction) as :class:`fastload._stream.RingedCollate`: it batches with another collate
+    than ``default_collate``."""
+    return (
+        loader.batch_sampler is not None
+        and loader._given_collate
+        and loader.collate_fn is loader._user_collate
+        and loader.collate_fn is not default_collate
+    )
+
+
+@contextlib.contextmanager
+def worker_init(
+    loader: Any, ring: torch.Tensor | None, pass_seeds: torch.Tensor | None = None
+) -> Iterator[None]:
+    """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
+    the block (while torch's iterator starts its process workers), and the user's again after.
+
+    When the loader collates batches with torch's ``default_collate`` (no ``collate_fn`` given, or
+    that one; not one assigned later; not without batching: with ``batch_size=None`` torch converts
+    each sample with ``default_convert``, which a collate must not replace),
+    ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
+    (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
+    the batches of fastload datasets (see :mod:`fastload._stream`), into the reused segments of
+    the ring table ``ring``, if given. When it batches with the user's own ``collate_fn`` (given
+    at construction) and ``ring`` is given, ``loader.collate_fn`` is
+    :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
+    the workers' reused segments. ``pass_seeds``: the cell from which fastload's default persistent
+    workers seed themselves at each pass (:func:`fastload._worker.reseed_each_pass`).
+    """
+    user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
+    stream = streams(loader)
+    ringed = not stream and rings_collate(loader)
+    # set in the instance's namespace: not the user's assignment (DataLoader.__setattr__)
+    attributes = loader.__dict__
+    attributes["worker_init_fn"] = TorchWorkerInit(
+        user_fn,
+        stream=stream,
+        ring=ring if stream or ringed else None,
+        pass_seeds=pass_seeds,
+        trim=loader._runs_user_code is None,
+    )
+    if stream:
+        attributes["collate_fn"] = stream_collate
+    elif ringed:
+        attributes["collate_fn"] = RingedCollate(user_collate)
+    try:
+        yield
+    finally:
+        attributes["worker_init_fn"] = user_fn
+        attributes["collate_fn"] = user_collate
+
+
+#: torch's loader takes ``in_order`` from torch 2.6 on
+_TORCH_TAKES_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+
+
+def in_order_argument(in_order: bool) -> dict[str, bool]:
+    """``in_order`` for torch's ``DataLoader.__init__``: given where torch takes it; before torch
+    2.6 only its default (an order it always keeps), and anything else is refused as that torch
+    refuses an unknown argument."""
+    if _TORCH_TAKES_IN_ORDER:
+        return {"in_order": in_order}
+    if in_order is not True:
+        raise TypeError(
+            "DataLoader.__init__() got an unexpected keyword argument 'in_order' "
+            f"(torch {torch.__version__} has no in_order: it came with torch 2.6)"
+        )
+    return {}
+
+
+def check_as_torch_iterator(loader: Any) -> None:
+    """What torch's iterator checks and says as a pass starts, in its words, on every path
+    (torch's own path would say it a little later, inside torch's iterator). Its warning of
+    ``pin_memory=True`` without an accelerator is given where the pass starts
+    (:func:`warn_as_torch_of_pin_memory`).
+
+    Raises:
+        AssertionError: ``timeout`` without workers, or ``prefetch_factor=0`` with workers, as
+            torch's iterators raise (the loader itself accepts both, as torch's does).
+    """
+    if loader.num_workers == 0 and loader.timeout != 0:
+        raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+    if loader.num_workers > 0 and loader.prefetch_factor is not None and loader.prefetch_factor <= 0:
+        raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
+
+
+def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
+    """torch's own iterator for this loader (the path for everything the fast path does not serve).
+
+    When it starts process workers (each pass, or the first one with persistent workers), two
+    things keep their memory flat. The parent's heap is frozen for the garbage collector while
+    they fork (:func:`fastload._worker.frozen_heap`). And a torchvision ``ImageFolder`` or
+    ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
+    served to them by :func:`fastload.recognize.worker_view`: the same ``__getitem__`` over
+    fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
+    (at construction, and again at a pass after ``samples`` was replaced, or when workers
+    start after its length changed), so the workers neither copy nor, with spawn, unpickle
+    its Python list. Inside them,
+    ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
+    with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
+    ``target_transform``; ``samples`` and ``targets`` read from the index).
+
+    Spawn/forkserver workers get the dataset (the view, or the user's) through
+    :func:`fastload._worker.ship_dataset` when it pickles large: pickled once here, so that
+    each worker's start does not wait until the previous one imported torch. And each worker
+    runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
+    its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
+
+    ``own_workers``: an iterator with workers of its own, which stop with it (no ring of reused
+    batch segments), for a pass beside the loop's on persistent workers.
+    """
+    if loader.num_workers == 0:
+        with served(loader, loader._head_dataset):
+            return TORCH_DATALOADER.__iter__(loader)
+    if loader.persistent_workers and loader._torch_workers_started and not own_workers:  # no worker starts
+        if loader._pass_seeds is not None:
+            # torch's default (new workers every pass) makes a new iterator: it calls
+            # iter(index sampler) (a sampler may draw there), draws the base seed its new
+            # workers are seeded from, then calls iter() again as it primes the workers
+            iter(loader._index_sampler)
+            cells = loader._pass_seeds.numpy()
+            cells[1] = seed = base_seed(loader.generator)
+            cells[0] += 1
+            torch_iterator = loader.__dict__.get("_iterator")
+            if torch_iterator is not None:
+                torch_iterator._base_seed = seed  # as the new iterator would hold it
+        ring = loader._torch_ring
+        if ring is not None:
+            ring.new_pass()
+        it = TORCH_DATALOADER.__iter__(loader)
+        if ring is not None:
+            ring.recover()  # torch has dropped the sends of the last pass it did not hand out
+        return it
+    view = loader._worker_dataset
+    # samples grew or shrank in place since the view was made: make it again
+    if view is not None and len(view) != len(loader.dataset):
+        if loader._head_dataset is not None:
+            view = loader._head_dataset = loader._worker_dataset = head_view(
+                loader.dataset, exact=loader.exact_pixels
+            )[0]
+        else:
+            view = loader._worker_dataset = worker_view(loader.dataset)[0]
+    if view is not None:
+        Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
+    given = view if view is not None else loader.dataset
+    shipped = None
+    if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
+        shipped = ship_dataset(
+            given, loader.multiprocessing_context, loader.worker_init_fn, loader.collate_fn
+        )
+    table = None
+    if (
+        not own_workers
+        and loader.reuse_buffers
+        and (streams(loader) or rings_collate(loader))
+        and get_sharing_strategy() == "file_descriptor"
+        and not torch_pins(loader)
+        and ring_supported()
+    ):
+        table = ring_table(loader.num_workers, (loader.prefetch_factor or 2) + 2)
+    if not own_workers:
+        loader._torch_ring = None if table is None else MainRing(table)
+        reseeded = loader.persistent_workers and loader._persistent_by_default
+        loader._pass_seeds = pass_seed_cell() if reseeded else None
+    try:
+        with (
+            # the parent's heap frozen for the fork only where the workers run no code of the user's
+            frozen_heap(loader.multiprocessing_context)
+            if loader._runs_user_code is None
+            else contextlib.nullcontext(),
+            served(loader, view if shipped is None else shipped),
+            worker_init(loader, table, None if own_workers else loader._pass_seeds),
+        ):
+            if own_workers:
+                it = loader._get_iterator()  # not the loader's persistent one
+                it._persistent_workers = False  # they stop at its end
+            else:
+                it = TORCH_DATALOADER.__iter__(loader)
+    finally:
+        if shipped is not None:
+            shipped.close()  # the workers have their copy of its descriptor
+    if not own_workers:
+        loader._torch_workers_started = True
+    return it
+
+
+def draw_as_torch(loader: Any, what: str) -> None:
+    """The draws from torch's global RNG (or ``generator``) that torch's loader makes where
+    fastload's own code replaces torch's, so that a training loop's random numbers (dropout,
+    a dataset drawing in the main process) are those it gets with torch's loader.
+
+    ``"iterator"``: the base seed torch's iterator draws as it starts (every pass; with
+    persistent workers asked for, at the first pass after the workers started), on the paths
+    that do not run torch's iterator (on torch's, :func:`torch_iter` draws it for fastload's
+    default persistent workers). ``"sampler"`` / ``"sampler end"``: the draws of the
+    ``RandomSampler`` torch makes for ``shuffle=True`` (:class:`EpochRandomSampler` stands in
+    for it): its seed before its first index (without ``generator``), or a
+    ``torch.randperm`` of ``generator`` before its first index and another after its last.
+    """
+    if what == "iterator":
+        # torch's default (not persistent) draws at every pass: so does fastload's default
+        persistent = (
+            loader.persistent_workers and loader.num_workers > 0 and not loader._persistent_by_default
+        )
+        if not (persistent and loader._base_seed_drawn):
+            base_seed(loader.generator)
+            loader._base_seed_drawn = True
+    elif loader._replaces_random_sampler:
+        if loader.generator is None:
+            if what == "sampler":
+                base_seed()  # RandomSampler's seed: the same expression, torch's global RNG
+        else:
+            torch.randperm(len(loader.dataset), generator=loader.generator)
+
+
+def stop_workers(loader: Any) -> None:
+    """Stops fastload's workers and torch's persistent ones; the next pass starts new ones."""
+    loader._engine.close()
+    torch_iterator = loader.__dict__.get("_iterator")  # torch's persistent workers' iterator
+    if torch_iterator is not None:
+        shutdown = getattr(torch_iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        loader._iterator = None
+    loader._torch_workers_started = False
+    loader._base_seed_drawn = False  # torch's next pass makes a new iterator
+    ring = loader.__dict__.get("_torch_ring")
+    if ring is not None:
+        ring.clear()
+        loader._torch_ring = None
