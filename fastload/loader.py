@@ -111,10 +111,11 @@ from .gpu.memory import host_memory
 from .gpu.nvimgcodec import hw_decoder_load
 from .gpu.prefetch import CUDAPrefetcher
 from .head import head_view
-from .recognize import is_image_folder, recognize, worker_view
+from .recognize import recognize
 from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampler_plan
 from .stats import LoaderStats
 from .transforms import import_decode_modules
+from .tvfolder import is_image_folder, worker_view
 
 __all__ = ["DataLoader", "DataLoaderIterator", "EpochRandomSampler", "auto_num_workers"]
 
