@@ -38,9 +38,10 @@ from .device import auto_num_workers, cuda_available
 from .gpu.hybrid import split_head
 from .gpu.nvimgcodec import hw_decoder_load
 from .head import head_view
-from .recognize import is_image_folder, recognize, worker_view
+from .recognize import recognize
 from .sampler import DistributedSampler, EpochRandomSampler
 from .transforms import import_decode_modules
+from .tvfolder import is_image_folder, worker_view
 
 _log = logging.getLogger("fastload")
 

@@ -46,7 +46,7 @@ from ._worker import (
 from .device import cuda_available
 from .gpu.memory import host_memory
 from .head import head_view
-from .recognize import worker_view
+from .tvfolder import worker_view
 
 _log = logging.getLogger("fastload")
 
@@ -315,7 +315,7 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
     things keep their memory flat. The parent's heap is frozen for the garbage collector while
     they fork (:func:`fastload._worker.frozen_heap`). And a torchvision ``ImageFolder`` or
     ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
-    served to them by :func:`fastload.recognize.worker_view`: the same ``__getitem__`` over
+    served to them by :func:`fastload.tvfolder.worker_view`: the same ``__getitem__`` over
     fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
     (at construction, and again at a pass after ``samples`` was replaced, or when workers
     start after its length changed), so the workers neither copy nor, with spawn, unpickle

@@ -24,7 +24,7 @@ of the dataset whose ``__getitem__`` runs a :class:`HeadPipeline`::
   tensor, or a ``tv_tensors.Image``.
 * **Conversions** (``ToTensor``, ``PILToTensor``, ``ToImage``, ``ConvertImageDtype``, ``ToDtype``,
   ``Normalize``, ``ToPureTensor``) that follow one another run as one pass through a per-channel
-  table, bit-identical to torchvision's arithmetic (see :class:`fastload.recognize.Conversion`),
+  table, bit-identical to torchvision's arithmetic (see :class:`fastload.tvpipeline.Conversion`),
   and return the same type (a ``tv_tensors.Image`` after a v2 ``ToImage`` until ``ToPureTensor``).
   A conversion that receives something else than it was planned for (a PIL image that is not
   RGB, after a ``Lambda``, say) runs as the user's ops instead.
@@ -70,11 +70,7 @@ from .fused import Plan, decode_plan
 from .imagefolder import EncodedImageDataset
 from .recognize import (
     CONVERSIONS,
-    Conversion,
-    NotReproducible,
     conversion_step,
-    folder_source,
-    is_image_folder,
     is_v2,
     op_kind,
     pipeline_ops,
@@ -82,6 +78,8 @@ from .recognize import (
     tensor_antialias,
 )
 from .transforms import resized_output_size
+from .tvfolder import NotReproducible, folder_source, is_image_folder
+from .tvpipeline import Conversion
 
 __all__ = ["HeadPipeline", "head_view", "split_pipeline", "torchvision_op"]
 
@@ -583,7 +581,7 @@ def head_view(dataset: Any, *, exact: bool = False) -> tuple[EncodedImageDataset
     The view has ``dataset``'s samples, labels, classes and ``target_transform``; its
     ``transform`` is the :class:`HeadPipeline` of ``dataset.transform``. For a torchvision
     ``DatasetFolder`` it is a fastload ``ImageFolder`` over the samples' index (no Python list in
-    the workers, see :func:`fastload.recognize.worker_view`).
+    the workers, see :func:`fastload.tvfolder.worker_view`).
 
     Returns:
         ``(view, None)``, or ``(None, reason)`` naming the first thing that rules it out.

@@ -5,9 +5,15 @@ A user who only swaps ``torch.utils.data.DataLoader`` for ``fastload.DataLoader`
 ``fastload.ImageFolder`` or ``fastload.InMemoryImageFolder`` whose ``transform`` is a torchvision
 ``Compose`` (``transforms`` v1 or ``transforms.v2``). :func:`recognize` reads that pipeline and,
 when every op is one fastload reproduces, returns the dataset the fast path serves from: the same
-samples (paths, labels, order) and a :class:`TorchvisionPipeline`, which decodes each image
-straight into the batch buffer with the user's geometry and then applies the user's conversion and
-normalization, in the same arithmetic, per sample. Otherwise it says in one sentence why not.
+samples (paths, labels, order) and a :class:`~fastload.tvpipeline.TorchvisionPipeline`, which
+decodes each image straight into the batch buffer with the user's geometry and then applies the
+user's conversion and normalization, in the same arithmetic, per sample. Otherwise it says in one
+sentence why not.
+
+Where it sits: the loader asks :func:`recognize` which path a dataset takes. This module reads the
+torchvision ops (their kinds, the wrapper rule of :func:`see_through`, each conversion's steps),
+which :mod:`fastload.head` shares; the dataset view it serves from comes from
+:mod:`fastload.tvfolder`, and what runs in place of the pipeline is :mod:`fastload.tvpipeline`.
 
 Recognised ops (the classes themselves, not subclasses, which may change what they do):
 
@@ -48,43 +54,31 @@ after the float conversion, ``target_transform``, a custom ``loader``, a subclas
 
 from __future__ import annotations
 
-import copy
 import dis
-import os
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import transforms as T
-from .decode import affine_for_table, pil_resample_available, to_chw_by_table
-from .device import small_to_device
-from .folder import ClassIndex, FolderIndex
-from .imagefolder import EncodedImageDataset, ImageFolder
+from .decode import pil_resample_available
+from .imagefolder import EncodedImageDataset
+from .tvfolder import NotReproducible, folder_source, is_image_folder
+from .tvpipeline import TorchvisionPipeline
 
 __all__ = [
     "CONVERSIONS",
-    "Conversion",
-    "NotReproducible",
     "Recognition",
-    "TorchvisionPipeline",
     "conversion_step",
-    "convert",
     "convert_pipeline",
-    "folder_source",
-    "is_image_folder",
     "is_v2",
     "op_kind",
     "pipeline_ops",
     "recognize",
     "resize_mode",
-    "sample_index",
     "see_through",
     "tensor_antialias",
-    "worker_view",
 ]
 
 _V1 = "torchvision.transforms.transforms."
@@ -116,267 +110,8 @@ def _qualname(obj: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# The per-sample pipeline the fast path runs
-# --------------------------------------------------------------------------------------------
-
-
-class Conversion:
-    """Conversion steps of a torchvision pipeline (``ToTensor``, ``PILToTensor``, ``ToDtype``,
-    ``Normalize``, ...) run as one step, with torchvision's arithmetic.
-
-    Args:
-        steps: On a ``(3, H, W)`` uint8 image, in order: ``("to", dtype)``, ``("div", 255.0)``,
-            ``("mul", 1 / 255)``, ``("normalize", mean, std)`` (see :func:`conversion_step`).
-
-    Attributes:
-        dtype: The output dtype (uint8 without a ``"to"`` step).
-    """
-
-    def __init__(self, steps: tuple[tuple[Any, ...], ...]) -> None:
-        self.steps = steps
-        self.dtype: torch.dtype = torch.uint8
-        for step in steps:
-            if step[0] == "to":
-                self.dtype = step[1]
-        self._local = threading.local()
-        #: :meth:`batch`'s normalization constants per device: copied there once, without blocking
-        self._on_device: dict[torch.device, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-
-    def hwc(self, hwc: np.ndarray, out: np.ndarray) -> None:
-        """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`.
-
-        The same floats as :func:`convert`, in one pass through a table of the 256 values per
-        channel (see :meth:`table`; computed with AVX2 where that gives the table's bits).
-        """
-        lut = self.table()
-        affine = getattr(self._local, "affine", None)
-        if (
-            lut is None
-            or not hwc.flags.c_contiguous
-            or not out.flags.c_contiguous
-            or not to_chw_by_table(hwc, out, lut, affine)
-        ):
-            convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
-
-    def table(self) -> np.ndarray | None:
-        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
-
-        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
-        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
-        converting the image (the C extension then converts and moves the channels first in one pass).
-        ``None`` for a non-float32 output (a plain copy then).
-        """
-        if self.dtype != torch.float32:
-            return None
-        lut = getattr(self._local, "lut", None)
-        if lut is None:
-            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
-            lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
-            self._local.lut = lut
-            self._local.affine = _affine(lut, self.steps)
-        return lut
-
-    def batch(self, images: torch.Tensor) -> torch.Tensor:
-        """The steps on uint8 images ``(..., 3, H, W)`` (on any device): a new contiguous tensor."""
-        device = images.device
-        out = torch.empty(images.shape, dtype=self.dtype, device=device)
-        constants = self._on_device.get(device)
-        if constants is None:  # once: on CUDA a pageable copy per batch would stall the stream
-            constants = self._on_device[device] = {
-                k: (
-                    small_to_device(np.array(step[1]), device, self.dtype).view(-1, 1, 1),
-                    small_to_device(np.array(step[2]), device, self.dtype).view(-1, 1, 1),
-                )
-                for k, step in enumerate(self.steps)
-                if step[0] == "normalize"
-            }
-        return convert(images, out, self.steps, constants)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_local"]  # per-thread tables
-        state["_on_device"] = {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-
-    def __repr__(self) -> str:
-        return f"Conversion({self.steps!r})"
-
-
-class TorchvisionPipeline:
-    """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
-
-    The fast path's workers call :meth:`decode_into` with one sample's slot of the batch buffer:
-    ``(H, W, 3)`` uint8 (``channels_first=False``: only the geometry, the batch converted later on
-    the device) or ``(3, H, W)`` of :attr:`dtype` (the user's output, converted per sample).
-
-    Args:
-        geometry: The fastload transforms of the pipeline's crops, resizes and flips.
-        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor (see
-            :class:`Conversion`).
-        resampler: ``"pil"`` (resizes as PIL runs them) or ``"torch"`` (on uint8 tensors).
-        reduce: Allow reduced-size JPEG decoding (training pipelines only).
-        description: How ``repr`` names the user's pipeline.
-    """
-
-    def __init__(
-        self,
-        geometry: T.Compose,
-        steps: tuple[tuple[Any, ...], ...],
-        resampler: str,
-        reduce: bool,
-        description: str = "",
-    ) -> None:
-        self.geometry = geometry
-        self.conversion = Conversion(steps)
-        self.resampler = resampler
-        self.reduce = reduce
-        self.description = description
-        self.channels_first = True  # the loader sets False to convert whole batches on the device
-        self.exact = False  # the loader's exact_pixels: resizes exactly as torchvision chains them
-        self._local = threading.local()
-
-    @property
-    def steps(self) -> tuple[tuple[Any, ...], ...]:
-        """The conversion steps (see :class:`Conversion`)."""
-        return self.conversion.steps
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the user's output."""
-        return self.conversion.dtype
-
-    @property
-    def output_size(self) -> tuple[int, int] | None:
-        """``(H, W)`` of every image."""
-        return self.geometry.output_size
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one sample's slot: ``(3, H, W)``, or ``(H, W, 3)`` without ``channels_first``."""
-        size = self.output_size
-        assert size is not None  # recognised pipelines have a fixed size
-        return (3, *size) if self.channels_first else (*size, 3)
-
-    @property
-    def sample_dtype(self) -> torch.dtype:
-        """The dtype of the slot: :attr:`dtype`, or uint8 without ``channels_first``."""
-        return self.dtype if self.channels_first else torch.uint8
-
-    def geometry_only(self) -> TorchvisionPipeline:
-        """A copy that writes uint8 ``(H, W, 3)`` (the conversion then runs on whole batches)."""
-        other = copy.copy(self)
-        other.channels_first = False
-        other._local = threading.local()
-        return other
-
-    def decode_into(
-        self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image"
-    ) -> None:
-        """Decodes one sample into its slot ``out`` (see the class docs)."""
-        if not self.channels_first:
-            self.geometry.decode_into(
-                data, out, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
-            )
-            return
-        scratch = getattr(self._local, "scratch", None)
-        size = self.output_size
-        assert size is not None
-        if scratch is None:
-            scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
-        self.geometry.decode_into(
-            data, scratch, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
-        )
-        self.convert_sample(scratch, out)
-
-    def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
-        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``
-        (:meth:`Conversion.hwc`)."""
-        self.conversion.hwc(hwc, out)
-
-    def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
-        """The conversion steps on a uint8 ``(N, 3, H, W)`` batch (on any device): contiguous NCHW."""
-        return self.conversion.batch(images)
-
-    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
-        """One sample as a ``(3, H, W)`` tensor of :attr:`dtype` (what the user's pipeline returns)."""
-        size = self.output_size
-        assert size is not None
-        out = np.empty((3, *size), dtype=torch.empty(0, dtype=self.dtype).numpy().dtype)
-        pipeline = self if self.channels_first else copy.copy(self)
-        pipeline.channels_first = True
-        pipeline.decode_into(data, out, name)
-        return torch.from_numpy(out)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_local"]  # per-thread scratch buffers
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-
-    def __repr__(self) -> str:
-        return f"TorchvisionPipeline({self.description or self.geometry!r})"
-
-
-def _affine(lut: np.ndarray, steps: tuple[tuple[Any, ...], ...]) -> np.ndarray | None:
-    """The C extension's constants for computing ``lut`` (see :func:`fastload.decode.affine_for_table`)
-    when ``steps`` are a scaling and a normalization, each at most once and in that order."""
-    steps = tuple(step for step in steps if step[0] != "to")  # the cast: the copy convert starts with
-    kinds = [step[0] for step in steps]
-    if kinds not in ([], ["div"], ["mul"], ["normalize"], ["div", "normalize"], ["mul", "normalize"]):
-        return None
-    scale, divide, mean, std = 1.0, False, [0.0], [1.0]
-    for step in steps:
-        if step[0] == "normalize":
-            mean, std = list(step[1]), list(step[2])
-        else:
-            scale, divide = float(step[1]), step[0] == "div"
-    return affine_for_table(lut, scale, divide, mean, std)
-
-
-def convert(
-    src: torch.Tensor,
-    out: torch.Tensor,
-    steps: tuple[tuple[Any, ...], ...],
-    constants: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> torch.Tensor:
-    """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
-
-    The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
-    ``Normalize``: ``sub_(mean).div_(std)``), so equal uint8 pixels give equal floats.
-    ``constants``: step k's ``(mean, std)`` as ``(C, 1, 1)`` tensors of ``out``'s dtype on its
-    device, where they are there already.
-    """
-    out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
-    for k, step in enumerate(steps):
-        kind = step[0]
-        if kind == "div":
-            out.div_(step[1])
-        elif kind == "mul":
-            out.mul_(step[1])
-        elif kind == "normalize":
-            if constants is not None and k in constants:
-                mean, std = constants[k]
-            else:
-                mean = torch.as_tensor(step[1], dtype=out.dtype, device=out.device).view(-1, 1, 1)
-                std = torch.as_tensor(step[2], dtype=out.dtype, device=out.device).view(-1, 1, 1)
-            out.sub_(mean).div_(std)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
 # Reading a torchvision pipeline
 # --------------------------------------------------------------------------------------------
-
-
-class NotReproducible(Exception):
-    """Why a pipeline (or dataset) cannot be accelerated (the message is the reason)."""
 
 
 def _channel_values(values: Any, label: str) -> tuple[float, ...]:
@@ -593,8 +328,8 @@ def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any
     """What a conversion op does to an image in ``state``: the new state and its steps.
 
     States: ``"pil"`` (a PIL RGB image), ``"uint8"`` (a uint8 ``(3, H, W)`` tensor), ``"float"``
-    (float32). Steps as in :class:`Conversion`. ``ToPureTensor``, and ``ToImage`` on a tensor,
-    change no value (only the tensor's type: see :mod:`fastload.head`).
+    (float32). Steps as in :class:`fastload.tvpipeline.Conversion`. ``ToPureTensor``, and ``ToImage``
+    on a tensor, change no value (only the tensor's type: see :mod:`fastload.head`).
 
     Raises:
         NotReproducible: Where torchvision would raise, or the result is not uint8 or float32.
@@ -717,7 +452,7 @@ def _convert(transform: Any) -> TorchvisionPipeline:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the dataset
+# Recognising a dataset
 # --------------------------------------------------------------------------------------------
 
 
@@ -728,189 +463,6 @@ class Recognition:
     dataset: EncodedImageDataset | None
     reason: str | None
     image_pipeline: bool  # the dataset is an image folder (a torchvision pipeline was not reproduced)
-
-
-def _torchvision_folder(dataset: Any) -> bool:
-    module = sys.modules.get("torchvision.datasets.folder")
-    return module is not None and isinstance(dataset, module.DatasetFolder)
-
-
-def _exact_folder_class(dataset: Any) -> None:
-    """Raises unless ``type(dataset)`` keeps ``DatasetFolder.__getitem__`` and ``__len__``."""
-    module = sys.modules["torchvision.datasets.folder"]
-    cls = type(dataset)
-    if (
-        cls.__getitem__ is not module.DatasetFolder.__getitem__
-        or cls.__len__ is not module.DatasetFolder.__len__
-    ):
-        raise NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
-
-
-def _torchvision_loader(dataset: Any) -> Any:
-    """The dataset's ``loader`` if it is torchvision's own (``default_loader``/``pil_loader``)."""
-    module = sys.modules["torchvision.datasets.folder"]
-    loader = getattr(dataset, "loader", None)
-    if loader is not module.default_loader and loader is not module.pil_loader:
-        raise NotReproducible(
-            "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
-        )
-    return loader
-
-
-_CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result
-
-
-def sample_index(dataset: Any) -> FolderIndex:
-    """The samples of a torchvision ``DatasetFolder`` as a :class:`FolderIndex` (numpy arrays).
-
-    ``dataset.samples[i]`` is read for every ``i`` (so a sequence that computes its entries gives
-    what ``DatasetFolder.__getitem__`` would see). Paths are stored relative to ``dataset.root``
-    when every one of them is ``os.path.join(root, relative)`` exactly (what torchvision's scan
-    makes), else whole; either way ``index.paths[i] == dataset.samples[i][0]``. Example: root
-    ``"/data/train"``, sample ``("/data/train/n01/a.JPEG", 0)``: relative path ``"n01/a.JPEG"``,
-    30 bytes of path per ImageNet sample instead of a tuple, a ``str`` and an ``int`` object.
-
-    Raises:
-        NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
-            not indices into ``dataset.classes`` (distinct names).
-    """
-    samples = dataset.samples
-    n = len(samples)
-    root = getattr(dataset, "root", None)
-    prefix = ""
-    if isinstance(root, (str, os.PathLike)) and os.fspath(root):
-        prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")
-    index = _encode_samples(samples, n, prefix)
-    if index is None:  # a path outside root: store whole paths
-        prefix = ""
-        index = _encode_samples(samples, n, prefix)
-    assert index is not None  # an empty prefix always fits
-    buf, offsets, targets = index
-    classes = list(getattr(dataset, "classes", []))
-    if n and (targets.min() < 0 or targets.max() >= len(classes)):
-        raise NotReproducible("its targets are not indices into dataset.classes")
-    try:
-        class_index = ClassIndex(classes)
-    except ValueError as e:
-        raise NotReproducible(f"its classes are not a list of distinct names ({e})") from None
-    return FolderIndex.from_buffers(prefix, buf, offsets, targets, class_index)  # join(prefix, rel) == path
-
-
-def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """UTF-8 relative paths back to back, their offsets and the targets; ``None`` if a path is not
-    under ``prefix`` (so that ``os.path.join(root, relative)`` would not give it back)."""
-    cut = len(prefix)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    targets = np.empty(n, dtype=np.int64)
-    parts: list[bytes] = []
-    total = 0
-    for start in range(0, n, _CHUNK):
-        rels: list[str] = []
-        for i in range(start, min(n, start + _CHUNK)):
-            entry = samples[i]
-            if not (isinstance(entry, tuple) and len(entry) == 2):
-                raise NotReproducible(f"dataset.samples[{i}] is not a (path, target) pair")
-            path, target = entry
-            if type(path) is not str or type(target) is not int:
-                raise NotReproducible(
-                    f"dataset.samples[{i}] is not a (str, int) pair: "
-                    f"({type(path).__name__}, {type(target).__name__})"
-                )
-            if cut:
-                if not path.startswith(prefix) or path.startswith(os.sep, cut):
-                    return None
-                path = path[cut:]
-            rels.append(path)
-            targets[i] = target
-        joined = "".join(rels)
-        if joined.isascii():
-            blob = joined.encode("ascii")
-            np.cumsum([len(r) for r in rels], out=offsets[start + 1 : start + 1 + len(rels)])
-        else:
-            encoded = [r.encode("utf-8", "surrogateescape") for r in rels]
-            blob = b"".join(encoded)
-            np.cumsum([len(e) for e in encoded], out=offsets[start + 1 : start + 1 + len(rels)])
-        offsets[start + 1 : start + 1 + len(rels)] += total
-        total += len(blob)
-        parts.append(blob)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8), offsets, targets
-
-
-def is_image_folder(dataset: Any) -> bool:
-    """Whether ``dataset`` is one fastload reads: a fastload ``ImageFolder``/``InMemoryImageFolder``
-    or a torchvision ``DatasetFolder`` (``ImageFolder``), subclasses included."""
-    return isinstance(dataset, EncodedImageDataset) or _torchvision_folder(dataset)
-
-
-def folder_source(dataset: Any) -> EncodedImageDataset:
-    """A fastload dataset with ``dataset``'s samples (same order, labels) that serves their encoded
-    bytes: a shallow copy of a fastload dataset, or a fastload ``ImageFolder`` over a torchvision
-    ``DatasetFolder``'s :func:`sample_index`. Its ``transform`` and ``target_transform`` are
-    ``dataset``'s until the caller replaces them.
-
-    Raises:
-        NotReproducible: If fastload cannot read the images as ``dataset`` does: a custom
-            ``loader``, a joint ``transforms`` callable, a ``DatasetFolder`` subclass with its own
-            ``__getitem__``/``__len__``, or torchvision's image backend set to something else
-            than PIL.
-    """
-    if isinstance(dataset, EncodedImageDataset):
-        if getattr(dataset, "loader", None) is not None:
-            raise NotReproducible("the dataset has a custom loader")
-        return copy.copy(dataset)
-    if getattr(dataset, "transforms", None) is not None:
-        standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
-        if standard is None or not isinstance(dataset.transforms, standard):
-            raise NotReproducible("the dataset has a joint transforms callable")
-    _exact_folder_class(dataset)
-    loader = _torchvision_loader(dataset)
-    if loader is sys.modules["torchvision.datasets.folder"].default_loader:
-        from torchvision import get_image_backend
-
-        if get_image_backend() != "PIL":
-            raise NotReproducible("torchvision's image backend is not PIL")
-    view = ImageFolder(
-        None,
-        transform=getattr(dataset, "transform", None),
-        target_transform=getattr(dataset, "target_transform", None),
-        index=sample_index(dataset),
-    )
-    view.root = getattr(dataset, "root", None)
-    return view
-
-
-def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
-    """What torch's worker processes serve instead of a torchvision ``DatasetFolder`` they would
-    copy page by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
-
-    The view is a :class:`fastload.ImageFolder` over :func:`sample_index` with the dataset's own
-    ``loader``, ``transform`` and ``target_transform``, so ``view[i]`` runs exactly
-    ``DatasetFolder.__getitem__``: ``path, target = samples[i]; sample = loader(path)``, then
-    ``transform(sample)`` and ``target_transform(target)`` if set. It holds no reference to the
-    dataset: its ``samples`` list is neither pickled to spawned workers nor touched (reference
-    counts, the garbage collector) in forked ones. Only for a dataset whose class keeps
-    ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and whose transforms
-    are not methods of the dataset itself (they would carry it along); anything else may read
-    whatever it likes from the dataset, so the dataset is kept.
-    """
-    if not _torchvision_folder(dataset):
-        return None, f"{type(dataset).__name__} is not a torchvision DatasetFolder"
-    try:
-        _exact_folder_class(dataset)
-        loader = _torchvision_loader(dataset)
-        transform = getattr(dataset, "transform", None)
-        target_transform = getattr(dataset, "target_transform", None)
-        for name, fn in (("transform", transform), ("target_transform", target_transform)):
-            if getattr(fn, "__self__", None) is dataset:
-                raise NotReproducible(f"its {name} is a method of the dataset")
-        index = sample_index(dataset)
-    except NotReproducible as e:
-        return None, str(e)
-    view = ImageFolder(
-        None, transform=transform, target_transform=target_transform, index=index, loader=loader
-    )
-    view.root = getattr(dataset, "root", None)
-    return view, None
 
 
 def recognize(dataset: Any) -> Recognition:

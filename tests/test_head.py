@@ -20,7 +20,8 @@ from torchvision.transforms import v2
 
 import fastload
 from fastload.head import split_pipeline
-from fastload.recognize import NotReproducible, see_through
+from fastload.recognize import see_through
+from fastload.tvfolder import NotReproducible
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -1,0 +1,213 @@
+"""The views fastload serves over a torchvision ``DatasetFolder`` (``ImageFolder``), and the checks
+that it reads the images as the dataset does.
+
+Where it sits: between the user's dataset and the paths that read it. :func:`sample_index` turns
+``dataset.samples`` (one ``(path, target)`` tuple per sample) into a
+:class:`~fastload.folder.FolderIndex` of numpy arrays; :func:`folder_source` is the fastload
+dataset that the fast path (:mod:`fastload.recognize`) and head acceleration
+(:mod:`fastload.head`) read encoded bytes from; :func:`worker_view` is what torch's worker
+processes serve instead of the dataset itself, running ``DatasetFolder.__getitem__`` as written.
+:class:`NotReproducible` is the reason a dataset (here) or a pipeline (:mod:`fastload.recognize`,
+:mod:`fastload.head`) cannot be accelerated.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from .folder import ClassIndex, FolderIndex
+from .imagefolder import EncodedImageDataset, ImageFolder
+
+__all__ = ["NotReproducible", "folder_source", "is_image_folder", "sample_index", "worker_view"]
+
+
+class NotReproducible(Exception):
+    """Why a pipeline (or dataset) cannot be accelerated (the message is the reason)."""
+
+
+def _torchvision_folder(dataset: Any) -> bool:
+    module = sys.modules.get("torchvision.datasets.folder")
+    return module is not None and isinstance(dataset, module.DatasetFolder)
+
+
+def _exact_folder_class(dataset: Any) -> None:
+    """Raises unless ``type(dataset)`` keeps ``DatasetFolder.__getitem__`` and ``__len__``."""
+    module = sys.modules["torchvision.datasets.folder"]
+    cls = type(dataset)
+    if (
+        cls.__getitem__ is not module.DatasetFolder.__getitem__
+        or cls.__len__ is not module.DatasetFolder.__len__
+    ):
+        raise NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
+
+
+def _torchvision_loader(dataset: Any) -> Any:
+    """The dataset's ``loader`` if it is torchvision's own (``default_loader``/``pil_loader``)."""
+    module = sys.modules["torchvision.datasets.folder"]
+    loader = getattr(dataset, "loader", None)
+    if loader is not module.default_loader and loader is not module.pil_loader:
+        raise NotReproducible(
+            "the dataset has a custom loader (fastload decodes with torchvision's PIL loader)"
+        )
+    return loader
+
+
+_CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the result
+
+
+def sample_index(dataset: Any) -> FolderIndex:
+    """The samples of a torchvision ``DatasetFolder`` as a :class:`FolderIndex` (numpy arrays).
+
+    ``dataset.samples[i]`` is read for every ``i`` (so a sequence that computes its entries gives
+    what ``DatasetFolder.__getitem__`` would see). Paths are stored relative to ``dataset.root``
+    when every one of them is ``os.path.join(root, relative)`` exactly (what torchvision's scan
+    makes), else whole; either way ``index.paths[i] == dataset.samples[i][0]``. Example: root
+    ``"/data/train"``, sample ``("/data/train/n01/a.JPEG", 0)``: relative path ``"n01/a.JPEG"``,
+    30 bytes of path per ImageNet sample instead of a tuple, a ``str`` and an ``int`` object.
+
+    Raises:
+        NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
+            not indices into ``dataset.classes`` (distinct names).
+    """
+    samples = dataset.samples
+    n = len(samples)
+    root = getattr(dataset, "root", None)
+    prefix = ""
+    if isinstance(root, (str, os.PathLike)) and os.fspath(root):
+        prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")
+    index = _encode_samples(samples, n, prefix)
+    if index is None:  # a path outside root: store whole paths
+        prefix = ""
+        index = _encode_samples(samples, n, prefix)
+    assert index is not None  # an empty prefix always fits
+    buf, offsets, targets = index
+    classes = list(getattr(dataset, "classes", []))
+    if n and (targets.min() < 0 or targets.max() >= len(classes)):
+        raise NotReproducible("its targets are not indices into dataset.classes")
+    try:
+        class_index = ClassIndex(classes)
+    except ValueError as e:
+        raise NotReproducible(f"its classes are not a list of distinct names ({e})") from None
+    return FolderIndex.from_buffers(prefix, buf, offsets, targets, class_index)  # join(prefix, rel) == path
+
+
+def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """UTF-8 relative paths back to back, their offsets and the targets; ``None`` if a path is not
+    under ``prefix`` (so that ``os.path.join(root, relative)`` would not give it back)."""
+    cut = len(prefix)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    targets = np.empty(n, dtype=np.int64)
+    parts: list[bytes] = []
+    total = 0
+    for start in range(0, n, _CHUNK):
+        rels: list[str] = []
+        for i in range(start, min(n, start + _CHUNK)):
+            entry = samples[i]
+            if not (isinstance(entry, tuple) and len(entry) == 2):
+                raise NotReproducible(f"dataset.samples[{i}] is not a (path, target) pair")
+            path, target = entry
+            if type(path) is not str or type(target) is not int:
+                raise NotReproducible(
+                    f"dataset.samples[{i}] is not a (str, int) pair: "
+                    f"({type(path).__name__}, {type(target).__name__})"
+                )
+            if cut:
+                if not path.startswith(prefix) or path.startswith(os.sep, cut):
+                    return None
+                path = path[cut:]
+            rels.append(path)
+            targets[i] = target
+        joined = "".join(rels)
+        if joined.isascii():
+            blob = joined.encode("ascii")
+            np.cumsum([len(r) for r in rels], out=offsets[start + 1 : start + 1 + len(rels)])
+        else:
+            encoded = [r.encode("utf-8", "surrogateescape") for r in rels]
+            blob = b"".join(encoded)
+            np.cumsum([len(e) for e in encoded], out=offsets[start + 1 : start + 1 + len(rels)])
+        offsets[start + 1 : start + 1 + len(rels)] += total
+        total += len(blob)
+        parts.append(blob)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8), offsets, targets
+
+
+def is_image_folder(dataset: Any) -> bool:
+    """Whether ``dataset`` is one fastload reads: a fastload ``ImageFolder``/``InMemoryImageFolder``
+    or a torchvision ``DatasetFolder`` (``ImageFolder``), subclasses included."""
+    return isinstance(dataset, EncodedImageDataset) or _torchvision_folder(dataset)
+
+
+def folder_source(dataset: Any) -> EncodedImageDataset:
+    """A fastload dataset with ``dataset``'s samples (same order, labels) that serves their encoded
+    bytes: a shallow copy of a fastload dataset, or a fastload ``ImageFolder`` over a torchvision
+    ``DatasetFolder``'s :func:`sample_index`. Its ``transform`` and ``target_transform`` are
+    ``dataset``'s until the caller replaces them.
+
+    Raises:
+        NotReproducible: If fastload cannot read the images as ``dataset`` does: a custom
+            ``loader``, a joint ``transforms`` callable, a ``DatasetFolder`` subclass with its own
+            ``__getitem__``/``__len__``, or torchvision's image backend set to something else
+            than PIL.
+    """
+    if isinstance(dataset, EncodedImageDataset):
+        if getattr(dataset, "loader", None) is not None:
+            raise NotReproducible("the dataset has a custom loader")
+        return copy.copy(dataset)
+    if getattr(dataset, "transforms", None) is not None:
+        standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
+        if standard is None or not isinstance(dataset.transforms, standard):
+            raise NotReproducible("the dataset has a joint transforms callable")
+    _exact_folder_class(dataset)
+    loader = _torchvision_loader(dataset)
+    if loader is sys.modules["torchvision.datasets.folder"].default_loader:
+        from torchvision import get_image_backend
+
+        if get_image_backend() != "PIL":
+            raise NotReproducible("torchvision's image backend is not PIL")
+    view = ImageFolder(
+        None,
+        transform=getattr(dataset, "transform", None),
+        target_transform=getattr(dataset, "target_transform", None),
+        index=sample_index(dataset),
+    )
+    view.root = getattr(dataset, "root", None)
+    return view
+
+
+def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
+    """What torch's worker processes serve instead of a torchvision ``DatasetFolder`` they would
+    copy page by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
+
+    The view is a :class:`fastload.ImageFolder` over :func:`sample_index` with the dataset's own
+    ``loader``, ``transform`` and ``target_transform``, so ``view[i]`` runs exactly
+    ``DatasetFolder.__getitem__``: ``path, target = samples[i]; sample = loader(path)``, then
+    ``transform(sample)`` and ``target_transform(target)`` if set. It holds no reference to the
+    dataset: its ``samples`` list is neither pickled to spawned workers nor touched (reference
+    counts, the garbage collector) in forked ones. Only for a dataset whose class keeps
+    ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and whose transforms
+    are not methods of the dataset itself (they would carry it along); anything else may read
+    whatever it likes from the dataset, so the dataset is kept.
+    """
+    if not _torchvision_folder(dataset):
+        return None, f"{type(dataset).__name__} is not a torchvision DatasetFolder"
+    try:
+        _exact_folder_class(dataset)
+        loader = _torchvision_loader(dataset)
+        transform = getattr(dataset, "transform", None)
+        target_transform = getattr(dataset, "target_transform", None)
+        for name, fn in (("transform", transform), ("target_transform", target_transform)):
+            if getattr(fn, "__self__", None) is dataset:
+                raise NotReproducible(f"its {name} is a method of the dataset")
+        index = sample_index(dataset)
+    except NotReproducible as e:
+        return None, str(e)
+    view = ImageFolder(
+        None, transform=transform, target_transform=target_transform, index=index, loader=loader
+    )
+    view.root = getattr(dataset, "root", None)
+    return view, None

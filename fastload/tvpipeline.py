@@ -1,0 +1,282 @@
+"""What the fast path runs in place of a recognised torchvision pipeline.
+
+:class:`TorchvisionPipeline` decodes one sample straight into its slot of the batch buffer with the
+pipeline's crops, resizes and flips (fastload's fused transforms), then applies the pipeline's
+conversion steps; :class:`Conversion` is those steps (``ToTensor``, ``PILToTensor``, ``ToDtype``,
+``Normalize``, ...) run as one, with torchvision's arithmetic, per sample (through a table of the
+256 values per channel) or on whole uint8 batches on the device; :func:`convert` is that
+arithmetic.
+
+Where it sits: :mod:`fastload.recognize` reads the user's pipeline and builds a
+:class:`TorchvisionPipeline` (the steps come from :func:`fastload.recognize.conversion_step`); the
+fast path's workers call :meth:`TorchvisionPipeline.decode_into` on encoded bytes, or write uint8
+``(H, W, 3)`` and leave :meth:`TorchvisionPipeline.convert_batch` to the device; head acceleration
+(:mod:`fastload.head`) runs a :class:`Conversion` after its fused head. Nothing here reads
+torchvision's ops: the steps are plain tuples.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import transforms as T
+from .decode import affine_for_table, to_chw_by_table
+from .device import small_to_device
+
+__all__ = ["Conversion", "TorchvisionPipeline", "convert"]
+
+
+class Conversion:
+    """Conversion steps of a torchvision pipeline (``ToTensor``, ``PILToTensor``, ``ToDtype``,
+    ``Normalize``, ...) run as one step, with torchvision's arithmetic.
+
+    Args:
+        steps: On a ``(3, H, W)`` uint8 image, in order: ``("to", dtype)``, ``("div", 255.0)``,
+            ``("mul", 1 / 255)``, ``("normalize", mean, std)`` (see
+            :func:`fastload.recognize.conversion_step`).
+
+    Attributes:
+        dtype: The output dtype (uint8 without a ``"to"`` step).
+    """
+
+    def __init__(self, steps: tuple[tuple[Any, ...], ...]) -> None:
+        self.steps = steps
+        self.dtype: torch.dtype = torch.uint8
+        for step in steps:
+            if step[0] == "to":
+                self.dtype = step[1]
+        self._local = threading.local()
+        #: :meth:`batch`'s normalization constants per device: copied there once, without blocking
+        self._on_device: dict[torch.device, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def hwc(self, hwc: np.ndarray, out: np.ndarray) -> None:
+        """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`.
+
+        The same floats as :func:`convert`, in one pass through a table of the 256 values per
+        channel (see :meth:`table`; computed with AVX2 where that gives the table's bits).
+        """
+        lut = self.table()
+        affine = getattr(self._local, "affine", None)
+        if (
+            lut is None
+            or not hwc.flags.c_contiguous
+            or not out.flags.c_contiguous
+            or not to_chw_by_table(hwc, out, lut, affine)
+        ):
+            convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
+
+    def table(self) -> np.ndarray | None:
+        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
+
+        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
+        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
+        converting the image (the C extension then converts and moves the channels first in one pass).
+        ``None`` for a non-float32 output (a plain copy then).
+        """
+        if self.dtype != torch.float32:
+            return None
+        lut = getattr(self._local, "lut", None)
+        if lut is None:
+            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256)
+            lut = convert(values, torch.empty(3, 1, 256), self.steps).view(3, 256).numpy()
+            self._local.lut = lut
+            self._local.affine = _affine(lut, self.steps)
+        return lut
+
+    def batch(self, images: torch.Tensor) -> torch.Tensor:
+        """The steps on uint8 images ``(..., 3, H, W)`` (on any device): a new contiguous tensor."""
+        device = images.device
+        out = torch.empty(images.shape, dtype=self.dtype, device=device)
+        constants = self._on_device.get(device)
+        if constants is None:  # once: on CUDA a pageable copy per batch would stall the stream
+            constants = self._on_device[device] = {
+                k: (
+                    small_to_device(np.array(step[1]), device, self.dtype).view(-1, 1, 1),
+                    small_to_device(np.array(step[2]), device, self.dtype).view(-1, 1, 1),
+                )
+                for k, step in enumerate(self.steps)
+                if step[0] == "normalize"
+            }
+        return convert(images, out, self.steps, constants)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]  # per-thread tables
+        state["_on_device"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"Conversion({self.steps!r})"
+
+
+class TorchvisionPipeline:
+    """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
+
+    The fast path's workers call :meth:`decode_into` with one sample's slot of the batch buffer:
+    ``(H, W, 3)`` uint8 (``channels_first=False``: only the geometry, the batch converted later on
+    the device) or ``(3, H, W)`` of :attr:`dtype` (the user's output, converted per sample).
+
+    Args:
+        geometry: The fastload transforms of the pipeline's crops, resizes and flips.
+        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor (see
+            :class:`Conversion`).
+        resampler: ``"pil"`` (resizes as PIL runs them) or ``"torch"`` (on uint8 tensors).
+        reduce: Allow reduced-size JPEG decoding (training pipelines only).
+        description: How ``repr`` names the user's pipeline.
+    """
+
+    def __init__(
+        self,
+        geometry: T.Compose,
+        steps: tuple[tuple[Any, ...], ...],
+        resampler: str,
+        reduce: bool,
+        description: str = "",
+    ) -> None:
+        self.geometry = geometry
+        self.conversion = Conversion(steps)
+        self.resampler = resampler
+        self.reduce = reduce
+        self.description = description
+        self.channels_first = True  # the loader sets False to convert whole batches on the device
+        self.exact = False  # the loader's exact_pixels: resizes exactly as torchvision chains them
+        self._local = threading.local()
+
+    @property
+    def steps(self) -> tuple[tuple[Any, ...], ...]:
+        """The conversion steps (see :class:`Conversion`)."""
+        return self.conversion.steps
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the user's output."""
+        return self.conversion.dtype
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` of every image."""
+        return self.geometry.output_size
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's slot: ``(3, H, W)``, or ``(H, W, 3)`` without ``channels_first``."""
+        size = self.output_size
+        assert size is not None  # recognised pipelines have a fixed size
+        return (3, *size) if self.channels_first else (*size, 3)
+
+    @property
+    def sample_dtype(self) -> torch.dtype:
+        """The dtype of the slot: :attr:`dtype`, or uint8 without ``channels_first``."""
+        return self.dtype if self.channels_first else torch.uint8
+
+    def geometry_only(self) -> TorchvisionPipeline:
+        """A copy that writes uint8 ``(H, W, 3)`` (the conversion then runs on whole batches)."""
+        other = copy.copy(self)
+        other.channels_first = False
+        other._local = threading.local()
+        return other
+
+    def decode_into(
+        self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image"
+    ) -> None:
+        """Decodes one sample into its slot ``out`` (see the class docs)."""
+        if not self.channels_first:
+            self.geometry.decode_into(
+                data, out, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
+            )
+            return
+        scratch = getattr(self._local, "scratch", None)
+        size = self.output_size
+        assert size is not None
+        if scratch is None:
+            scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
+        self.geometry.decode_into(
+            data, scratch, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
+        )
+        self.convert_sample(scratch, out)
+
+    def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
+        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``
+        (:meth:`Conversion.hwc`)."""
+        self.conversion.hwc(hwc, out)
+
+    def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """The conversion steps on a uint8 ``(N, 3, H, W)`` batch (on any device): contiguous NCHW."""
+        return self.conversion.batch(images)
+
+    def decode_and_apply(self, data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
+        """One sample as a ``(3, H, W)`` tensor of :attr:`dtype` (what the user's pipeline returns)."""
+        size = self.output_size
+        assert size is not None
+        out = np.empty((3, *size), dtype=torch.empty(0, dtype=self.dtype).numpy().dtype)
+        pipeline = self if self.channels_first else copy.copy(self)
+        pipeline.channels_first = True
+        pipeline.decode_into(data, out, name)
+        return torch.from_numpy(out)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]  # per-thread scratch buffers
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"TorchvisionPipeline({self.description or self.geometry!r})"
+
+
+def _affine(lut: np.ndarray, steps: tuple[tuple[Any, ...], ...]) -> np.ndarray | None:
+    """The C extension's constants for computing ``lut`` (see :func:`fastload.decode.affine_for_table`)
+    when ``steps`` are a scaling and a normalization, each at most once and in that order."""
+    steps = tuple(step for step in steps if step[0] != "to")  # the cast: the copy convert starts with
+    kinds = [step[0] for step in steps]
+    if kinds not in ([], ["div"], ["mul"], ["normalize"], ["div", "normalize"], ["mul", "normalize"]):
+        return None
+    scale, divide, mean, std = 1.0, False, [0.0], [1.0]
+    for step in steps:
+        if step[0] == "normalize":
+            mean, std = list(step[1]), list(step[2])
+        else:
+            scale, divide = float(step[1]), step[0] == "div"
+    return affine_for_table(lut, scale, divide, mean, std)
+
+
+def convert(
+    src: torch.Tensor,
+    out: torch.Tensor,
+    steps: tuple[tuple[Any, ...], ...],
+    constants: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
+
+    The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
+    ``Normalize``: ``sub_(mean).div_(std)``), so equal uint8 pixels give equal floats.
+    ``constants``: step k's ``(mean, std)`` as ``(C, 1, 1)`` tensors of ``out``'s dtype on its
+    device, where they are there already.
+    """
+    out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
+    for k, step in enumerate(steps):
+        kind = step[0]
+        if kind == "div":
+            out.div_(step[1])
+        elif kind == "mul":
+            out.mul_(step[1])
+        elif kind == "normalize":
+            if constants is not None and k in constants:
+                mean, std = constants[k]
+            else:
+                mean = torch.as_tensor(step[1], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+                std = torch.as_tensor(step[2], dtype=out.dtype, device=out.device).view(-1, 1, 1)
+            out.sub_(mean).div_(std)
+    return out
