@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 try:  # the optional C extension (see setup.py): guarded, since a build may lack it
-    from . import _jpeg
+    import fastload._jpeg as _jpeg
 except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
     _jpeg = None
 
