@@ -31,6 +31,7 @@ raise :class:`DecodeError` naming the sample.
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import os
 import re
@@ -71,7 +72,7 @@ __all__ = [
 ]
 
 try:  # the optional C extension (see setup.py): guarded, since a build may lack it
-    import fastload._jpeg as _jpeg
+    _jpeg: Any = importlib.import_module("fastload._jpeg")
 except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
     _jpeg = None
 
