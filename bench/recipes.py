@@ -9,7 +9,8 @@ imported): the transform is a preset-shaped wrapper object holding a ``Compose``
 ``collate_fn=default_collate`` explicitly, or ``mixup_cutmix(*default_collate(batch))`` with
 torchvision v2's ``MixUp``/``CutMix`` in a ``RandomChoice``; a ``RandomSampler`` for train, a
 ``SequentialSampler`` for val. Both loaders get the same arguments (``persistent_workers=True``
-on both sides), only the class differs. The rows:
+on both sides; ``--as-train-py``: left to each loader's default, as ``train.py`` leaves it), only
+the class differs. The rows:
 
 * ``classic train``/``classic val`` (v1 and v2): ``RandomResizedCrop(224)``, flip,
   ``PILToTensor``, ``ConvertImageDtype``/``ToDtype``, ``Normalize`` (v2: ``ToPureTensor``);
@@ -134,9 +135,10 @@ def _loader(cls: Any, recipe: str, data: Path, args: argparse.Namespace) -> Any:
         "sampler": sampler,
         "num_workers": args.workers,
         "pin_memory": False,
-        "persistent_workers": args.workers > 0,
         "drop_last": split == "train",
     }
+    if not args.as_train_py:
+        kwargs["persistent_workers"] = args.workers > 0
     if split == "train":
         kwargs["collate_fn"] = MixupCutmixCollate(len(dataset.classes)) if mixup else default_collate
     return cls(dataset, **kwargs)
@@ -262,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=4, help="batches before timing (default 4)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per loader; medians (default 5)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipe names")
+    parser.add_argument(
+        "--as-train-py",
+        action="store_true",
+        help="leave persistent_workers to each loader's default, as torchvision's train.py does "
+        "(default: persistent_workers=True on both sides)",
+    )
     parser.add_argument("--profile", action="store_true", help="also profile the new recipe's stages")
     parser.add_argument("--profile-images", type=int, default=200, help="images for --profile (default 200)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
