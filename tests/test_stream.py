@@ -307,7 +307,9 @@ def test_the_usual_loop_reuses_batch_segments(
     (too small for one). Every pass gives torch's batches, and the later passes send the full
     batches in the segments the first pass made (torch makes a new segment for every batch)."""
     assert float_want[0][0].nbytes >= _stream.RING_MIN_BYTES > float_want[-1][0].nbytes
-    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=2, multiprocessing_context="fork", persistent_workers=True
+    )
     assert not loader.fast_path and loader.persistent_workers
     seen = []
     for _ in range(3):
@@ -356,7 +358,9 @@ def test_a_pass_left_early_gives_its_segments_back(
 ) -> None:
     """With persistent workers, a pass left after one batch: torch drops the batches in flight as
     the next pass starts; their segments are reused afterwards, and the batches are torch's."""
-    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=2, multiprocessing_context="fork", persistent_workers=True
+    )
     for _ in range(3):
         for _batch in loader:
             break
@@ -393,7 +397,9 @@ def test_idle_workers_give_their_segments_back(
     has let go of its mappings of them at the end of the pass: their memory goes back to the system.
     The next pass makes new ones and gives torch's batches."""
     monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", 0.2)
-    loader = fastload.DataLoader(float_set, batch_size=10, num_workers=2, multiprocessing_context="fork")
+    loader = fastload.DataLoader(
+        float_set, batch_size=10, num_workers=2, multiprocessing_context="fork", persistent_workers=True
+    )
     _one_pass(loader, float_want)
     ring = loader._torch_ring
     assert ring is not None and not ring.held  # let go at the end of the pass (no batch kept)

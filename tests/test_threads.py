@@ -103,8 +103,13 @@ def test_a_collected_loader_and_a_pass_without_persistent_workers_end_their_hold
         run(loader(3))  # dropped at once: collected
         gc.collect()
         threads(7, "after a collected loader")
-        # torch's own iterator (a dataset fastload does not read itself): the same
-        plain = loader(3, Plain(), persistent_workers=False)
+        # torch's own iterator (a dataset fastload does not read itself): torch's default, no cap
+        it = iter(loader(3, Plain()))
+        next(it)
+        threads(7, "torch's workers running without a cap asked for")
+        del it
+        # the same with a cap asked for
+        plain = loader(3, Plain(), persistent_workers=False, limit_threads=True)
         it = iter(plain)
         next(it)
         threads(5, "torch's workers running")
@@ -114,7 +119,7 @@ def test_a_collected_loader_and_a_pass_without_persistent_workers_end_their_hold
         threads(7, "torch's workers stopped with the pass's end")
         run(loader(0, Plain()))
         threads(7, "no workers, the pass ended")
-        persistent = loader(3, Plain(), persistent_workers=True)
+        persistent = loader(3, Plain(), persistent_workers=True, limit_threads=True)
         run(persistent)
         threads(5, "torch's persistent workers alive")
         persistent.close()
@@ -176,24 +181,23 @@ def test_a_hold_ended_on_another_thread_does_not_undo_a_later_count(train_root: 
     )
 
 
-@pytest.mark.parametrize("kept", [True, False], ids=["default-persistent", "new-workers-each-pass"])
+@pytest.mark.parametrize("kept", [True, False], ids=["persistent", "new-workers-each-pass"])
 def test_a_peek_on_torchs_iterator_has_a_cap_of_its_own(train_root: Path, kept: bool) -> None:
-    # next(iter(loader)) inside the loop (torch's iterator; fastload's default keeps the workers
-    # of a torchvision folder, not those of a dataset whose __getitem__ keeps state): the peek runs on workers
-    # of its own; its end must not end the cap of the loop's workers
-    dataset = "torchvision.datasets.ImageFolder(sys.argv[1], transform=lambda im: 0)" if kept else "Counted()"
+    # next(iter(loader)) inside the loop (torch's iterator, a cap asked for): the peek runs on
+    # workers of its own where the workers are not kept; its end must not end the cap of the
+    # loop's workers
     _run(
         train_root,
         f"""
-        import torchvision
-        train = loader(1, dataset={dataset})
+        train = loader(1, dataset=Counted(), limit_threads=True, persistent_workers={kept})
         assert train.persistent_workers is {kept} and not train.fast_path
         it = iter(train)
         next(it)
         threads(7, "the loop's pass")
-        next(iter(train))
-        gc.collect()
-        threads(7, "the peek ended; the loop's workers still run")
+        if not {kept}:
+            next(iter(train))
+            gc.collect()
+            threads(7, "the peek ended; the loop's workers still run")
         for _ in it:
             pass
         threads({7 if kept else 16}, "the loop's pass ended (its workers stay only if kept)")
