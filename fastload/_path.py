@@ -213,7 +213,11 @@ def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> No
         return
     if loader.decode != "cpu":
         line = line.format(decoder=loader.decoder)
-    if loader._path == "torch" and "num_workers" in loader._defaulted:
+    if (
+        loader._path in ("torch", "head-accelerated")
+        and "num_workers" in loader._defaulted
+        and not loader.num_workers
+    ):
         line += (
             f"; it loads in the main process, as torch's default num_workers=0 ({loader._runs_user_code} "
             f"runs): pass num_workers='auto' to load in {auto_num_workers()} workers"

@@ -7,6 +7,7 @@ epoch, with default arguments and with an explicit ``num_workers``.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
@@ -240,3 +241,18 @@ def test_head_acceleration_keeps_workers_only_with_torchvisions_ops(imagenet_roo
     assert (user.num_workers, user.persistent_workers) == (0, False)
     lam = T.Compose([T.RandomResizedCrop(32), T.Lambda(lambda x: x), T.PILToTensor()])
     assert fastload.DataLoader(datasets.ImageFolder(train, transform=lam), batch_size=8).num_workers == 0
+
+
+def test_the_path_line_says_where_torchs_default_loads(imagenet_root: Any, caplog: Any) -> None:
+    """Where the user's code runs and num_workers is left to torch's default, the WARNING path line
+    says that the loader runs in the main process and how to have workers: advice, not a change."""
+    caplog.set_level(logging.INFO, logger="fastload")
+    train = os.path.join(imagenet_root, "train")
+    mine = T.Compose([T.RandomResizedCrop(32), T.Lambda(lambda x: x), T.PILToTensor()])
+    loader = fastload.DataLoader(datasets.ImageFolder(train, transform=mine), batch_size=8)
+    assert loader.num_workers == 0
+    assert "it loads in the main process, as torch's default num_workers=0" in caplog.text
+    assert "pass num_workers='auto'" in caplog.text
+    caplog.clear()
+    fastload.DataLoader(datasets.ImageFolder(train, transform=mine), batch_size=8, num_workers=1)
+    assert "loads in the main process" not in caplog.text
