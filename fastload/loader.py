@@ -89,19 +89,14 @@ from ._checks import caller_stacklevel, check_choice, check_int, optional_attrib
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass, SampleKeys, SamplerBatches, predicted_order, split_batches
 from ._epoch import DefaultSeed, EpochState, Plan, Resume, ResumeError, base_seed
+from ._pool import CLOSED_MIDPASS
 from ._position import rest_of_epoch
 from ._shm import shm_error
 from ._source import changed_attributes, source_key, source_state
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
-from ._worker import (
-    CLOSED_MIDPASS,
-    TorchWorkerInit,
-    frozen_heap,
-    pass_seed_cell,
-    reporting_context,
-    ship_dataset,
-)
+from ._torchworkers import TorchWorkerInit, pass_seed_cell, reporting_context
+from ._workerstart import frozen_heap, ship_dataset
 from .device import auto_num_workers, cpu_share, cuda_available
 from .distributed import get_rank, get_world_size, ranks_known
 from .gpu import BatchTransform, apply_transform
