@@ -19,8 +19,9 @@ import torch
 from torch.utils.data import SequentialSampler
 
 from ._checks import optional_attribute, sample_index
+from ._pool import WorkerPool
 from ._threads import ThreadCap
-from ._worker import BatchDone, BatchFailed, Report, Task, WorkerPool, describe_sample
+from ._worker import BatchDone, BatchFailed, Report, Task, describe_sample
 from .batch import IndexedBatch
 from .decode import without_skip_hint
 from .device import cpu_share

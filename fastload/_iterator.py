@@ -37,10 +37,8 @@ from ._passorder import (
     take_sampler_epoch,
 )
 from ._path import refresh_path, refuse_reused_device_memory
+from ._pool import CLOSED_MIDPASS
 from ._torchpath import SamplerDraws, TorchPass, draw_as_torch, torch_iter, warn_as_torch_of_pin_memory
-from ._worker import (
-    CLOSED_MIDPASS,
-)
 from .device import cpu_share
 from .gpu import BatchTransform, apply_transform
 from .gpu.decode import BatchDecoder, Headers

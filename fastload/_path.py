@@ -31,9 +31,7 @@ from ._devicepass import FEEDER_DEPTH, reuses_device_memory
 from ._passorder import ENDLESS_SAMPLER, endless
 from ._source import changed_attributes, source_key, source_state
 from ._torchpath import stop_workers
-from ._worker import (
-    reporting_context,
-)
+from ._torchworkers import reporting_context
 from .device import auto_num_workers, cuda_available
 from .gpu.hybrid import split_head
 from .gpu.nvimgcodec import hw_decoder_load

@@ -37,12 +37,8 @@ from ._epoch import base_seed
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
-from ._worker import (
-    TorchWorkerInit,
-    frozen_heap,
-    pass_seed_cell,
-    ship_dataset,
-)
+from ._torchworkers import TorchWorkerInit, pass_seed_cell
+from ._workerstart import frozen_heap, ship_dataset
 from .device import cuda_available
 from .gpu.memory import host_memory
 from .head import head_view
@@ -236,7 +232,7 @@ def rings_collate(loader: Any) -> bool:
 def worker_init(
     loader: Any, ring: torch.Tensor | None, pass_seeds: torch.Tensor | None = None
 ) -> Iterator[None]:
-    """``loader.worker_init_fn`` is :class:`fastload._worker.TorchWorkerInit` around the user's inside
+    """``loader.worker_init_fn`` is :class:`fastload._torchworkers.TorchWorkerInit` around the user's inside
     the block (while torch's iterator starts its process workers), and the user's again after.
 
     When the loader collates batches with torch's ``default_collate`` (no ``collate_fn`` given, or
@@ -249,7 +245,7 @@ def worker_init(
     at construction) and ``ring`` is given, ``loader.collate_fn`` is
     :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
     the workers' reused segments. ``pass_seeds``: the cell from which fastload's default persistent
-    workers seed themselves at each pass (:func:`fastload._worker.reseed_each_pass`).
+    workers seed themselves at each pass (:func:`fastload._torchworkers.reseed_each_pass`).
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
@@ -313,7 +309,7 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
 
     When it starts process workers (each pass, or the first one with persistent workers), two
     things keep their memory flat. The parent's heap is frozen for the garbage collector while
-    they fork (:func:`fastload._worker.frozen_heap`). And a torchvision ``ImageFolder`` or
+    they fork (:func:`fastload._workerstart.frozen_heap`). And a torchvision ``ImageFolder`` or
     ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
     served to them by :func:`fastload.tvfolder.worker_view`: the same ``__getitem__`` over
     fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
@@ -325,9 +321,9 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
     ``target_transform``; ``samples`` and ``targets`` read from the index).
 
     Spawn/forkserver workers get the dataset (the view, or the user's) through
-    :func:`fastload._worker.ship_dataset` when it pickles large: pickled once here, so that
+    :func:`fastload._workerstart.ship_dataset` when it pickles large: pickled once here, so that
     each worker's start does not wait until the previous one imported torch. And each worker
-    runs :class:`fastload._worker.TorchWorkerInit` before the user's ``worker_init_fn``: what
+    runs :class:`fastload._torchworkers.TorchWorkerInit` before the user's ``worker_init_fn``: what
     its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
 
     ``own_workers``: an iterator with workers of its own, which stop with it (no ring of reused

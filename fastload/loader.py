@@ -80,9 +80,7 @@ from ._passorder import PassIndices, pass_length, plan, refuse_random_order, sam
 from ._path import check_device_decode, choose_path
 from ._stream import MainRing
 from ._torchpath import check_as_torch_iterator, in_order_argument, stop_workers
-from ._worker import (
-    reporting_context,
-)
+from ._torchworkers import reporting_context
 from .device import auto_num_workers, cuda_available
 from .distributed import get_rank, get_world_size, ranks_known
 from .gpu.decode import BatchDecoder, device_decoder
@@ -395,7 +393,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._torch_workers_started = False  # torch's persistent workers are running
         self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
         #: default persistent workers on torch's iterator: each pass's number and base seed, from
-        #: which they seed themselves as its new workers would be (fastload._worker.reseed_each_pass)
+        #: which they seed themselves as its new workers would be (fastload._torchworkers.reseed_each_pass)
         self._pass_seeds: torch.Tensor | None = None
         self._rest: np.ndarray | None = None  # a resumed pass's indices, until its iterator takes them
         choose_path(self, log=True)

@@ -259,9 +259,9 @@ def test_an_error_not_of_a_batch_ends_that_batch_on_both_sides(
 ) -> None:
     """A timeout while waiting for a CPU share is raised by that batch's next(); the next batch has
     its own CPU share (labels and indices agree), and the pass ends after its last batch."""
-    import fastload._worker
+    import fastload._pool
 
-    real_get = fastload._worker.WorkerPool.get
+    real_get = fastload._pool.WorkerPool.get
     calls = []
 
     def get(self: Any, timeout: float) -> Any:
@@ -270,7 +270,7 @@ def test_an_error_not_of_a_batch_ends_that_batch_on_both_sides(
             raise RuntimeError("DataLoader timed out after 1 seconds (injected)")
         return real_get(self, timeout)
 
-    monkeypatch.setattr(fastload._worker.WorkerPool, "get", get)
+    monkeypatch.setattr(fastload._pool.WorkerPool, "get", get)
     loader = _hybrid(imagenet_root, 0.5, shuffle=False)
     targets = np.asarray(fastload.InMemoryImageFolder(imagenet_root / "train").targets)
     it = iter(loader)

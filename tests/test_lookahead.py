@@ -17,7 +17,7 @@ from _batches import same as _equal
 
 from fastload import ImageFolder
 from fastload import transforms as T
-from fastload._worker import WorkerPool
+from fastload._pool import WorkerPool
 from fastload.loader import DataLoader
 
 

@@ -448,7 +448,7 @@ def test_the_ring_is_page_locked_on_the_loaders_device(
     """The thread page-locking the workers' ring runs on the loader's CUDA device where the loader
     names one (``device="cuda:1"``), else on the current device as torch's pin thread: it would
     otherwise make a context on GPU 0 in every rank."""
-    from fastload import _engine, _worker
+    from fastload import _engine, _pool
 
     devices: list[int | None] = []
 
@@ -468,8 +468,8 @@ def test_the_ring_is_page_locked_on_the_loaders_device(
     assert _engine._cuda_index(torch.device("cuda", 1)) == 1
     assert _engine._cuda_index(torch.device("cuda")) is None and _engine._cuda_index(None) is None
     assert _engine._cuda_index(torch.device("cpu")) is None
-    monkeypatch.setattr(_worker, "PageLock", RecordingLock)
-    monkeypatch.setattr(_worker, "current_cuda_device", lambda: 0)
+    monkeypatch.setattr(_pool, "PageLock", RecordingLock)
+    monkeypatch.setattr(_pool, "current_cuda_device", lambda: 0)
     for named in (None, 1):
         monkeypatch.setattr(_engine, "_cuda_index", lambda device, named=named: named)
         with fake_cuda(), warnings.catch_warnings():

@@ -21,7 +21,7 @@ from torch.utils.data import default_collate
 from torchvision import transforms as tv
 
 import fastload
-from fastload import _stream, _worker
+from fastload import _stream, _torchworkers
 
 
 class _Identity:
@@ -297,7 +297,7 @@ def _same(got: list[Any], want: list[Any]) -> bool:
 def never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forked workers do not drop their free segments when idle (a loaded machine can make them
     wait between passes), so which segments batches come in is exactly the ring's doing."""
-    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", None)
+    monkeypatch.setattr(_torchworkers, "IDLE_TRIM_SECONDS", None)
 
 
 def test_the_usual_loop_reuses_batch_segments(
@@ -396,7 +396,7 @@ def test_idle_workers_give_their_segments_back(
     """Persistent workers that wait for the next pass drop their free segments, and the main process
     has let go of its mappings of them at the end of the pass: their memory goes back to the system.
     The next pass makes new ones and gives torch's batches."""
-    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", 0.2)
+    monkeypatch.setattr(_torchworkers, "IDLE_TRIM_SECONDS", 0.2)
     loader = fastload.DataLoader(
         float_set, batch_size=10, num_workers=2, multiprocessing_context="fork", persistent_workers=True
     )
@@ -569,7 +569,7 @@ def test_no_ring_when_torchs_pin_memory_thread_copies_the_batches(
     process would never free a ring segment: each worker would fill its ring once and keep it busy
     (``prefetch_factor + 2`` batches of shared memory) for the whole pass. No ring then. No GPU
     here: torch's pin thread runs with an accelerator reported and a copying ``pin_memory``."""
-    monkeypatch.setattr(_worker, "IDLE_TRIM_SECONDS", None)
+    monkeypatch.setattr(_torchworkers, "IDLE_TRIM_SECONDS", None)
     if hasattr(torch, "accelerator"):  # torch 2.6 on: its pin thread asks torch.accelerator
         monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
         monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)

@@ -1,4 +1,4 @@
-"""Process workers and the parent's heap: ``gc.freeze()`` around forking them (fastload._worker).
+"""Process workers and the parent's heap: ``gc.freeze()`` around forking them (fastload._workerstart).
 
 A forked worker shares the parent's memory pages until it writes to them. CPython's cyclic
 garbage collector writes into the header of every object it examines, so a collection in a
@@ -23,7 +23,8 @@ from torch.utils.data import Dataset
 
 import fastload
 import fastload._stream
-import fastload._worker
+import fastload._torchworkers
+import fastload._workerstart
 from fastload import transforms as T
 
 if not hasattr(os, "fork"):  # pragma: no cover - the whole module is about fork
@@ -167,11 +168,11 @@ def test_spawned_and_thread_workers_freeze_nothing(
     assert len(list(loader)) == 3
     loader.close()
     assert calls == ["freeze"]  # the control: a fork does freeze
-    assert gc.get_freeze_count() <= fastload._worker.FROZEN_AT_IMPORT
+    assert gc.get_freeze_count() <= fastload._workerstart.FROZEN_AT_IMPORT
 
 
 def _freeze_run(before_import: str, limit: str = "") -> list[str]:
-    """In a fresh process: ``before_import`` runs, then fastload._worker is imported (``limit``:
+    """In a fresh process: ``before_import`` runs, then fastload._workerstart is imported (``limit``:
     ENVIRONMENT_FROZEN_LIMIT set after it) and a heap of 200,000 lists built; prints the frozen
     count at the import, during a fork's frozen_heap, and after it."""
     import subprocess
@@ -180,7 +181,7 @@ def _freeze_run(before_import: str, limit: str = "") -> list[str]:
     script = f"""
 import gc
 {before_import}
-import fastload._worker as w
+import fastload._workerstart as w
 {limit}
 at_import = gc.get_freeze_count()
 heap = [[i] for i in range(200_000)]
@@ -323,7 +324,7 @@ def test_gc_is_unfrozen_when_a_worker_fails_to_start(imagenet_root: Path, path: 
     assert loader.fast_path == (path == "fast")
     with pytest.raises(OSError, match="fork failed"):
         iter(loader) if path == "fast" else next(iter(loader))
-    assert gc.get_freeze_count() <= fastload._worker.FROZEN_AT_IMPORT
+    assert gc.get_freeze_count() <= fastload._workerstart.FROZEN_AT_IMPORT
     assert _FailingProcess.started == 2
     if path == "fast":  # fastload stops the worker that did start (torch's iterator leaves it to exit)
         assert not [p for p in multiprocessing.active_children() if isinstance(p, _FailingProcess)]
@@ -398,7 +399,7 @@ def test_spawned_workers_start_without_waiting_for_each_other(
 
     def first_batch(ship: bool, workers: int) -> torch.Tensor:
         if not ship:
-            monkeypatch.setattr(fastload._worker, "SHIP_MIN_BYTES", 1 << 62)
+            monkeypatch.setattr(fastload._workerstart, "SHIP_MIN_BYTES", 1 << 62)
         written.clear()
         loader = fastload.DataLoader(
             dataset,
@@ -451,7 +452,7 @@ def test_what_is_shipped_and_what_is_not() -> None:
     (a tensor moved to shared memory, a queue)."""
     import pickle
 
-    from fastload._worker import SHIP_MIN_BYTES, ShippedDataset, ship_dataset
+    from fastload._workerstart import SHIP_MIN_BYTES, ShippedDataset, ship_dataset
 
     large = _HoldsTensor(np.arange(SHIP_MIN_BYTES // 4, dtype=np.int64))
     for method in ("spawn", "forkserver"):
@@ -484,7 +485,7 @@ def _private_dirty_of(pid: int) -> int:
     raise RuntimeError(f"no Private_Dirty for process {pid}")
 
 
-@pytest.mark.skipif(fastload._worker._malloc_trim() is None, reason="needs glibc's malloc_trim")
+@pytest.mark.skipif(fastload._torchworkers._malloc_trim() is None, reason="needs glibc's malloc_trim")
 @pytest.mark.skipif(
     not fastload._stream._STORAGE_WEAKREFS,
     reason="torch 2.1: the main process keeps the last batch's segment mapped until the next pass",
@@ -501,7 +502,7 @@ def test_idle_torch_workers_give_back_the_last_batch(
     dataset = fastload.ImageFolder(imagenet_root / "train", transform=transform)
 
     def idle_private(trim: bool) -> int:
-        monkeypatch.setattr(fastload._worker, "IDLE_TRIM_SECONDS", 0.2 if trim else None)  # inherited
+        monkeypatch.setattr(fastload._torchworkers, "IDLE_TRIM_SECONDS", 0.2 if trim else None)  # inherited
         loader = fastload.DataLoader(
             dataset,
             batch_size=32,
@@ -539,7 +540,7 @@ from pathlib import Path
 import torch, torchvision
 from torchvision import transforms as v1
 import fastload
-import fastload._worker
+import fastload._workerstart
 
 def parent_maps(worker_id):
     # the forkserver is the worker's parent: which of these libraries has it loaded?
@@ -549,7 +550,7 @@ def parent_maps(worker_id):
 
 if __name__ == "__main__":
     preload = [x for x in sys.argv[3].split(",") if x]
-    fastload._worker.PRELOADABLE = tuple(preload)
+    fastload._workerstart.PRELOADABLE = tuple(preload)
     transform = v1.Compose([v1.Resize(16), v1.CenterCrop(16), v1.PILToTensor(), v1.ColorJitter(0.3)])
     dataset = fastload.ImageFolder(sys.argv[1], transform=transform)
     loader = fastload.DataLoader(
@@ -573,7 +574,7 @@ def test_a_forkserver_preloads_the_libraries_the_workers_need(imagenet_root: Pat
 
     script = tmp_path / "forkserver_preload.py"
     script.write_text(_FORKSERVER_SCRIPT)
-    for preloadable in (fastload._worker.PRELOADABLE, ()):
+    for preloadable in (fastload._workerstart.PRELOADABLE, ()):
         report = tmp_path / f"report-{len(preloadable)}"
         report.mkdir()
         run = subprocess.run(
@@ -600,15 +601,15 @@ def test_only_the_forkserver_is_preloaded(monkeypatch: pytest.MonkeyPatch) -> No
 
     import torchvision  # noqa: F401 - only what this process has imported is preloaded
 
-    assert fastload._worker.preload_forkserver("spawn", {"torchvision"}) is None
-    assert fastload._worker.preload_forkserver("fork", {"torchvision"}) is None
+    assert fastload._workerstart.preload_forkserver("spawn", {"torchvision"}) is None
+    assert fastload._workerstart.preload_forkserver("fork", {"torchvision"}) is None
     calls: list[list[str]] = []
     monkeypatch.setattr(forkserver, "set_forkserver_preload", calls.append)
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 12345)  # running already
-    assert fastload._worker.preload_forkserver("forkserver", {"torchvision"}) is None
+    assert fastload._workerstart.preload_forkserver("forkserver", {"torchvision"}) is None
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
     monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__", "mine"])
-    got = fastload._worker.preload_forkserver("forkserver", {"torchvision", "tests", "mylib"})
+    got = fastload._workerstart.preload_forkserver("forkserver", {"torchvision", "tests", "mylib"})
     assert got == calls[0] == ["__main__", "mine", "torch", "torchvision", "fastload"]
 
 
@@ -625,12 +626,12 @@ def test_what_the_main_module_imports_is_preloaded(monkeypatch: pytest.MonkeyPat
     main.Image = PIL.Image.Image  # type: ignore[attr-defined]
     main.mine = types.ModuleType("my_project.data")  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "__main__", main)
-    assert fastload._worker.main_module_packages() >= {"numpy", "PIL", "my_project"}
+    assert fastload._workerstart.main_module_packages() >= {"numpy", "PIL", "my_project"}
     calls: list[list[str]] = []
     monkeypatch.setattr(forkserver, "set_forkserver_preload", calls.append)
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)
     monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__"])
-    assert fastload._worker.preload_forkserver("forkserver", set()) == [
+    assert fastload._workerstart.preload_forkserver("forkserver", set()) == [
         "__main__",
         "torch",
         "numpy",
