@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["consumed", "rest_of_epoch", "shard_lengths"]
-
 
 def shard_lengths(remaining: int, num_replicas: int, pad: bool, drop_tail: bool) -> np.ndarray:
     """Samples each rank takes from ``remaining`` positions: ``int64[num_replicas]``."""

@@ -44,9 +44,8 @@ __all__ = [
 ]
 
 _MASK = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_G, _C1, _C2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
+_GOLDEN, _M1, _M2 = np.uint64(_G), np.uint64(_C1), np.uint64(_C2)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -107,13 +106,8 @@ def batch_uniform(
     return _uniform_from(keys[:, None], counters[None, :])
 
 
-_G = 0x9E3779B97F4A7C15
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
-
-
 def mix_int(x: int) -> int:
-    """:func:`_mix` on one Python int (the per-sample path: ~20x cheaper than numpy scalars)."""
+    """:func:`_mix` on one Python int (the per-sample path: cheaper than numpy scalars)."""
     x = (x + _G) & _MASK
     x = ((x ^ (x >> 30)) * _C1) & _MASK
     x = ((x ^ (x >> 27)) * _C2) & _MASK
@@ -180,12 +174,8 @@ def current() -> SampleRNG:
 
 
 def current_key() -> tuple[int, int, int] | None:
-    """The ``(seed, epoch, index)`` of the current sample (inside :func:`sample_scope`), else ``None``.
-
-    For a per-sample transform that draws from another stream of the same sample than
-    :func:`current`'s, e.g. the device transforms' ``batch_uniform(seed, epoch, [index], stream, n)``
-    (``decode="hybrid"`` crops a sample on the CPU with the box the device would draw for it).
-    """
+    """The ``(seed, epoch, index)`` of the current sample (inside :func:`sample_scope`), else ``None``:
+    for a transform that draws from another stream of the sample (``decode="hybrid"``)."""
     return getattr(_local, "key", None)
 
 
@@ -202,11 +192,8 @@ def sample_scope(seed: int, epoch: int, index: int) -> Iterator[SampleRNG]:
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The shuffled order of ``range(n)`` for an epoch: ``torch.randperm`` seeded by ``seed + epoch``.
-
-    This is exactly the permutation ``torch.utils.data.DistributedSampler`` uses, so a fastload
-    order can be compared with (and ``pad=True`` reproduces) torch's.
-    """
+    """The shuffled order of ``range(n)`` for an epoch: ``torch.randperm`` seeded by ``seed + epoch``,
+    exactly the permutation ``torch.utils.data.DistributedSampler`` uses."""
     g = torch.Generator()
     g.manual_seed(seed + epoch)
     return torch.randperm(n, generator=g)
