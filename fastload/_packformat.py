@@ -112,13 +112,9 @@ def header_digest(buf: memoryview, data_offset: int) -> bytes:
 
 
 class HeadPlan:
-    """Everything before the data section, for one index: sized up front (``data_offset`` bytes,
-    so a writer can stream the images first), rendered once the offsets and checksums are known.
-
-    Args:
-        index: The samples (their relative paths and labels go into the index).
-        meta: The meta JSON without ``"format"`` (``classes``, ``root``, ``max_side``, ``quality``).
-    """
+    """Everything before the data section for ``index`` and ``meta`` (the meta JSON without
+    ``"format"``): sized up front (``data_offset`` bytes, so a writer can stream the images
+    first), rendered once the offsets and checksums are known."""
 
     def __init__(self, index: FolderIndex, meta: dict[str, Any]) -> None:
         self.n = len(index)
@@ -166,17 +162,9 @@ class HeadPlan:
 
 
 class PackView:
-    """Validated, zero-copy views of a pack image held in any buffer (a file map or a shared segment).
-
-    Args:
-        buf: The whole pack image (an ``mmap``).
-        name: How to name it in errors (e.g. ``"'train.fastpack'"``).
-        verify: Check the digest of the header and index (O(index)).
-        expect_digest: The digest it must have (a cheap identity check when re-attaching).
-        check_crc: Check each sample's CRC-32 in :meth:`get_bytes` (settable later).
-
-    Raises:
-        PackError: Naming what is wrong and what to do about it.
+    """Validated, zero-copy views of a pack image in ``buf`` (a file map or a shared segment),
+    named ``name`` in errors; ``verify`` checks the digest of header and index, ``expect_digest``
+    is the one it must have (re-attaching). ``PackError`` says what is wrong and what to do.
 
     Attributes:
         index: The original relative paths, labels and class list (a FolderIndex over the buffer).

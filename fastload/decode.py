@@ -76,16 +76,16 @@ DCT_SCALES = (8, 4, 2, 1)
 #: PIL formats that are a JPEG stream (MPO: a camera's multi-picture JPEG; its first picture is decoded).
 JPEG_FORMATS = ("JPEG", "MPO")
 
-#: What PIL (its plugins too) and torchvision.io raise on a bad file.
-DECODE_ERRORS: tuple[type[BaseException], ...] = (
+_PIL_ERRORS: tuple[type[BaseException], ...] = (
     UnidentifiedImageError,
     OSError,
     SyntaxError,
     ValueError,
-    RuntimeError,
     EOFError,
     Image.DecompressionBombError,
 )
+#: What PIL (its plugins too) and torchvision.io (``RuntimeError``) raise on a bad file.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (*_PIL_ERRORS, RuntimeError)
 
 
 class DecodeError(RuntimeError, OSError):
@@ -166,37 +166,21 @@ def without_skip_hint(message: str) -> str:
 def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
     """Decodes encoded bytes to an RGB PIL image (grayscale, CMYK, palette and PNG included).
 
-    Args:
-        data: The encoded file.
-        name: How to name the sample in an error (e.g. ``"sample 3 ('/data/val/x.JPEG')"``).
-
     Raises:
-        DecodeError: Naming ``name`` when the bytes are not a decodable image.
+        DecodeError: Naming ``name`` (e.g. ``"sample 3 ('/data/val/x.JPEG')"``) when the bytes are
+            not a decodable image.
     """
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
         return img if img.mode == "RGB" else img.convert("RGB")
-    except (
-        UnidentifiedImageError,
-        OSError,
-        SyntaxError,
-        ValueError,
-        EOFError,
-        Image.DecompressionBombError,
-    ) as e:
+    except _PIL_ERRORS as e:
         raise decode_error(name, e, data) from None
 
 
 def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, name: str = "image") -> Any:
-    """Decodes one sample and applies ``transform``, fusing the two for fastload transforms.
-
-    Args:
-        data: The encoded file.
-        transform: ``None``, any callable taking a PIL image (torchvision transforms), or a
-            fastload transform, which decodes the bytes itself at the smallest useful size.
-        name: How to name the sample in an error.
-    """
+    """Decodes one sample and applies ``transform`` (``None``, any callable taking a PIL image, or
+    a fastload transform, which decodes the bytes itself: the two fused)."""
     fused = getattr(transform, "decode_and_apply", None)
     if fused is not None:
         return fused(data, name)
@@ -205,11 +189,7 @@ def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, 
 
 
 def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Image.Image:
-    """Opens encoded bytes lazily: PIL reads the header (format, mode, size), no pixels yet.
-
-    Args:
-        data: The encoded file (``bytes``, a ``memoryview`` or a 1-D uint8 array).
-        name: How to name the sample in an error.
+    """Opens encoded bytes (or a 1-D uint8 array) lazily: PIL reads the header, no pixels yet.
 
     Raises:
         DecodeError: Naming ``name`` when the bytes are not an image PIL recognises.
@@ -243,8 +223,8 @@ def load_reduced(
 
     Args:
         img: An image from :func:`open_image`, not yet loaded.
-        scale: The wanted scale-down factor (8, 4, 2 or 1). Formats without DCT scaling (PNG, ...)
-            and ``scale=1`` decode at full size.
+        scale: The wanted scale-down factor (8, 4, 2 or 1); formats without DCT scaling decode at
+            full size.
         name: How to name the sample in an error.
         data: The encoded file, if at hand (its size is then part of an error's message).
 

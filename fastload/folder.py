@@ -592,15 +592,14 @@ def scan_folder(
     Args:
         root: The split's folder (e.g. ``imagenet/val``).
         classes: The canonical class list (a :class:`ClassIndex`, a list of names or the path of a
-            saved class list). ``None`` uses the sorted subdirectories of ``root`` (torchvision's
-            rule), which is only safe for the split that defines the classes.
+            saved class list). ``None``: the sorted subdirectories of ``root`` (torchvision's rule).
         extensions: File name endings (case-insensitive) that count as images. Other files, and
             hidden entries (names starting with ``.``: macOS ``._x.JPEG`` resource forks, ``.git``),
             are skipped, counted in :attr:`FolderIndex.skipped` and logged at INFO level.
         strict: A subdirectory that is not in ``classes`` raises ``ValueError`` (default);
             with ``strict=False`` it is reported in a warning and its files are left out.
         broadcast: When ``torch.distributed`` is initialized, scan on rank 0 only and broadcast the
-            index, so N ranks do not walk the same network file system N times.
+            index.
         allow_empty: Return an empty index when no file is found, instead of raising (torchvision's
             ``allow_empty``).
 

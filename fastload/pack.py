@@ -458,16 +458,13 @@ def write_pack(
     file, renamed to ``out_path`` only when complete.
 
     Args:
-        index: The samples (e.g. ``scan_folder("imagenet/val", classes)``); the pack keeps its labels,
-            class list and relative paths.
+        index: The samples; the pack keeps their labels, class list and relative paths.
         out_path: The pack to write (by convention ``*.fastpack``). Replaced if it exists.
         max_side: Re-encode images whose longer side exceeds this as RGB JPEG with that longer side
-            (like FFCV's ``max_resolution``), to save RAM and decoding time. Smaller images, and all
-            images when ``None`` (the default), are stored bit for bit as in the file.
+            (like FFCV's ``max_resolution``); other images (all with ``None``) are stored as they are.
         quality: JPEG quality of re-encoded images (1-100).
-        num_workers: Parallel readers: threads when only copying, processes when re-encoding (the
-            CPU-bound case). Default: the CPUs available to this process; ``0`` works in the calling
-            process.
+        num_workers: Parallel readers (processes when re-encoding); default: the available CPUs,
+            ``0``: the calling process.
         progress: Show a tqdm bar (default: for more than 500 files when stderr is a terminal).
 
     Returns:

@@ -85,20 +85,10 @@ def _uniform_from(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
 def batch_uniform(
     seed: int, epoch: int, indices: Sequence[int] | np.ndarray | torch.Tensor, stream: int, n: int
 ) -> np.ndarray:
-    """Draws ``n`` uniforms in ``[0, 1)`` for each sample of a batch, as one vectorised call.
-
-    Row ``r`` equals the first ``n`` draws of ``SampleRNG(seed, epoch, indices[r], stream)``.
-
-    Args:
-        seed: The loader seed.
-        epoch: The epoch.
-        indices: Dataset indices of the batch's samples.
-        stream: Stream id, so that independent transforms draw independent numbers.
-        n: Draws per sample.
-
-    Returns:
-        A float64 array of shape ``(len(indices), n)``.
-    """
+    """Draws ``n`` uniforms in ``[0, 1)`` for each of a batch's samples (dataset ``indices``), as
+    one vectorised call: row ``r`` of the float64 ``(len(indices), n)`` result equals the first
+    ``n`` draws of ``SampleRNG(seed, epoch, indices[r], stream)``. Independent transforms draw
+    from different ``stream`` ids."""
     if isinstance(indices, torch.Tensor):
         indices = indices.cpu().numpy()
     keys = hash_key(seed, epoch, np.asarray(indices, dtype=np.int64).reshape(-1), stream)
@@ -115,14 +105,8 @@ def mix_int(x: int) -> int:
 
 
 class SampleRNG:
-    """The random stream of one sample: sequential draws from a counter-based hash.
-
-    Args:
-        seed: The loader seed.
-        epoch: The epoch.
-        index: The sample's dataset index.
-        stream: Stream id (0 for the per-sample CPU transforms).
-    """
+    """The random stream of one sample (dataset ``index``; ``stream`` 0: the per-sample CPU
+    transforms): sequential draws from a counter-based hash."""
 
     __slots__ = ("_key", "_counter")
 
