@@ -15,27 +15,12 @@ import sys
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = [
-    "caller_stacklevel",
-    "check_choice",
-    "check_int",
-    "check_optional_int",
-    "check_probability",
-    "check_size",
-    "optional_attribute",
-]
-
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def sample_index(i: Any) -> int:
     """A sampler's index as an int (Python, numpy or 0-d tensor integers); anything else (a float
-    from a "/" where "//" was meant) is refused with the words of the ``TypeError`` a list-backed
-    dataset (torchvision's ``ImageFolder``) raises in torch's loader, rather than truncated.
-
-    Raises:
-        TypeError: ``i`` is not an integer.
-    """
+    from a "/" where "//" was meant) raises the ``TypeError`` a list-backed dataset raises."""
     try:
         return operator.index(i)
     except TypeError:
@@ -52,11 +37,9 @@ def read_error(error: OSError, i: int, path: str) -> OSError:
 
 
 def optional_attribute(obj: Any, name: str, default: Any = None) -> Any:
-    """``getattr(obj, name, default)`` for an attribute fastload looks for on a user's object
-    (a dataset's ``transform``): also ``default`` where the object does not have it and a
-    ``__getattr__`` of its own raises another error than ``AttributeError`` (a ``KeyError`` from a
-    table of fields), which torch's loader never meets because it never asks. An error of the
-    attribute itself (a property that fails) is raised."""
+    """``getattr(obj, name, default)`` for an attribute fastload looks for on a user's object:
+    also ``default`` where the object lacks it and its own ``__getattr__`` raises another error
+    than ``AttributeError``. An error of the attribute itself (a failing property) is raised."""
     try:
         return getattr(obj, name, default)
     except Exception:
@@ -101,18 +84,11 @@ def check_int(
     high: int | None = None,
     type_error: bool = False,
 ) -> int:
-    """``value`` as a Python int in ``[low, high]``.
-
-    Args:
-        value: What the user passed.
-        name: The argument's name, for the message.
-        low, high: Inclusive bounds (``None``: unbounded).
-        type_error: Raise ``TypeError`` (not ``ValueError``) for a value that is not an integer.
+    """``value`` (argument ``name``) as a Python int in ``[low, high]`` (``None``: unbounded).
 
     Raises:
-        ValueError: Out of range (and for a non-integer unless ``type_error``), e.g.
+        ValueError: Out of range, or not an integer (then ``TypeError`` with ``type_error``), e.g.
             ``"num_workers should be a non-negative integer, but got num_workers=-1"``.
-        TypeError: For a non-integer when ``type_error`` is set.
     """
     what = _describe(low, high)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -133,6 +109,13 @@ def check_optional_int(
         return check_int(value, name, low=low, high=high, type_error=type_error)
     except (TypeError, ValueError) as e:
         raise type(e)(str(e).replace(", but got", " or None, but got", 1)) from None
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` if it is a bool, else ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} should be a bool, but got {name}={value!r}")
+    return value
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
@@ -157,12 +140,8 @@ def check_probability(value: Any, name: str = "p") -> float:
 
 
 def check_size(size: Any, name: str = "size") -> tuple[int, int]:
-    """An ``int`` or a sequence of one or two positive ints -> ``(h, w)``.
-
-    Raises:
-        TypeError: Not an int or such a sequence.
-        ValueError: A size that is not positive.
-    """
+    """An ``int`` or a sequence of one or two positive ints -> ``(h, w)`` (``TypeError`` for
+    anything else, ``ValueError`` for a size that is not positive)."""
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
         h = w = int(size)
     elif (

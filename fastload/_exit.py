@@ -1,22 +1,12 @@
 """fastload's background threads stopped before the interpreter finalises.
 
-At interpreter exit, CPython ends a daemon thread the moment it next takes the interpreter's lock.
-A thread that is inside torch's C++ code then (a tensor freed, an operation returning) is unwound
-through frames that do not allow it, and the whole process aborts -- "terminate called without
-an active exception", exit status 134 -- after the user's script ended well. A script that keeps
-a pass's iterator in a variable (``it = iter(loader)``) and leaves while the device feeder is
-preparing the next batch did exactly that. So the threads fastload runs beside the user's loop
-register here, and one ``atexit`` handler stops them first (``atexit`` handlers run before the
-interpreter starts ending daemon threads; the thread pools' own exit handler has run by then, so a
-thread that submits work to one gets an error, which it keeps for a ``next()`` that never comes).
-
-Every thread is told to stop first, then all are waited for together, at most
-:data:`EXIT_WAIT_SECONDS` in all: each finishes what it is doing (a batch being prepared, a lock
-under way). One blocked for good (its batch waits on something that never comes) is left to the
-interpreter after that, as before. A forked child forgets the parent's threads (they do not exist
-there).
-
-Nothing here imports torch.
+At interpreter exit, CPython ends a daemon thread the moment it next takes the interpreter's lock;
+one that is inside torch's C++ code then is unwound through frames that do not allow it, and the
+process aborts ("terminate called without an active exception", exit status 134) after the user's
+script ended well. So the threads fastload runs beside the user's loop register here, and one
+``atexit`` handler (which runs before daemon threads are ended) tells them all to stop, then waits
+for them together, at most :data:`EXIT_WAIT_SECONDS` in all; one blocked for good is left to the
+interpreter. A forked child forgets the parent's threads. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -28,8 +18,6 @@ import threading
 import time
 import weakref
 from typing import Protocol
-
-__all__ = ["EXIT_WAIT_SECONDS", "StoppedAtExit", "stop_at_exit"]
 
 #: The longest the interpreter's exit waits for all of fastload's threads together.
 EXIT_WAIT_SECONDS = 10.0

@@ -31,13 +31,9 @@ meta JSON of 90 bytes. The index starts at ``align(128 + 90, 8) = 224`` and take
 ``8*4 + 8*3 + 8*4 + 4*3 + 40 = 140`` bytes (up to 364), so the data starts at 4096 and the image
 is ``4096 + 220`` bytes long; sample 1 is bytes ``[4196, 4246)``.
 
-Integrity: opening checks the header and index (a digest); each sample's bytes are checked against
-their CRC-32 the first time a process reads them (:meth:`PackView.get_bytes`, ``check_crc=True`` by
-default), so a byte flipped in the data section raises :class:`CorruptSampleError` naming the
-sample instead of decoding to wrong pixels. A check costs about 40 us per 107 kB image (zlib's
-CRC-32, the GIL released), 2 % of decoding it (``bench/crc.py``); checking each sample once per
-process (a bit per sample) makes that a cost of the first epoch only. Every pack of format
-version 1 stores the CRCs, so every pack is checked.
+Integrity: opening checks the digest of the header and index; each sample's bytes are checked
+against their CRC-32 the first time a process reads them (:meth:`PackView.get_bytes`), so a flipped
+byte raises :class:`CorruptSampleError` instead of decoding to wrong pixels.
 """
 
 from __future__ import annotations
@@ -56,32 +52,12 @@ from ._slices import ByteSlices
 from .decode import DecodeError
 from .folder import ClassIndex, FolderIndex
 
-__all__ = [
-    "ALIGNMENT",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "HEADER",
-    "HEADER_SIZE",
-    "MAGIC",
-    "REBUILD_HINT",
-    "RECOPY_HINT",
-    "CorruptSampleError",
-    "HeadPlan",
-    "PackError",
-    "PackView",
-    "align",
-    "header_digest",
-    "index_layout",
-]
-
 MAGIC = b"FASTPACK"
 FORMAT_VERSION = 1
 #: The data section starts at a multiple of this (a page), so it is page-aligned in a map.
 ALIGNMENT = 4096
 #: The ``"format"`` value of the meta JSON.
 FORMAT_NAME = "fastload.pack"
-#: magic, version, header size, samples, meta length, index offset, path bytes, data offset,
-#: data length, digest.
 HEADER = struct.Struct("<8sIIQQQQQQ32s")
 HEADER_SIZE = 128
 _DIGEST_AT = HEADER.size - 32
@@ -136,20 +112,12 @@ def header_digest(buf: memoryview, data_offset: int) -> bytes:
 
 
 class HeadPlan:
-    """Everything before the data section, for one index: sized up front, rendered at the end.
-
-    The size of the header and index depends only on the number of samples, the meta JSON and the
-    total length of the relative paths, so a writer can leave room for it (``data_offset`` bytes),
-    stream the images, and fill it in once the offsets and checksums are known.
-
-    Args:
-        index: The samples (their relative paths and labels go into the index).
-        meta: The meta JSON without ``"format"`` (``classes``, ``root``, ``max_side``, ``quality``).
-    """
+    """Everything before the data section for ``index`` and ``meta`` (the meta JSON without
+    ``"format"``): sized up front (``data_offset`` bytes, so a writer can stream the images
+    first), rendered once the offsets and checksums are known."""
 
     def __init__(self, index: FolderIndex, meta: dict[str, Any]) -> None:
         self.n = len(index)
-        # FolderIndex keeps its relative paths as one UTF-8 buffer plus offsets: reuse them as is.
         po = np.asarray(index.path_offsets, dtype=np.int64)
         buf = np.asarray(index.path_bytes, dtype=np.uint8)
         self.path_offsets = po - po[0]
@@ -194,25 +162,14 @@ class HeadPlan:
 
 
 class PackView:
-    """Validated, zero-copy views of a pack image held in any buffer (a file map or a shared segment).
-
-    Args:
-        buf: The whole pack image (an ``mmap``).
-        name: How to name it in errors (e.g. ``"'train.fastpack'"``).
-        verify: Check the digest of the header and index (O(index)).
-        expect_digest: The digest it must have (a cheap identity check when re-attaching).
-        check_crc: Check each sample's CRC-32 in :meth:`get_bytes`, the first time this process
-            reads it (settable later as ``check_crc``).
-
-    Raises:
-        PackError: Naming what is wrong (not a pack, other format version, truncated, corrupt) and
-            what to do about it.
+    """Validated, zero-copy views of a pack image in ``buf`` (a file map or a shared segment),
+    named ``name`` in errors; ``verify`` checks the digest of header and index, ``expect_digest``
+    is the one it must have (re-attaching). ``PackError`` says what is wrong and what to do.
 
     Attributes:
         index: The original relative paths, labels and class list (a FolderIndex over the buffer).
         offsets, labels, crc32: The index arrays (views of the buffer).
-        data: The data section as a ``uint8`` array (a view of the buffer; not checked: read
-            samples with :meth:`get_bytes`).
+        data: The data section as a ``uint8`` array (not checked: read samples with :meth:`get_bytes`).
         meta, digest, nbytes, data_offset, name: From the header.
     """
 
@@ -332,8 +289,7 @@ class PackView:
         """Sample ``i`` (negative counts from the end) as a read-only view of the buffer.
 
         Raises:
-            CorruptSampleError: With ``check_crc``, if the bytes do not match the sample's CRC-32
-                (naming the sample, its original path and the pack).
+            CorruptSampleError: With ``check_crc``, if the bytes do not match the sample's CRC-32.
         """
         j, data = self._sample(i)
         checked = self._checked
@@ -357,10 +313,8 @@ class PackView:
 
     @property
     def check_crc(self) -> bool:
-        """Whether :meth:`get_bytes` checks a sample's CRC-32 the first time this process reads it.
-
-        Setting it (even to its current value) forgets which samples were checked.
-        """
+        """Whether :meth:`get_bytes` checks a sample's CRC-32 the first time this process reads it
+        (setting it, even to its current value, forgets which samples were checked)."""
         return self._checked is not None
 
     @check_crc.setter

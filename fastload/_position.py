@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["consumed", "rest_of_epoch", "shard_lengths"]
-
 
 def shard_lengths(remaining: int, num_replicas: int, pad: bool, drop_tail: bool) -> np.ndarray:
     """Samples each rank takes from ``remaining`` positions: ``int64[num_replicas]``."""
@@ -42,20 +40,9 @@ def shard_lengths(remaining: int, num_replicas: int, pad: bool, drop_tail: bool)
 def rest_of_epoch(
     order: np.ndarray, start: int, num_replicas: int, rank: int, pad: bool, drop_tail: bool
 ) -> np.ndarray:
-    """One rank's samples of the rest of an epoch: the global ``order`` from position ``start``.
-
-    Args:
-        order: The epoch's global order (``int64[N]``).
-        start: Positions already handed out on every rank (``0``: the whole epoch).
-        num_replicas: Ranks sharing the rest.
-        rank: This rank.
-        pad: Repeat samples so that every rank takes the same number (the training rule); the
-            repeats are the epoch's order from its start (torch's ``DistributedSampler`` rule).
-        drop_tail: Drop the last ``(N - start) mod num_replicas`` positions instead.
-
-    Returns:
-        ``int64`` indices, in the order the rank takes them.
-    """
+    """``rank``'s samples (``int64``, in order) of the rest of an epoch: the global ``order`` from
+    position ``start`` (handed out on every rank already), sharded over ``num_replicas`` by the
+    rules above (``pad``: repeat the epoch's start; ``drop_tail``: drop the last positions)."""
     rest = np.asarray(order, dtype=np.int64)[start:]
     m, w = len(rest), num_replicas
     if drop_tail:
@@ -74,22 +61,10 @@ def consumed(
     drop_tail: bool,
     drop_last: bool,
 ) -> tuple[int, bool, bool]:
-    """How far the ranks have taken a pass over ``remaining`` positions.
-
-    Args:
-        remaining: Positions of the global order the pass covers.
-        num_replicas: Ranks of the pass.
-        batch_size: Samples per batch on each rank.
-        batches: Batches each rank has received (one count for every rank, or one per rank).
-        pad, drop_tail: The sharding rule (see :func:`rest_of_epoch`).
-        drop_last: Each rank drops its last incomplete batch.
-
-    Returns:
-        ``(position, finished, prefix)``: the length of the prefix of the pass's order that every
-        rank has handed out; whether every rank has received all its batches (the epoch is over);
-        and whether what was handed out is exactly that prefix (ranks that stopped at different
-        points leave samples handed out past it).
-    """
+    """``(position, finished, prefix)`` of a pass over ``remaining`` positions once each rank got
+    ``batches`` (one count, or one per rank): the length of the prefix every rank has handed out;
+    whether every rank got all its batches; whether what was handed out is exactly that prefix
+    (ranks that stopped at different points leave samples past it)."""
     lengths = shard_lengths(remaining, num_replicas, pad, drop_tail)
     ranks = np.arange(num_replicas, dtype=np.int64)
     per_rank = lengths // batch_size if drop_last else -(-lengths // batch_size)

@@ -9,13 +9,10 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["ByteSlices"]
-
 
 class ByteSlices(Sequence[np.ndarray]):
-    """Encoded files as slices of one buffer: a sequence of 1-D uint8 arrays (``slices[k]``: a view,
-    no copy) that also hands its columns to code that takes a whole batch at once (nvImageCodec's
-    C interface in :mod:`fastload.gpu.nvimgcodec`), with no Python object per file.
+    """A sequence of 1-D uint8 arrays (``slices[k]``: a view, no copy) whose columns code that
+    takes a whole batch reads, with no Python object per file.
 
     Attributes:
         data: The buffer (uint8).

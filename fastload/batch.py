@@ -20,20 +20,12 @@ _MISSING = object()
 class IndexedBatch(list[Any]):
     """An ``[images, labels]`` batch that also carries the dataset index of each sample.
 
-    A list, as torch's ``default_collate`` makes of ``(image, label)`` samples: it unpacks like
-    a pair (``images, labels = batch``) and takes what loops do to torch's batches
-    (``batch[0] = batch[0].to(device)``, ``append``), so training loops need no change; it
-    exposes ``.indices`` for the per-sample random transforms. It survives pickling (worker
-    processes), ``pin_memory`` (torch's pin-memory thread; with torch 2.1, which rebuilds it from
-    its items, the indices are ``None`` after it), and the generic collection utilities of the
-    frameworks:
-
-    - torch's pytree (``tree_map``, used by ``torch.compile`` and many move-to-device helpers):
-      registered as a node with children ``images, labels, indices``, so all three are mapped.
-    - utilities that rebuild a sequence as ``type(batch)(items)`` (Lightning's
-      ``apply_to_collection``, Accelerate's ``send_to_device``): ``IndexedBatch([images, labels])``
-      is a valid construction; the indices, which those utilities do not see, are ``None``
-      afterwards. fastload's own prefetcher uses them before a framework moves the batch.
+    A list, as torch's ``default_collate`` makes of ``(image, label)`` samples, so training loops
+    need no change (``images, labels = batch``, ``batch[0] = batch[0].to(device)``); ``.indices``
+    serves the per-sample random transforms. It survives pickling, ``pin_memory`` (with torch 2.1,
+    which rebuilds it from its items, the indices are then ``None``) and the frameworks' collection
+    utilities: torch's pytree maps ``images, labels, indices``; a utility that rebuilds it as
+    ``type(batch)(items)`` (Lightning, Accelerate) gets indices ``None``.
 
     Example:
         >>> import torch

@@ -1,31 +1,21 @@
 """Image decoding: PIL/libjpeg-turbo, reduced-size (DCT-scaled) JPEG decoding fused with the crop.
 
-Decoding an image is the most expensive step of a training input pipeline. Two ways to do less:
+A crop later resized to 224x224 does not need the full-resolution pixels: libjpeg decodes at 1/2,
+1/4 or 1/8 of the size straight from the DCT coefficients, and the crop box can be computed from
+the header before decoding. :func:`load_sample` is the one entry point datasets call; the fastload
+transforms (:mod:`fastload.transforms`, through :mod:`fastload.fused`) use the pieces:
 
-* a crop that is later resized to 224x224 does not need the full-resolution pixels: libjpeg can
-  decode at 1/2, 1/4 or 1/8 of the size straight from the DCT coefficients, several times faster;
-* the crop box can be computed from the JPEG header (the image size) *before* decoding.
-
-:func:`load_sample` is the one entry point datasets call: ``transform`` decides what is decoded.
-The fastload transforms (:mod:`fastload.transforms`) use the pieces here, chosen by measurement
-(``bench/decode.py``):
-
-* :func:`open_image` reads the header only (format, mode, size: ~0.1 ms);
-* :func:`dct_scale` picks the reduced size and :func:`load_reduced` decodes at it (PIL's
-  ``Image.draft``, libjpeg's DCT scaling);
-* :func:`decode_jpeg_region` decodes only a region of a JPEG (optionally DCT-scaled) with
-  fastload's C extension ``fastload._jpeg`` (libjpeg-turbo's ``jpeg_skip_scanlines`` and
-  ``jpeg_crop_scanline``): the same pixels as a full decode followed by a crop, ~25% less time for
-  a typical RandomResizedCrop box, and :func:`jpeg_header` reads a JPEG's size in ~5 us instead of
-  PIL's ~150 us. The extension is built when fastload is installed on a machine with a C compiler
-  and the libjpeg headers; without it, everything below still works (slower);
-* :func:`decode_jpeg_tensor` decodes a full-size JPEG with ``torchvision.io.decode_jpeg``: the
-  same libjpeg-turbo pixels as PIL, 10-20% faster per core, straight into a tensor. torchvision
-  deprecated its decoders in 0.29; when they are gone, PIL decodes instead, automatically;
+* :func:`open_image` reads the header only; :func:`dct_scale` picks the reduced size and
+  :func:`load_reduced` decodes at it (PIL's ``Image.draft``);
+* :func:`decode_jpeg_region` decodes only a region of a JPEG (optionally DCT-scaled) with the C
+  extension ``fastload._jpeg`` (libjpeg-turbo's ``jpeg_skip_scanlines``/``jpeg_crop_scanline``):
+  the same pixels as a full decode and a crop; :func:`jpeg_header` reads a JPEG's size. Without the
+  extension (no C compiler or libjpeg headers at install) everything still works, slower;
+* :func:`decode_jpeg_tensor` decodes a full-size JPEG with ``torchvision.io.decode_jpeg`` (PIL's
+  pixels, straight into a tensor), or with PIL where torchvision's decoder is gone;
 * PNG, CMYK and anything else PIL reads go through PIL.
 
-All of them release the GIL while decoding, so thread workers run in parallel, and all of them
-raise :class:`DecodeError` naming the sample.
+All of them release the GIL while decoding and raise :class:`DecodeError` naming the sample.
 """
 
 from __future__ import annotations
@@ -76,36 +66,33 @@ try:  # the optional C extension (see setup.py): guarded, since a build may lack
 except ImportError:  # pragma: no cover - built without a compiler or libjpeg headers
     _jpeg = None
 
-#: Whether :func:`jpeg_header` / :func:`decode_jpeg_region` use the C extension. ``FASTLOAD_ROI_DECODE=0``
-#: in the environment turns it off (e.g. to compare with the torchvision.io path in one benchmark).
+#: Whether :func:`jpeg_header` / :func:`decode_jpeg_region` use the C extension (not with
+#: ``FASTLOAD_ROI_DECODE=0`` in the environment).
 USE_ROI_DECODE: bool = _jpeg is not None and os.environ.get("FASTLOAD_ROI_DECODE", "1") != "0"
 
 #: Scales libjpeg can decode at straight from the DCT coefficients, largest first.
 DCT_SCALES = (8, 4, 2, 1)
 
-#: PIL formats that are a baseline/progressive JPEG stream (MPO: a phone or camera's multi-picture
-#: JPEG, whose first picture is what PIL and libjpeg decode).
+#: PIL formats that are a JPEG stream (MPO: a camera's multi-picture JPEG; its first picture is decoded).
 JPEG_FORMATS = ("JPEG", "MPO")
 
-#: What PIL and torchvision raise on a bad file (PIL: OSError incl. "truncated", SyntaxError and
-#: ValueError from plugins, DecompressionBombError; torchvision.io: RuntimeError).
-DECODE_ERRORS: tuple[type[BaseException], ...] = (
+_PIL_ERRORS: tuple[type[BaseException], ...] = (
     UnidentifiedImageError,
     OSError,
     SyntaxError,
     ValueError,
-    RuntimeError,
     EOFError,
     Image.DecompressionBombError,
 )
+#: What PIL (its plugins too) and torchvision.io (``RuntimeError``) raise on a bad file.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (*_PIL_ERRORS, RuntimeError)
 
 
 class DecodeError(RuntimeError, OSError):
     """An image file could not be decoded; the message names the sample and its file.
 
-    An ``OSError`` as PIL's errors for such a file (``UnidentifiedImageError``, "image file is
-    truncated"), so that a loop or a dataset wrapper that catches ``OSError`` to skip bad files
-    catches it too; and a ``RuntimeError``, as it was before.
+    An ``OSError`` as PIL's errors for such a file, so that code catching ``OSError`` to skip bad
+    files catches it too; and a ``RuntimeError``.
     """
 
 
@@ -123,12 +110,9 @@ _KNOWN_HEADS = (
 
 
 def describe_unknown(data: bytes | memoryview | np.ndarray) -> str:
-    """What a file that no image decoder recognises looks like: its size and first bytes.
-
-    Example: an HTML error page saved as ``x.JPEG`` gives ``not a JPEG, PNG or other image format
-    PIL reads: 120 bytes starting with 3c 68 74 6d 6c 3e 3c 62 6f 64 79 3e 34 30 34 20
-    ('<html><body>404 ', text (HTML or XML?))``; an empty file ``the file is empty (0 bytes)``.
-    """
+    """What a file that no image decoder recognises looks like: its size and first bytes, e.g.
+    ``not a JPEG, PNG or other image format PIL reads: 120 bytes starting with 3c 68 74 6d ...
+    ('<html><body>404 ', text (HTML or XML?))``."""
     size = len(data)
     if size == 0:
         return "the file is empty (0 bytes)"
@@ -146,15 +130,10 @@ def describe_unknown(data: bytes | memoryview | np.ndarray) -> str:
 def decode_error(
     name: str, error: BaseException | str, data: bytes | memoryview | np.ndarray | None = None
 ) -> DecodeError:
-    """The :class:`DecodeError` for sample ``name`` failing with ``error`` (message says what to do).
-
-    The message says what was found rather than quoting decoder internals: for a file no decoder
-    recognises, its size and first bytes (:func:`describe_unknown`); otherwise the decoder's reason
-    (without Python object reprs) and, with ``data``, the file size.
-
-    Example: ``cannot decode sample 3 ('n01/x.JPEG'): image file is truncated (139 bytes not
-    processed); the file has 2855 bytes. Remove or replace the file (...)``.
-    """
+    """The :class:`DecodeError` for sample ``name`` failing with ``error``: for a file no decoder
+    recognises, :func:`describe_unknown`; otherwise the decoder's reason and, with ``data``, the
+    file size, e.g. ``cannot decode sample 3 ('n01/x.JPEG'): image file is truncated (139 bytes not
+    processed); the file has 2855 bytes. Remove or replace the file (...)``."""
     if isinstance(error, UnidentifiedImageError) and data is not None:
         reason = describe_unknown(data)
     else:
@@ -167,8 +146,8 @@ def decode_error(
 
 
 def note_sample(error: BaseException, name: str) -> None:
-    """Names the sample in the traceback of an error raised as it is (an op's own error, with
-    torchvision's type and words: ``str(error)`` is unchanged). Python 3.11+ (exception notes)."""
+    """Names the sample in the traceback of an error raised as it is (``str(error)`` unchanged;
+    an exception note, so Python 3.11+)."""
     add_note = getattr(error, "add_note", None)
     if add_note is not None:
         add_note(f"(fastload: while transforming {name})")
@@ -187,37 +166,21 @@ def without_skip_hint(message: str) -> str:
 def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
     """Decodes encoded bytes to an RGB PIL image (grayscale, CMYK, palette and PNG included).
 
-    Args:
-        data: The encoded file.
-        name: How to name the sample in an error (e.g. ``"sample 3 ('/data/val/x.JPEG')"``).
-
     Raises:
-        DecodeError: Naming ``name`` when the bytes are not a decodable image.
+        DecodeError: Naming ``name`` (e.g. ``"sample 3 ('/data/val/x.JPEG')"``) when the bytes are
+            not a decodable image.
     """
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
         return img if img.mode == "RGB" else img.convert("RGB")
-    except (
-        UnidentifiedImageError,
-        OSError,
-        SyntaxError,
-        ValueError,
-        EOFError,
-        Image.DecompressionBombError,
-    ) as e:
+    except _PIL_ERRORS as e:
         raise decode_error(name, e, data) from None
 
 
 def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, name: str = "image") -> Any:
-    """Decodes one sample and applies ``transform``, fusing the two for fastload transforms.
-
-    Args:
-        data: The encoded file.
-        transform: ``None``, any callable taking a PIL image (torchvision transforms), or a
-            fastload transform, which decodes the bytes itself at the smallest useful size.
-        name: How to name the sample in an error.
-    """
+    """Decodes one sample and applies ``transform`` (``None``, any callable taking a PIL image, or
+    a fastload transform, which decodes the bytes itself: the two fused)."""
     fused = getattr(transform, "decode_and_apply", None)
     if fused is not None:
         return fused(data, name)
@@ -226,11 +189,7 @@ def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, 
 
 
 def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Image.Image:
-    """Opens encoded bytes lazily: PIL reads the header (format, mode, size), no pixels yet.
-
-    Args:
-        data: The encoded file (``bytes``, a ``memoryview`` or a 1-D uint8 array).
-        name: How to name the sample in an error.
+    """Opens encoded bytes (or a 1-D uint8 array) lazily: PIL reads the header, no pixels yet.
 
     Raises:
         DecodeError: Naming ``name`` when the bytes are not an image PIL recognises.
@@ -242,14 +201,11 @@ def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Im
 
 
 def dct_scale(box_width: float, box_height: float, out_width: int, out_height: int) -> int:
-    """The largest JPEG DCT scale-down factor (8, 4, 2 or 1) that keeps a crop at least the output size.
+    """The largest JPEG DCT scale-down factor (8, 4, 2 or 1) that keeps a crop at least the output size
+    in both directions (the final resize then only shrinks or keeps).
 
-    Decoding at ``1/s`` of the size costs much less than a full decode; the crop box shrinks by
-    the same factor, so ``s`` is only allowed while the reduced crop still has at least as many
-    pixels as the output in both directions (the final resize then only shrinks or keeps).
-
-    Example: a 1200x900 crop resized to 224x224 can be decoded at 1/4 (300x225 >= 224x224) but
-    not at 1/8 (150x112); a 400x300 crop resized to 224x224 needs the full decode (1).
+    Example: a 1200x900 crop resized to 224x224 can be decoded at 1/4 (300x225) but not at 1/8
+    (150x112); a 400x300 crop needs the full decode.
 
         >>> dct_scale(1200, 900, 224, 224), dct_scale(400, 300, 224, 224)
         (4, 1)
@@ -267,8 +223,8 @@ def load_reduced(
 
     Args:
         img: An image from :func:`open_image`, not yet loaded.
-        scale: The wanted scale-down factor (8, 4, 2 or 1). Formats without DCT scaling (PNG, ...)
-            and ``scale=1`` decode at full size.
+        scale: The wanted scale-down factor (8, 4, 2 or 1); formats without DCT scaling decode at
+            full size.
         name: How to name the sample in an error.
         data: The encoded file, if at hand (its size is then part of an error's message).
 
@@ -313,8 +269,8 @@ def to_chw_by_table(
         src: ``(H, W, 3)`` uint8, C-contiguous.
         dst: ``(3, H, W)`` float32, C-contiguous.
         table: ``(3, 256)`` float32: each channel's value for every uint8 value.
-        affine: From :func:`affine_for_table` for this table: the C extension then computes most
-            pixels with AVX2 instead of looking them up (2.5x faster), with the same bits.
+        affine: From :func:`affine_for_table` for this table: most pixels are then computed with
+            AVX2 instead of looked up, with the same bits.
     """
     if _jpeg is None:
         return False
@@ -331,12 +287,10 @@ def affine_for_table(
     """The constants with which :func:`to_chw_by_table` computes ``table``'s values instead of
     looking them up, or ``None`` when that arithmetic does not give the table's bits.
 
-    The arithmetic, in float32, one rounding per operation: ``(v * scale - mean[c]) / std[c]``
-    (``v / scale`` when ``divide``), as torchvision's ``ToTensor`` / ``ToDtype`` and ``Normalize``
-    run it. Checked here on every uint8 value of every channel (a 256-pixel image of all the
-    values, through the C extension), so a table made any other way is only looked up. ``None``
-    where the extension's AVX2 kernel does not run (the check would compare the lookups with
-    themselves, and constants pickled to a process that runs it would be unchecked there).
+    The arithmetic, in float32: ``(v * scale - mean[c]) / std[c]`` (``v / scale`` when
+    ``divide``), as torchvision's ``ToTensor``/``ToDtype`` and ``Normalize`` run it, checked here on
+    every uint8 value of every channel. ``None`` where the extension's AVX2 kernel does not run
+    (the check would compare the lookups with themselves).
 
     Args:
         table: ``(3, 256)`` float32, as for :func:`to_chw_by_table`.
@@ -362,12 +316,9 @@ _PIL_ORDER: list[bool | None] = []  # [order], found on first use by _pil_pass_o
 
 
 def _pil_pass_order() -> bool | None:
-    """Which order of its two passes the installed Pillow runs, found by comparing the C resampler
-    with ``Image.resize`` on cases where the orders give different bytes: ``True`` for Pillow 13's
-    (the vertical pass first when the height shrinks by more than twice as many pixels as the width),
-    ``False`` for the horizontal pass always first (earlier Pillows), ``None`` when neither gives
-    Pillow's bytes (a Pillow whose resample changed otherwise: :func:`pil_resample` then declines).
-    """
+    """Which order of its two passes the installed Pillow runs (found by comparing the C resampler
+    with ``Image.resize``): ``True`` for Pillow 13's (vertical first when the height shrinks more),
+    ``False`` for horizontal first (earlier Pillows), ``None`` when neither gives Pillow's bytes."""
     if _PIL_ORDER:
         return _PIL_ORDER[0]
     rng = np.random.default_rng(0)
@@ -424,11 +375,9 @@ def pil_resample(
     out: np.ndarray,
 ) -> bool:
     """PIL's ``Image.fromarray(src).resize(out size, filter, box)`` (then mirrored when ``flip``)
-    written into ``out``, bit for bit, by the C extension (3-4x faster than Pillow, which is not
-    vectorized; about as fast as torch's uint8 kernels); ``False`` (nothing written) where it
-    cannot promise Pillow's bytes: without the C extension, for a filter other than
-    ``"bilinear"``/``"bicubic"``, for arrays that are not contiguous RGB, or with a Pillow whose
-    resample it does not reproduce.
+    written into ``out``, bit for bit, by the C extension; ``False`` (nothing written) where it
+    cannot promise Pillow's bytes (no C extension, another filter, arrays that are not contiguous
+    RGB, a Pillow whose resample it does not reproduce).
 
     Args:
         src: ``(H, W, 3)`` uint8.
@@ -457,11 +406,8 @@ def pil_resample_window(
     out: np.ndarray,
 ) -> bool:
     """PIL's resize of a whole image to ``size``, then the crop ``out`` takes at ``window``, bit for
-    bit, computing the crop's pixels only; ``False`` (nothing written) where it cannot promise that.
-
-    torchvision's ``Resize(256)`` + ``CenterCrop(224)`` on a PIL image: one resample of the crop's
-    box gives those pixels only within 1 level (its sample positions are computed from the box),
-    this gives them exactly, at the same cost.
+    bit, computing the crop's pixels only (``Resize(256)`` + ``CenterCrop(224)``, where one resample
+    of the crop's box is only within 1 level); ``False`` (nothing written) where it cannot.
 
     Args:
         region: ``(h, w, 3)`` uint8: a region of the decoded image holding every pixel the window's
@@ -501,19 +447,11 @@ def pil_resample_window(
     )
 
 
-def _ends_with_eoi(data: bytes | memoryview | np.ndarray) -> bool:
-    tail = bytes(data[-2:]) if len(data) >= 2 else b""
-    return tail == b"\xff\xd9"
-
-
 def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] | None:
-    """``(width, height, colorspace)`` of a JPEG the region decoder takes, else ``None``.
-
-    ``None`` means: decode this file some other way (PIL decides what it is and names any error).
-    That is the case when the extension is not there, for non-JPEG data, CMYK/YCCK JPEGs,
-    unreadable headers, files that do not end with the JPEG end-of-image marker (a truncated
-    file must fail as it does with a full decode, even when the crop misses the missing part), and
-    images larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (its decompression-bomb check applies).
+    """``(width, height, colorspace)`` of a JPEG the region decoder takes, else ``None``: decode it
+    some other way (PIL decides what it is and names any error). ``None`` without the extension,
+    for non-JPEG data, CMYK/YCCK JPEGs, unreadable headers, files without the end-of-image marker (a
+    truncated file must fail as with a full decode) and images over ``Image.MAX_IMAGE_PIXELS``.
     ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
     """
     info = jpeg_info(data)
@@ -531,10 +469,8 @@ class JpegInfo(NamedTuple):
 
 
 def jpeg_info(data: bytes | memoryview | np.ndarray) -> JpegInfo | None:
-    """:func:`jpeg_header` with the rest of the header: progressive or baseline, chroma subsampling.
-
-    ``None`` exactly where :func:`jpeg_header` returns ``None``. Reads the header only (the C
-    extension, a few microseconds).
+    """:func:`jpeg_header` with the rest of the header: progressive or baseline, chroma subsampling
+    (``None`` exactly where :func:`jpeg_header` returns ``None``).
 
     Example:
         >>> import io
@@ -549,7 +485,7 @@ def jpeg_info(data: bytes | memoryview | np.ndarray) -> JpegInfo | None:
         or _jpeg is None
         or len(data) < 4
         or bytes(data[:2]) != b"\xff\xd8"
-        or not _ends_with_eoi(data)
+        or bytes(data[-2:]) != b"\xff\xd9"  # a truncated file must fail as with a full decode
     ):
         return None
     try:
@@ -577,22 +513,18 @@ def decode_jpeg_region(
 
     The region is in the coordinates of the image decoded at ``1/scale`` (``ceil(W / scale)`` x
     ``ceil(H / scale)``). The pixels equal a full decode by PIL (``draft`` for ``scale > 1``) or
-    ``torchvision.io.decode_jpeg`` cropped to the region, bit for bit (tested on the synthetic set).
+    ``torchvision.io.decode_jpeg`` cropped to the region, bit for bit.
 
     Args:
         data: A JPEG for which :func:`jpeg_header` returned a size.
         left, top, width, height: The region, inside the (scaled) image.
         scale: 1, 2, 4 or 8.
         fancy: libjpeg-turbo's smooth ("fancy") chroma upsampling, as PIL and torchvision decode.
-            ``False``: chroma samples replicated, as nvJPEG (``torchvision.io.decode_jpeg(...,
-            device="cuda")``) decodes -- measured bit-identical to it on an H200 (64 synthetic
-            images, 4:2:0 and 4:4:4), where the default differs by 2.7 levels on average for 4:2:0
-            images (5.4 on the worst image; 0 for 4:4:4, which has no chroma to upsample).
+            ``False``: chroma samples replicated, as nvJPEG decodes.
 
     Returns:
         A writable ``(height, width, 3)`` uint8 RGB array, or ``None`` when libjpeg reported
-        corrupt data (or the extension is off): the caller decodes the file the reference way,
-        which raises the error, or returns what the reference decoders make of it.
+        corrupt data (or the extension is off): the caller then decodes the file the reference way.
     """
     if min(left, top, width, height) < 0:
         raise ValueError(
@@ -646,9 +578,8 @@ def _decode_jpeg_takes_lists() -> bool:
 
 
 def decode_jpegs(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """``torchvision.io.decode_jpeg`` of encoded JPEG tensors, to RGB, on ``device`` (nvJPEG on a
-    CUDA device): one batched call where torchvision takes a list (0.19 on), else one call per
-    image, on the same device. Errors are torchvision's."""
+    """``torchvision.io.decode_jpeg`` of encoded JPEG tensors, to RGB, on ``device``: one batched
+    call where torchvision takes a list (0.19 on), else one call per image."""
     from torchvision.io import ImageReadMode, decode_jpeg  # on first use: keeps the import cheap
 
     on: dict[str, Any] = {"device": device} if device.type == "cuda" else {}
@@ -660,9 +591,8 @@ def decode_jpegs(tensors: list[torch.Tensor], device: torch.device) -> list[torc
 def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
     """Decodes a JPEG (YCbCr or grayscale) to a uint8 RGB tensor ``(3, H, W)``.
 
-    Uses ``torchvision.io.decode_jpeg`` when available: bit-identical to PIL's decode (both are
-    libjpeg-turbo), about 15-20% faster at full size, and it releases the GIL. The result is then
-    channels-last in memory (a permuted HWC array). Without it, PIL decodes.
+    With ``torchvision.io.decode_jpeg`` where it works (PIL's pixels; then channels-last in
+    memory), else with PIL.
 
     Raises:
         DecodeError: Naming ``name`` when the bytes are not a decodable JPEG.
@@ -684,8 +614,8 @@ def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image
 
 
 def encoded_tensor(data: bytes | memoryview | np.ndarray | torch.Tensor) -> torch.Tensor:
-    """An encoded file as the 1-D uint8 tensor torchvision's decoders take (the device path's
-    batched decode too): a tensor as it is, a writable contiguous uint8 array without a copy."""
+    """An encoded file as the 1-D uint8 tensor torchvision's decoders take: a tensor as it is, a
+    writable contiguous uint8 array without a copy."""
     if isinstance(data, torch.Tensor):
         return data
     if (

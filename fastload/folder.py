@@ -15,13 +15,11 @@ Worked example: ``train/`` has classes ``a, b, c``; ``val/`` lacks ``b``::
     classes = ClassIndex.from_folder("train")       ['a', 'b', 'c']
     scan_folder("val", classes).targets for c        2                  <- same as in train
 
-Per-sample data lives in numpy arrays (relative paths in one byte buffer with offsets, targets as
-int64), never in Python lists of tuples, so an index of 1.28M files is cheap to pickle to workers,
-shares pages after ``fork`` and saves/loads in well under a second.
-
-Where it sits in the data flow: the first step. A :class:`FolderIndex` (from :func:`scan_folder`
-or :func:`scan_list`) is what the datasets read samples through (:mod:`fastload.imagefolder`,
-:mod:`fastload.memory`) and what :mod:`fastload.pack` writes into a pack file.
+Per-sample data lives in numpy arrays (relative paths in one byte buffer with offsets, int64
+targets), never in Python lists of tuples, so an index is cheap to pickle and shares pages after
+``fork``. Where it sits in the data flow: the first step. A :class:`FolderIndex` (from
+:func:`scan_folder` or :func:`scan_list`) is what the datasets read samples through
+(:mod:`fastload.imagefolder`, :mod:`fastload.memory`) and what :mod:`fastload.pack` writes.
 """
 
 from __future__ import annotations
@@ -181,10 +179,8 @@ EVAL_SPLITS = ("val", "valid", "validation", "test", "eval", "dev")
 
 
 def _check_train_beside(root: str, found: list[str]) -> None:
-    """An evaluation split (a folder named as in :data:`EVAL_SPLITS`) labelled by its own class
-    folders (torchvision's rule) next to a ``train`` split that shares classes with it, where some
-    of its classes then get other labels than in train (a class missing here, or one train lacks),
-    gets a warning naming them: the same label would mean different classes in the two splits."""
+    """Warns when an evaluation split (named as in :data:`EVAL_SPLITS`) labelled by its own class
+    folders gives some classes other labels than the ``train`` split beside it."""
     parent, name = os.path.split(os.path.abspath(root))
     train = os.path.join(parent, "train")
     if name.lower() not in EVAL_SPLITS or not os.path.isdir(train):
@@ -200,8 +196,7 @@ def _check_train_beside(root: str, found: list[str]) -> None:
         return  # no class in common (not train's split), or the same labels
 
     def names(classes: list[str]) -> str:
-        more = f" and {len(classes) - 5} more" if len(classes) > 5 else ""
-        return ", ".join(repr(c) for c in classes[:5]) + more
+        return _listed([repr(c) for c in classes], 5)
 
     present = set(found)
     missing = [c for c in train_classes if c not in present]
@@ -328,8 +323,6 @@ class FolderIndex:
             bad = int(self.targets[(self.targets < 0) | (self.targets >= len(classes))][0])
             raise ValueError(f"target {bad} is out of range for {len(classes)} classes")
         self.classes = classes
-        #: What the scan that made this index left out, by reason (see :func:`scan_folder`); empty
-        #: for an index that was not scanned from a folder.
         self.skipped: dict[str, int] = {}
 
     @property
@@ -434,8 +427,7 @@ class FolderIndex:
         return index
 
     def __getstate__(self) -> dict[str, Any]:
-        # Compact for the pipe to spawned workers: path lengths and targets in the smallest
-        # unsigned type that holds them (ImageNet: 1 + 2 bytes a sample instead of 8 + 8).
+        # compact for spawned workers: path lengths and targets in the smallest unsigned type
         lengths = np.diff(self._offsets)
         return {
             "root": self.root,
@@ -469,10 +461,6 @@ def _smallest_uint(values: np.ndarray) -> type[np.unsignedinteger[Any]]:
     return np.uint64
 
 
-def _has_extension(name: str, extensions: tuple[str, ...]) -> bool:
-    return name.lower().endswith(extensions)
-
-
 #: The reasons :func:`scan_folder` leaves an entry out, as counted in :attr:`FolderIndex.skipped`.
 SKIP_REASONS: tuple[str, ...] = ("hidden_files", "hidden_dirs", "repeated_dirs", "other_files")
 
@@ -489,10 +477,7 @@ def _is_dir(entry: os.DirEntry[bytes]) -> bool:
 class _Scan:
     """The state of one :func:`scan_folder` walk: relative paths appended to one byte buffer as
     directories are read (no per-file Python objects outlive their directory), their lengths,
-    the directories seen (by device and inode) and what was skipped.
-
-    Peak memory is the final index (path bytes, 8-byte lengths) plus the names of one directory.
-    """
+    the directories seen (by device and inode) and what was skipped."""
 
     def __init__(self, extensions: tuple[str, ...]) -> None:
         self.extensions = tuple(os.fsencode(e) for e in extensions)
@@ -527,7 +512,6 @@ class _Scan:
             folder, folder_rel = stack.pop()
             with os.scandir(folder) as it:
                 entries = list(it)
-            # The common case -- every entry a plain file -- in comprehensions, no per-entry branch.
             try:
                 names = [e.name for e in entries if not e.is_dir()]  # follows links
             except OSError:  # a link that cannot be resolved: see _is_dir
@@ -608,45 +592,31 @@ def scan_folder(
     Args:
         root: The split's folder (e.g. ``imagenet/val``).
         classes: The canonical class list (a :class:`ClassIndex`, a list of names or the path of a
-            saved class list). ``None`` uses the sorted subdirectories of ``root`` (torchvision's
-            rule), which is only safe for the split that defines the classes.
+            saved class list). ``None``: the sorted subdirectories of ``root`` (torchvision's rule).
         extensions: File name endings (case-insensitive) that count as images. Other files, and
             hidden entries (names starting with ``.``: macOS ``._x.JPEG`` resource forks, ``.git``),
-            are skipped and counted in :attr:`FolderIndex.skipped` (torchvision lists hidden
-            image-named files and walks hidden folders); skipped hidden image files are also
-            logged at INFO level (logger ``fastload.folder``).
+            are skipped, counted in :attr:`FolderIndex.skipped` and logged at INFO level.
         strict: A subdirectory that is not in ``classes`` raises ``ValueError`` (default);
             with ``strict=False`` it is reported in a warning and its files are left out.
         broadcast: When ``torch.distributed`` is initialized, scan on rank 0 only and broadcast the
-            index, so N ranks do not walk the same network file system N times.
+            index.
         allow_empty: Return an empty index when no file is found, instead of raising (torchvision's
             ``allow_empty``).
 
     Symbolic links are followed. A directory reached a second time (same device and inode: a
-    link to a parent folder, a loop, a second link to the same folder, a link into another
-    class's folder) is not walked again: one warning names the links and where each directory
-    was first scanned, and ``skipped["repeated_dirs"]`` counts them. torchvision walks such a
-    loop until the path gets too deep, listing its files many times.
-
-    The walk appends each directory's paths to one byte buffer as it goes, so the peak memory
-    of a scan is about the finished index plus one directory's names (about 60 MB at ImageNet's
-    1.28M files, where torchvision's list of tuples takes about 240 MB).
+    loop, a second link to the same folder) is not walked again: a warning names the links, and
+    ``skipped["repeated_dirs"]`` counts them.
 
     Returns:
-        The index, in a deterministic order: classes in label order; within a class,
-        torchvision's order (directories by path, as ``sorted(os.walk(...))``; files by name).
+        The index: classes in label order; within a class, torchvision's order (directories by
+        path, files by name).
 
     Raises:
         FileNotFoundError: If ``root`` is not a directory, or (unless ``allow_empty``) if no class
             folder holds an image file, like torchvision:
             ``Found no valid file for the classes a, b in 'val'. Supported extensions are: .jpg, ...``.
-            A split in which only *some* classes are empty is fine (a warning names them): torchvision
-            raises for it, but with a class list shared by train and val it is legitimate.
+            A split with only *some* classes empty is fine (a warning names them).
         ValueError: If ``root`` holds a class directory that is not in ``classes`` (``strict``).
-
-    Example:
-        ``train`` has ``a, b, c`` and ``val`` lacks ``b``: with ``classes=ClassIndex.from_folder(train)``
-        the files of ``val/c`` get label 2 (not 1), and a warning says ``b`` has no samples in ``val``.
     """
     if broadcast:
         import torch.distributed as dist
@@ -671,9 +641,7 @@ def scan_folder(
         _check_train_beside(root, found)
     unknown = [d for d in found if d not in class_index]
     if unknown:
-        shown = ", ".join(repr(d) for d in unknown[:10]) + (
-            f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        )
+        shown = _listed([repr(d) for d in unknown], 10)
         msg = (
             f"{root!r} has {len(unknown)} class director{'y' if len(unknown) == 1 else 'ies'} that "
             f"{'is' if len(unknown) == 1 else 'are'} not in the class list: {shown}. "
@@ -691,7 +659,7 @@ def scan_folder(
             if entry.name.startswith("."):
                 if entry.is_dir():
                     scan.skipped["hidden_dirs"] += 1
-            elif _has_extension(entry.name, exts) and entry.is_file():
+            elif entry.name.lower().endswith(exts) and entry.is_file():
                 loose.append(entry.name)
     if loose:
         loose.sort()
@@ -703,8 +671,7 @@ def scan_folder(
     present = set(found)
     broot = os.fsencode(root)
     scan.mark_seen(broot)
-    # Every class folder belongs to its own class: registered before the walk, so a link inside
-    # one class to another class's folder (or to the split's root) is skipped, not walked twice.
+    # registered before the walk: a link inside one class to another class's folder is not walked twice
     class_dirs = {name: os.path.join(broot, os.fsencode(name)) for name in class_index if name in present}
     walkable = {name for name, path in class_dirs.items() if scan.mark_seen(path)}
     counts = np.zeros(len(class_index), dtype=np.int64)
@@ -713,12 +680,12 @@ def scan_folder(
             counts[label] = scan.walk_class(class_dirs[name], os.fsencode(name))
     total = int(counts.sum())
     if scan.repeated:
-        shown = "; ".join(f"{link!r} (already scanned as {first!r})" for link, first in scan.repeated[:5])
-        more = f" and {len(scan.repeated) - 5} more" if len(scan.repeated) > 5 else ""
+        links = [f"{link!r} (already scanned as {first!r})" for link, first in scan.repeated]
+        shown = _listed(links, 5, "; ")
         warnings.warn(
             f"{len(scan.repeated)} director{'y' if len(scan.repeated) == 1 else 'ies'} under {root!r} "
             f"lead to a directory scanned before (a symbolic link loop or a second link to it), "
-            f"so their files are not scanned again: {shown}{more}. Remove the link(s) to silence this.",
+            f"so their files are not scanned again: {shown}. Remove the link(s) to silence this.",
             stacklevel=2,
         )
     if scan.skipped["hidden_files"]:
@@ -742,9 +709,7 @@ def scan_folder(
         raise FileNotFoundError(_no_files_message(root, looked_in, exts))
     missing = [class_index[int(i)] for i in np.flatnonzero(counts == 0)]
     if missing and total > 0:
-        shown = ", ".join(repr(m) for m in missing[:10]) + (
-            f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        )
+        shown = _listed([repr(m) for m in missing], 10)
         warnings.warn(
             f"{len(missing)} of {len(class_index)} classes have no samples in {root!r}: {shown}. "
             "The labels of the other classes are unchanged.",
@@ -761,11 +726,15 @@ def scan_folder(
 def _no_files_message(root: str, classes: Sequence[str], extensions: tuple[str, ...]) -> str:
     """torchvision's wording, plus the folder: ``Found no valid file for the classes a, b in 'val'. ...``."""
     if classes:
-        shown = ", ".join(classes[:10]) + (f" and {len(classes) - 10} more" if len(classes) > 10 else "")
-        what = f"Found no valid file for the classes {shown} in {root!r}."
+        what = f"Found no valid file for the classes {_listed(classes, 10)} in {root!r}."
     else:
         what = f"Found no valid file for the classes of {root!r}: it has no class folders."
     return f"{what} Supported extensions are: {', '.join(extensions)}"
+
+
+def _listed(items: Sequence[str], limit: int, sep: str = ", ") -> str:
+    """The first ``limit`` of ``items`` joined by ``sep``, then `` and N more``."""
+    return sep.join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def scan_list(

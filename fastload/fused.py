@@ -24,15 +24,14 @@ Worked example (``RandomResizedCrop(224)``, seed 0, epoch 0, index 3, a 1500x100
 the stream gives the box ``top=47, left=438, h=910, w=1001``; ``dct_scale(1001, 910, 224, 224) == 4``,
 so libjpeg decodes a 375x250 image and PIL resamples its box ``(109.5, 11.75, 359.75, 239.25)``
 to 224x224. A 500x375 JPEG (most of ImageNet) gets crops smaller than 448 px, so it is decoded at
-full size by ``torchvision.io`` and cropped/resized by torchvision's own ops: the same pixels as
-torchvision's pipeline. Reduced-size decoding filters a little differently from a full-size
-antialiased resize (``bench/decode.py`` measures the difference).
+full size and cropped/resized by torchvision's own ops: the same pixels as torchvision's pipeline.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -66,10 +65,6 @@ _PIL_ALL_FILTERS = {**_PIL_FILTERS, "nearest": Image.Resampling.NEAREST}
 _TORCH_JPEG_MODES: tuple[str, ...] = ("RGB", "L")
 
 
-# --------------------------------------------------------------------------------------------
-# the plan: what a pipeline does to an image of a given size, with its random draws made
-
-
 class Plan:
     """The geometry of a pipeline run on one image, random draws made: ops in order, and one box.
 
@@ -81,9 +76,7 @@ class Plan:
     * ``height``, ``width``: the output size;
     * ``fusable``: every crop inside the image, one antialiased bilinear/bicubic filter. Then the
       ops also fold into ``box`` (``(x0, y0, x1, y1)`` in source pixels, possibly fractional) and
-      a final ``flip``: one resample of ``box`` to the output size gives the same picture as the
-      chain (resizing and then cropping samples the source on the same grid as resizing only the
-      crop's source region).
+      a final ``flip``: one resample of ``box`` to the output size gives the same picture.
 
     Example: ``Compose([Resize(256), CenterCrop(224)])`` on a 500x375 (w x h) image: ops
     ``[("resize", 256, 341, "bilinear", True), ("crop", 16, 58, 224, 224)]``; box
@@ -145,23 +138,6 @@ class Plan:
         return max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
 
 
-# --------------------------------------------------------------------------------------------
-# running a plan: on a decoded image, or fused with decoding
-
-
-def _tv_interpolation(mode: str) -> Any:
-    from torchvision.transforms import InterpolationMode  # torchvision on first use: a cheap import
-
-    return InterpolationMode(mode)
-
-
-def _clamped_box(
-    box: tuple[float, float, float, float], width: int, height: int, scale: int
-) -> tuple[float, float, float, float]:
-    x0, y0, x1, y1 = (v / scale for v in box)
-    return max(0.0, x0), max(0.0, y0), min(float(width), x1), min(float(height), y1)
-
-
 def run_ops(
     t: torch.Tensor,
     ops: Iterable[tuple[Any, ...]],
@@ -170,12 +146,11 @@ def run_ops(
 ) -> torch.Tensor:
     """Applies plan ops to a ``(..., H, W)`` tensor with torchvision's functional ops.
 
-    ``channels_last`` (for a decoded ``(3, H, W)`` image held as HWC memory): a crop is made
-    channels-last contiguous before it is resized, so torch's vectorised uint8 kernel runs and the
-    result stays HWC in memory (about twice as fast as resizing the strided view, and the final
-    copy into an HWC buffer is then a plain copy).
+    ``channels_last`` (for a ``(3, H, W)`` image held as HWC memory): a crop is made channels-last
+    contiguous before it is resized, so torch's vectorised uint8 kernel runs and the result stays HWC.
     """
-    from torchvision.transforms.v2 import functional as F  # on first use: keeps the import cheap
+    from torchvision.transforms import InterpolationMode  # on first use: keeps the import cheap
+    from torchvision.transforms.v2 import functional as F
 
     ops = list(ops)
     if skip_trailing_flip:
@@ -188,7 +163,7 @@ def run_ops(
         elif kind == "resize":
             if channels_last and t.ndim == 3:
                 t = t.unsqueeze(0).contiguous(memory_format=torch.channels_last)[0]
-            t = F.resize(t, [op[1], op[2]], interpolation=_tv_interpolation(op[3]), antialias=op[4])
+            t = F.resize(t, [op[1], op[2]], interpolation=InterpolationMode(op[3]), antialias=op[4])
         elif kind == "center_crop":
             t = F.center_crop(t, [op[1], op[2]])
         else:  # "hflip"
@@ -210,9 +185,10 @@ def _fused_box(
 ) -> tuple[tuple[float, float, float, float], tuple[int, int, int, int] | None]:
     """The resample box of ``plan`` in an image of ``width x height`` (decoded at ``1/scale``, starting
     at ``origin``), and the integer box when the plan is a plain crop there (no resampling)."""
+    ox, oy = origin[0] * scale, origin[1] * scale
     x0, y0, x1, y1 = plan.pixel_box()
-    box = (x0 - origin[0] * scale, y0 - origin[1] * scale, x1 - origin[0] * scale, y1 - origin[1] * scale)
-    x0, y0, x1, y1 = _clamped_box(box, width, height, scale)
+    x0, y0 = max(0.0, (x0 - ox) / scale), max(0.0, (y0 - oy) / scale)
+    x1, y1 = min(float(width), (x1 - ox) / scale), min(float(height), (y1 - oy) / scale)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
     if plan.resample is None or (
         all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
@@ -223,9 +199,8 @@ def _fused_box(
 
 
 def _leading_crop(plan: Plan) -> tuple[int, int, int, int] | None:
-    """``(top, left, height, width)`` of the plan's first op when it is a crop (RandomResizedCrop's),
-    else ``None``. The resize after it sees only that crop: PIL's filter stops at its edges (it is
-    the whole image then), where a resample of the box in the larger image would read beyond them."""
+    """``(top, left, height, width)`` of the plan's first op when it is a crop, else ``None``. The
+    resize after it sees only that crop: PIL's filter stops at its edges."""
     if plan.ops and plan.ops[0][0] == "crop":
         _, top, left, height, width = plan.ops[0]
         return top, left, height, width
@@ -233,10 +208,8 @@ def _leading_crop(plan: Plan) -> tuple[int, int, int, int] | None:
 
 
 def _pil_fused(img: Image.Image, plan: Plan, scale: int, origin: tuple[int, int] = (0, 0)) -> Image.Image:
-    """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``) in one resample -> RGB image.
-
-    ``origin``: where ``img`` starts in the image decoded at ``1/scale`` (a decoded region).
-    """
+    """Crop + resize + flip of a loaded PIL image (decoded at ``1/scale``, starting at ``origin``
+    in it) in one resample -> RGB image."""
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")  # CMYK, palette, RGBA, 16-bit, ...: as decode_pil does, first
     crop = _leading_crop(plan) if scale == 1 and origin == (0, 0) else None
@@ -309,12 +282,8 @@ def _decode_region_planned(
     data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray
 ) -> bool:
     """Runs ``plan`` decoding with ``fastload._jpeg``; ``False`` when libjpeg reported corrupt data.
-
-    ``scale == 1``: a leading crop (RandomResizedCrop's box) is the only region decoded, then the
-    remaining ops run with torchvision's functional ops: the same pixels as a full decode followed
-    by the whole chain. ``scale > 1``: the image is decoded at ``1/scale`` (the same pixels as PIL's
-    ``draft``) and resampled by PIL, exactly as the PIL path does.
-    """
+    ``scale == 1``: only a leading crop is decoded, then torchvision's ops run the rest;
+    ``scale > 1``: decoded at ``1/scale`` and resampled as the PIL path does."""
     height, width = plan.source
     if scale == 1:
         ops = plan.ops
@@ -341,15 +310,9 @@ def _decode_region_planned(
 def _decode_region_pil(
     data: bytes | memoryview | np.ndarray, plan: Plan, scale: int, out: np.ndarray
 ) -> bool:
-    """A fusable plan the way PIL runs it on a full decode (``resampler="pil"``), decoding only the
-    box plus the resampling filter's reach (a leading crop: only the crop, see :func:`_leading_crop`);
-    ``False`` when libjpeg reported corrupt data.
-
-    PIL's resample reads, for output pixel ``i``, the source pixels within ``support * max(1,
-    box / out)`` of its centre, clamped to the image. A region that holds every such pixel (and
-    stops only where the image does) gives the same filter taps, so the same pixels as resizing the
-    whole decoded image and then cropping (``Resize(256)`` + ``CenterCrop(224)`` on a PIL image).
-    """
+    """A fusable plan the way PIL runs it on a full decode, decoding only the box plus the filter's
+    reach (``support * max(1, box / out)`` source pixels: the same taps as on the whole image); a
+    leading crop: only the crop. ``False`` when libjpeg reported corrupt data."""
     crop = _leading_crop(plan) if scale == 1 else None
     if crop is not None and plan.resample is not None:
         top, left, h, w = crop  # the resize sees the crop only (see _leading_crop): decode just that
@@ -374,12 +337,9 @@ def _decode_region_pil(
 
 
 def _pil_box_exact(plan: Plan) -> bool:
-    """Whether one PIL resample of the plan's box gives the chain's pixels (within 1 level).
-
-    True for crops and flips, and for one bilinear or bicubic resize when it only shrinks. PIL's
-    bicubic resample of a box that it *enlarges* is not the crop of the enlarged image (measured:
-    up to 20 levels apart), so that case, nearest-neighbour and mixed resizes run op by op.
-    """
+    """Whether one PIL resample of the plan's box gives the chain's pixels (within 1 level): crops,
+    flips and one bilinear resize, or one bicubic resize that only shrinks (an enlarging one is
+    not the crop of the enlarged image)."""
     if plan.resample is None:
         return plan.fusable
     if not plan.fusable:
@@ -435,6 +395,21 @@ def _copy_tensor_out(t: torch.Tensor, out: np.ndarray, flip: bool) -> None:
     torch.from_numpy(out).copy_(src)
 
 
+@contextmanager
+def _sample_errors(data: bytes | memoryview | np.ndarray, name: str) -> Iterator[None]:
+    """PIL's errors surfacing after load as a :class:`DecodeError` naming the sample; an op's
+    geometry error (a Resize to 0 px) raised as torchvision raises it, with a note naming it."""
+    try:
+        yield
+    except DecodeError:
+        raise
+    except ValueError as e:
+        note_sample(e, name)
+        raise
+    except (OSError, SyntaxError, EOFError) as e:
+        raise decode_error(name, e, data) from None
+
+
 def decode_plan(
     data: bytes | memoryview | np.ndarray,
     img: Image.Image | None,
@@ -447,9 +422,8 @@ def decode_plan(
 ) -> None:
     """Decodes an encoded image and runs ``plan`` (its random draws made), writing ``out``.
 
-    What :meth:`fastload.transforms.Transform.decode_into` runs once it has drawn the plan; public
-    for pipelines that draw their parameters elsewhere (:mod:`fastload.head` draws them with
-    torchvision's own code).
+    What :meth:`fastload.transforms.Transform.decode_into` runs once it has drawn the plan (and
+    :mod:`fastload.head`, which draws it with torchvision's own code).
 
     Args:
         data: The encoded file.
@@ -462,12 +436,9 @@ def decode_plan(
             :meth:`fastload.transforms.Transform.decode_and_apply`).
         reduce: Allow reduced-size (DCT-scaled) JPEG decoding.
         exact: With ``pil``: only fold the ops into one resample where that is what torchvision
-            runs (at most one crop, then at most one resize, then flips: RandomResizedCrop and
-            RandomHorizontalFlip, or a Resize alone); otherwise run them one by one as PIL
-            does. With ``reduce=False`` the pixels are then bit-identical to torchvision's ops on
-            the decoded PIL image (a ``Resize`` + ``CenterCrop`` folded into one resample differs
-            by up to 1 level on some pixels). Without ``pil``: images PIL decodes (PNG, CMYK
-            JPEG) run torch's ops too, not one PIL resample.
+            runs (at most one crop, then at most one resize, then flips); otherwise run them one
+            by one as PIL does: with ``reduce=False``, bit-identical to torchvision's ops on the
+            decoded PIL image. Without ``pil``: images PIL decodes run torch's ops too.
 
     Raises:
         DecodeError: Naming ``name`` when the file is not a decodable image.
@@ -484,24 +455,14 @@ def decode_plan(
             return
         img = open_image(data, name)  # libjpeg reported corrupt data: decode the reference way
     is_jpeg = img.format in JPEG_FORMATS
-    try:
+    with _sample_errors(data, name):
         if scale == 1 and is_jpeg and img.mode in _TORCH_JPEG_MODES and torchvision_jpeg_available():
-            # Full-size decode: torchvision.io is faster than PIL (same libjpeg-turbo pixels), and
-            # torch's uint8 resize kernels are faster than Pillow's; torchvision's own ops at the
-            # drawn parameters are the reference result.
-            t = decode_jpeg_tensor(data, name)
+            t = decode_jpeg_tensor(data, name)  # torchvision's own ops: the reference result
             res = run_ops(t, plan.ops, skip_trailing_flip=True, channels_last=True)
             _copy_tensor_out(res, out, _trailing_flip(plan.ops))
             return
         loaded, applied = load_reduced(img, scale, name, data)
         apply_loaded(loaded, plan, applied, out, exact)
-    except DecodeError:
-        raise
-    except ValueError as e:  # an op's geometry (a Resize to 0 px): torchvision raises it as it is
-        note_sample(e, name)
-        raise
-    except (OSError, SyntaxError, EOFError) as e:  # PIL errors surfacing after load
-        raise decode_error(name, e, data) from None
 
 
 def _decode_pil(
@@ -513,19 +474,15 @@ def _decode_pil(
     reduce: bool,
     exact: bool = False,
 ) -> None:
-    """``resampler="pil"``: the plan as torchvision runs it on a PIL RGB image.
-
-    One PIL resample of the box where that gives the same pixels as the chain (see
-    :func:`_pil_box_exact`; with ``exact``, only where the chain is itself one resample, see
-    :func:`_one_resample`), decoding only the region it reads (at ``1/scale`` if ``reduce``);
-    otherwise the ops one by one on the full decode, exactly as torchvision's PIL path.
-    """
+    """``resampler="pil"``: the plan as torchvision runs it on a PIL RGB image: one PIL resample of
+    the box where that gives the chain's pixels (:func:`_pil_box_exact`, with ``exact`` also
+    :func:`_one_resample`), else the ops one by one on the full decode."""
     box_exact = _pil_box_exact(plan) and (not exact or _one_resample(plan))
     scale = 1
     if reduce and box_exact and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
         x0, y0, x1, y1 = plan.pixel_box()
         scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
-    try:
+    with _sample_errors(data, name):
         loaded: Image.Image | None = None
         if img is None:
             if box_exact:
@@ -549,13 +506,6 @@ def _decode_pil(
                 _copy_pil_out(_pil_fused(loaded, plan, scale), out)
         elif not (scale == 1 and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))):
             _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
-    except DecodeError:
-        raise
-    except ValueError as e:  # an op's geometry (a Resize to 0 px): torchvision raises it as it is
-        note_sample(e, name)
-        raise
-    except (OSError, SyntaxError, EOFError) as e:  # PIL errors surfacing after load
-        raise decode_error(name, e, data) from None
 
 
 def _rgb_array(img: Image.Image) -> np.ndarray:

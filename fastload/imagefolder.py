@@ -64,17 +64,13 @@ class EncodedImageDataset:
     from encoded bytes.
 
     Attributes (as torchvision's): ``classes``, ``class_to_idx``, ``samples`` / ``imgs`` (a lazy
-    sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list:
-    ``Counter``, ``np.asarray`` and ``torch.as_tensor`` work on it unchanged), ``root``,
-    ``transform``, ``target_transform``; plus ``index`` (the
-    :class:`~fastload.folder.FolderIndex`) and ``class_index``.
+    sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list),
+    ``root``, ``transform``, ``target_transform``; plus ``index`` and ``class_index``.
 
     ``dataset[i]`` is ``(transform(image), target_transform(target))``: the image is a PIL RGB image
     (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
-    decoding is fused with it and the image is a uint8 tensor. The loader reads
-    ``get_bytes(i)`` and ``describe(i)`` directly to decode in its workers.
-
-    A subclass provides :attr:`index` and :meth:`get_bytes`, and calls ``__init__`` to set the rest.
+    decoding is fused with it and the image is a uint8 tensor. A subclass provides :attr:`index`
+    and :meth:`get_bytes`.
     """
 
     def __init__(
@@ -146,10 +142,9 @@ class EncodedImageDataset:
         return image, target
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """``[self[i] for i in indices]`` (what torch's fetcher calls for a batch). In the worker
-        processes ``fastload.DataLoader`` starts on torch's path, each sample's image is copied
-        into its row of one batch tensor as soon as it is made (:mod:`fastload._stream`): the same
-        batch, without a list of per-sample tensors."""
+        """``[self[i] for i in indices]`` (what torch's fetcher calls for a batch); in the workers
+        ``fastload.DataLoader`` starts, each image goes into its row of one batch tensor as it is
+        made (:mod:`fastload._stream`)."""
         return fetch(self, indices)
 
     def extra_repr(self) -> str:
@@ -171,14 +166,8 @@ class EncodedImageDataset:
 class ImageFolder(EncodedImageDataset):
     """Drop-in for ``torchvision.datasets.ImageFolder`` whose labels follow a shared class list.
 
-    Same attributes as torchvision's (see :class:`EncodedImageDataset`): ``classes``,
-    ``class_to_idx``, ``samples`` / ``imgs``, ``targets`` (int64 numpy), plus ``index`` (the
-    :class:`~fastload.folder.FolderIndex`) and ``class_index``.
-
-    ``dataset[i]`` returns ``(transform(image), target_transform(target))``. The image is a PIL RGB
-    image (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
-    decoding is fused with it (reduced-size JPEG decoding straight to the crop) and the image is a
-    uint8 tensor. A file that cannot be decoded raises :class:`fastload.decode.DecodeError` naming it.
+    Attributes and items as described in :class:`EncodedImageDataset`. A file that cannot be
+    decoded raises :class:`fastload.decode.DecodeError` naming it.
 
     Args:
         root: The split's folder.
@@ -193,13 +182,11 @@ class ImageFolder(EncodedImageDataset):
         index: A ready :class:`~fastload.folder.FolderIndex` (then ``root``, ``classes``,
             ``extensions`` are not used for scanning; ``root`` may be ``None``).
         allow_empty: Accept a folder without any image file (an empty dataset) instead of raising
-            ``FileNotFoundError`` (torchvision's ``allow_empty``; see
-            :func:`~fastload.folder.scan_folder`).
+            ``FileNotFoundError`` (torchvision's ``allow_empty``).
 
     Raises:
         FileNotFoundError: If ``root`` does not exist, or (unless ``allow_empty``) holds no image file
-            in any class folder: ``Found no valid file for the classes a, b in 'val'. Supported
-            extensions are: .jpg, ...``.
+            in any class folder.
     """
 
     def __init__(

@@ -12,9 +12,7 @@ Example:
     >>> print(summary_line(env))  # doctest: +SKIP
     fastload 0.1.0.dev0, torch 2.5.1 (CPU only), torchvision 0.20.1, Pillow 11.0.0, Python 3.11.9 | ...
 
-Dependencies: imports torch (already imported by ``import fastload``), never DALI: whether DALI
-is installed is read from the installed packages' metadata, which costs milliseconds where
-importing DALI costs seconds.
+Never imports DALI: whether it is installed is read from the installed packages' metadata.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """``InMemoryImageFolder``: a whole split in RAM, once, shared by every loader worker.
 
-Keeping the encoded images in RAM stops the wait on disks, but done naively it costs the RAM
-several times over:
+A Python list of ``bytes`` is copied into ``fork``-ed workers page by page as reading it writes
+reference counts (pytorch issue 13246), and pickled whole into every ``spawn``/``forkserver``
+worker. ``InMemoryImageFolder`` keeps the split as one pack image (the layout of
+:mod:`fastload.pack`) in one shared memory segment, mapped read-only: no per-sample Python objects,
+and pickling sends a handle of a few hundred bytes that the receiving process maps again.
 
-* a Python list of ``bytes`` is shared with ``fork``-ed workers only until they touch it: reading an
-  object writes its reference count, which copies its memory page into the worker (pytorch issue
-  13246);
-* under ``spawn`` and ``forkserver`` (Python 3.14's default on Linux) the dataset is *pickled* into
-  every worker: one full copy per worker, and minutes of start-up for a large split.
-
-``InMemoryImageFolder`` keeps the split as one pack image (the layout of :mod:`fastload.pack`:
-header, offsets, labels, paths, then the encoded images back to back) in one shared memory segment,
-mapped read-only. No per-sample Python objects exist, so nothing is copied on access; pickling sends
-a *handle* of a few hundred bytes, and the receiving process maps the same physical pages.
-
-Design (Linux). The segment is an anonymous ``memfd_create`` file, sealed read-only once filled:
-
-* it has no name anywhere (nothing in ``/dev/shm``), and the kernel frees it when the last file
-  descriptor and mapping are gone, so nothing is left behind even when the owner is killed with
-  ``SIGKILL``; it is also not limited by the size of ``/dev/shm`` (64 MB in a default Docker
-  container);
-* another process attaches by opening ``/proc/<owner pid>/fd/<fd>`` (allowed for processes of the
-  same user) and checks the device, inode and size it gets, plus the digest of the pack header, so a
-  reused descriptor number can never be mistaken for the segment;
-* ``multiprocessing.shared_memory.SharedMemory`` is not used: on Python < 3.13 every process that
-  attaches registers the segment with its resource tracker, which unlinks it (and warns about a
-  "leak") when that process exits, while others still use it (bpo-39959).
-
-Fallback (no ``memfd_create`` or no ``/proc``, e.g. macOS): a file in ``/dev/shm`` (or the temporary
-folder) that children open by name; the owner deletes it when it closes, is collected or exits
-(also on an exception or ``KeyboardInterrupt``), but a ``SIGKILL``-ed owner leaves it behind.
+The segment (Linux) is an anonymous ``memfd_create`` file, sealed read-only once filled: no name
+(nothing in ``/dev/shm``, not limited by its size), freed by the kernel with the last descriptor and
+mapping, even after a ``SIGKILL``. Another process of the same user attaches through
+``/proc/<owner pid>/fd/<fd>`` and checks device, inode, size and header digest.
+``multiprocessing.shared_memory`` is not used: before Python 3.13 each attaching process's resource
+tracker unlinks the segment when it exits (bpo-39959). Fallback (no ``memfd_create`` or ``/proc``):
+a file in ``/dev/shm`` (or the temporary folder), deleted by the owner when it closes, is collected
+or exits; a ``SIGKILL``-ed owner leaves it behind.
 
 ``InMemoryImageFolder.from_pack(path, in_memory=False)`` serves a pack file from its memory map
-instead: workers re-open the file by path and share the page cache; the operating system may evict
-pages under memory pressure and read them again from disk.
+instead: workers share the page cache, which the OS may evict under memory pressure.
 
 Example:
     >>> import fastload
@@ -60,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_choice, check_int, check_optional_int, read_error
+from ._checks import check_bool, check_choice, check_int, check_optional_int, read_error
 from ._packformat import HeadPlan, PackView
 from ._slices import ByteSlices
 from .device import available_cpus
@@ -177,12 +160,8 @@ class _Resources:
 
 
 def _release(res: _Resources) -> None:
-    """Deletes the segment's name (owner only), closes its descriptor and unmaps it.
-
-    Runs on ``close()``, when the dataset is collected, and at interpreter exit (``weakref.finalize``).
-    A map that still has views handed out (``get_bytes`` results, ``targets``) cannot be unmapped
-    safely: it is then released when the last view is dropped.
-    """
+    """Deletes the segment's name (owner only), closes its descriptor and unmaps it (a map with
+    views still handed out is released with the last of them)."""
     if res.path is not None and res.owner_pid == os.getpid():
         try:
             os.unlink(res.path)
@@ -405,8 +384,7 @@ def _load_folder(index: FolderIndex, num_threads: int | None, progress: bool | N
             view = PackView(mm, f"the in-memory copy of {index.root!r}", verify=False)
             handle = _handle_of(res, total, view.digest)
         except BaseException:
-            # Stop the writers first: a chunk still running must not write to the fd number
-            # after it is closed (and possibly reused by another open file).
+            # stop the writers first: none may write to the fd number once it is closed (and reused)
             if executor is not None:
                 executor.shutdown(wait=True, cancel_futures=True)
                 executor = None
@@ -481,26 +459,14 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
 # ----------------------------------------------------------------------------------------- dataset
 
 
-def _check_bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} should be a bool, but got {name}={value!r}")
-
-
 class InMemoryImageFolder(EncodedImageDataset):
     """An image split held once in shared memory (or served from a pack's memory map).
 
-    A drop-in for :class:`fastload.ImageFolder` (same attributes: ``classes``, ``class_to_idx``,
-    ``class_index``, ``targets`` (int64 numpy), ``samples``/``imgs``, ``index``, ``root``;
-    ``dataset[i]`` is ``(transform(image), target_transform(target))``, decoding fused with
-    fastload transforms) that reads every encoded file once, into one contiguous buffer:
-
-    * ``get_bytes(i)`` is a zero-copy ``memoryview`` of that buffer;
-    * ``pickle.dumps(dataset)`` is a small handle (its size does not depend on the data), and the
-      unpickled dataset maps the same physical memory, in any process (``fork``, ``spawn``,
-      ``forkserver`` workers of ``torch.utils.data.DataLoader``): one copy of the data in RAM whatever
-      ``num_workers``;
-    * the memory is released when the dataset is closed or collected, and when the process exits
-      (see the module docstring for how, and for what a ``SIGKILL`` does).
+    A drop-in for :class:`fastload.ImageFolder` (same attributes and items) that reads every
+    encoded file once, into one buffer: ``get_bytes(i)`` is a zero-copy ``memoryview`` of it, and
+    ``pickle.dumps(dataset)`` is a small handle that maps the same memory in any worker process,
+    so the data is in RAM once whatever ``num_workers``. The memory is released when the dataset
+    is closed or collected, and when the process exits.
 
     Args:
         root_or_index: The split's folder (scanned with :func:`~fastload.folder.scan_folder`) or a ready
@@ -511,7 +477,7 @@ class InMemoryImageFolder(EncodedImageDataset):
         num_threads: Threads reading files (default: CPUs + 4, at most 32; 0 reads in this thread).
         progress: Show a tqdm bar while loading (default: for more than 500 files on a terminal).
         check_crc: Check each sample against the CRC-32 taken when it was loaded, the first time
-            a process reads it (``get_bytes``; 2 % of its decode time). Settable as ``check_crc``.
+            a process reads it (settable as ``check_crc``).
 
     Raises:
         MemoryError: Before reading anything, if the data (plus a 10% margin, at least 256 MiB) does
@@ -524,10 +490,8 @@ class InMemoryImageFolder(EncodedImageDataset):
         (['n01440764', 'n01443537'], dtype('int64'), b'\\xff\\xd8')
         >>> image, target = ds[0]        # PIL image, int (as torchvision's ImageFolder)
 
-        A file that does not decode fails when it is read, naming it:
-        ``DecodeError: cannot decode sample 7 ('n01440764/broken.JPEG'): ...``; bytes that changed
-        since they were loaded or packed (a damaged pack file) raise
-        :class:`~fastload.pack.CorruptSampleError` naming the sample, its original path and the pack.
+        A file that does not decode raises ``DecodeError`` naming it; bytes that changed since
+        they were loaded or packed raise :class:`~fastload.pack.CorruptSampleError`.
     """
 
     def __init__(
@@ -543,7 +507,7 @@ class InMemoryImageFolder(EncodedImageDataset):
     ) -> None:
         self.check_transforms(transform, target_transform)
         check_optional_int(num_threads, "num_threads", low=0)
-        _check_bool(check_crc, "check_crc")
+        check_bool(check_crc, "check_crc")
         if isinstance(root_or_index, FolderIndex):
             if classes is not None:
                 raise ValueError(
@@ -581,40 +545,31 @@ class InMemoryImageFolder(EncodedImageDataset):
             transform: Applied to the image.
             target_transform: Applied to the label.
             in_memory: ``True`` copies the file into a shared memory segment (checked against the
-                available RAM first). ``False`` serves it from the file's memory map: nothing is
-                copied, workers map the same file and share the page cache, and the operating system
-                can evict pages under memory pressure (read again from disk when needed).
+                available RAM first). ``False`` serves it from the file's memory map.
             progress: Show a tqdm bar while copying (default: for packs over 1 GiB on a terminal).
-            shuffle_order: How fastload's samplers shuffle this dataset (``DataLoader(shuffle=True)``,
-                ``distributed=True``, :class:`fastload.DistributedSampler`). ``"uniform"``: torch's
-                ``randperm``, every sample a random read. ``"blockwise"``: FFCV's "quasi-random"
-                order (:func:`fastload.sampler.blockwise_permutation`): the pack is cut into blocks
-                of about ``shuffle_block_bytes`` of consecutive samples, the blocks are shuffled and
-                the samples of each ``shuffle_window`` blocks are shuffled together, so an epoch
-                reads each block once, a window (``64 x 4 MiB = 256 MiB`` by default) at a time,
-                instead of a random read per sample. Still exactly once per epoch, a pure function
-                of ``(seed, epoch)``, sharded and resumed like the uniform order. ``"auto"``
+            shuffle_order: How fastload's samplers shuffle this dataset. ``"uniform"``: torch's
+                ``randperm``. ``"blockwise"``: FFCV's "quasi-random" order
+                (:func:`fastload.sampler.blockwise_permutation`): blocks of about
+                ``shuffle_block_bytes`` of consecutive samples are shuffled, and the samples of
+                each ``shuffle_window`` blocks together, so an epoch reads a window (256 MiB by
+                default) at a time instead of a random read per sample; still exactly once per
+                epoch, sharded and resumed like the uniform order. A batch then draws from the
+                window's blocks only: pack a shuffled index for the best mix. ``"auto"``
                 (default): ``"blockwise"`` with ``in_memory=False`` when the pack is larger than
-                the available RAM (a warning-level log line on logger ``fastload.memory`` says so),
-                else ``"uniform"``. Mixing: a batch draws from the window's blocks only, so a pack
-                written in class order gives batches of fewer classes; pack a shuffled index for
-                the best mix (``write_pack(index.subset(np.random.permutation(len(index))), ...)``).
+                the available RAM (logged as a warning), else ``"uniform"``.
             shuffle_block_bytes: Bytes per block of the blockwise order (a block ends at the first
-                sample that starts past a multiple of it; a larger sample is a block of its own).
+                sample that starts past a multiple of it).
             shuffle_window: Blocks whose samples are shuffled together.
-            check_crc: Check each sample against the pack's CRC-32 the first time a process reads
-                it (the copy in RAM as much as the map; 2 % of its decode time, once).
+            check_crc: Check each sample against the pack's CRC-32 the first time a process reads it.
 
         Raises:
             PackError: If the file is not a valid pack (the message says why and what to do).
-            CorruptSampleError: (a ``PackError`` and a ``DecodeError``) When a sample is read whose
-                bytes do not match the pack's CRC-32, naming the sample, its path and the pack.
+            CorruptSampleError: When a sample is read whose bytes do not match the pack's CRC-32.
             MemoryError: With ``in_memory=True``, if the pack does not fit in the available RAM.
-            ValueError / TypeError: Naming an invalid argument.
         """
         cls.check_transforms(transform, target_transform)
-        _check_bool(in_memory, "in_memory")
-        _check_bool(check_crc, "check_crc")
+        check_bool(in_memory, "in_memory")
+        check_bool(check_crc, "check_crc")
         check_choice(shuffle_order, "shuffle_order", SHUFFLE_ORDERS)
         check_int(shuffle_block_bytes, "shuffle_block_bytes", low=1)
         check_int(shuffle_window, "shuffle_window", low=1)
@@ -699,8 +654,7 @@ class InMemoryImageFolder(EncodedImageDataset):
 
     @check_crc.setter
     def check_crc(self, value: bool) -> None:
-        _check_bool(value, "check_crc")
-        self._require().check_crc = value
+        self._require().check_crc = check_bool(value, "check_crc")
 
     @property
     def nbytes(self) -> int:
@@ -730,8 +684,8 @@ class InMemoryImageFolder(EncodedImageDataset):
 
     @property
     def shuffle_blocks(self) -> np.ndarray | None:
-        """With the blockwise order, ``int64[m + 1]``: the first sample of each block of about
-        ``shuffle_block_bytes`` of consecutive storage, then ``len(self)``; else ``None``.
+        """With the blockwise order, ``int64[m + 1]``: the first sample of each block, then
+        ``len(self)``; else ``None``.
 
         Example: samples of 3, 3, 3 and 5 MiB start at 0, 3, 6 and 9 MiB; with blocks of 4 MiB
         their block ids (start // 4 MiB) are ``0, 0, 1, 2``, so ``shuffle_blocks`` is ``[0, 2, 3, 4]``.
@@ -748,13 +702,8 @@ class InMemoryImageFolder(EncodedImageDataset):
         return self._blocks
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
-        """Hints the kernel to read these samples now (asynchronously), for a pack served from its map.
-
-        The loader calls it when it hands a batch to the workers, a few batches before they decode
-        it (the page cache is shared, so the worker that reads the samples finds them in memory).
-        With the blockwise order the whole blocks of the samples are hinted, once each, so a window
-        is read as a few large sequential requests. A no-op for data in RAM.
-        """
+        """Hints the kernel to read these samples now (asynchronously), for a pack served from its
+        map: with the blockwise order, their whole blocks, once each. A no-op for data in RAM."""
         storage = self._storage
         if storage is None or storage.pack is None or storage.in_memory or len(indices) == 0:
             return
@@ -792,8 +741,7 @@ class InMemoryImageFolder(EncodedImageDataset):
 
     def slices_only(self, indices: np.ndarray) -> bool:
         """Whether :meth:`get_bytes` of each of ``indices`` (in range: a sampler's) is a slice of the
-        buffer and nothing else: ``check_crc`` off, or each checked already in this process. The
-        device paths read such samples in their decoder thread instead of reader threads."""
+        buffer and nothing else: ``check_crc`` off, or each checked already in this process."""
         wanted, bad = self._positions(indices)
         return bad is None and self._require().all_checked(wanted)  # out of range: get_bytes says so
 
@@ -826,8 +774,7 @@ class InMemoryImageFolder(EncodedImageDataset):
     def close(self) -> None:
         """Releases this process's mapping (and, in the creating process, the segment itself).
 
-        Processes that attached earlier keep their own mapping; the memory is freed when the last
-        one lets go. Views handed out earlier (``get_bytes`` results, ``targets``) stay valid until
+        Other processes keep their own mapping, and views handed out earlier stay valid until
         dropped. Closing twice is a no-op.
         """
         self._view = None

@@ -1,24 +1,13 @@
 """The pack file: a whole image split in one memory-mappable file.
 
 A pack holds the encoded images of a :class:`~fastload.folder.FolderIndex` back to back, behind a
-small header and index, so that a dataset of a million files becomes one file that is
-
-* copied, synced and cached as one object (no per-file open or ``stat`` on a network file system);
-* memory-mapped: ``get_bytes(i)`` is a zero-copy slice of the map, and every process that maps the
-  file shares the same physical pages (the page cache), whatever the number of loader workers;
-* opened in time proportional to the *index*, not the data: the checksum covers the header and the
-  index only, so a 150 GB pack of ImageNet opens in a fraction of a second;
-* checked as it is read: ``get_bytes(i)`` checks sample ``i`` against its CRC-32 the first time a
-  process reads it (2 % of the time it takes to decode it, in the first epoch only), so a damaged
-  byte raises :class:`CorruptSampleError` naming the sample, its original path and the pack instead
-  of decoding to wrong pixels. ``verify()`` checks
-  every sample at once.
-
-The byte layout (header, index, page-aligned data section) is defined in
-:mod:`fastload._packformat`, shared with the RAM segment of :mod:`fastload.memory`.
-
-Labels are those of the index the pack was built from, so a pack of ``val`` built with the class list
-of ``train`` keeps ``train``'s labels (see :mod:`fastload.folder`).
+small header and index (the layout of :mod:`fastload._packformat`, shared with the RAM segment of
+:mod:`fastload.memory`): one file to copy and cache, memory-mapped (``get_bytes(i)`` is a zero-copy
+slice, and every process shares the page cache), opened in time proportional to the index (the
+checksum covers header and index only). Each sample is checked against its CRC-32 the first time a
+process reads it, so a damaged byte raises :class:`CorruptSampleError` instead of decoding to wrong
+pixels; ``verify()`` checks every sample at once. Labels are those of the index the pack was built
+from (see :mod:`fastload.folder`).
 
 Example:
     >>> from fastload.folder import scan_folder
@@ -44,7 +33,7 @@ import sys
 import tempfile
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +42,7 @@ from typing import Any, TypeVar
 import numpy as np
 from PIL import Image
 
-from ._checks import check_int, check_optional_int
+from ._checks import check_bool, check_int, check_optional_int
 from ._packformat import (
     ALIGNMENT,
     FORMAT_VERSION,
@@ -88,8 +77,7 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: What identifies one pack file across processes: absolute path, ``(st_dev, st_ino, st_size,
-#: st_mtime_ns)`` and the header digest (see :attr:`PackFile.identity`).
+#: What identifies one pack file across processes (see :attr:`PackFile.identity`).
 PackIdentity = tuple[str, tuple[int, ...], bytes]
 
 
@@ -106,13 +94,8 @@ def progress_bar(total: int, desc: str, unit: str, progress: bool | None) -> Any
 def bounded_map(
     executor: Executor | None, fn: Callable[[T], R], items: Iterable[T], max_in_flight: int
 ) -> Iterator[R]:
-    """``map(fn, items)`` in order, with at most ``max_in_flight`` tasks submitted at a time.
-
-    ``Executor.map`` submits everything at once (a million futures for ImageNet, and results
-    pile up in memory when the consumer is slower); this keeps a bounded window instead. With
-    ``executor=None`` it runs in the calling thread. Example: 10 items, ``max_in_flight=4``: items
-    0-3 are submitted, then item 4 only once the result of item 0 has been yielded.
-    """
+    """``map(fn, items)`` in order, with at most ``max_in_flight`` tasks submitted at a time
+    (``Executor.map`` submits all at once); in the calling thread when ``executor`` is ``None``."""
     if executor is None:
         yield from map(fn, items)
         return
@@ -143,9 +126,8 @@ class PackFile:
         check_crc: Whether :meth:`get_bytes` checks each sample's CRC-32, the first time this
             process reads it (settable; setting it forgets which samples were checked).
 
-    Opening validates the header, the checksum of the header and index, and the file size; it does
-    not read the images. Pickling a ``PackFile`` pickles its path: the receiving process maps the same
-    file (sharing the page cache) after a cheap check that it is still the same file.
+    Pickling a ``PackFile`` pickles its path: the receiving process maps the same file after a
+    cheap check that it is still the same file.
     """
 
     def __init__(
@@ -155,8 +137,7 @@ class PackFile:
         check_crc: bool = True,
         _expect: tuple[tuple[int, ...], bytes] | None = None,
     ) -> None:
-        if not isinstance(check_crc, bool):
-            raise TypeError(f"check_crc should be a bool, but got check_crc={check_crc!r}")
+        check_bool(check_crc, "check_crc")
         self.path = os.fspath(path)
         self._abspath = os.path.abspath(self.path)  # for pickling: the receiver may have another cwd
         name = repr(self.path)
@@ -174,9 +155,7 @@ class PackFile:
             os.close(fd)
         self._stat: tuple[int, int, int, int] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         verify, digest = True, None
-        if _expect is not None:
-            # Re-opened from a pickle: same inode, size and mtime as in the process that validated
-            # it, and the same header digest -> skip hashing the index again.
+        if _expect is not None:  # re-opened from a pickle: the same file is not hashed again
             digest = _expect[1]
             verify = tuple(_expect[0]) != self._stat
         try:
@@ -193,11 +172,8 @@ class PackFile:
 
     @classmethod
     def reopen(cls, identity: PackIdentity, check_crc: bool = True) -> PackFile:
-        """Opens the file that :attr:`identity` (from this or another process) describes.
-
-        Cheap when the file is unchanged (same inode, size and mtime: the index is not hashed
-        again); ``PackError`` ("has changed since it was opened") when its header digest differs.
-        """
+        """Opens the file that :attr:`identity` (from this or another process) describes: cheap
+        when it is unchanged, ``PackError`` when its header digest differs."""
         path, stat_key, digest = identity
         return cls(path, check_crc=check_crc, _expect=(tuple(stat_key), digest))
 
@@ -218,9 +194,7 @@ class PackFile:
 
     @check_crc.setter
     def check_crc(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"check_crc should be a bool, but got check_crc={value!r}")
-        self._require().check_crc = value
+        self._require().check_crc = check_bool(value, "check_crc")
 
     @property
     def view(self) -> PackView:
@@ -281,25 +255,17 @@ class PackFile:
         return len(self._require())
 
     def get_bytes(self, i: int) -> memoryview:
-        """The encoded bytes of sample ``i``: a read-only ``memoryview`` of the map (no copy).
-
-        Negative indices count from the end; out-of-range ones raise ``IndexError``.
+        """The encoded bytes of sample ``i`` (negative counts from the end): a read-only
+        ``memoryview`` of the map (no copy).
 
         Raises:
-            CorruptSampleError: (a ``PackError`` and a ``DecodeError``) With ``check_crc``, if the
-                bytes do not match the CRC-32 recorded when the pack was written; the message
-                names the sample, its original path and the pack.
+            CorruptSampleError: With ``check_crc``, if the bytes do not match their CRC-32.
         """
         return self._require().get_bytes(i)
 
     def will_need(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Asks the kernel to start reading data-section byte ranges into the page cache now.
-
-        ``madvise(MADV_WILLNEED)`` on the map: the reads are queued and this returns at once, so
-        a sample hinted a few batches before it is decoded is already in memory when a worker
-        touches it. Ranges are ``[starts[k], stops[k])`` relative to :attr:`data`; adjacent or
-        overlapping ones are merged into one request. A no-op where ``madvise`` is not available.
-        """
+        """Asks the kernel to read data-section ranges ``[starts[k], stops[k])`` into the page
+        cache now (``madvise(MADV_WILLNEED)``, overlapping ranges merged; returns at once)."""
         mm = self._mm
         advice = getattr(mmap, "MADV_WILLNEED", None)
         if mm is None or advice is None or len(starts) == 0:
@@ -320,13 +286,7 @@ class PackFile:
 
     def evict(self, starts: np.ndarray | None = None, stops: np.ndarray | None = None) -> None:
         """Drops data-section byte ranges (default: all of it) from the page cache, e.g. to measure
-        cold-cache epochs.
-
-        ``madvise(MADV_DONTNEED)`` on this process's map first (a page mapped by a process cannot
-        be dropped), then ``posix_fadvise(POSIX_FADV_DONTNEED)`` on the file; no root needed. Pages
-        that another process maps (a worker process of a loader) stay cached. The next read of a
-        dropped page comes from the disk again.
-        """
+        cold-cache epochs (no root needed; pages another process maps stay cached)."""
         mm = self._mm
         view = self._require()
         if starts is None or stops is None:
@@ -400,13 +360,12 @@ def open_pack(path: str | os.PathLike[str], *, check_crc: bool = True) -> PackFi
 
     Args:
         path: The pack file.
-        check_crc: Check each sample's CRC-32 the first time this process reads it
-            (``get_bytes``); ``False`` saves about 40 us per 107 kB image, once.
+        check_crc: Check each sample's CRC-32 the first time this process reads it.
 
     Raises:
         FileNotFoundError: If it does not exist.
         PackError: (a ``ValueError``) If it is not a pack, has an unknown format version, is truncated
-            or its header and index fail the checksum. The message says what to do.
+            or fails the checksum. The message says what to do.
 
     Example:
         >>> with open_pack("val.fastpack") as pack:
@@ -493,39 +452,32 @@ def write_pack(
     num_workers: int | None = None,
     progress: bool | None = None,
 ) -> PackSummary:
-    """Writes the samples of ``index`` into one pack file (see the module docstring for the layout).
+    """Writes the samples of ``index`` into one pack file.
 
-    The files are read (and re-encoded, with ``max_side``) in parallel; the calling process writes
-    them sequentially, in index order, into a temporary file next to ``out_path`` that is renamed to
-    ``out_path`` only when complete: an interrupted run never leaves a half-written pack under the
-    final name.
+    The files are read (and re-encoded) in parallel and written in index order into a temporary
+    file, renamed to ``out_path`` only when complete.
 
     Args:
-        index: The samples (e.g. ``scan_folder("imagenet/val", classes)``); the pack keeps its labels,
-            class list and relative paths.
+        index: The samples; the pack keeps their labels, class list and relative paths.
         out_path: The pack to write (by convention ``*.fastpack``). Replaced if it exists.
         max_side: Re-encode images whose longer side exceeds this as RGB JPEG with that longer side
-            (like FFCV's ``max_resolution``), to save RAM and decoding time. Smaller images, and all
-            images when ``None`` (the default), are stored bit for bit as in the file.
+            (like FFCV's ``max_resolution``); other images (all with ``None``) are stored as they are.
         quality: JPEG quality of re-encoded images (1-100).
-        num_workers: Parallel readers: threads when only copying, processes when re-encoding (the
-            CPU-bound case). Default: the CPUs available to this process; ``0`` works in the calling
-            process.
+        num_workers: Parallel readers (processes when re-encoding); default: the available CPUs,
+            ``0``: the calling process.
         progress: Show a tqdm bar (default: for more than 500 files when stderr is a terminal).
 
     Returns:
-        A :class:`PackSummary` (path, sample count, data and file size, source size, number of
-        re-encoded images).
+        A :class:`PackSummary`.
 
     Raises:
-        OSError: Naming the sample and file that cannot be read, or the pack file that cannot be
-            created or written (read-only location, disk full, file size limit); no partial file is
-            left under ``out_path`` (the file there, if any, is unchanged).
+        OSError: Naming the sample that cannot be read, or the pack file that cannot be written
+            (the file under ``out_path``, if any, is then unchanged).
         fastload.decode.DecodeError: With ``max_side``, naming a sample that cannot be decoded.
 
     Example:
         An image of 1600x1200 with ``max_side=512`` is stored as a 512x384 JPEG; one of 500x375 is
-        stored unchanged (even if it is a PNG or a CMYK JPEG).
+        stored unchanged.
     """
     if not isinstance(index, FolderIndex):
         raise TypeError(
@@ -702,15 +654,3 @@ def pack_command(args: argparse.Namespace) -> int:
         f"{summary.data_bytes / 1e6:.1f} MB of images (source {summary.source_bytes / 1e6:.1f} MB{shrunk})"
     )
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fastload.pack ROOT OUT ...`` (the same as ``python -m fastload pack``)."""
-    parser = argparse.ArgumentParser(prog="fastload")
-    add_pack_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["pack", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -44,9 +44,8 @@ __all__ = [
 ]
 
 _MASK = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_G, _C1, _C2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
+_GOLDEN, _M1, _M2 = np.uint64(_G), np.uint64(_C1), np.uint64(_C2)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -86,20 +85,10 @@ def _uniform_from(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
 def batch_uniform(
     seed: int, epoch: int, indices: Sequence[int] | np.ndarray | torch.Tensor, stream: int, n: int
 ) -> np.ndarray:
-    """Draws ``n`` uniforms in ``[0, 1)`` for each sample of a batch, as one vectorised call.
-
-    Row ``r`` equals the first ``n`` draws of ``SampleRNG(seed, epoch, indices[r], stream)``.
-
-    Args:
-        seed: The loader seed.
-        epoch: The epoch.
-        indices: Dataset indices of the batch's samples.
-        stream: Stream id, so that independent transforms draw independent numbers.
-        n: Draws per sample.
-
-    Returns:
-        A float64 array of shape ``(len(indices), n)``.
-    """
+    """Draws ``n`` uniforms in ``[0, 1)`` for each of a batch's samples (dataset ``indices``), as
+    one vectorised call: row ``r`` of the float64 ``(len(indices), n)`` result equals the first
+    ``n`` draws of ``SampleRNG(seed, epoch, indices[r], stream)``. Independent transforms draw
+    from different ``stream`` ids."""
     if isinstance(indices, torch.Tensor):
         indices = indices.cpu().numpy()
     keys = hash_key(seed, epoch, np.asarray(indices, dtype=np.int64).reshape(-1), stream)
@@ -107,13 +96,8 @@ def batch_uniform(
     return _uniform_from(keys[:, None], counters[None, :])
 
 
-_G = 0x9E3779B97F4A7C15
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
-
-
 def mix_int(x: int) -> int:
-    """:func:`_mix` on one Python int (the per-sample path: ~20x cheaper than numpy scalars)."""
+    """:func:`_mix` on one Python int (the per-sample path: cheaper than numpy scalars)."""
     x = (x + _G) & _MASK
     x = ((x ^ (x >> 30)) * _C1) & _MASK
     x = ((x ^ (x >> 27)) * _C2) & _MASK
@@ -121,14 +105,8 @@ def mix_int(x: int) -> int:
 
 
 class SampleRNG:
-    """The random stream of one sample: sequential draws from a counter-based hash.
-
-    Args:
-        seed: The loader seed.
-        epoch: The epoch.
-        index: The sample's dataset index.
-        stream: Stream id (0 for the per-sample CPU transforms).
-    """
+    """The random stream of one sample (dataset ``index``; ``stream`` 0: the per-sample CPU
+    transforms): sequential draws from a counter-based hash."""
 
     __slots__ = ("_key", "_counter")
 
@@ -180,12 +158,8 @@ def current() -> SampleRNG:
 
 
 def current_key() -> tuple[int, int, int] | None:
-    """The ``(seed, epoch, index)`` of the current sample (inside :func:`sample_scope`), else ``None``.
-
-    For a per-sample transform that draws from another stream of the same sample than
-    :func:`current`'s, e.g. the device transforms' ``batch_uniform(seed, epoch, [index], stream, n)``
-    (``decode="hybrid"`` crops a sample on the CPU with the box the device would draw for it).
-    """
+    """The ``(seed, epoch, index)`` of the current sample (inside :func:`sample_scope`), else ``None``:
+    for a transform that draws from another stream of the sample (``decode="hybrid"``)."""
     return getattr(_local, "key", None)
 
 
@@ -202,11 +176,8 @@ def sample_scope(seed: int, epoch: int, index: int) -> Iterator[SampleRNG]:
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The shuffled order of ``range(n)`` for an epoch: ``torch.randperm`` seeded by ``seed + epoch``.
-
-    This is exactly the permutation ``torch.utils.data.DistributedSampler`` uses, so a fastload
-    order can be compared with (and ``pad=True`` reproduces) torch's.
-    """
+    """The shuffled order of ``range(n)`` for an epoch: ``torch.randperm`` seeded by ``seed + epoch``,
+    exactly the permutation ``torch.utils.data.DistributedSampler`` uses."""
     g = torch.Generator()
     g.manual_seed(seed + epoch)
     return torch.randperm(n, generator=g)

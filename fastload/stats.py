@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["LoaderStats"]
 
@@ -51,8 +50,6 @@ class LoaderStats:
         self.decode_seconds = {}
         self._start = time.perf_counter()
         self._end = None
-
-    reset = start
 
     def stop(self) -> None:
         """Freezes the wall clock (at the end of an epoch)."""
@@ -90,19 +87,6 @@ class LoaderStats:
         """Fraction of the wall time the consumer spent blocked on data (0 = never waited)."""
         wall = self.wall_seconds
         return min(1.0, self.wait_seconds / wall) if wall > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters and derived rates as a plain dict (for logging)."""
-        return {
-            "batches": self.batches,
-            "samples": self.samples,
-            "wait_seconds": self.wait_seconds,
-            "wall_seconds": self.wall_seconds,
-            "images_per_s": self.images_per_s,
-            "stall_fraction": self.stall_fraction,
-            "skipped": self.skipped,
-            "decode_seconds": dict(self.decode_seconds),
-        }
 
     def summary(self) -> str:
         """One readable line."""

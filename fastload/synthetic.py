@@ -1,18 +1,10 @@
 """An ImageNet-like tree of real JPEG files, made in seconds, for tests, benchmarks and demos.
 
 ``make_imagenet_like(root)`` writes ``root/train/<wnid>/<name>.JPEG`` and
-``root/val/<wnid>/<name>.JPEG``. The files look like ImageNet to a data loader:
-
-* sizes: the longer side is log-normal around 450 px (mean image about 400x350), aspect ratios
-  from 1:2 to 2:1, about 3% over 1000 px on a side and about 3% under 100 px;
-* content with natural-image structure: smooth colour fields, filled shapes with hard edges and
-  luminance/chroma texture of varying strength, so JPEG files are about as large as ImageNet's
-  (about 110 KB at 400x350) and decode about as slowly;
-* JPEG quality drawn from 75 to 95, 4:2:0 chroma subsampling;
-* the quirks of the real data set (with ``quirks=True``): a few grayscale JPEGs (about 1 in 100,
-  at least one per split), one CMYK JPEG and one PNG saved under a ``.JPEG`` name in ``train``.
-
-Everything is a function of ``seed``: the same call writes byte-identical files.
+``root/val/<wnid>/<name>.JPEG`` that look like ImageNet to a data loader: ImageNet's spread of
+sizes and aspect ratios, natural-image structure (so files are about as large and decode about
+as slowly), JPEG quality 75 to 95 with 4:2:0 chroma, and (``quirks=True``) a few grayscale JPEGs,
+one CMYK JPEG and one PNG under a ``.JPEG`` name. Every byte is a function of ``seed``.
 
 Example:
     >>> from fastload.synthetic import make_imagenet_like
@@ -28,7 +20,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,17 +211,11 @@ def make_imagenet_like(
     if num_workers is None:
         num_workers = available_cpus()
     if progress is None:
-        progress = len(specs) > 500 and _is_terminal()
+        progress = len(specs) > 500 and sys.stderr.isatty()
     tasks = [(str(out), s) for s in specs]
-    bar: Callable[[Iterator[int]], Iterable[int]]
-    if progress:
 
-        def bar(it: Iterator[int]) -> Iterable[int]:
-            return tqdm(it, total=len(tasks), desc=f"synth {out}", unit="img")
-    else:
-
-        def bar(it: Iterator[int]) -> Iterable[int]:
-            return it
+    def bar(it: Iterator[int]) -> Iterable[int]:
+        return tqdm(it, total=len(tasks), desc=f"synth {out}", unit="img") if progress else it
 
     if num_workers <= 1 or len(tasks) < 16:
         for _ in bar(map(_write, tasks)):
@@ -258,18 +244,13 @@ def make_linked_tree(
     """Writes a split shaped like ImageNet train that costs only directory entries.
 
     ``root/train/<wnid>/<wnid>_<i>.JPEG`` for ``num_files`` files spread as evenly as possible over
-    ``classes`` folders (ImageNet's 1,281,167 over 1,000: the first 167 classes hold 1,282 files,
-    the others 1,281). Every file is a hard link to one of ``base_images`` small real JPEGs kept in
-    ``root/base/`` (so a loader can decode them), or with ``empty=True`` to an empty file (enough
-    for scanning). A hard link costs a directory entry, not data or an inode: the full ImageNet
-    shape builds in about 20 s on ext4 (``link`` is faster than creating empty files).
+    ``classes`` folders. Every file is a hard link to one of ``base_images`` small real JPEGs kept
+    in ``root/base/`` (raised as needed so that no file gets more than 60,000 links), or with
+    ``empty=True`` to an empty file (enough for scanning).
 
     Args:
-        root: Output folder (created); the split is ``root/train``.
-        num_files: Number of files in the split.
-        classes: Number of class folders.
-        base_images: Distinct JPEGs the links point to, raised as needed so that no file gets more
-            than 60,000 links (ext4's limit is 65,000).
+        root: Output folder (created).
+        num_files, classes, base_images: Counts, as above.
         empty: Link to empty files instead of JPEGs.
         seed: Seeds the base images.
 
@@ -278,7 +259,7 @@ def make_linked_tree(
 
     Raises:
         ValueError: If a count is not a positive integer (``num_files`` may be 0).
-        FileExistsError: If ``root/train`` already exists (the tree is built once, not merged).
+        FileExistsError: If ``root/train`` already exists.
 
     Example:
         >>> split = make_linked_tree("/tmp/inet-shape", num_files=2_562, classes=2)  # doctest: +SKIP
@@ -312,7 +293,3 @@ def make_linked_tree(
             os.link(bases[k % base_images], f"{prefix}{i}.JPEG")
             k += 1
     return split
-
-
-def _is_terminal() -> bool:
-    return sys.stderr.isatty()

@@ -4,22 +4,14 @@ The classes mirror torchvision's (same names, arguments and crop-parameter distr
 :class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop`, :class:`RandomHorizontalFlip`
 and :class:`Compose`. Three things differ:
 
-* **Randomness** comes only from :func:`fastload.rng.current` — inside the loader, the stream of
-  ``(seed, epoch, index)`` — so a sample gets the same crop whatever the worker count, worker kind
-  or batch composition. Outside a :func:`fastload.rng.sample_scope` the stream is seeded from
-  torch's global RNG, so ``torch.manual_seed`` makes a hand-run pipeline reproducible.
-* **Fused decoding.** Given the encoded file, :meth:`Transform.decode_and_apply` reads only the
-  header, draws the crop box for that image size, decodes the JPEG at the smallest DCT scale
-  (1/2, 1/4, 1/8) that keeps the crop at least as large as the output, and crops + resizes in
-  one resample. :meth:`Transform.decode_into` writes the result straight into a slot of the
-  loader's batch buffer.
-* **Output** is always a uint8 ``(3, H, W)`` tensor, also for a PIL input (like torchvision v2 on
-  tensors), so the loader never sees PIL images.
-
-Where they sit in the data flow: a worker hands a sample's encoded bytes to the dataset's
-transform; a pipeline of these classes draws its parameters into a :class:`~fastload.fused.Plan`
-for the image size in the header, and :mod:`fastload.fused` decodes and crops by that plan
-straight into the batch buffer (that module shows which decoder runs for which file).
+* **Randomness** comes only from :func:`fastload.rng.current`: inside the loader, the stream of
+  ``(seed, epoch, index)``, so a sample gets the same crop whatever the workers or batches;
+  outside a :func:`fastload.rng.sample_scope`, a stream seeded from torch's global RNG.
+* **Fused decoding.** :meth:`Transform.decode_and_apply` reads only the header, draws the crop box
+  for that image size into a :class:`~fastload.fused.Plan`, and :mod:`fastload.fused` decodes by
+  that plan (at a reduced DCT scale where the crop allows); :meth:`Transform.decode_into` writes
+  the result straight into a slot of the loader's batch buffer.
+* **Output** is always a uint8 ``(3, H, W)`` tensor, also for a PIL input.
 
 Example:
     >>> from fastload import rng, transforms as T
@@ -44,7 +36,7 @@ import torch
 from PIL import Image
 
 from . import rng as _rng
-from ._checks import check_choice, check_int, check_probability
+from ._checks import check_bool, check_choice, check_int, check_probability
 from .decode import pil_resample_available, roi_decoder_available, torchvision_jpeg_available
 from .fused import Plan, apply_loaded, decode_plan, open_encoded, run_ops
 
@@ -60,9 +52,7 @@ __all__ = [
     "import_decode_modules",
 ]
 
-#: The per-channel mean and standard deviation of ImageNet on the 0..1 scale, the values every
-#: ImageNet recipe normalizes with (``torchvision.transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)``,
-#: ``fastload.gpu.Normalize``, ``fastload.dali.DALILoader``'s defaults).
+#: ImageNet's per-channel mean and standard deviation on the 0..1 scale, as every recipe normalizes.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -70,10 +60,6 @@ _INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 _RESAMPLERS = ("auto", "pil", "torch")
 # PIL's integer constants, which torchvision also accepts.
 _PIL_INT_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
-
-
-# --------------------------------------------------------------------------------------------
-# argument checks
 
 
 def _parse_hw(size: Any, name: str = "size") -> tuple[int, int]:
@@ -113,27 +99,15 @@ def _parse_interpolation(value: Any) -> str:
     )
 
 
-def _check_antialias(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"antialias should be a bool, but got antialias={value!r}")
-    return value
-
-
 def import_decode_modules() -> None:
-    """Imports now what decoding a sample imports on first use, and runs its one-time checks.
-
-    That is PIL's format plugins and, with the C extension, the check of its copy of PIL's
-    resample; without it, torchvision's functional ops (2-3 s for ``import torchvision``) and the
-    check of ``torchvision.io.decode_jpeg``, which every sample then uses. The loader calls it
-    before it starts workers, so forked workers inherit the modules instead of each importing them
-    inside its first batch, and spawned workers import them while they start.
+    """Imports now what decoding a sample imports on first use, and runs its one-time checks: PIL's
+    format plugins and, with the C extension, the check of its copy of PIL's resample; without it,
+    torchvision's functional ops and ``torchvision.io.decode_jpeg``'s check. The loader calls it
+    before it starts workers, so that forked workers inherit the modules.
     """
     Image.preinit()  # the JPEG, PNG, BMP, GIF and PPM plugins Image.open would import
     if roi_decoder_available() and pil_resample_available():
-        # JPEGs are decoded and resized by the C extension: torchvision (2-3 s to import, most of it
-        # torch._dynamo through torchvision.ops) is only needed by an image that falls back (a plan
-        # that is not one resample of a box, resampler="torch"); it is imported then, once.
-        return
+        return  # torchvision is only needed by an image that falls back: imported then, once
     import torchvision.transforms  # noqa: F401 - each on first use by fastload.fused
     import torchvision.transforms.functional  # noqa: F401
     import torchvision.transforms.v2.functional  # noqa: F401
@@ -163,31 +137,22 @@ def resized_output_size(
     return (new_long, new_short) if width <= height else (new_short, new_long)
 
 
-# --------------------------------------------------------------------------------------------
-# transforms
-
-
 class Transform:
     """Base class of fastload's per-sample transforms (a pipeline of one; see :class:`Compose`).
 
     Subclasses implement :meth:`_plan` (draw the random parameters for an image size and record
-    the geometry) and :meth:`_output_size`. Everything else — running on a tensor or PIL image,
-    fused decoding — is shared.
+    the geometry) and :meth:`_output_size`.
     """
 
-    #: Whether the transform draws random parameters (a :class:`Compose`: whether any of its do).
-    #: Deterministic (evaluation) pipelines resize as PIL does by default (see :meth:`decode_into`).
+    #: Whether the transform draws random parameters (a :class:`Compose`: whether any of its do);
+    #: only random pipelines decode at a reduced size by default (see :meth:`decode_and_apply`).
     random: bool = False
-
-    # -- what subclasses implement -------------------------------------------------------------
 
     def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
         raise NotImplementedError
 
     def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
         raise NotImplementedError
-
-    # -- public API -------------------------------------------------------------------------------
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -196,22 +161,15 @@ class Transform:
         return self._output_size(None)
 
     def plan(self, height: int, width: int, rng: _rng.SampleRNG | None = None) -> Plan:
-        """Draws this pipeline's random parameters for an ``height x width`` image (in pipeline order).
-
-        ``rng`` defaults to :func:`fastload.rng.current`. Mostly for tests and debugging: the
-        returned plan's ``ops`` list the crops, resizes and flips that will be applied.
-        """
+        """Draws this pipeline's random parameters for an ``height x width`` image (in pipeline order)
+        from ``rng`` (default: :func:`fastload.rng.current`)."""
         plan = Plan(int(height), int(width))
         self._plan(plan, _rng.current() if rng is None else rng)
         return plan
 
     def __call__(self, img: torch.Tensor | Image.Image) -> torch.Tensor:
-        """Applies the transform to a ``(..., H, W)`` tensor or a PIL image.
-
-        A tensor goes through torchvision's functional ops at the drawn parameters (dtype kept;
-        uint8 is the intended one). A PIL image is cropped and resized in one PIL resample and
-        returned as a uint8 ``(3, H, W)`` tensor.
-        """
+        """Applies the transform to a ``(..., H, W)`` tensor (torchvision's functional ops, dtype
+        kept) or a PIL image (one PIL resample, returned as a uint8 ``(3, H, W)`` tensor)."""
         if isinstance(img, torch.Tensor):
             if img.ndim < 2:
                 raise ValueError(
@@ -240,17 +198,12 @@ class Transform:
             data: The encoded file (JPEG, PNG or anything PIL reads).
             name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
             resampler: ``"pil"``: bilinear/bicubic resizes the way PIL runs them, the same pixels
-                (bit for bit: a resize then a crop is the C extension's window of the whole resize,
-                or op by op without it) as the torchvision pipeline run on the PIL image
-                (``torchvision.datasets.ImageFolder``'s images); ``"torch"``: torch's uint8 kernels,
-                which differ from PIL's resample by up to 2 levels on a few pixels; ``"auto"``:
-                ``"pil"`` when the C extension's copy of PIL's resample is there (about as fast as
-                torch's kernels, and no torchvision import), else ``"torch"`` (Pillow's own
-                resample is 3-4x slower).
+                as the torchvision pipeline run on the PIL image; ``"torch"``: torch's uint8
+                kernels (up to 2 levels from PIL's on a few pixels); ``"auto"``: ``"pil"`` when the
+                C extension's copy of PIL's resample is there, else ``"torch"``.
             reduce: Allow reduced-size (DCT-scaled) JPEG decoding when the crop is at least twice
-                the output (4-6 levels from the full-size result); ``False``: always decode at full
-                size (the reference pixels). ``None``: only for a pipeline with a random op
-                (training); evaluation pipelines decode at full size.
+                the output; ``False``: always decode at full size (the reference pixels). ``None``:
+                only for a pipeline with a random op (training).
 
         Returns:
             A uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
@@ -372,18 +325,13 @@ class Compose(Transform):
 
 
 class RandomResizedCrop(Transform):
-    random = True
-
     """Crops a random region (random area and aspect ratio) and resizes it to ``size``.
 
-    The crop parameters follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly: up
-    to 10 attempts of ``area * U(scale)`` with aspect ratio ``exp(U(log ratio))``, the first that
-    fits is placed uniformly; after 10 misses, the whole image with its aspect ratio clamped to
-    ``ratio``, centred (at least 1 pixel: where torchvision's fallback rounds a side to 0 and
-    fails, e.g. a 1x1 image with ``ratio=(2, 3)``, this keeps 1). Example: for a 100x20 image
-    (w x h) whose 10 attempts all miss (likely for such an elongated image), the fallback keeps the
-    full height and clamps the width to ``int(round(20 * 4/3)) = 27``:
-    ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
+    The crop parameters follow ``torchvision.transforms.RandomResizedCrop.get_params`` exactly (see
+    :meth:`get_params`); after 10 misses, the whole image with its aspect ratio clamped to
+    ``ratio``, centred (at least 1 pixel, where torchvision's fallback rounds a side to 0). Example:
+    a 100x20 image (w x h) whose 10 attempts all miss keeps the full height and clamps the width to
+    ``int(round(20 * 4/3)) = 27``: ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
 
     Args:
         size: Output ``(h, w)``, or an int for a square.
@@ -394,6 +342,8 @@ class RandomResizedCrop(Transform):
         antialias: Antialias when shrinking (torchvision's default ``True``). ``False`` or
             ``"nearest"`` turn off DCT-scaled decoding, which would antialias.
     """
+
+    random = True
 
     def __init__(
         self,
@@ -407,15 +357,13 @@ class RandomResizedCrop(Transform):
         self.scale = _parse_range(scale, "scale")
         self.ratio = _parse_range(ratio, "ratio")
         self.interpolation = _parse_interpolation(interpolation)
-        self.antialias = _check_antialias(antialias)
+        self.antialias = check_bool(antialias, "antialias")
 
     def get_params(
         self, height: int, width: int, rng: _rng.SampleRNG | None = None
     ) -> tuple[int, int, int, int]:
-        """The crop ``(top, left, h, w)`` for an ``height x width`` image, drawn from ``rng``.
-
-        Same algorithm as torchvision's ``RandomResizedCrop.get_params`` (which draws from torch's
-        global RNG); ``rng`` defaults to :func:`fastload.rng.current`. Draws, in order: per attempt
+        """The crop ``(top, left, h, w)`` for an ``height x width`` image, drawn from ``rng``
+        (default: :func:`fastload.rng.current`) as torchvision's ``get_params`` draws: per attempt
         ``U(scale)`` then ``U(log ratio)``; on success ``randint(0, height - h + 1)`` then
         ``randint(0, width - w + 1)``; nothing in the fallback.
         """
@@ -501,7 +449,7 @@ class Resize(Transform):
                 )
         self.max_size = max_size
         self.interpolation = _parse_interpolation(interpolation)
-        self.antialias = _check_antialias(antialias)
+        self.antialias = check_bool(antialias, "antialias")
 
     def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
         h, w = resized_output_size(plan.height, plan.width, self.size, self.max_size)
@@ -547,15 +495,13 @@ class CenterCrop(Transform):
 
 
 class RandomHorizontalFlip(Transform):
-    random = True
-
-    """Mirrors the image left-right with probability ``p``.
-
-    One draw per sample whatever ``p`` is, so the draws of later transforms do not depend on it.
+    """Mirrors the image left-right with probability ``p`` (one draw per sample whatever ``p``).
 
     Args:
         p: Probability of flipping, in ``[0, 1]``.
     """
+
+    random = True
 
     def __init__(self, p: float = 0.5) -> None:
         self.p: float = check_probability(p)
