@@ -1,48 +1,16 @@
 """Optional NVIDIA DALI backend: DALI decodes, fastload decides what and in which order.
 
-DALI is the fastest GPU decoding pipeline, but three of its defaults break what fastload
-guarantees:
+DALI's reader (``fn.readers.file``) numbers classes per split, shuffles locally with a fixed seed,
+rotates and restarts its shards (DALI issues 1774, 2849, 4319, 5827) and pads the last batch with
+repeats that validation counts (table below). Usage: docs/dali.md.
 
-* **Labels.** ``fn.readers.file(file_root=...)`` numbers classes by the sorted subdirectories of
-  *each split*, the same class-map drift as torchvision's ``ImageFolder``.
-* **Order and seeds.** The reader's ``random_shuffle`` draws from a prefetch buffer of
-  ``initial_fill`` samples (a local shuffle, not a permutation of the epoch), and
-  ``shuffle_after_epoch`` uses a fixed built-in seed unless ``shuffle_after_epoch_seed`` is given
-  (DALI issues 1774, 4319, 5827). Shards are contiguous blocks that rotate after every epoch, and a
-  restarted job begins again at epoch 0, so it replays the first epoch's shards (DALI issue 2849).
-* **Last batch.** ``pad_last_batch=True`` pads every shard to whole batches by repeating its last
-  sample (without it, the last batch reads on into the next shard), and the iterator's default
-  ``LastBatchPolicy.FILL`` hands those samples out: multi-GPU validation counts some images twice
-  (see the table below).
-
-**Design: ``fn.external_source`` fed by fastload, not ``fn.readers.file``.** :class:`DALILoader`
-computes each rank's order in Python with :class:`fastload.sampler.DistributedSampler`: the
-``torch.randperm`` order seeded by ``seed + epoch``, strided shards, no padding. It hands DALI
-one batch at a time: the file bytes and each sample's crop geometry. DALI does only the pixel
-work (decoding, resizing, normalizing) on its own threads or on the GPU. The sample indices of
-every batch in flight stay on the Python side, so the labels come straight from the
-:class:`~fastload.folder.FolderIndex` built with the shared :class:`~fastload.folder.ClassIndex`.
-What follows:
-
-* the order of epoch ``e`` is a function of ``(seed, epoch)`` only, the same on every rank and
-  after a restart: ``set_epoch(e)`` or :meth:`DALILoader.load_state_dict` on a new loader gives the
-  order an uninterrupted run would have had. A mid-epoch resume skips the batches already
-  consumed without reading them;
-* evaluation shards are ``DistributedSampler(shuffle=False)``'s: every sample on exactly one rank,
-  a short last batch instead of padding, and nothing to strip afterwards (DALI takes batches
-  smaller than ``batch_size`` from an external source);
-* the random crop and flip of sample ``i`` in epoch ``e`` are drawn from
-  ``fastload.rng.SampleRNG(seed, e, i)``, with the algorithm and order of draws of
-  ``fastload.transforms.RandomResizedCrop`` + ``RandomHorizontalFlip``. They are the same boxes
-  and flips that ``fastload.DataLoader`` applies with those transforms, for any ``num_threads``,
-  world size or resume point, and never depend on DALI's global seed.
-
-The price is a little Python per sample in the thread that runs the loop: reading the file and
-parsing its header for the crop geometry (:func:`image_size`, with PIL as the fallback), about
-50 to 150 us per sample on the development machine, most of it the file read. Decoding costs tens
-of times more and stays in DALI. ``fn.decoders.image_random_crop`` would draw the crop from DALI's
-per-pipeline RNG, which is not reproducible per sample, so this module does not use it. It uses the
-decoder's ROI path with the box fastload drew (``fn.decoders.image_slice``: a fused decode and crop).
+**Design.** :class:`DALILoader` feeds ``fn.external_source`` instead: each rank's order comes from
+:class:`fastload.sampler.DistributedSampler` (``seed + epoch``, strided shards, no padding), DALI
+gets one batch at a time (the file bytes and each sample's crop geometry) and does the pixel work,
+and the labels are the :class:`~fastload.folder.FolderIndex`'s targets. Sample ``i``'s crop and
+flip come from ``fastload.rng.SampleRNG(seed, e, i)`` as ``fastload.transforms`` draws them, never
+from DALI's seed (hence ``fn.decoders.image_slice`` with fastload's box). The loop's thread reads
+each file and its header (:func:`image_size`, PIL as the fallback).
 
 **Pipelines** (``S = size``; ``R = size * 256 // 224``, i.e. 256 for 224)::
 
@@ -52,27 +20,13 @@ decoder's ROI path with the box fastload drew (``fn.decoders.image_slice``: a fu
     val:   bytes ── decoders.image ── resize(ROI = the source region of Resize(R) + CenterCrop(S))
                  ── crop_mirror_normalize(mean, std) -> float CHW
 
-The val ROI is the region of the source image that torchvision's ``Resize(R)`` followed by
-``CenterCrop(S)`` keeps, resampled in one step. On the synthetic ImageNet set the val images agree
-with torchvision's ``Resize(256)``, ``CenterCrop(224)`` to within 1/255 per pixel (mean absolute
-difference about 0.2/255). DALI's own ``resize_shorter`` + center crop rounds the size and position
-differently, and there the mean difference is about 11/255. The decoders run with
-``output_type=RGB`` (grayscale and CMYK JPEGs come out as 3-channel RGB, like PIL's ``convert``)
-and ``adjust_orientation=False`` (EXIF rotation ignored, as torchvision's loader does), and the
-GPU decoder with ``jpeg_fancy_upsampling=True`` (libjpeg-turbo's chroma upsampling, as on the CPU and
-in PIL). They detect the format from the bytes, so a PNG saved under a ``.JPEG`` name decodes.
-The train images agree with torchvision's ``resized_crop`` of the same box to a mean absolute
-difference of about 0.01/255. DALI's antialiasing filter differs from torchvision's at hard
-edges, by up to about 15/255 on a few pixels per image.
+The decoders give RGB, ignore EXIF (as torchvision's loader) and upsample chroma as PIL does
+(``jpeg_fancy_upsampling``). ``device=None``: the current CUDA device when there is one (DALI's
+``"mixed"`` decoder), else a CPU-only pipeline yielding CPU tensors.
 
-**Devices.** ``device=None`` picks the current CUDA device when there is one: decoding then runs in
-DALI's ``"mixed"`` decoder (nvJPEG, with the hardware decoder where present), and resize and
-normalize run on the GPU. Without CUDA the pipeline is CPU-only (``device_id=None``) and yields CPU
-tensors.
-
-Last-batch behaviour, worked example: 10 validation images on 4 ranks, ``batch_size=2``. For
-contrast, the last two columns show what DALI 2.4's ``fn.readers.file(num_shards=4,
-pad_last_batch=True)`` with ``DALIGenericIterator(reader_name=...)`` gives::
+Last batch, worked example: 10 validation images on 4 ranks, ``batch_size=2``; for contrast,
+DALI 2.4's ``fn.readers.file(num_shards=4, pad_last_batch=True)`` with
+``DALIGenericIterator(reader_name=...)``::
 
     rank   DALILoader shard   DALILoader batches   reader, FILL         reader, PARTIAL
     0      [0, 4, 8]          [0, 4], [8]          [0, 1], [1, 1]       [0, 1], []
@@ -81,26 +35,9 @@ pad_last_batch=True)`` with ``DALIGenericIterator(reader_name=...)`` gives::
     3      [3, 7]             [3, 7]               [7, 8], [9, 9]       [7, 8], [9]
     total                     10 samples, once     16 (6 duplicates)    10, with empty batches
 
-In training (``drop_last=True``, the default for ``train=True``) every rank gets
-``floor(N / W)`` samples of the epoch's order and drops its incomplete last batch, so all ranks run
-the same number of steps, as DDP needs.
-
-Example::
-
-    from fastload import ClassIndex, scan_folder
-    from fastload.dali import DALILoader
-
-    classes = ClassIndex.from_folder("imagenet/train")
-    train = DALILoader(scan_folder("imagenet/train", classes), batch_size=256, train=True, seed=0)
-    val = DALILoader(scan_folder("imagenet/val", classes), batch_size=250, train=False)
-    for epoch in range(start_epoch, epochs):
-        train.set_epoch(epoch)
-        for images, labels in train:          # float NCHW on the GPU, int64 labels
-            ...
-
-DALI is optional. ``import fastload`` and ``import fastload.dali`` never import it. Constructing a
-:class:`DALILoader` without it raises ``ImportError`` naming the install command,
-``pip install 'fastload[dali]'``.
+In training (``drop_last=True``, the default for ``train=True``) every rank gets ``floor(N / W)``
+samples and drops its incomplete last batch. ``import fastload.dali`` never imports DALI; a
+:class:`DALILoader` without it raises ``ImportError`` naming ``pip install 'fastload[dali]'``.
 """
 
 from __future__ import annotations
@@ -216,12 +153,8 @@ def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
 
 
 def _val_box(height: int, width: int, resize: int, size: int) -> tuple[float, float, float, float]:
-    """``(y0, x0, y1, x1)``: the source region that ``Resize(resize)`` + ``CenterCrop(size)`` keeps.
-
-    torchvision's rules: the shorter side becomes ``resize`` and the longer one
-    ``int(resize * long / short)``; the crop starts at ``round((H - size) / 2)``.
-    Example: 500x375 (w x h), 256 then 224: resized to 341x256, crop at top 16, left 58, i.e.
-    rows ``16 * 375/256 .. 240 * 375/256`` = ``23.44 .. 351.56`` and columns ``85.04 .. 413.49``.
+    """``(y0, x0, y1, x1)``: the source region that ``Resize(resize)`` + ``CenterCrop(size)`` keeps,
+    by torchvision's rules (longer side ``int(resize * long / short)``, crop at ``round((H - size) / 2)``).
     """
     if width <= height:
         rw, rh = resize, int(resize * height / width)
@@ -240,10 +173,9 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def image_size(data: bytes) -> tuple[int, int] | None:
     """``(height, width)`` of a JPEG or PNG from its header, or ``None`` for anything else.
 
-    Reads only the markers before the JPEG frame header (or the PNG ``IHDR`` chunk), some 20
-    times faster than opening the file with PIL; the result is PIL's ``size`` swapped to
-    ``(h, w)``. ``None`` (the caller then asks PIL) for other formats, a truncated or malformed
-    header, or a JPEG whose height is given later in a DNL marker.
+    Reads only the markers before the JPEG frame header (or the PNG ``IHDR`` chunk); the result is
+    PIL's ``size`` swapped. ``None`` (the caller then asks PIL) for other formats, a truncated or
+    malformed header, or a JPEG whose height comes later in a DNL marker.
 
     Example:
         >>> import io; from PIL import Image
@@ -287,8 +219,7 @@ _MAX_TRAIN_DRAWS = 10 * 2 + 2 + 1
 
 
 class _Draws(SampleRNG):
-    """A :class:`~fastload.rng.SampleRNG` whose draws were computed in advance (a row of
-    :func:`fastload.rng.batch_uniform`); ``uniform`` and ``randint`` are SampleRNG's own."""
+    """A :class:`~fastload.rng.SampleRNG` replaying draws computed in advance (a row of ``batch_uniform``)."""
 
     __slots__ = ("_row", "_pos")
 
@@ -303,11 +234,10 @@ class _Draws(SampleRNG):
 
 
 class _Feed:
-    """The external source of the pipeline: each call returns the next batch of the current pass.
+    """The pipeline's external source: each call returns the pass's next batch (from ``pending``).
 
-    It owns the pass's remaining batches (``pending``) and the indices of the batches DALI has
-    taken but not yet returned (``in_flight``). DALI returns outputs in the order it called the
-    source, so the consumer pops the indices of each output batch from the front.
+    ``in_flight`` holds the indices of batches DALI took but has not returned; DALI returns
+    outputs in call order, so the consumer pops them from the front.
     """
 
     def __init__(self, index: FolderIndex, train: bool, size: int, resize: int, seed: int) -> None:
@@ -331,9 +261,6 @@ class _Feed:
         """The next call ends the pass (DALI then only returns what it already took)."""
         self.pending.clear()
 
-    def _read(self, i: int) -> bytes:
-        return self.index.read_bytes(i)
-
     def __call__(self) -> tuple[Any, ...]:
         if not self.pending:
             raise StopIteration
@@ -356,11 +283,10 @@ class _Feed:
         anchor = np.empty((n, 2), dtype=np.int32)  # (x, y): DALI's "WH" axis order
         shape = np.empty((n, 2), dtype=np.int32)
         mirror = np.empty(n, dtype=np.int32)
-        # Row j: the first draws of SampleRNG(seed, epoch, batch[j]), the stream fastload.DataLoader
-        # gives the sample, computed for the whole batch at once.
+        # row j: SampleRNG(seed, epoch, batch[j])'s first draws, for the whole batch at once
         draws = batch_uniform(self.seed, self.epoch, batch, 0, _MAX_TRAIN_DRAWS)
         for j, i in enumerate(batch.tolist()):
-            raw = self._read(i)
+            raw = self.index.read_bytes(i)
             h, w = self._header(i, raw)
             r = _Draws(draws[j])
             top, left, ch, cw = self.crop.get_params(h, w, r)
@@ -376,7 +302,7 @@ class _Feed:
         start = np.empty((n, 2), dtype=np.float32)  # (y, x): the resize ROI follows the HW order
         end = np.empty((n, 2), dtype=np.float32)
         for j, i in enumerate(batch.tolist()):
-            raw = self._read(i)
+            raw = self.index.read_bytes(i)
             h, w = self._header(i, raw)
             y0, x0, y1, x1 = _val_box(h, w, self.resize, self.size)
             start[j] = (y0, x0)
@@ -394,7 +320,6 @@ class DALILoader:
 
     Iterates like a ``DataLoader``: ``images`` is a float32 ``(N, 3, size, size)`` tensor,
     normalized with ``mean``/``std``, on ``device``; ``labels`` is int64 ``(N,)`` on the same device.
-    See the module documentation for what DALI does and what fastload does.
 
     Args:
         index: The split's samples (e.g. ``scan_folder("imagenet/val", classes)``). Labels are its
@@ -407,18 +332,15 @@ class DALILoader:
         seed: Seed of the shuffle order and of the crops and flips; must be the same on all ranks.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``None``: the current CUDA device if CUDA is
             available (GPU decoding), else the CPU (a CPU-only DALI pipeline).
-        num_threads: DALI's CPU threads. ``None``: the CPUs of this process divided among the
-            ranks of the node, as ``fastload.DataLoader(num_workers="auto")``.
-        num_replicas: Number of ranks. ``None``: ``fastload.distributed.get_world_size()`` (the
-            process group, else ``WORLD_SIZE``, else 1).
+        num_threads: DALI's CPU threads. ``None``: as ``fastload.DataLoader(num_workers="auto")``.
+        num_replicas: Number of ranks. ``None``: ``fastload.distributed.get_world_size()``.
         rank: This rank. ``None``: ``fastload.distributed.get_rank()``.
         mean: Per-channel mean, on the 0..1 scale (as ``torchvision.transforms.Normalize``).
         std: Per-channel standard deviation, on the 0..1 scale.
         shuffle: Reshuffle every epoch. ``None``: the same as ``train``.
-        drop_last: ``True``: every rank takes ``floor(N / num_replicas)`` samples of the epoch's
-            order and drops its incomplete last batch, so all ranks run the same number of steps.
-            ``False``: every sample exactly once over all ranks, and the last batch may be short.
-            ``None``: the same as ``train``.
+        drop_last: ``True``: every rank takes ``floor(N / num_replicas)`` samples and drops its
+            incomplete last batch (equal steps); ``False``: every sample once over all ranks, the
+            last batch may be short. ``None``: the same as ``train``.
         prefetch_queue_depth: Batches DALI prepares ahead of the consumer.
 
     Raises:
@@ -427,18 +349,8 @@ class DALILoader:
         ValueError: An argument is out of range (e.g. ``batch_size=0``, ``rank >= num_replicas``,
             ``device="cuda"`` without CUDA).
 
-    Example (evaluation on 4 ranks, exact metrics)::
-
-        val = DALILoader(scan_folder("imagenet/val", classes), batch_size=250, train=False)
-        correct = total = 0
-        for images, labels in val:
-            correct += (model(images).argmax(1) == labels).sum().item()
-            total += len(labels)
-        # summed over ranks: total == len(val_index), each image counted once
-
-    A yielded batch is a fresh tensor and stays valid for as long as it is kept. Only one pass runs
-    at a time: starting a new ``for`` loop over the loader ends the previous one, and resuming the
-    old iterator afterwards raises ``RuntimeError``.
+    A yielded batch is a fresh tensor. One pass runs at a time: a new ``for`` loop over the loader
+    ends the previous one, whose iterator then raises ``RuntimeError``.
     """
 
     def __init__(
@@ -533,11 +445,8 @@ class DALILoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch of the next pass, which (with ``seed``) selects its order, crops and flips.
-
-        A pass without a ``set_epoch`` call uses the previous pass's epoch + 1 (starting at 0),
-        as ``fastload.DataLoader`` does.
-        """
+        """Sets the epoch of the next pass, which (with ``seed``) selects its order, crops and flips;
+        without it a pass takes the previous pass's epoch + 1 (from 0), as ``fastload.DataLoader``."""
         self._epochs.set_epoch(check_int(epoch, "epoch", low=0, type_error=True))
 
     def indices(self, epoch: int | None = None) -> list[int]:
@@ -551,12 +460,7 @@ class DALILoader:
         return order[: len(self) * self.batch_size] if self.drop_last else order
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
-
-        As ``fastload.DataLoader.state_dict``: ``position`` is the prefix of the epoch's global
-        order every rank has handed out, so a ``DALILoader`` with another number of ranks or
-        batch size continues it exactly.
-        """
+        """Where the loader is: seed, epoch, and how far the consumer got (as ``DataLoader.state_dict``)."""
         return self._epochs.state_dict(self._plan())
 
     def _plan(self) -> Plan:
@@ -571,9 +475,8 @@ class DALILoader:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
         The state may come from a ``DALILoader`` with any number of ranks and batch size: the
-        rest of the epoch's global order is sharded over this loader's ranks (every remaining
-        sample once for evaluation; equal steps for training). The skipped samples are not read
-        or decoded. A state saved at the end of an epoch resumes at the start of the next one.
+        rest of the epoch's global order is sharded over this loader's ranks, the skipped samples
+        unread. A state saved at an epoch's end resumes at the start of the next one.
 
         Raises:
             fastload.ResumeError: (a ``ValueError``) The state is not a ``DALILoader`` state, is for
@@ -618,8 +521,16 @@ class DALILoader:
             seed=self._epochs.seed & 0x7FFFFFFF,  # no random operator reads it; set for reproducible builds
             prefetch_queue_depth=self.prefetch_queue_depth,
         )
-        decoder_device = "mixed" if gpu else "cpu"
         op_device = "gpu" if gpu else "cpu"
+        decode_args = dict(
+            device="mixed" if gpu else "cpu",
+            output_type=types.RGB,
+            adjust_orientation=False,
+            jpeg_fancy_upsampling=True,
+        )
+        resize_args = dict(
+            device=op_device, size=[self.size, self.size], interp_type=types.INTERP_LINEAR, antialias=True
+        )
         with pipe:
             if self.train:
                 data, anchor, shape, mirror = fn.external_source(
@@ -633,21 +544,12 @@ class DALILoader:
                     data,
                     anchor,
                     shape,
-                    device=decoder_device,
-                    output_type=types.RGB,
-                    adjust_orientation=False,
-                    jpeg_fancy_upsampling=True,
                     axis_names="WH",
                     normalized_anchor=False,
                     normalized_shape=False,
+                    **decode_args,
                 )
-                images = fn.resize(
-                    images,
-                    device=op_device,
-                    size=[self.size, self.size],
-                    interp_type=types.INTERP_LINEAR,
-                    antialias=True,
-                )
+                images = fn.resize(images, **resize_args)
             else:
                 data, roi_start, roi_end = fn.external_source(
                     source=self._feed,
@@ -656,22 +558,8 @@ class DALILoader:
                     dtype=[types.UINT8, types.FLOAT, types.FLOAT],
                     ndim=[1, 1, 1],
                 )
-                images = fn.decoders.image(
-                    data,
-                    device=decoder_device,
-                    output_type=types.RGB,
-                    adjust_orientation=False,
-                    jpeg_fancy_upsampling=True,
-                )
-                images = fn.resize(
-                    images,
-                    device=op_device,
-                    size=[self.size, self.size],
-                    roi_start=roi_start,
-                    roi_end=roi_end,
-                    interp_type=types.INTERP_LINEAR,
-                    antialias=True,
-                )
+                images = fn.decoders.image(data, **decode_args)
+                images = fn.resize(images, roi_start=roi_start, roi_end=roi_end, **resize_args)
                 mirror = 0
             images = fn.crop_mirror_normalize(
                 images,

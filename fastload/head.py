@@ -1,11 +1,10 @@
 """Head acceleration: the decode-and-crop head of a torchvision pipeline fused with decoding, the
 rest of the user's pipeline run as written.
 
-The whole-pipeline fast path (:mod:`fastload.recognize`) needs every op to be one fastload
-reproduces. Most training scripts add something it does not (``TrivialAugmentWide``,
-``RandAugment``, ``RandomErasing``, a mixup/cutmix ``collate_fn``). For those,
-``fastload.DataLoader`` keeps torch's own iterator and workers, and serves torch's workers a view
-of the dataset whose ``__getitem__`` runs a :class:`HeadPipeline`::
+For a pipeline the fast path (:mod:`fastload.recognize`) does not reproduce whole (one with
+``TrivialAugmentWide``, ``RandomErasing``, a mixup ``collate_fn``, ...), ``fastload.DataLoader``
+keeps torch's iterator and workers and serves them a view of the dataset whose ``__getitem__``
+runs a :class:`HeadPipeline`::
 
     user's pipeline:  [PILToTensor]  RandomResizedCrop  RandomHorizontalFlip  TrivialAugmentWide
                        PILToTensor  ConvertImageDtype  Normalize  RandomErasing
@@ -14,35 +13,23 @@ of the dataset whose ``__getitem__`` runs a :class:`HeadPipeline`::
 
 * **Head**: the leading ``RandomResizedCrop``, ``Resize``, ``CenterCrop`` and
   ``RandomHorizontalFlip`` ops (v1 and v2; on PIL images, or on tensors after a leading
-  ``PILToTensor``/``ToImage``). Their random parameters are drawn by torchvision's own code
-  (``RandomResizedCrop.get_params`` / ``make_params``, ``torch.rand(1)`` for the flip) from
-  torch's global RNG, before any pixel is decoded, exactly as torchvision draws them: in torch's
-  workers that is the worker's seeded generator, so every op after the head makes the same draws
-  as in torch's pipeline. Then only what the head needs is decoded (the crop's region; at a
-  reduced DCT scale when the crop is at least twice the output and ``exact`` is off), and the
-  result is exactly the type the head would have returned: a PIL RGB image, a uint8 ``(3, H, W)``
-  tensor, or a ``tv_tensors.Image``.
+  ``PILToTensor``/``ToImage``). torchvision's own code draws their parameters from torch's
+  global RNG before any pixel is decoded, so every later op makes torch's draws. Only what the
+  head needs is decoded (the crop's region; at a reduced DCT scale for a crop at least twice the
+  output unless ``exact``), returned as the type the head would return (PIL RGB image, uint8
+  ``(3, H, W)`` tensor or ``tv_tensors.Image``).
 * **Conversions** (``ToTensor``, ``PILToTensor``, ``ToImage``, ``ConvertImageDtype``, ``ToDtype``,
-  ``Normalize``, ``ToPureTensor``) that follow one another run as one pass through a per-channel
-  table, bit-identical to torchvision's arithmetic (see :class:`fastload.tvpipeline.Conversion`),
-  and return the same type (a ``tv_tensors.Image`` after a v2 ``ToImage`` until ``ToPureTensor``).
-  A conversion that receives something else than it was planned for (a PIL image that is not
-  RGB, after a ``Lambda``, say) runs as the user's ops instead.
-* **Everything else** -- any op, the dataset's ``target_transform`` and the loader's
-  ``collate_fn`` -- is the user's own object, called with what it would have received.
+  ``Normalize``, ``ToPureTensor``) in a row run as one pass, bit-identical to torchvision's
+  arithmetic (:class:`fastload.tvpipeline.Conversion`), returning the same type. One that gets
+  something other than planned (a non-RGB image after a ``Lambda``) runs as the user's ops.
+* **Everything else** -- any op, ``target_transform``, ``collate_fn`` -- is the user's own object,
+  called with what it would have received.
 
-Pixels. With ``exact=True`` (``fastload.DataLoader(exact_pixels=True)``) every image is decoded
-at full size and the head's resizes run as torchvision runs them (PIL's resample, reproduced
-byte for byte by the C extension, or torch's kernels through torchvision's functional ops), so
-the batches are bit-identical to torch's DataLoader for the same seed and order. By default a
-training head (one with a random op) may decode at 1/2, 1/4 or 1/8 of the size: the crop
-parameters, the labels and every later random draw are still torch's, the pixels differ a little
-(``bench/decode.py`` measures it; the tests bound it).
-
-A file fastload's decoder cannot read is loaded the reference way (PIL, as torchvision's loader
-does) with the same random draws, and the user's whole transform runs on it: a corrupt file
-raises PIL's own error, and one PIL can read (``ImageFile.LOAD_TRUNCATED_IMAGES``) gives the
-sample torch would.
+With ``exact=True`` (``DataLoader(exact_pixels=True)``) every image is decoded at full size and
+resized as torchvision does, so batches are bit-identical to torch's for the same seed; by
+default a training head may decode at 1/2, 1/4 or 1/8 size (same draws and labels, slightly
+different pixels). A file fastload's decoder cannot read is loaded as torchvision's loader does
+(PIL) with the same draws, and the user's whole transform runs on it.
 """
 
 from __future__ import annotations
@@ -91,8 +78,7 @@ _SAMPLE_NAME = re.compile(r"sample \d+ \((.+)\)\Z", re.S)
 
 
 def _opened_file(name: str) -> str:
-    """What PIL's "cannot identify image file" error shows for the file torchvision's loader
-    opened (``Image.open`` of an open file: its repr), where ``name`` holds the path."""
+    """The file's name as PIL's "cannot identify image file" error shows it for torchvision's loader."""
     match = _SAMPLE_NAME.match(name)
     try:
         path = ast.literal_eval(match.group(1)) if match else None
@@ -140,8 +126,7 @@ def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
 def _conversion_run(
     ops: list[Any], start: int, state: str, wrapped: bool
 ) -> tuple[_Convert | None, int, str, bool]:
-    """The longest run of conversions from ``ops[start]`` fastload fuses for an image in ``state``:
-    ``(run or None, next index, state after it, wrapped after it)``."""
+    """The longest fusable run of conversions from ``ops[start]``: ``(run or None, next, state, wrapped)``."""
     steps: list[tuple[Any, ...]] = []
     i, now, wrap = start, state, wrapped
     while i < len(ops):
@@ -238,9 +223,8 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
 
 
 def torchvision_op(op: Any) -> bool:
-    """Whether ``op`` is an instance of one of torchvision's own transform classes (not a subclass
-    defined elsewhere, not ``Lambda``, which runs a function of the user's); a container
-    (``RandomApply``, ``RandomChoice``, ``RandomOrder``, ``Compose``) when every op it holds is."""
+    """Whether ``op`` is one of torchvision's own transform classes (not ``Lambda``, not a subclass
+    defined elsewhere); a container (``RandomApply``, ``Compose``, ...) when every op it holds is."""
     cls = type(op)
     if not cls.__module__.startswith("torchvision.transforms") or cls.__name__ == "Lambda":
         return False
@@ -251,8 +235,7 @@ def torchvision_op(op: Any) -> bool:
 
 
 def wrapped_head(leading: list[Any]) -> bool:
-    """Whether the ops before the head leave a ``tv_tensors.Image`` (a v2 ``ToImage`` last wins
-    over a ``PILToTensor`` before it)."""
+    """Whether the ops before the head leave a ``tv_tensors.Image``."""
     wrapped = False
     for op in leading:
         wrapped = op_kind(op) == "ToImage" or (wrapped and op_kind(op) != "PILToTensor")
@@ -268,8 +251,7 @@ def _stand_in(height: int, width: int) -> torch.Tensor:
 
 
 def _draw_crop(h: _HeadOp, height: int, width: int) -> tuple[int, int, int, int]:
-    """``(top, left, height, width)`` drawn by the user's RandomResizedCrop's own code, as its
-    ``forward`` draws them for an image of that size."""
+    """``(top, left, height, width)`` drawn by the user's RandomResizedCrop's own code."""
     image = _stand_in(height, width)
     op = h.op
     if h.v2:
@@ -281,8 +263,7 @@ def _draw_crop(h: _HeadOp, height: int, width: int) -> tuple[int, int, int, int]
 
 
 def _draw_flip(h: _HeadOp) -> bool:
-    """The user's flip's own draw: v1 flips when ``torch.rand(1) < p``, v2 keeps the image when
-    ``torch.rand(1) >= p``."""
+    """The user's flip's own draw (v1: flip if ``rand < p``; v2: keep if ``rand >= p``)."""
     draw = torch.rand(1)
     if h.v2:
         return not bool(draw >= h.op.p)
@@ -348,8 +329,7 @@ class HeadPipeline:
 
     @property
     def foreign_ops(self) -> list[str]:
-        """The names of the ops run as written that are not torchvision's own transform classes
-        (:func:`torchvision_op`): code of the user's."""
+        """The names of the ops run as written that are code of the user's (not :func:`torchvision_op`)."""
         return [
             _kind_name(stage)
             for stage in self.stages
@@ -398,11 +378,8 @@ class HeadPipeline:
         return img.convert("RGB")
 
     def _plan(self, height: int, width: int) -> tuple[Plan, list[tuple[_HeadOp, Any]]]:
-        """Draws the head's parameters (torchvision's draws, in order) and plans its geometry.
-
-        Returns the plan and the head's ops with their parameters (``(top, left, h, w)`` of a
-        crop, the flip decision, ``None`` otherwise) for the op-by-op tensor path.
-        """
+        """Draws the head's parameters (torchvision's draws, in order) and plans its geometry; also
+        returns each head op with its draw (crop box, flip, or ``None``) for the tensor path."""
         plan = Plan(height, width)
         drawn: list[tuple[_HeadOp, Any]] = []
         for h in self.head:
@@ -436,8 +413,7 @@ class HeadPipeline:
         return plan, drawn
 
     def _head(self, data: bytes | memoryview | np.ndarray, name: str) -> np.ndarray | torch.Tensor:
-        """The head's output: an HWC uint8 array, or a ``(3, H, W)`` uint8 tensor (tensor heads
-        run op by op)."""
+        """The head's output: an HWC uint8 array, or a ``(3, H, W)`` uint8 tensor (a tensor head)."""
         header = jpeg_header(data)
         img = None if header is not None else open_image(data, name)
         height, width = (header[1], header[0]) if header is not None else (img.height, img.width)  # type: ignore[union-attr]
@@ -461,8 +437,7 @@ class HeadPipeline:
         drawn: list[tuple[_HeadOp, Any]],
         name: str,
     ) -> torch.Tensor:
-        """A head on tensors, op by op with the user's own functional ops (v1 resizes uint8 via
-        float, v2 with torch's uint8 kernels), on the decoded region of a leading crop."""
+        """A head on tensors, op by op with torchvision's functional ops, on a leading crop's region."""
         region = None
         start = 0
         if drawn and drawn[0][0].kind == "RandomResizedCrop" and img is None:
@@ -579,9 +554,7 @@ def head_view(dataset: Any, *, exact: bool = False) -> tuple[EncodedImageDataset
     """The dataset torch's iterator serves for a head-accelerated ``dataset``, or why there is none.
 
     The view has ``dataset``'s samples, labels, classes and ``target_transform``; its
-    ``transform`` is the :class:`HeadPipeline` of ``dataset.transform``. For a torchvision
-    ``DatasetFolder`` it is a fastload ``ImageFolder`` over the samples' index (no Python list in
-    the workers, see :func:`fastload.tvfolder.worker_view`).
+    ``transform`` is the :class:`HeadPipeline` of ``dataset.transform``.
 
     Returns:
         ``(view, None)``, or ``(None, reason)`` naming the first thing that rules it out.

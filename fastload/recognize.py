@@ -1,19 +1,16 @@
 """One-line acceleration: a torchvision image pipeline that fastload reproduces runs on its fast path.
 
-A user who only swaps ``torch.utils.data.DataLoader`` for ``fastload.DataLoader`` hands it a
-``torchvision.datasets.ImageFolder`` (or ``DatasetFolder`` with torchvision's default loader),
-``fastload.ImageFolder`` or ``fastload.InMemoryImageFolder`` whose ``transform`` is a torchvision
-``Compose`` (``transforms`` v1 or ``transforms.v2``). :func:`recognize` reads that pipeline and,
-when every op is one fastload reproduces, returns the dataset the fast path serves from: the same
-samples (paths, labels, order) and a :class:`~fastload.tvpipeline.TorchvisionPipeline`, which
-decodes each image straight into the batch buffer with the user's geometry and then applies the
-user's conversion and normalization, in the same arithmetic, per sample. Otherwise it says in one
-sentence why not.
+For a ``torchvision.datasets.ImageFolder`` (or ``DatasetFolder`` with torchvision's default
+loader), ``fastload.ImageFolder`` or ``fastload.InMemoryImageFolder`` whose ``transform`` is a
+torchvision ``Compose`` (v1 or v2), :func:`recognize` returns, when fastload reproduces every op,
+the dataset the fast path serves from: the same samples and a
+:class:`~fastload.tvpipeline.TorchvisionPipeline` (decode straight into the batch buffer with the
+user's geometry, then the user's conversions in torchvision's arithmetic); otherwise one sentence
+saying why not.
 
-Where it sits: the loader asks :func:`recognize` which path a dataset takes. This module reads the
-torchvision ops (their kinds, the wrapper rule of :func:`see_through`, each conversion's steps),
-which :mod:`fastload.head` shares; the dataset view it serves from comes from
-:mod:`fastload.tvfolder`, and what runs in place of the pipeline is :mod:`fastload.tvpipeline`.
+Where it sits: the loader asks :func:`recognize` which path a dataset takes. The op readers here
+(kinds, the wrapper rule of :func:`see_through`, each conversion's steps) are shared with
+:mod:`fastload.head`; the dataset view comes from :mod:`fastload.tvfolder`.
 
 Recognised ops (the classes themselves, not subclasses, which may change what they do):
 
@@ -35,20 +32,15 @@ torchvision op                             reproduced as
 ``Normalize(mean, std)``                   ``x.sub_(mean).div_(std)``
 =========================================  =====================================================
 
-Pixels. The user's resizes run on PIL images (that is what the dataset yields), so fastload runs
-them the way PIL does (``resampler="pil"``; a training pipeline without the C extension: torch's
-uint8 kernels, faster than Pillow's own). A pipeline without random ops (evaluation:
-``Resize`` + ``CenterCrop``) decodes at full size: on PIL images its pixels are torchvision's bit
-for bit (the C extension computes the crop's window of the whole resize with Pillow's
-coefficients; without it, op by op), on tensors within 1 level. A training pipeline (random ops)
-also uses reduced-size JPEG decoding for crops at least twice the output, which filters slightly
-differently (``bench/decode.py`` measures it); its crops
-follow torchvision's parameter distribution, drawn from fastload's ``(seed, epoch, index)`` streams.
+Resizes run as PIL runs them (``resampler="pil"``; a training pipeline without the C extension:
+torch's uint8 kernels). An evaluation pipeline (no random ops) decodes at full size, its pixels
+torchvision's bit for bit on PIL images; a training pipeline also decodes JPEGs at reduced size for
+crops at least twice the output, its crops drawn from fastload's ``(seed, epoch, index)`` streams.
 
 Not recognised (``loader.fast_path_reason`` names the first op or property that stopped it; a
 pipeline that begins with a crop or resize then takes head acceleration, :mod:`fastload.head`,
-else torch's path): any other op (``ColorJitter``, ``RandAugment``, ``Lambda``, ...), a geometric op
-after the float conversion, ``target_transform``, a custom ``loader``, a subclass that overrides
+else torch's path): any other op (``ColorJitter``, ``Lambda``, ...), a geometric op after the
+float conversion, ``target_transform``, a custom ``loader``, a subclass that overrides
 ``__getitem__``, a pipeline without a fixed output size, or an output that is not uint8 or float32.
 """
 
@@ -87,13 +79,8 @@ _V2_CONVERSION = "torchvision.transforms.v2._type_conversion."
 _V2_MISC = "torchvision.transforms.v2._misc."
 
 _COMPOSE = {_V1 + "Compose", "torchvision.transforms.v2._container.Compose"}
-_GEOMETRIC = {
-    **{_V1 + name: name for name in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")},
-    **{
-        _V2_GEOMETRY + name: name
-        for name in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
-    },
-}
+_GEOMETRY_KINDS = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
+_GEOMETRIC = {prefix + name: name for prefix in (_V1, _V2_GEOMETRY) for name in _GEOMETRY_KINDS}
 _TO_TENSOR = {_V1 + "ToTensor", "torchvision.transforms.v2._deprecated.ToTensor"}
 _PIL_TO_TENSOR = {_V1 + "PILToTensor", _V2_CONVERSION + "PILToTensor"}
 _TO_IMAGE = {_V2_CONVERSION + "ToImage"}
@@ -115,8 +102,7 @@ def _qualname(obj: Any) -> str:
 
 
 def _channel_values(values: Any, label: str) -> tuple[float, ...]:
-    """``Normalize``'s mean or std as 1 or 3 floats: what torchvision accepts (a number, a sequence,
-    a tensor or array; it applies them with ``torch.as_tensor``) and applies to RGB images."""
+    """``Normalize``'s mean or std (anything ``torch.as_tensor`` takes) as 1 or 3 floats."""
     try:
         flat = torch.as_tensor(values, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
@@ -144,7 +130,6 @@ _KINDS: dict[str, str] = {
     **{name: "Normalize" for name in _NORMALIZE},
     **{name: "ToPureTensor" for name in _TO_PURE},
 }
-_GEOMETRY_KINDS = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
 #: The kinds :func:`conversion_step` runs (the rest of :data:`_KINDS` is geometry or ``Compose``).
 CONVERSIONS = frozenset(
     ("ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ConvertImageDtypeV2", "ToDtype")
@@ -153,10 +138,8 @@ CONVERSIONS = frozenset(
 
 
 def op_kind(op: Any) -> str | None:
-    """What fastload knows ``op`` as: ``"RandomResizedCrop"``, ``"Resize"``, ``"CenterCrop"``,
-    ``"RandomHorizontalFlip"``, ``"Compose"``, or a conversion (:data:`CONVERSIONS`); ``None`` for
-    anything else. Only torchvision's own classes (v1 and v2), not subclasses, which may change
-    what they do."""
+    """What fastload knows ``op`` as: a geometric op's name, ``"Compose"``, or a conversion
+    (:data:`CONVERSIONS`); ``None`` for anything else, subclasses included (they may do more)."""
     return _KINDS.get(_qualname(op))
 
 
@@ -165,8 +148,7 @@ def is_v2(op: Any) -> bool:
     return type(op).__module__.startswith("torchvision.transforms.v2")
 
 
-# The bytecode of ``return self.<attribute>(<argument>)`` without the operations that only set up
-# a call or mark a line, which differ between Python versions.
+# ``return self.<attribute>(<argument>)``'s bytecode, less the call set-up ops that vary by Python version
 _FORWARD_SHAPE = ("LOAD_FAST", "LOAD_ATTR", "LOAD_FAST", "CALL", "RETURN_VALUE")
 _SETUP_OPS = frozenset(("RESUME", "NOP", "PRECALL", "PUSH_NULL", "CACHE", "KW_NAMES", "EXTENDED_ARG"))
 _OP_ALIASES = {
@@ -205,22 +187,11 @@ def _forwarded_attribute(function: Any) -> str | None:
 def see_through(transform: Any) -> Any:
     """The torchvision ``Compose`` a wrapper object only forwards to, or ``transform`` itself.
 
-    The rule (torchvision's reference presets, ``ClassificationPresetTrain``/``Eval``, have this
-    shape): ``transform`` is not a torchvision transform, and its class's ``__call__`` is exactly
-    ``def __call__(self, img): return self.<name>(img)`` -- two plain parameters, no defaults, no
-    other statement -- with ``self.<name>`` set on the instance. For a ``torch.nn.Module``, the
-    same holds for ``forward``, and the module has no hooks. Applied again to what it finds (a
-    wrapper of a wrapper). Anything else is not seen through: its ``__call__`` may do more than
-    the ``Compose`` it holds.
-
-    Example:
-        >>> class Preset:
-        ...     def __init__(self):
-        ...         self.transforms = torchvision.transforms.Compose([...])
-        ...     def __call__(self, img):
-        ...         return self.transforms(img)
-        >>> see_through(Preset()) is preset.transforms                    # doctest: +SKIP
-        True
+    The rule (the shape of torchvision's reference presets, ``ClassificationPresetTrain``/``Eval``):
+    ``transform`` is not a torchvision transform and its class's ``__call__`` is exactly
+    ``def __call__(self, img): return self.<name>(img)`` (two plain parameters, no defaults), with
+    ``self.<name>`` set on the instance; for a hook-free ``torch.nn.Module``, the same of
+    ``forward``. Applied again to what it finds (a wrapper of a wrapper).
     """
     seen = 0
     while seen < 8 and transform is not None and not type(transform).__module__.startswith("torchvision."):
@@ -253,8 +224,7 @@ def _has_hooks(module: Any, nn: Any) -> bool:
 
 
 def pipeline_ops(transform: Any) -> list[Any]:
-    """The ops of a torchvision pipeline in order: wrappers seen through (:func:`see_through`) and
-    ``Compose`` (v1 and v2, nested) flattened; anything else is one op."""
+    """The ops of a torchvision pipeline in order, wrappers seen through and ``Compose`` flattened."""
     transform = see_through(transform)
     if op_kind(transform) == "Compose":
         ops: list[Any] = []
@@ -283,8 +253,7 @@ def resize_mode(op: Any) -> str:
 
 def tensor_antialias(op: Any, on_pil: bool) -> bool:
     """Whether a torchvision resize op antialiases: always on PIL images; on tensors its
-    ``antialias`` (``None`` is ``False``, as torchvision >= 0.17 documents; so is 0.15/0.16's
-    ``"warn"`` default, which warned and did not antialias tensors)."""
+    ``antialias`` (``None`` and 0.15/0.16's ``"warn"`` default are ``False``)."""
     if on_pil:
         return True  # PIL's resample always antialiases; torchvision ignores the flag for PIL images
     value = getattr(op, "antialias", True)
@@ -327,9 +296,8 @@ def _float_dtype(dtype: Any, op: Any) -> None:
 def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any, ...]]]:
     """What a conversion op does to an image in ``state``: the new state and its steps.
 
-    States: ``"pil"`` (a PIL RGB image), ``"uint8"`` (a uint8 ``(3, H, W)`` tensor), ``"float"``
-    (float32). Steps as in :class:`fastload.tvpipeline.Conversion`. ``ToPureTensor``, and ``ToImage``
-    on a tensor, change no value (only the tensor's type: see :mod:`fastload.head`).
+    States: ``"pil"`` (a PIL RGB image), ``"uint8"`` (a ``(3, H, W)`` tensor), ``"float"``
+    (float32). Steps as in :class:`fastload.tvpipeline.Conversion`.
 
     Raises:
         NotReproducible: Where torchvision would raise, or the result is not uint8 or float32.
@@ -395,13 +363,7 @@ def convert_pipeline(transform: Any) -> TorchvisionPipeline:
 
 def _convert(transform: Any) -> TorchvisionPipeline:
     transform = see_through(transform)
-    if op_kind(transform) not in (
-        "Compose",
-        "RandomResizedCrop",
-        "Resize",
-        "CenterCrop",
-        "RandomHorizontalFlip",
-    ):
+    if op_kind(transform) not in ("Compose", *_GEOMETRY_KINDS):
         raise NotReproducible(
             f"the dataset's transform ({type(transform).__name__}) is not a torchvision Compose "
             "(nor an object whose __call__ only returns self.<name>(img) of one)"

@@ -1,14 +1,12 @@
 """The views fastload serves over a torchvision ``DatasetFolder`` (``ImageFolder``), and the checks
 that it reads the images as the dataset does.
 
-Where it sits: between the user's dataset and the paths that read it. :func:`sample_index` turns
-``dataset.samples`` (one ``(path, target)`` tuple per sample) into a
-:class:`~fastload.folder.FolderIndex` of numpy arrays; :func:`folder_source` is the fastload
-dataset that the fast path (:mod:`fastload.recognize`) and head acceleration
-(:mod:`fastload.head`) read encoded bytes from; :func:`worker_view` is what torch's worker
-processes serve instead of the dataset itself, running ``DatasetFolder.__getitem__`` as written.
-:class:`NotReproducible` is the reason a dataset (here) or a pipeline (:mod:`fastload.recognize`,
-:mod:`fastload.head`) cannot be accelerated.
+Where it sits: between the user's dataset and the paths that read it. :func:`sample_index`:
+``dataset.samples`` as a :class:`~fastload.folder.FolderIndex` of numpy arrays;
+:func:`folder_source`: the dataset the fast path and head acceleration read encoded bytes from;
+:func:`worker_view`: what torch's workers serve instead of the dataset, running
+``DatasetFolder.__getitem__`` as written. :class:`NotReproducible`: why a dataset or pipeline
+cannot be accelerated.
 """
 
 from __future__ import annotations
@@ -63,12 +61,9 @@ _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the
 def sample_index(dataset: Any) -> FolderIndex:
     """The samples of a torchvision ``DatasetFolder`` as a :class:`FolderIndex` (numpy arrays).
 
-    ``dataset.samples[i]`` is read for every ``i`` (so a sequence that computes its entries gives
-    what ``DatasetFolder.__getitem__`` would see). Paths are stored relative to ``dataset.root``
-    when every one of them is ``os.path.join(root, relative)`` exactly (what torchvision's scan
-    makes), else whole; either way ``index.paths[i] == dataset.samples[i][0]``. Example: root
-    ``"/data/train"``, sample ``("/data/train/n01/a.JPEG", 0)``: relative path ``"n01/a.JPEG"``,
-    30 bytes of path per ImageNet sample instead of a tuple, a ``str`` and an ``int`` object.
+    ``dataset.samples[i]`` is read for every ``i``. Paths are stored relative to ``dataset.root``
+    when every one is ``os.path.join(root, relative)`` exactly (as torchvision's scan makes them),
+    else whole; either way ``index.paths[i] == dataset.samples[i][0]``.
 
     Raises:
         NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
@@ -98,7 +93,7 @@ def sample_index(dataset: Any) -> FolderIndex:
 
 def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """UTF-8 relative paths back to back, their offsets and the targets; ``None`` if a path is not
-    under ``prefix`` (so that ``os.path.join(root, relative)`` would not give it back)."""
+    under ``prefix``."""
     cut = len(prefix)
     offsets = np.zeros(n + 1, dtype=np.int64)
     targets = np.empty(n, dtype=np.int64)
@@ -143,16 +138,13 @@ def is_image_folder(dataset: Any) -> bool:
 
 
 def folder_source(dataset: Any) -> EncodedImageDataset:
-    """A fastload dataset with ``dataset``'s samples (same order, labels) that serves their encoded
-    bytes: a shallow copy of a fastload dataset, or a fastload ``ImageFolder`` over a torchvision
-    ``DatasetFolder``'s :func:`sample_index`. Its ``transform`` and ``target_transform`` are
-    ``dataset``'s until the caller replaces them.
+    """A fastload dataset with ``dataset``'s samples that serves their encoded bytes: a shallow
+    copy of a fastload dataset, or an ``ImageFolder`` over a ``DatasetFolder``'s :func:`sample_index`.
 
     Raises:
         NotReproducible: If fastload cannot read the images as ``dataset`` does: a custom
             ``loader``, a joint ``transforms`` callable, a ``DatasetFolder`` subclass with its own
-            ``__getitem__``/``__len__``, or torchvision's image backend set to something else
-            than PIL.
+            ``__getitem__``/``__len__``, or an image backend other than PIL.
     """
     if isinstance(dataset, EncodedImageDataset):
         if getattr(dataset, "loader", None) is not None:
@@ -180,18 +172,14 @@ def folder_source(dataset: Any) -> EncodedImageDataset:
 
 
 def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
-    """What torch's worker processes serve instead of a torchvision ``DatasetFolder`` they would
-    copy page by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
+    """What torch's workers serve instead of a torchvision ``DatasetFolder`` they would copy page
+    by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
 
     The view is a :class:`fastload.ImageFolder` over :func:`sample_index` with the dataset's own
-    ``loader``, ``transform`` and ``target_transform``, so ``view[i]`` runs exactly
-    ``DatasetFolder.__getitem__``: ``path, target = samples[i]; sample = loader(path)``, then
-    ``transform(sample)`` and ``target_transform(target)`` if set. It holds no reference to the
-    dataset: its ``samples`` list is neither pickled to spawned workers nor touched (reference
-    counts, the garbage collector) in forked ones. Only for a dataset whose class keeps
-    ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and whose transforms
-    are not methods of the dataset itself (they would carry it along); anything else may read
-    whatever it likes from the dataset, so the dataset is kept.
+    ``loader``, ``transform`` and ``target_transform`` (so ``view[i]`` runs exactly
+    ``DatasetFolder.__getitem__``) and no reference to the dataset's ``samples`` list. Only for a
+    class that keeps ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and
+    transforms that are not methods of the dataset.
     """
     if not _torchvision_folder(dataset):
         return None, f"{type(dataset).__name__} is not a torchvision DatasetFolder"

@@ -1,18 +1,14 @@
 """What the fast path runs in place of a recognised torchvision pipeline.
 
-:class:`TorchvisionPipeline` decodes one sample straight into its slot of the batch buffer with the
-pipeline's crops, resizes and flips (fastload's fused transforms), then applies the pipeline's
-conversion steps; :class:`Conversion` is those steps (``ToTensor``, ``PILToTensor``, ``ToDtype``,
-``Normalize``, ...) run as one, with torchvision's arithmetic, per sample (through a table of the
-256 values per channel) or on whole uint8 batches on the device; :func:`convert` is that
-arithmetic.
+:class:`TorchvisionPipeline` decodes one sample straight into its batch slot with the pipeline's
+crops, resizes and flips, then applies its conversion steps; :class:`Conversion` runs those steps
+(``ToTensor``, ``ToDtype``, ``Normalize``, ...) as one, with torchvision's arithmetic
+(:func:`convert`), per sample through a per-channel table or on whole uint8 batches on the device.
 
-Where it sits: :mod:`fastload.recognize` reads the user's pipeline and builds a
-:class:`TorchvisionPipeline` (the steps come from :func:`fastload.recognize.conversion_step`); the
-fast path's workers call :meth:`TorchvisionPipeline.decode_into` on encoded bytes, or write uint8
-``(H, W, 3)`` and leave :meth:`TorchvisionPipeline.convert_batch` to the device; head acceleration
-(:mod:`fastload.head`) runs a :class:`Conversion` after its fused head. Nothing here reads
-torchvision's ops: the steps are plain tuples.
+Where it sits: :mod:`fastload.recognize` builds a :class:`TorchvisionPipeline`; the fast path's
+workers call :meth:`TorchvisionPipeline.decode_into` (or write uint8 ``(H, W, 3)`` and leave
+:meth:`TorchvisionPipeline.convert_batch` to the device); :mod:`fastload.head` runs a
+:class:`Conversion` after its fused head. The steps are plain tuples: nothing here reads torchvision.
 """
 
 from __future__ import annotations
@@ -55,11 +51,8 @@ class Conversion:
         self._on_device: dict[torch.device, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def hwc(self, hwc: np.ndarray, out: np.ndarray) -> None:
-        """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`.
-
-        The same floats as :func:`convert`, in one pass through a table of the 256 values per
-        channel (see :meth:`table`; computed with AVX2 where that gives the table's bits).
-        """
+        """Converts one uint8 ``(H, W, 3)`` image into ``out`` ``(3, H, W)`` of :attr:`dtype`: the
+        same floats as :func:`convert`, in one pass through :meth:`table`."""
         lut = self.table()
         affine = getattr(self._local, "affine", None)
         if (
@@ -73,10 +66,8 @@ class Conversion:
     def table(self) -> np.ndarray | None:
         """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
 
-        The steps are elementwise, so a pixel's floats depend only on its value and channel: running
-        :func:`convert` itself on the 256 values gives a table whose lookups are bit-identical to
-        converting the image (the C extension then converts and moves the channels first in one pass).
-        ``None`` for a non-float32 output (a plain copy then).
+        The steps are elementwise, so :func:`convert` run on the 256 values gives a table whose
+        lookups are bit-identical to converting the image. ``None`` for a non-float32 output.
         """
         if self.dtype != torch.float32:
             return None
@@ -121,9 +112,8 @@ class Conversion:
 class TorchvisionPipeline:
     """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
 
-    The fast path's workers call :meth:`decode_into` with one sample's slot of the batch buffer:
-    ``(H, W, 3)`` uint8 (``channels_first=False``: only the geometry, the batch converted later on
-    the device) or ``(3, H, W)`` of :attr:`dtype` (the user's output, converted per sample).
+    :meth:`decode_into` writes one sample's slot: ``(H, W, 3)`` uint8 (``channels_first=False``:
+    the batch is converted later on the device) or ``(3, H, W)`` of :attr:`dtype`.
 
     Args:
         geometry: The fastload transforms of the pipeline's crops, resizes and flips.
@@ -205,8 +195,7 @@ class TorchvisionPipeline:
         self.convert_sample(scratch, out)
 
     def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
-        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``
-        (:meth:`Conversion.hwc`)."""
+        """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``."""
         self.conversion.hwc(hwc, out)
 
     def convert_batch(self, images: torch.Tensor) -> torch.Tensor:
@@ -237,8 +226,8 @@ class TorchvisionPipeline:
 
 
 def _affine(lut: np.ndarray, steps: tuple[tuple[Any, ...], ...]) -> np.ndarray | None:
-    """The C extension's constants for computing ``lut`` (see :func:`fastload.decode.affine_for_table`)
-    when ``steps`` are a scaling and a normalization, each at most once and in that order."""
+    """The C extension's constants for ``lut`` (:func:`fastload.decode.affine_for_table`) when
+    ``steps`` are a scaling and a normalization, each at most once and in that order."""
     steps = tuple(step for step in steps if step[0] != "to")  # the cast: the copy convert starts with
     kinds = [step[0] for step in steps]
     if kinds not in ([], ["div"], ["mul"], ["normalize"], ["div", "normalize"], ["mul", "normalize"]):
@@ -261,9 +250,8 @@ def convert(
     """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
 
     The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
-    ``Normalize``: ``sub_(mean).div_(std)``), so equal uint8 pixels give equal floats.
-    ``constants``: step k's ``(mean, std)`` as ``(C, 1, 1)`` tensors of ``out``'s dtype on its
-    device, where they are there already.
+    ``Normalize``: ``sub_(mean).div_(std)``). ``constants``: step k's ``(mean, std)`` as
+    ``(C, 1, 1)`` tensors already on ``out``'s device.
     """
     out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
     for k, step in enumerate(steps):

@@ -1,41 +1,20 @@
 """What every batched transform shares: the images it takes, how it is called, how it draws.
 
-The first stage of the GPU side's transforms (the geometric ops in :mod:`fastload.gpu.geometry`,
-the colour ops in :mod:`fastload.gpu.color`, :class:`~fastload.gpu.normalize.Normalize`, and the
-prefetcher and feeder that call them) and the types they pass along:
+The first stage of the GPU side's transforms (geometry, colour, normalize, and the prefetcher and
+feeder that call them). Images are an ``(N, C, H, W)`` tensor, a list of ``(C, H, W)`` tensors of
+different sizes (what a device JPEG decoder returns), or :class:`PackedImages` (what a region
+decoder writes a batch's crops into; only the resize-type transforms take the last two).
 
-- the images: an ``(N, C, H, W)`` tensor, a list of ``(C, H, W)`` tensors of different sizes (what
-  a device JPEG decoder returns), or :class:`PackedImages` (images of different sizes back to
-  back in one buffer, what a region decoder writes a batch's crops into);
-- the call convention (:class:`BatchTransform`, :func:`apply_transform`);
-- the per-sample random draws (:func:`uniforms`) and the argument checks the transforms share.
+Call convention: every transform of :mod:`fastload.gpu` is a :class:`BatchTransform`, called as
+``out = transform(images, indices=None, epoch=0, seed=0)``.
 
-Call convention
----------------
-Every transform of :mod:`fastload.gpu` is a :class:`BatchTransform` and is called as::
-
-    out = transform(images, indices=None, epoch=0, seed=0)
-
-``images`` is a ``(N, C, H, W)`` tensor. The resize-type transforms (``RandomResizedCrop``,
-``Resize``, ``CenterCrop``, ``RandomHorizontalFlip``) also accept a list of ``(C, H, W)`` tensors of
-different sizes, or :class:`PackedImages`, and return one batch.
-
-Per-sample randomness
----------------------
-With ``indices`` given (the dataset index of each image), every random parameter of image ``r`` is
-drawn from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, where ``stream`` is a
-fixed id per transform class (``RandomResizedCrop.stream``, ...). So a sample gets the same
-augmentation whatever batch it lands in, whatever the batch size, and after a resume. Two
-instances of the same class in one pipeline draw the same numbers unless you give one a different
-``stream`` (``t.stream = 123``). With ``indices=None`` the uniforms come from torch's global
-generator, one set per image (reproducible with ``torch.manual_seed``, like torchvision).
-
-Each random transform has a ``get_params(images, indices=..., epoch=..., seed=...)`` method that
-returns the parameters it draws for those images, as numpy arrays (one entry per image).
-
-Where the indices come from: :class:`fastload.IndexedBatch` is an ``(images, labels)`` tuple that
-also carries ``.indices``; :class:`fastload.CUDAPrefetcher` passes them, with the loader's epoch
-and seed, to the transforms (see :mod:`fastload.gpu.prefetch`).
+Per-sample randomness: with ``indices`` (each image's dataset index, as
+:class:`fastload.IndexedBatch` carries and :class:`fastload.CUDAPrefetcher` passes), image ``r``'s
+parameters come from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, with
+``stream`` a fixed id per class: the same augmentation whatever the batch and after a resume. Two
+instances of one class draw the same numbers unless one gets another ``stream``
+(``t.stream = 123``). With ``indices=None`` the draws come from torch's global generator. Each
+random transform's ``get_params(images, indices=..., epoch=..., seed=...)`` returns its draws.
 """
 
 from __future__ import annotations
@@ -55,8 +34,7 @@ __all__ = ["BatchTransform", "PackedImages", "apply_transform"]
 
 class PackedImages:
     """Images of different sizes back to back in one flat buffer, each channels first (what a
-    region decoder writes a batch's crops into): the geometric transforms read them from there,
-    with no tensor per image.
+    region decoder writes a batch's crops into).
 
     Args:
         flat: The buffer, 1-D (it may hold more than the images, e.g. a refused image's space).
@@ -107,11 +85,6 @@ class PackedImages:
 
 Images = torch.Tensor | Sequence[torch.Tensor] | PackedImages
 Indices = Sequence[int] | np.ndarray | torch.Tensor | None
-
-
-# --------------------------------------------------------------------------------------------
-# What the transforms share: sizes, per-sample draws, argument checks
-# --------------------------------------------------------------------------------------------
 
 
 def check_range(value: Any, name: str, low: float = -math.inf, high: float = math.inf) -> tuple[float, float]:
@@ -173,10 +146,7 @@ def require_tensor(images: Images, who: str) -> torch.Tensor:
 
 
 def uniforms(n: int, indices: Indices, epoch: int, seed: int, stream: int, draws: int) -> np.ndarray:
-    """``(n, draws)`` uniforms in [0, 1).
-
-    Per-sample streams if ``indices`` is given, else torch's global RNG.
-    """
+    """``(n, draws)`` uniforms in [0, 1): per-sample streams if ``indices`` is given, else torch's RNG."""
     if indices is None:
         return torch.rand((n, draws), dtype=torch.float64).numpy()
     if isinstance(indices, torch.Tensor):
@@ -207,11 +177,6 @@ def randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
     return np.minimum((u * high).astype(np.int64), high - 1)
 
 
-# --------------------------------------------------------------------------------------------
-# The call convention
-# --------------------------------------------------------------------------------------------
-
-
 class BatchTransform:
     """Base class: a transform of a whole batch, called as ``t(images, indices=..., epoch=..., seed=...)``.
 
@@ -236,14 +201,8 @@ class BatchTransform:
 def apply_transform(
     transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int
 ) -> Any:
-    """Calls a fastload transform with the per-sample keys, any other callable with the images only.
-
-    This is how :class:`~fastload.gpu.geometry.Compose` and :class:`fastload.gpu.prefetch.CUDAPrefetcher`
-    apply a transform:
-    ``apply_transform(gpu.RandomHorizontalFlip(), x, [4, 9], epoch=1, seed=0)`` flips image ``k``
-    as drawn for sample ``indices[k]``; ``apply_transform(torchvision_transform, x, ...)`` is
-    ``torchvision_transform(x)``.
-    """
+    """Calls a fastload transform with the per-sample keys, any other callable with the images only
+    (``apply_transform(torchvision_transform, x, ...)`` is ``torchvision_transform(x)``)."""
     if isinstance(transform, BatchTransform):
         return transform(images, indices=indices, epoch=epoch, seed=seed)
     return transform(images)

@@ -1,9 +1,8 @@
 """The colour and pixel transforms of a batch: :class:`ColorJitter` and :class:`RandomErasing`.
 
-They run after the geometric transforms (:mod:`fastload.gpu.geometry`), on the one
-``(N, C, H, W)`` batch those made, and before :class:`~fastload.gpu.normalize.Normalize`. Each
-draws its parameters per sample (see :mod:`fastload.gpu.base`) and is exact: bit-identical to the
-torchvision functional ops with the same parameters.
+They run after the geometric transforms, on the one ``(N, C, H, W)`` batch those made, and before
+:class:`~fastload.gpu.normalize.Normalize`; each draws its parameters per sample and is
+bit-identical to torchvision's functional ops with the same parameters.
 """
 
 from __future__ import annotations
@@ -33,11 +32,9 @@ def _grayscale(images: torch.Tensor) -> torch.Tensor:
 class ColorJitter(BatchTransform):
     """Random brightness, contrast and saturation per sample, in a random order per sample.
 
-    Matches torchvision's ``ColorJitter`` (without hue): each enabled factor is uniform in its
-    range, and the three adjustments are applied in a random order, using the same arithmetic
-    as ``torchvision.transforms.v2.functional.adjust_*`` (blend with black / the mean grey / the
-    greyscale image, clamp, truncate back to uint8). Samples sharing an order are processed
-    together, so a batch costs at most nine batched kernels.
+    Matches torchvision's ``ColorJitter`` (without hue): each enabled factor uniform in its range,
+    the adjustments in a random order, with ``torchvision.transforms.v2.functional.adjust_*``'s
+    arithmetic. Samples sharing an order run together: at most nine batched kernels per batch.
 
     Args:
         brightness: ``b`` for a factor in ``[max(0, 1 - b), 1 + b]``, or ``(min, max)``.
@@ -90,7 +87,7 @@ class ColorJitter(BatchTransform):
         compute = images.dtype if images.is_floating_point() else torch.get_default_dtype()
         ratio = small_to_device(factor, images.device, compute).view(-1, 1, 1, 1)
         alpha = small_to_device(1.0 - factor, images.device, compute).view(-1, 1, 1, 1)
-        # addcmul rounds a + alpha * b once, like torchvision's add_(b, alpha=...): bit-identical.
+        # addcmul rounds a + alpha * b once, as torchvision's add_(b, alpha=...)
         return torch.addcmul(images.mul(ratio), other, alpha)
 
     def _apply(self, op: int, images: torch.Tensor, factor: np.ndarray) -> torch.Tensor:
@@ -138,10 +135,8 @@ class ColorJitter(BatchTransform):
 class RandomErasing(BatchTransform):
     """Erases a random rectangle of each image with probability ``p`` (torchvision's ``RandomErasing``).
 
-    The rectangle of each image follows torchvision's parameter search (10 attempts with area in
-    ``scale`` and log-uniform ``ratio``, the rectangle must be strictly smaller than the image; if
-    none fits, the image is left unchanged). ``value="random"`` is not supported: per-pixel noise
-    has no cheap per-sample stream.
+    The rectangle follows torchvision's parameter search (10 attempts; none fits: unchanged).
+    ``value="random"`` is not supported (per-pixel noise has no cheap per-sample stream).
 
     Args:
         p: Probability of erasing an image.

@@ -67,12 +67,10 @@ def device_decoder(
     native: tuple[bool, str] | None = None,
 ) -> str:
     """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
-    log line, ``python -m fastload info``): nvImageCodec where it is usable (see
-    :class:`BatchDecoder`; ``nvimgcodec_usable=False``: a decoder that gave it up), whether it
-    decodes each batch's crops into one buffer (``in_place``; ``None``: whether it would, see
-    :func:`~fastload.gpu.nvimgcodec.decodes_in_place`) and through which of its interfaces
-    (``native``: whether its C interface and why not; ``None``: see
-    :func:`~fastload.gpu.nvimgcodec.native_interface`), else what :func:`decode_batch` runs."""
+    log line, ``python -m fastload info``). ``nvimgcodec_usable=False``: a decoder that gave
+    nvImageCodec up; ``in_place`` and ``native`` (``None``: as
+    :func:`~fastload.gpu.nvimgcodec.decodes_in_place` and
+    :func:`~fastload.gpu.nvimgcodec.native_interface` say) how it decodes the crops."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if nvimgcodec_usable and nvimgcodec.available(device):
         if in_place is None:
@@ -119,9 +117,8 @@ ROUTE_UNKNOWN, ROUTE_DEVICE, ROUTE_CPU = 0, 1, 2
 
 
 def _route(data: bytes | memoryview | np.ndarray) -> int:
-    """Where an image is decoded: a JPEG in YCbCr, RGB or grayscale by the device's decoder (read
-    from its header by the C extension, without decoding), anything else by the CPU's (PNG, CMYK,
-    a truncated or too large file, whose error the CPU decoder names)."""
+    """Where an image is decoded, from its header: a JPEG in YCbCr, RGB or grayscale by the
+    device's decoder, anything else (PNG, CMYK, a broken file) by the CPU's."""
     if not torchvision_jpeg_available():
         return ROUTE_CPU
     if jpeg_extension_built():
@@ -134,18 +131,14 @@ def _route(data: bytes | memoryview | np.ndarray) -> int:
 
 
 class Headers:
-    """What the device path needs to know of each sample's file, from its header, read the first
-    time the sample is seen and kept for the loader's life (so no image is opened or parsed to be
-    routed or cropped in later epochs): numpy columns of one entry per sample,
+    """What the device path needs to know of each sample's file, read from its header the first
+    time the sample is seen and kept for the loader's life: numpy columns, one entry per sample,
 
     - ``route``: :data:`ROUTE_UNKNOWN` (not seen yet), :data:`ROUTE_DEVICE` (a JPEG in YCbCr, RGB
       or grayscale: the device's decoder) or :data:`ROUTE_CPU` (PNG, CMYK, anything else);
     - ``width``, ``height``: the image's size (0 where the route is the CPU's: not read);
     - ``progressive``: 1 baseline, 2 progressive (0: not known);
     - ``subsampling``: an index into :attr:`SUBSAMPLING` (``"4:2:0"``, ...; 0: not known).
-
-    12 bytes per sample: 15 MB for ImageNet's 1.28M images. Read by the C extension's header
-    parser (a few microseconds), or by PIL's lazy open where it is not built.
 
     Args:
         n: The number of samples.
@@ -245,20 +238,17 @@ GIVE_UP_AFTER = 16
 
 class BatchDecoder:
     """What a device path's decoder thread decodes each batch with: nvImageCodec where it is
-    usable (:mod:`fastload.gpu.nvimgcodec`: the hardware decoder, regions), else
-    :func:`decode_batch` (``torchvision.io.decode_jpeg``). Made in the thread that uses it.
+    usable (:mod:`fastload.gpu.nvimgcodec`), else :func:`decode_batch`. Made in the thread that uses it.
 
     Args:
         device: Where the images are decoded.
-        cpu_threads: nvImageCodec's CPU threads (0: one per CPU; the loader gives its process's
-            share of the CPUs, less the workers' with ``decode="hybrid"``).
+        cpu_threads: nvImageCodec's CPU threads (0: one per CPU).
     """
 
     def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
         self.device = device
         self.region_decoder: nvimgcodec.RegionDecoder | None = None
-        #: Valid JPEGs nvImageCodec returned nothing for, which the CPU decoded instead, of those
-        #: it was given.
+        #: Valid JPEGs nvImageCodec returned nothing for (the CPU decoded them), of those it was given.
         self.refused = self.asked = 0
         self._count_lock = threading.Lock()
         if nvimgcodec.available(device):
@@ -296,8 +286,7 @@ class BatchDecoder:
     ) -> list[torch.Tensor]:
         """The batch decoded: image ``k`` only in ``regions[k]`` where one is given (``regions``
         needs :attr:`regions`), whole otherwise; the device's decoder for the images ``on_device``,
-        the CPU's for the others and for any the device's decoder could not decode (which the CPU
-        decoder names in a :class:`DecodeError` if the file is broken).
+        the CPU's for the others and for any the device's decoder could not decode.
         """
         region_decoder = self.region_decoder
         if region_decoder is None:
@@ -335,9 +324,7 @@ class BatchDecoder:
     def _on_cpu(
         self, raw: bytes | memoryview | np.ndarray, name: str, region: tuple[int, int, int, int] | None
     ) -> torch.Tensor:
-        """An image the device's decoder does not take, decoded by the CPU (only its ``region``
-        kept where one is given) and copied to the device; a broken file raises a DecodeError
-        naming ``name``."""
+        """An image decoded by the CPU (cut to ``region`` where given) and copied to the device."""
         blob = raw.tobytes() if isinstance(raw, np.ndarray) else raw
         full = torch.from_numpy(np.array(decode_pil(blob, name))).permute(2, 0, 1)
         if region is not None:
@@ -354,11 +341,10 @@ class BatchDecoder:
         stream: Any = None,
         sizes: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> RegionBatch:
-        """:meth:`decode` for a batch whose crop boxes are known (``regions``, which needs
-        :attr:`regions`): the device's decoder writes its images' boxes (and their margins)
-        straight into one buffer where it can (:meth:`~fastload.gpu.nvimgcodec.RegionDecoder.
-        decode_packed`); the CPU decodes the rest as in :meth:`decode`. ``sizes``: the images'
-        heights and widths where known (the header columns).
+        """:meth:`decode` for a batch whose crop boxes are known: the device's decoder writes its
+        images' boxes into one buffer where it can
+        (:meth:`~fastload.gpu.nvimgcodec.RegionDecoder.decode_packed`), the CPU decodes the rest.
+        ``sizes``: the images' heights and widths where known (the header columns).
         """
         n = len(encoded)
         region_decoder = self.region_decoder
@@ -397,10 +383,8 @@ class BatchDecoder:
         return RegionBatch(n, packed.select(done) if len(done) else None, positions, boxes[done], others)
 
     def _count_refused(self, refused: int, asked: int) -> None:
-        """Never a silent slow path: valid JPEGs that nvImageCodec returned nothing for (the CPU
-        decoded them above, one by one) are counted in :attr:`refused`; when it has refused most of
-        the first :data:`GIVE_UP_AFTER` or more it was given, it is given up with one warning, and
-        torchvision's decoder takes the next batches (an odd file now and then is not a reason)."""
+        """Counts refused JPEGs; once nvImageCodec has refused most of :data:`GIVE_UP_AFTER` or
+        more, it is given up with one warning (never a silent slow path)."""
         with self._count_lock:  # a pass left behind may still decode in its own thread
             self.refused += refused
             self.asked += asked
@@ -427,9 +411,8 @@ class BatchDecoder:
 def device_routes(
     encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor], indices: np.ndarray, routes: np.ndarray
 ) -> list[bool]:
-    """For :func:`decode_batch`'s ``on_device``: whether the device decodes each image, read from
-    ``routes[indices[k]]`` (a column kept across epochs) and, for a sample not seen yet, from its
-    header, which is then recorded there."""
+    """For :func:`decode_batch`'s ``on_device``: whether the device decodes each image, from the
+    column ``routes[indices[k]]``, filled in from the header for a sample not seen yet."""
     out = []
     for k, i in enumerate(indices):
         route = routes[i]
@@ -448,11 +431,9 @@ def decode_batch(
 ) -> list[torch.Tensor]:
     """Decodes a batch of encoded images to a list of uint8 RGB tensors ``(3, H, W)`` on ``device``.
 
-    With a CUDA device, baseline JPEGs (YCbCr or grayscale) are decoded together on the GPU by one
-    batched ``torchvision.io.decode_jpeg(..., device="cuda")`` call (nvJPEG). Everything the GPU
-    decoder does not take (PNG, CMYK JPEGs, other formats) is decoded on the CPU and copied over,
-    so a batch of mixed files works. On the CPU (``device`` ``None`` or ``"cpu"``) the same split
-    runs with the CPU decoders, so this path runs, and is tested, without a GPU.
+    With a CUDA device, baseline JPEGs are decoded together by one batched
+    ``torchvision.io.decode_jpeg(..., device="cuda")`` call; the rest (PNG, CMYK, ...) on the CPU,
+    copied over. On the CPU the same split runs with the CPU decoders.
 
     Args:
         encoded: The encoded files (``bytes``, ``memoryview``, 1-D uint8 arrays or tensors).

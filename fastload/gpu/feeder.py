@@ -1,12 +1,9 @@
 """The device feeder: batches prepared on the device by a thread of their own, beside the model.
 
-A batch's device work -- the host-to-device copy and the device transforms of the loader's host
-paths, or ``decode="device"``'s crop and transforms -- issued from the training thread, waits for
-the model's kernel launches and makes the model wait for it: measured on an H200 with 16 CPUs,
-``decode="device"`` fed ResNet-50 at 39 % of the rate it reaches on data already on the GPU, and
-fastload's own pipeline at 96 % in a loop that synchronises every step. :class:`DeviceFeeder`
-runs that work in a background thread instead, on a CUDA stream of its own, ``depth`` batches
-ahead (measured: 75 % and 98 %)::
+A batch's device work (the copy and device transforms of the host paths, or ``decode="device"``'s
+crop and transforms) issued from the training thread would wait for the model's kernel launches
+and make the model wait for it. :class:`DeviceFeeder` runs it in a background thread on a CUDA
+stream of its own, ``depth`` batches ahead::
 
     feeder thread (stream S)                          training thread (stream C)
     for k in start..n-1:                              next():
@@ -15,23 +12,12 @@ ahead (measured: 75 % and 98 %)::
         queue.put(k, batch_k, event_k)  # blocks at depth  batch_k.record_stream(C)
                                                          return batch_k
 
-So the training thread's ``next()`` costs an event wait queued on its stream (and a queue get,
-which waits only when the feeder is behind). A batch is handed over with the prefetcher's stream
-protocol: the consumer stream waits on the batch's event (not on everything ``S`` has queued
-since, which would serialise the next batches' decode with the model), and each of its tensors is
-recorded on the consumer stream, so the caching allocator does not reuse their memory early.
-
-Device memory: at most ``depth`` finished batches wait in the queue, one more is being prepared
-(or waits for room in the queue), and the consumer holds one: ``depth + 2`` batches, and during
-``next()`` the one a ``for`` loop's variables still name (``depth=2``, float32 batches of 256 x
-224 x 224: about 620 MB, 770 MB with that one).
-
-Errors keep torch's iterator contract: an exception while preparing batch ``k`` is raised by the
-``next()`` that would have returned batch ``k``, and the following ``next()`` returns batch
-``k + 1``. A resumed pass starts at its first batch not handed out (``start``).
-
-Everything device-specific goes through a :class:`fastload.gpu.streams.StreamBackend`, so on a
-machine without CUDA the same code runs with no-op streams (and tests inject a recording fake).
+The consumer stream waits on the batch's event only (not on everything ``S`` queued since), and
+each tensor is recorded on it. Device memory: ``depth + 2`` batches at most (queued, being
+prepared, held by the consumer), plus the one a ``for`` loop's variables still name. An error
+preparing batch ``k`` is raised by the ``next()`` that would have returned it, and the next
+``next()`` returns batch ``k + 1`` (torch's contract). Stream operations go through a
+:class:`fastload.gpu.streams.StreamBackend` (no-ops without CUDA).
 """
 
 from __future__ import annotations
@@ -59,20 +45,18 @@ class _Stop:
 
 
 class DeviceFeeder:
-    """Prepares batches ``start .. n - 1`` with ``prepare(k)`` on a background thread (see the module
-    docs) and hands them out in order.
+    """Prepares batches ``start .. n - 1`` with ``prepare(k)`` on a background thread and hands them
+    out in order.
 
     Args:
         prepare: ``prepare(k)`` returns batch ``k`` (its device work queued on the current stream,
-            which is the feeder's own inside the thread); it may raise ``StopIteration`` to end
-            the pass early.
+            the feeder's own); ``StopIteration`` ends the pass early.
         n: The pass's number of batches (``None``: until ``prepare`` raises ``StopIteration``).
         start: The first batch (a resumed pass: the first one not handed out yet).
         device: Where the batches are made.
         depth: Finished batches kept ready (at least 1).
         backend: Stream operations (default :func:`fastload.gpu.streams.stream_backend`).
-        timeout: Seconds ``next()`` waits for a batch before raising ``RuntimeError`` (0: forever),
-            as the loader's ``timeout``.
+        timeout: Seconds ``next()`` waits for a batch before raising ``RuntimeError`` (0: forever).
     """
 
     def __init__(
@@ -195,7 +179,6 @@ class DeviceFeeder:
                 break
 
     def stop_for_exit(self) -> threading.Thread:
-        """At interpreter exit (see :mod:`fastload._exit`): stops the thread after the batch it is
-        preparing, without waiting; returns the thread."""
+        """At interpreter exit: stops the thread after its batch, without waiting; returns the thread."""
         self._stop.set()
         return self._thread

@@ -1,21 +1,15 @@
 """The geometric transforms: crops, resizes and flips of a batch, fused into one resampling pass.
 
 :class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop` and :class:`RandomHorizontalFlip`
-(torchvision's semantics, per sample), :class:`Compose` (which fuses them) and :func:`crop_resize`
-(boxes drawn elsewhere: a region decoder's). They come first in a batch's device transforms: they
-take a batch tensor, a list of differently sized decoded images or
-:class:`~fastload.gpu.base.PackedImages`, and make the one ``(N, C, H, W)`` batch that the colour
-ops (:mod:`fastload.gpu.color`) and :class:`~fastload.gpu.normalize.Normalize` take. Each adds its
-step to a :class:`~fastload.gpu.resample.GeometryPlan`, executed once for the whole batch.
+(torchvision's semantics, per sample), :class:`Compose` and :func:`crop_resize` (boxes drawn
+elsewhere: a region decoder's). They come first in a batch's device transforms and make the one
+``(N, C, H, W)`` batch the colour ops and :class:`~fastload.gpu.normalize.Normalize` take. Each
+adds its step to a :class:`~fastload.gpu.resample.GeometryPlan`, executed once per batch.
 
-Fusion
-------
-Inside :class:`Compose`, consecutive geometric transforms are fused into one resampling pass:
-``Compose([Resize(256), CenterCrop(224)])`` computes only the 224x224 window of the resized image
-(so it also works on a list of images of different aspect ratios), and
-``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])`` writes the flipped crop directly.
-The result equals applying the transforms one after the other: bit for bit for crops and flips
-after the resize, to float rounding (at most one uint8 level) for a flip before it.
+Inside :class:`Compose`, consecutive geometric transforms fuse into one resampling pass:
+``Compose([Resize(256), CenterCrop(224)])`` computes only the 224x224 window (so it also batches
+images of different aspect ratios). The result equals applying them one after the other: bit for
+bit for crops and flips after the resize, within one uint8 level for a flip before it.
 
 Example:
     >>> import torch
@@ -139,9 +133,8 @@ def crop_resize(
     size: tuple[int, int],
     antialias: bool = True,
 ) -> torch.Tensor:
-    """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size``, for the
-    whole batch in one resampling pass: what :class:`RandomResizedCrop` does with the boxes it
-    draws (the same taps, so the same pixels), for boxes drawn elsewhere (a region decoder's).
+    """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size``, in one
+    resampling pass: :class:`RandomResizedCrop`'s resize (the same pixels) for boxes drawn elsewhere.
 
     Returns:
         An ``(N, C, size[0], size[1])`` tensor, of the images' dtype.
@@ -178,10 +171,8 @@ def crop_resize(
 class RandomResizedCrop(_Geometric):
     """Crops a random box of each image and resizes it to ``size`` (torchvision's semantics, per sample).
 
-    The box of each image follows ``torchvision.transforms.RandomResizedCrop.get_params``: up to
-    10 attempts of (area fraction in ``scale``, log-uniform aspect ratio in ``ratio``), the first
-    that fits wins, at a uniformly random position; if none fits, the central crop with the ratio
-    clamped into ``ratio``. The attempts of the whole batch are evaluated at once in numpy.
+    The box of each image follows ``torchvision.transforms.RandomResizedCrop.get_params`` (10
+    attempts, then the central crop), the whole batch's attempts evaluated at once in numpy.
 
     Args:
         size: Output ``(h, w)``, or an int for a square.
@@ -263,11 +254,8 @@ class RandomResizedCrop(_Geometric):
     def boxes(
         self, heights: Any, widths: Any, *, indices: Indices = None, epoch: int = 0, seed: int = 0
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The crop boxes :meth:`get_params` draws for images of these sizes, without the images.
-
-        A sample's box depends only on its size and ``(seed, epoch, index)``: ``decode="hybrid"``
-        crops the samples its CPU workers decode with the boxes this draws for them (one at a
-        time), the same as the device draws for a whole batch.
+        """The crop boxes :meth:`get_params` draws for images of these sizes, without the images:
+        a sample's box depends only on its size and ``(seed, epoch, index)``.
 
         Example:
             >>> t = RandomResizedCrop(224)
@@ -283,9 +271,8 @@ class RandomResizedCrop(_Geometric):
     def box(
         self, height: int, width: int, *, index: int, epoch: int = 0, seed: int = 0
     ) -> tuple[int, int, int, int]:
-        """:meth:`boxes` for one image of sample ``index``, in plain Python (about 20x faster for
-        one image; the same box: the same draws and the same float operations, in the same order).
-        What ``decode="hybrid"``'s CPU workers crop with."""
+        """:meth:`boxes` for one image of sample ``index``, in plain Python (the same draws and float
+        operations, so the same box): what ``decode="hybrid"``'s CPU workers crop with."""
         u = rng.SampleRNG(seed, epoch, index, self.stream).draw
         area = float(height) * float(width)
         (s0, s1), (r0, r1) = self.scale, self.ratio
@@ -322,9 +309,8 @@ class RandomResizedCrop(_Geometric):
 class Resize(_Geometric):
     """Resizes every image (torchvision's ``Resize``: an int sets the shorter side).
 
-    With an int ``size``, images of different aspect ratios get different sizes, which cannot
-    form one batch on their own: follow ``Resize`` with :class:`CenterCrop` inside a
-    :class:`Compose` (fused, only the crop is computed), or pass ``(h, w)``.
+    With an int ``size``, images of different aspect ratios get different sizes: follow it with
+    :class:`CenterCrop` inside a :class:`Compose`, or pass ``(h, w)``, to make one batch.
 
     Args:
         size: ``(h, w)``, or an int for the shorter side (the longer one keeps the aspect ratio,
@@ -388,9 +374,8 @@ class Resize(_Geometric):
 class CenterCrop(_Geometric):
     """Crops the centre of every image (torchvision's ``CenterCrop``, zero padding if the crop is larger).
 
-    Placement follows torchvision exactly. Worked example, one axis: an image 100 high cropped to
-    57 starts at row ``round(43 / 2) = 22`` (round half to even: 21.5 -> 22, but 20.5 -> 20 for
-    41 spare rows); cropped to 125, it gets ``25 // 2 = 12`` zero rows above and 13 below.
+    Placement follows torchvision: start ``round((size - crop) / 2)`` (half to even); a larger
+    crop pads ``(crop - size) // 2`` zeros before.
 
     Args:
         size: ``(h, w)``, or an int for a square.

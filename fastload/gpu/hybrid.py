@@ -1,7 +1,6 @@
 """``decode="hybrid"``: every batch split between the CPU workers and the device's JPEG decoder.
 
-Past about 7,000 images/s (14 CPU workers on a 16-CPU machine) only the GPU's decoders can feed
-a fast model, and a GPU decoder alone leaves the CPUs idle. A hybrid batch of ``n`` images::
+A hybrid batch of ``n`` images::
 
     positions 0 .. d-1   device side: read, decoded on the device (decoder thread, its stream),
                          cropped there by the head of gpu_transforms
@@ -11,41 +10,21 @@ a fast model, and a GPU decoder alone leaves the CPUs idle. A hybrid batch of ``
        gpu_transforms on the whole batch
 
 The *head* is the leading crop/resize of ``gpu_transforms`` that brings every image to one size
-(:func:`split_head`: ``RandomResizedCrop``, ``Resize((h, w))``, or ``Resize`` + ``CenterCrop``);
-the CPU workers run it as :class:`DeviceHead`, a CPU transform that draws a sample's crop box from
-the same numbers as the device transform (``gpu.RandomResizedCrop.boxes``, keyed by ``(seed,
-epoch, index)``). So a sample gets the same box and flip whichever side decodes it, and a batch
-does not depend on the split except for the decoders' pixels (reduced-size decoding and PIL's
-resample on the CPU, full decoding and torch's antialiased resize on the device: a few levels).
+(:func:`split_head`); the CPU workers run it as :class:`DeviceHead`, which draws a sample's crop
+box from the same ``(seed, epoch, index)`` numbers as the device, so a batch does not depend on
+the split except for the decoders' pixels.
 
-The split (:class:`HybridSplit`) follows the measured rates of both sides, batch by batch: the
-CPU's share is ``cpu_rate / (cpu_rate + device_rate)``, the split at which neither side waits for
-the other, where ``cpu_rate`` is what all the workers decode per second (from each worker's time
-per task) and ``device_rate`` what the decoder thread decodes and crops per second (from its wall
-time, up to the decode's event). This is the split measured on an H200 (ResNet-50 at 77 % of the
-GPU-resident ceiling, ``decode="device"`` 76 %). A side measured too slow to take one image of a
-batch gets none (the split is then all-CPU or all-device), and one image every
-:attr:`HybridSplit.probe_every` batches so that a change is noticed. Without workers
-(``num_workers=0``) every image goes to the device. ``loader.hybrid.cpu_share = 0.5`` fixes the
-split (the batches are then bit for bit repeatable, also across a resume); ``None`` makes it
-adaptive again.
+:class:`HybridSplit` gives the CPU ``cpu_rate / (cpu_rate + device_rate)`` of each batch (the
+split at which neither side waits), from each worker's time per task and the decoder thread's
+time per batch; a side too slow for one image gets none, and one every
+:attr:`HybridSplit.probe_every` batches. Without workers every image goes to the device;
+``loader.hybrid.cpu_share = 0.5`` fixes the split (batches then repeat bit for bit).
 
-Experimental, never measured on a GPU, off unless ``FASTLOAD_GPU_EXPERIMENTAL=1``
-(:func:`fastload.device.gpu_experimental`, read when the split is made): the split that also
-follows the training loop's demand. The device decodes only what the CPU cannot: its decoding and
-cropping run on the GPU beside the model, and take the model's time there. So the CPU's share is
-the larger of
-
-- ``cpu_rate / (demand * headroom)``: as much as the workers supply of what the training loop
-  takes (``demand``: images per second the loop takes batches at, from its own time between two
-  ``next()`` calls over its last 32 batches, the waiting left out; ``headroom`` 1.1), up to all
-  of it, and
-- the balanced split above, the fastest the two give together (where the loop takes more than
-  both supply, or its demand is not known: a loop that only queues work on the GPU and returns at
-  once asks for everything).
-
-So a model the workers alone keep fed (on an H200 with 14 workers, fastload's CPU pipeline keeps a
-ResNet-50 98 % busy) would get its batches from the CPU, and a faster one the rest from the device.
+Experimental (``FASTLOAD_GPU_EXPERIMENTAL=1``, :func:`fastload.device.gpu_experimental`): the
+split that also follows the loop's demand, since device decoding takes the model's GPU time. The
+CPU's share is then the larger of ``cpu_rate / (demand * headroom)`` (``demand``: images per
+second of the loop's own time between ``next()`` calls over its last 32 batches; ``headroom``
+1.1) and the balanced split.
 """
 
 from __future__ import annotations
@@ -80,11 +59,8 @@ def split_head(transforms: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
     """``gpu_transforms`` cut into the head the CPU workers can run (its leading crops and resizes,
     up to the last one that gives every image one size) and the rest (run on whole batches).
 
-    Example: ``Compose([Resize(256), CenterCrop(224), Normalize(...)])`` -> ``([Resize(256),
-    CenterCrop(224)], [Normalize(...)])``; ``Compose([RandomResizedCrop(224),
-    RandomHorizontalFlip(), Normalize(...)])`` -> ``([RandomResizedCrop(224)],
-    [RandomHorizontalFlip(), Normalize(...)])`` (the flip stays on the device: one kernel for the
-    whole batch, drawn per sample there too).
+    Example: ``Compose([RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(...)])`` ->
+    ``([RandomResizedCrop(224)], [RandomHorizontalFlip(), Normalize(...)])``.
 
     Raises:
         ValueError: If ``transforms`` does not begin with a crop or resize to one size.
@@ -121,13 +97,9 @@ def apply_head(
 ) -> torch.Tensor:
     """``head`` (see :func:`split_head`) on a batch's decoded images, one ``(N, C, H, W)`` tensor.
 
-    A :class:`~fastload.gpu.decode.RegionBatch` (its boxes drawn by :func:`region_crop`'s
-    ``boxes``) has its in-place images' boxes resized in one pass from their buffer
-    (:func:`~fastload.gpu.geometry.crop_resize`), the other images as below.
-
-    ``cropped[k]``: image ``k`` was decoded as its crop box only (region decoding, the box drawn
-    by :func:`region_crop`'s ``boxes`` for its size and key), so it is only resized, as the crop
-    resizes its box: the same taps, relative to the box (a crop's resize never reads outside it).
+    A :class:`~fastload.gpu.decode.RegionBatch` has its in-place images' boxes resized in one pass
+    (:func:`~fastload.gpu.geometry.crop_resize`). ``cropped[k]``: image ``k`` was decoded as its
+    crop box only (:func:`region_crop`'s box), so it is only resized, as the crop resizes its box.
     """
     if isinstance(images, RegionBatch):
         return _head_on_regions(head, images, indices, epoch, seed)
@@ -191,9 +163,7 @@ class DeviceHead(Transform):
     """The head of ``gpu_transforms`` (see :func:`split_head`) as a CPU transform fused with decoding.
 
     Draws what the device transforms draw for the sample, keyed by the current sample's ``(seed,
-    epoch, index)`` (:func:`fastload.rng.current_key`): a ``gpu.RandomResizedCrop`` gives the same
-    box here as on the device (:meth:`fastload.gpu.RandomResizedCrop.boxes`). Resizes are bilinear
-    with the op's ``antialias``, as on the device.
+    epoch, index)`` (:func:`fastload.rng.current_key`); resizes are bilinear, as on the device.
 
     Args:
         head: The leading ``gpu.RandomResizedCrop`` / ``gpu.Resize`` / ``gpu.CenterCrop`` ops.
@@ -238,18 +208,15 @@ class HybridSplit:
     """How many images of each ``decode="hybrid"`` batch the CPU workers decode (see the module docs).
 
     Args:
-        cpu_share: A fixed fraction of each batch for the CPU workers; ``None``: follow the
-            measured rates.
+        cpu_share: A fixed fraction of each batch for the CPU workers; ``None``: follow the rates.
         follow_demand: Whether the adaptive split also follows the training loop's demand
-            (experimental, see the module docs); ``None``: ``FASTLOAD_GPU_EXPERIMENTAL=1``.
+            (experimental); ``None``: ``FASTLOAD_GPU_EXPERIMENTAL=1``.
 
     Attributes:
-        cpu_rate: Images per second all the CPU workers decode together (``None`` until measured).
-        device_rate: Images per second the device side decodes and crops (``None`` until measured).
-        demand: Images per second the training loop takes, over its last ``demand_window``
-            batches (``None`` until measured; the split follows it only with ``follow_demand``).
-        headroom: The CPU side alone is trusted with a batch when it supplies this many times the
-            demand.
+        cpu_rate, device_rate: Images per second all the CPU workers, and the device side, decode
+            (``None`` until measured).
+        demand: Images per second the loop takes over its last ``demand_window`` batches.
+        headroom: The CPU alone takes a batch when it supplies this many times the demand.
         probe_every: A side that gets no image is given one every this many batches.
     """
 
@@ -336,14 +303,9 @@ class HybridSplit:
             self.device_rate = self._update(self.device_rate, images, seconds)
 
     def record_demand(self, images: int, seconds: float) -> None:
-        """The training loop spent ``seconds`` on a batch of ``images`` between two ``next()``
-        calls (its own work, not the waiting for the batch).
-
-        The demand is the images over the seconds of the last :attr:`demand_window` batches, not
-        an average of per-batch rates: a loop that synchronises only every few steps (``loss.item()``
-        every N steps, gradient accumulation) returns at once from most of them and waits long in
-        one, and an average of rates would be ruled by the quick ones.
-        """
+        """The training loop spent ``seconds`` of its own on a batch of ``images`` between two
+        ``next()`` calls. The demand is total images over total seconds of the last
+        :attr:`demand_window` batches (not a mean of rates, which quick steps would rule)."""
         if images <= 0 or seconds < 0:
             return
         with self._lock:

@@ -1,11 +1,8 @@
 """Pinned (page-locked) host memory, the source an asynchronous host-to-device copy needs.
 
-- :class:`HostMemory` and :func:`host_memory`: batch buffers page-locked in place
-  (``cudaHostRegister``), pinned copies, "is this pinned"; :func:`register_pinned` /
-  :func:`unregister_pinned` are its in-place half.
-- :class:`PageLock`: a ring of buffers page-locked one by one in a background thread.
-
-Nothing here touches CUDA at import time.
+:class:`HostMemory` and :func:`host_memory`: buffers page-locked in place (``cudaHostRegister``),
+pinned copies, "is this pinned"; :class:`PageLock`: a ring of buffers page-locked one by one in a
+background thread. Nothing here touches CUDA at import time.
 """
 
 from __future__ import annotations
@@ -22,15 +19,11 @@ from ..device import cuda_available
 from . import streams
 from .streams import use_device
 
-__all__ = ["HostMemory", "PageLock", "host_memory", "register_pinned", "unregister_pinned"]
+__all__ = ["HostMemory", "PageLock", "host_memory"]
 
 
 class HostMemory(Protocol):
-    """Pinned (page-locked) host memory, the source an asynchronous host-to-device copy needs.
-
-    :func:`host_memory` gives the one in use: CUDA's, or a test's stand-in that records what it
-    pinned, so that the tests catch a pageable copy on a machine without a GPU.
-    """
+    """Pinned host memory; :func:`host_memory` gives the one in use (CUDA's, or a test's stand-in)."""
 
     def can_pin(self) -> bool:
         """Whether memory can be pinned here (a CUDA device is available)."""
@@ -45,8 +38,8 @@ class HostMemory(Protocol):
         ...
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of ``t`` in pinned memory, with the same sizes and strides -- a copy also when
-        ``t`` is pinned already (unlike ``Tensor.pin_memory()``, which then returns ``t``)."""
+        """A copy of ``t`` in pinned memory, with the same sizes and strides (a copy also when ``t``
+        is pinned already)."""
         ...
 
     def is_pinned(self, t: torch.Tensor) -> bool:
@@ -55,10 +48,7 @@ class HostMemory(Protocol):
 
     def fence(self) -> Any:
         """A mark after every copy queued so far on the current stream of each device this process
-        uses (``None``: none can be pending). Pinned memory that is reused -- fastload's batch
-        buffers -- must not be written until the asynchronous copies out of it are done, which
-        torch's caching pinned allocator ensures for its own blocks, but not for memory locked in
-        place."""
+        uses (``None``: none can be pending): memory locked in place is rewritten only after it."""
         ...
 
     def done(self, fence: Any) -> bool:
@@ -71,8 +61,7 @@ class HostMemory(Protocol):
 
 
 def _runtime() -> Any:
-    """CUDA's runtime API as the ``cuda-bindings`` package exposes it (a dependency of torch's CUDA
-    builds), or ``None``: then torch's own small binding (``torch.cuda.cudart()``) is used."""
+    """CUDA's runtime API from the ``cuda-bindings`` package, or ``None`` (``torch.cuda.cudart()`` then)."""
     try:
         from cuda.bindings import runtime
     except ImportError:
@@ -93,9 +82,7 @@ _REGISTER_PORTABLE = 1
 class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording stand-in)
     """CUDA's pinned memory: ``cudaHostRegister`` in place, ``Tensor.pin_memory()`` copies.
 
-    A failed runtime call leaves its error as the runtime's "last error", which the next kernel
-    launch of torch would report as its own ("CUDA error: invalid argument"); it is read and
-    cleared at once here.
+    A failed runtime call's "last error" is cleared at once, or torch's next launch would report it.
     """
 
     def can_pin(self) -> bool:
@@ -128,8 +115,7 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
             self._call("cudaHostUnregister", t.data_ptr())
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        # Always a copy: ``t.pin_memory()`` returns ``t`` itself when it is pinned already -- a
-        # view of a page-locked batch buffer, which the pool hands back to the workers next
+        # always a copy: t.pin_memory() returns a pinned t itself (a view of a batch buffer)
         if 0 in t.stride():
             return t.contiguous().pin_memory() if not t.is_pinned() else t.clone().pin_memory()
         out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=True)
@@ -141,10 +127,8 @@ class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording sta
     def fence(self) -> Any:
         if not torch.cuda.is_initialized():
             return None  # nothing was ever queued on a device
-        # The loop copied to the device it chose, not necessarily this thread's current one (DDP
-        # written as `images.to(rank)` without set_device): a mark on the current stream -- where
-        # `tensor.to(device)` copies -- of every device this process has a context on. Blocking
-        # events: a thread waiting on one sleeps instead of spinning a CPU the workers need.
+        # the loop may copy to any device (`images.to(rank)` without set_device): a blocking event
+        # on the current stream of every device with a context
         events = []
         for device in devices_in_use():
             event = torch.cuda.Event(blocking=True)
@@ -180,21 +164,15 @@ def host_memory() -> HostMemory:
 
 class PageLock:
     """Page-locks the memory of each of ``tensors`` in place (:meth:`HostMemory.register`), in
-    order, in a background thread: a batch ring is locked while the workers start and decode, and
-    the consumer waits only for the slot it hands out (:meth:`wait`). Measured on an H200 machine:
-    130 ms for one 38.5 MB slot, so a 30-slot ring of float32 batches of 256 (4.6 GB) takes 16 s
-    to lock in all, and the first batch would wait that long for a lock of the whole ring. A
-    consumer that cannot wait copies instead: :meth:`ready` says without waiting.
+    order, in a background thread: a batch ring is locked while the workers start, and the
+    consumer waits only for the slot it hands out (:meth:`wait`), or copies where :meth:`ready`
+    says it is not locked yet.
 
-    Each tensor must be contiguous and start on a page of its own (see
-    :func:`fastload._shm.shared_slots`): two locks must not share a page. A tensor that cannot be
-    locked (or an error) ends the locking there: the later ones are not tried. The thread runs on
-    CUDA device ``device`` (the loader's; a new thread would start on device 0, and make a context
-    there in every rank), and the memory is locked for every device (``cudaHostRegisterPortable``).
-    The locks are undone by :meth:`release` or when this object is garbage-collected (never at
-    interpreter exit, nor in a forked child: the system frees them with the process), which also
-    cancels the locks not made yet; the tensors stay referenced until then, so their memory is not
-    unmapped while it is locked.
+    Each tensor must be contiguous and start on a page of its own. A tensor that cannot be locked
+    ends the locking there. The thread runs on CUDA device ``device`` (the loader's), the memory is
+    locked for every device. The locks are undone by :meth:`release` or when this object is
+    collected (never at exit, nor in a forked child), which also cancels those not made yet; the
+    tensors stay referenced until then.
     """
 
     def __init__(
@@ -270,8 +248,7 @@ class _LockState:
                 self.progress.notify_all()
 
     def stop_for_exit(self) -> threading.Thread | None:
-        """At interpreter exit (see :mod:`fastload._exit`): no more locks, without waiting; returns
-        the thread (the locks made stay: the system frees them with the process)."""
+        """At interpreter exit: no more locks, without waiting; returns the thread."""
         with self.progress:
             self.cancelled = True
         return self.thread
@@ -284,16 +261,3 @@ class _LockState:
         for t in list(self.locked):
             self.host.unregister(t)
         self.locked.clear()
-
-
-def register_pinned(t: torch.Tensor) -> bool:
-    """Page-locks ``t``'s memory in place (``cudaHostRegister``) so H2D copies from it are async.
-
-    Returns ``False`` (and changes nothing) when it cannot be done.
-    """
-    return host_memory().register(t)
-
-
-def unregister_pinned(t: torch.Tensor) -> None:
-    """Undoes :func:`register_pinned` (call it only where that returned ``True``)."""
-    host_memory().unregister(t)

@@ -1,10 +1,9 @@
 """The last device transform: :class:`Normalize` (uint8 to normalised floats), and the pool of
 reused CPU output buffers it writes into (:class:`HostBufferPool`, :data:`host_pool`).
 
-It takes the batch the geometric and colour transforms made (:mod:`fastload.gpu.geometry`,
-:mod:`fastload.gpu.color`) and hands the model its floats. On the CPU (fastload's own pipeline
-without a GPU, the tests) its outputs come from :data:`host_pool`, and the fast path's uint8
-channels-last batches are converted by a table lookup in the C extension.
+It takes the batch the geometric and colour transforms made and hands the model its floats. On
+the CPU its outputs come from :data:`host_pool`, and uint8 channels-last batches are converted by
+a table lookup in the C extension.
 """
 
 from __future__ import annotations
@@ -32,21 +31,12 @@ __all__ = ["HostBufferPool", "Normalize", "host_pool"]
 class HostBufferPool:
     """Recycles large CPU output tensors, never handing out memory that is still referenced.
 
-    Allocating a fresh 20-40 MB float batch each step costs more than filling it: the kernel
-    maps and zeroes every page on first touch (glibc serves blocks this size with ``mmap``).
-    Measured on a 64x3x224x224 float32 batch on this machine: normalizing into a new tensor took
-    50 ms, into a reused one 27 ms. Reusing a fixed ring of outputs is only safe if nobody keeps a
-    batch; this pool instead ties each buffer to the lifetime of the tensor's *storage*: the
-    buffer goes back to the pool only when the tensor, all its views, ``.detach()``-ed copies,
-    ``.numpy()`` arrays and autograd's saved references are gone. A batch you keep stays yours.
-
-    Free buffers are kept newest first, at most ``max_idle`` of them and ``max_idle_bytes`` in
-    all; older ones (e.g. of a batch shape no longer used) are released to the OS.
-
-    Two limits of tensors made here: their storage cannot grow (``resize_`` to a larger size
-    raises), and ``share_memory_()`` moves a tensor to new memory, so arrays exported from it
-    *before* that call (``.numpy()``, DLPack) see recycled memory afterwards, as they would see
-    freed memory with plain torch tensors.
+    A fresh 20-40 MB batch costs more than filling it (the kernel maps and zeroes every page on
+    first touch). Each buffer goes back to the pool only when the tensor's *storage* is gone (its
+    views, ``.numpy()`` arrays, autograd's saved references): a batch you keep stays yours. Free
+    buffers are kept newest first, at most ``max_idle`` and ``max_idle_bytes``; older ones go back
+    to the OS. Tensors made here cannot grow (``resize_``), and arrays exported before a
+    ``share_memory_()`` see recycled memory afterwards.
 
     Args:
         max_idle: Free buffers kept, over all shapes.
@@ -64,8 +54,7 @@ class HostBufferPool:
         self.max_idle = int(max_idle)
         self.max_idle_bytes = int(max_idle_bytes)
         self._free: collections.deque[tuple[Any, np.ndarray]] = collections.deque()  # newest last
-        # Re-entrant: a finalizer (_release) can run inside the garbage collector while this
-        # thread is in the pool's own code.
+        # re-entrant: a finalizer (_release) may run inside the collector during the pool's own code
         self._lock = threading.RLock()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
@@ -129,12 +118,10 @@ class Normalize(BatchTransform):
         std: Per-channel standard deviations, non-zero (same units as ``mean``).
         dtype: Output floating dtype.
         channels_last: Return a ``torch.channels_last`` tensor.
-        buffers: 0 (default): every call returns a tensor of its own (on the CPU taken from
-            :data:`host_pool`, which reuses the memory of batches that no longer exist: no page
-            faults, no aliasing). ``k > 0`` writes the outputs into a ring of
-            ``k`` reusable tensors while shapes match: the result of call ``t`` is overwritten by
-            call ``t + k``. ``buffers=2`` is safe with :class:`fastload.CUDAPrefetcher` as long
-            as you do not keep batches beyond the next step.
+        buffers: 0 (default): every call returns a tensor of its own (on the CPU from
+            :data:`host_pool`). ``k > 0``: a ring of ``k`` reusable outputs, call ``t``'s
+            overwritten by call ``t + k`` (``buffers=2`` is safe with
+            :class:`fastload.CUDAPrefetcher` if you keep no batch beyond the next step).
 
     Example:
         >>> import torch
@@ -208,8 +195,7 @@ class Normalize(BatchTransform):
         return out
 
     def _table(self) -> np.ndarray:
-        """``(3, 256)`` float32: this transform's arithmetic run on every uint8 value of each channel
-        (elementwise, so looking pixels up in it gives the same bits as converting them)."""
+        """``(3, 256)`` float32: this transform's arithmetic on every uint8 value of each channel."""
         if self._lut is None:
             values = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256)
             work = torch.empty(values.shape, dtype=torch.float32)
@@ -219,15 +205,12 @@ class Normalize(BatchTransform):
             std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
             work.sub_(mean).div_(std)
             self._lut = np.ascontiguousarray(work.view(3, 256).numpy())
-            # with AVX2 the C extension computes these values where that gives the table's bits
             self._affine = affine_for_table(self._lut, 1.0 / 255, False, self.mean, self.std)
         return self._lut
 
     def _by_table(self, images: torch.Tensor, out: torch.Tensor) -> bool:
-        """A CPU uint8 RGB batch in channels-last memory (the fast path's batches) to a contiguous
-        float32 ``out``: a table lookup per pixel that also moves the channels first, in the C
-        extension (about 3x faster than the four elementwise passes). ``False`` where it does not
-        apply (nothing written)."""
+        """A CPU uint8 RGB channels-last batch to a contiguous float32 ``out`` by :meth:`_table`
+        lookups in the C extension; ``False`` where it does not apply (nothing written)."""
         if not (
             images.device.type == "cpu"
             and images.dtype == torch.uint8
@@ -272,10 +255,7 @@ class Normalize(BatchTransform):
         mean, std = self._constants[key]
         if self._by_table(images, out):
             return out
-        # On the CPU, one large image at a time: the four passes then run in the cache instead of
-        # streaming the whole batch through memory four times (16 vs 27 ms for 64x3x224x224 here);
-        # small images in one go (four calls per image would cost more than the passes). Same
-        # elementwise arithmetic, so the same bits.
+        # on the CPU, one large image at a time (the four passes stay in the cache); the same bits
         chunks = (
             zip(work, images, strict=False)
             if work.device.type == "cpu"

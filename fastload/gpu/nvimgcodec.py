@@ -1,40 +1,24 @@
 """Decoding with NVIDIA nvImageCodec (optional): the GPU's hardware JPEG decoder where it has one,
 nvJPEG on CUDA otherwise, and region-of-interest decoding (only a crop's region is decoded).
 
-Install it with ``pip install 'fastload[nvimgcodec-cu12]'`` (or ``-cu13``, matching the CUDA of
-your torch build). Where it imports and the device is CUDA, ``decode="device"`` and
-``decode="hybrid"`` decode their JPEGs with it instead of ``torchvision.io.decode_jpeg`` (which is
-deprecated from torchvision 0.29 and stays the fallback): ``loader.decoder`` and ``python -m
-fastload info`` say which runs. ``FASTLOAD_NVIMGCODEC=0`` turns it off.
+Where it imports (``pip install 'fastload[nvimgcodec-cu12]'``, or ``-cu13``) and the device is
+CUDA, ``decode="device"`` and ``"hybrid"`` decode their JPEGs with it instead of
+``torchvision.io.decode_jpeg`` (the fallback); ``FASTLOAD_NVIMGCODEC=0`` turns it off. Usage and
+measurements: docs/gpu.md, "Decoding on the GPU".
 
-What fastload asks of it (:class:`RegionDecoder`):
+What :class:`RegionDecoder` asks of it: the hardware decoder takes :func:`hw_decoder_load` of each
+batch, nvJPEG the rest; libjpeg-turbo's chroma upsampling (:data:`OPTIONS`), no EXIF rotation,
+RGB uint8; with a leading ``gpu.RandomResizedCrop``, only each crop box plus :data:`MARGIN` is
+decoded (nvJPEG before 13.2 may get a region's outermost pixels wrong with fancy upsampling), and
+the margin cut off. The decode is queued on the calling thread's stream; each image is copied
+into torch's memory there, nvImageCodec's buffers let go of a batch later.
 
-- backends: the hardware decoder (A100, H100, H200, ... have one) takes ``hw_load`` of each batch
-  (0.9, DALI's default; ``FASTLOAD_HW_DECODER_LOAD`` sets it, e.g. 1.0 leaves the SMs to the model),
-  nvJPEG on CUDA and the hybrid CPU/GPU nvJPEG the rest;
-- ``:fancy_upsampling=1``: chroma upsampled as libjpeg-turbo does (PIL, torchvision on the CPU),
-  where the decoder supports it; no EXIF rotation (PIL does not rotate either); RGB, uint8;
-- regions: when the device transforms begin with ``gpu.RandomResizedCrop``, each sample's crop box
-  is drawn before decoding (from its size in the header columns and ``(seed, epoch, index)``, the
-  same box as on a full image) and only that region is decoded; the crop is then resized alone.
-  nvJPEG before 13.2 (CUDA 13.3; torchvision's wheels carry an older one, which the process may
-  load first) refuses region decoding with fancy upsampling unless asked with
-  ``:enable_roi_fancy_upsampling=1``, and may then get the region's outermost pixels wrong: each
-  region is decoded one pixel larger on every side the image has room for (:data:`MARGIN`), and
-  that margin cut off.
-- the decode is queued on the calling thread's CUDA stream (the decoder thread's own); each image
-  is copied into torch's memory there (so that the streams that use it can be recorded on it), and
-  nvImageCodec's own buffers are let go of once those copies are done (checked a batch later).
-  This is the path measured on an H200, and the default.
+Experimental (``FASTLOAD_GPU_EXPERIMENTAL=1``, :func:`fastload.device.gpu_experimental`): from
+nvImageCodec 0.9 the crops decoded in place into one buffer per batch
+(:meth:`RegionDecoder.decode_packed`), and where ``fastload._nvimgcodec`` is built, by one call
+into nvImageCodec's C interface per batch (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0``: off).
 
-Experimental, never run on a GPU, off unless ``FASTLOAD_GPU_EXPERIMENTAL=1``
-(:func:`fastload.device.gpu_experimental`): from nvImageCodec 0.9 the crops decoded in place
-instead, into one buffer per batch (:meth:`RegionDecoder.decode_packed`), and where fastload's C
-extension ``fastload._nvimgcodec`` is built, by one call into nvImageCodec's C interface per batch
-with the interpreter released (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off).
-
-An image it cannot decode (``None`` in its output) is decoded by the CPU instead, which names the
-sample in a :class:`fastload.DecodeError` if the file is broken.
+An image it cannot decode (``None`` in its output) is decoded by the CPU instead.
 """
 
 from __future__ import annotations
@@ -78,28 +62,22 @@ __all__ = [
 #: The decoder's options: libjpeg-turbo's chroma upsampling, also when decoding a region.
 OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
 
-#: Pixels decoded around each region (where the image has them) and then cut off: the region
-#: decode's outermost pixels, which nvJPEG before 13.2 may get wrong with fancy upsampling.
+#: Pixels decoded around each region (where the image has them) and then cut off.
 MARGIN = 1
 
-#: Whether region decoding writes straight into one buffer per batch (:meth:`RegionDecoder.
-#: decode_packed`) where nvImageCodec can; ``False``: each image is copied out of its own memory.
+#: Whether region decoding writes straight into one buffer per batch where nvImageCodec can.
 PACKED = True
 
-#: Whether an in-place batch is decoded by one call into nvImageCodec's C interface
-#: (``fastload._nvimgcodec``: no Python object per image, the interpreter released for the whole
-#: batch) where it can be, rather than through nvImageCodec's Python objects
-#: (``FASTLOAD_NVIMGCODEC_NATIVE=0`` turns it off too).
+#: Whether an in-place batch is decoded by one call into nvImageCodec's C interface where it can be.
 NATIVE = True
 
-#: nvImageCodec's device id for a decoder that runs on the CPU only (its NVIMGCODEC_DEVICE_CPU_ONLY).
+#: nvImageCodec's device id for a CPU-only decoder (its NVIMGCODEC_DEVICE_CPU_ONLY).
 CPU_ONLY_DEVICE = -99999
 
 #: The byte boundary each image of an in-place batch buffer starts on.
 ALIGN = 256
 
-#: The module :func:`_module` returns instead of ``nvidia.nvimgcodec`` (tests: a CPU stand-in).
-_injected: Any = None
+_injected: Any = None  # what _module() returns instead of nvidia.nvimgcodec (use_module)
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,9 +107,8 @@ def use_module(module: Any) -> Iterator[None]:
 
 
 def available(device: torch.device | str | None) -> bool:
-    """Whether ``decode="device"`` decodes with nvImageCodec on ``device``: it imports (and is not
-    turned off with ``FASTLOAD_NVIMGCODEC=0``), it is 0.9 or later (:func:`too_old`) and the
-    device is CUDA (any device for a module given to :func:`use_module`)."""
+    """Whether ``decode="device"`` decodes with nvImageCodec on ``device``: it imports (not turned
+    off), it is 0.9 or later and the device is CUDA (any device under :func:`use_module`)."""
     if _injected is not None:
         return True
     device = torch.device("cpu") if device is None else torch.device(device)
@@ -163,9 +140,8 @@ def _version_at_least(module: Any, wanted: tuple[int, int]) -> bool:
 
 
 def decodes_in_place() -> bool:
-    """Whether region decoding writes each batch's crops into one buffer (experimental:
-    ``FASTLOAD_GPU_EXPERIMENTAL=1``, :data:`PACKED` on and nvImageCodec 0.9 or later:
-    ``as_images`` of planar buffers), else each image is copied out of nvImageCodec's own memory."""
+    """Whether region decoding writes each batch's crops into one buffer (experimental: with
+    :data:`PACKED` and nvImageCodec 0.9's planar ``as_images``)."""
     nv = _module()
     return (
         PACKED
@@ -226,12 +202,8 @@ def hw_decoder_load() -> float:
 
 def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
     """``image`` (anything with ``__dlpack__``) as a tensor sharing its memory, its capsule made
-    ready on the CUDA stream ``stream`` (``None``: a CPU image).
-
-    What ``torch.from_dlpack(image)`` does, asked once: handing torch the capsule skips its
-    per-call stream lookup and, where the producer takes only ``stream``, the protocol-version
-    retry it makes through ``TypeError`` (two calls per image) -- hundreds of images per batch.
-    """
+    ready on the CUDA stream ``stream`` (``None``: a CPU image): ``torch.from_dlpack(image)``
+    without its per-call stream lookup and protocol-version retry."""
     if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
         try:
             return torch.from_dlpack(image)
@@ -242,9 +214,8 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
 
 
 class _Plane:
-    """A channels-first ``(3, H, W)`` uint8 image in a buffer fastload allocated, described by the
-    array interface nvImageCodec reads (``__cuda_array_interface__`` on a GPU, else
-    ``__array_interface__``): decoded into in place, with no tensor made per image."""
+    """A channels-first ``(3, H, W)`` uint8 image in fastload's buffer, as the array interface
+    nvImageCodec decodes into (``__cuda_array_interface__`` on a GPU, else ``__array_interface__``)."""
 
     __slots__ = ("ptr", "_interface", "_cuda")
 
@@ -325,8 +296,7 @@ class RegionDecoder:
         self.nv = nv
         self.device = device
         kinds = nv.BackendKind
-        # on a CPU device, nvImageCodec's own CPU decoder where it has one (nvImageCodec itself,
-        # for the tests without a GPU); the tests' stand-in takes any device
+        # on a CPU device, nvImageCodec's own CPU decoder where it has one (the tests without a GPU)
         cpu_only = device.type != "cuda" and hasattr(nv, "NVIMGCODEC_DEVICE_CPU_ONLY")
         device_id = (device.index or 0) if device.type == "cuda" else CPU_ONLY_DEVICE if cpu_only else 0
         backends = (
@@ -342,8 +312,7 @@ class RegionDecoder:
         )
         self._decoder: Any = None
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
-        #: one call at a time: two passes of a loader share its decoder, and a pass left behind
-        #: may still be decoding a batch ahead when the next one starts
+        # one call at a time: a pass left behind may still be decoding when the next one starts
         self._lock = threading.RLock()
         self.params = nv.DecodeParams(
             apply_exif_orientation=False,
@@ -351,9 +320,8 @@ class RegionDecoder:
             allow_any_depth=False,
             sample_format=nv.SampleFormat.I_RGB,
         )
-        #: Whether :meth:`decode_packed` decodes into fastload's buffer (nvImageCodec 0.9's
-        #: ``as_images`` of planar buffers; older versions copy each image out of their own
-        #: memory); turned off, with a warning, where a first try fails.
+        #: Whether :meth:`decode_packed` decodes into fastload's buffer (off, with a warning,
+        #: where a first try fails).
         self.packs = decodes_in_place()
         self._checked = False  # the first packed decode is checked to have landed in place
         self.planar_params = (
@@ -391,9 +359,8 @@ class RegionDecoder:
         return self.native is not None or self._native_args is not None
 
     def _native_session(self) -> Any:
-        """The C interface's session, made the first time an in-place batch asks for it (a loader
-        whose batches never decode in place makes none); ``None`` where it cannot be made (said
-        once, and by :attr:`native_reason`)."""
+        """The C interface's session, made by the first in-place batch; ``None`` where it cannot
+        be made (said once, and by :attr:`native_reason`)."""
         args, self._native_args = self._native_args, None
         if args is not None:
             try:
@@ -430,8 +397,7 @@ class RegionDecoder:
         regions: Sequence[tuple[int, int, int, int] | None],
     ) -> tuple[list[Any], list[tuple[int, int, int, int] | None]]:
         """nvImageCodec's code streams of ``encoded``, each limited to its region and margin
-        (clipped to the image's size, read from its code stream), and the regions asked for (with
-        their margin; ``None``: the whole image)."""
+        (clipped to the image), and the regions asked for (``None``: the whole image)."""
         nv = self.nv
         sources = []
         asked: list[tuple[int, int, int, int] | None] = []
@@ -491,17 +457,14 @@ class RegionDecoder:
                 if dy + height > got_h or dx + width > got_w:
                     out.append(None)  # not what was asked: the CPU decodes it
                     continue
-            # the box, channels first, as one view (a single call: a few microseconds per image
-            # less than slicing and permuting, hundreds of images per batch)
+            # the box, channels first, as one view (one call, cheaper than slicing and permuting)
             row, column, channel = hwc.stride()
             view = hwc.as_strided(
                 (channels, height, width),
                 (channel, row, column),
                 hwc.storage_offset() + dy * row + dx * column,
             )
-            # on a GPU, a copy in torch's allocator: its users' streams are then recorded on it
-            # (record_stream), which memory torch did not allocate cannot be; made channels-first
-            # contiguous here, so that the crop's resize gathers the batch with one kernel
+            # on a GPU, a contiguous copy in torch's allocator (record_stream works on it only)
             if cuda:
                 view = view.clone() if view.is_contiguous() else view.contiguous()
             out.append(view)
@@ -521,15 +484,13 @@ class RegionDecoder:
     ) -> tuple[PackedImages, np.ndarray, list[bool] | np.ndarray] | None:
         """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
         :data:`MARGIN`, channels first into one buffer allocated here on the current stream
-        (``stream``: its CUDA stream object): no tensor, copy or allocation per image, and no
-        nvImageCodec memory to hold on to. ``sizes``: each image's ``(height, width)`` where
-        known (the header columns; ``(n, 2)``), else read from its code stream.
+        (``stream``: its CUDA stream object). ``sizes``: each image's ``(height, width)`` where
+        known (``(n, 2)``), else read from its code stream.
 
         Returns:
-            The decoded regions (:class:`~fastload.gpu.base.PackedImages`, one per image;
-            a refused image's is left as it was), each region's box within its decoded region
-            (``(n, 4)``: top, left, height, width), and whether nvImageCodec decoded each image
-            (``False``: the caller decodes it on the CPU). ``None`` where decoding in place is
+            The decoded regions (:class:`~fastload.gpu.base.PackedImages`), each region's box
+            within its decoded region (``(n, 4)``), and whether nvImageCodec decoded each image
+            (``False``: the caller decodes it on the CPU); ``None`` where decoding in place is
             not available here (then :attr:`packs` is off and :meth:`decode` takes over).
         """
         nv = self.nv
@@ -621,8 +582,7 @@ class RegionDecoder:
             if not self._checked:
                 self._give_up(e)
             return None
-        # Every batch: each image is the one given (nvImageCodec hands back the Image it decoded
-        # into); anything else is looked at where it is, and the first verified image's shape too.
+        # every batch: each image is the one given, or lies in its plane; the first one's shape too
         for image, wrapper, plane in zip(decoded, images, planes, strict=True):
             if image is None or image is wrapper:
                 continue
@@ -655,8 +615,7 @@ class RegionDecoder:
 
     @_one_at_a_time
     def release(self) -> None:
-        """Lets go of the last call's nvImageCodec images once the copies out of them are done
-        (the next :meth:`decode` does it itself; call it before dropping the decoder)."""
+        """Lets go of the last call's nvImageCodec images once the copies out of them are done."""
         held, self._held = self._held, None
         if held is not None:  # pragma: no cover - needs CUDA
             held[0].synchronize()  # only the decoder thread waits, a batch later

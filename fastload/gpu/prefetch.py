@@ -1,53 +1,28 @@
 """Overlap host-to-device copies and device transforms with training: :class:`CUDAPrefetcher`.
 
 While the model trains on batch ``k``, batch ``k + 1`` is copied to the device (from pinned
-memory, ``non_blocking``) and transformed on a side stream. On a machine without CUDA the very
-same code runs with a no-op stream context, so training scripts need no ``if``::
+memory, ``non_blocking``) and transformed on a side stream; without CUDA the same code runs with
+a no-op stream context (:func:`~fastload.gpu.streams.stream_backend`; tests inject a fake).
 
-    loader = CUDAPrefetcher(train_loader, transforms=gpu.Compose([...]))
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        for images, labels in loader:
-            ...
+Stream protocol (``S`` the side stream, made once; ``C`` the consumer's current stream):
 
-Stream protocol (per prefetcher; ``S`` is the side stream, ``C`` the consumer's current stream)
------------------------------------------------------------------------------------------------
-1. ``S`` is created once, at the first iteration, and reused for every epoch.
-2. Preparing batch ``k + 1`` (issued before batch ``k`` is handed out, inside ``with S``): copy
-   every tensor to the device, record an event ("host memory read"), then ``S.wait_stream(C)``
-   -- so work that writes into reusable device memory (e.g. ``Normalize(buffers=2)``) starts
-   only after the consumer's earlier steps -- then run the transforms.
-3. Handing out batch ``k``: ``C.wait_stream(S)``, then ``t.record_stream(C)`` for every tensor
-   of the batch (so the caching allocator does not recycle its memory while ``C`` uses it).
-4. Before asking the loader for another batch, the host waits for the event of step 2 of the
-   batch just handed out: the loader may reuse a batch's host memory once ``next()`` is called
-   again, exactly as with a synchronous consumer.
+1. Preparing batch ``k + 1`` (before batch ``k`` is handed out, inside ``with S``): copy every
+   tensor to the device, record an event ("host memory read"), ``S.wait_stream(C)`` (so
+   transforms that write reused device memory, e.g. ``Normalize(buffers=2)``, wait for the
+   consumer's earlier steps), then run the transforms.
+2. Handing out batch ``k``: ``C.wait_stream(S)``, then ``t.record_stream(C)`` for its tensors.
+3. Before asking the loader for another batch, the host waits for the event of step 1 of the
+   batch just handed out: the loader may then reuse its host memory, as with a synchronous consumer.
 
-Every CUDA-only call sits behind one small :class:`StreamBackend`, chosen from the device by
-:func:`stream_backend` (the one place that decides "is this CUDA"); tests inject a fake one.
+Per-sample randomness: a :class:`fastload.gpu.BatchTransform` gets ``indices`` (``batch.indices``
+of an :class:`fastload.IndexedBatch`, ``batch["indices"]`` of a dict, else ``None``: torch's
+global RNG), ``seed`` (``loader.seed``, else ``loader.sampler.seed``, else 0) and ``epoch``
+(``loader.epoch``, else ``loader.sampler.epoch``, else :meth:`CUDAPrefetcher.set_epoch`'s, else
+0; read at the start of each epoch); any other callable gets the images only.
 
-Per-sample randomness: indices, epoch, seed
--------------------------------------------
-``transforms`` is called as ``transforms(images, indices=..., epoch=..., seed=...)`` when it is
-a :class:`fastload.gpu.BatchTransform` (any other callable gets the images only):
-
-- ``indices``: ``batch.indices`` when the loader yields :class:`fastload.IndexedBatch`, or
-  ``batch["indices"]`` for a dict batch; otherwise ``None`` (the transforms then draw from
-  torch's global RNG, like torchvision).
-- ``seed``: ``loader.seed``, else ``loader.sampler.seed``, else 0.
-- ``epoch``: ``loader.epoch``, else ``loader.sampler.epoch``, else the last value given to
-  :meth:`CUDAPrefetcher.set_epoch`, else 0. Read once at the start of each epoch.
-
-So a loader that wants reproducible device augmentation yields ``IndexedBatch(images, labels,
-indices)`` and exposes integer ``seed`` and ``epoch`` attributes.
-
-Batches
--------
 Every tensor inside tuples, lists, dicts, namedtuples and :class:`~fastload.IndexedBatch` is
-moved. The transforms apply to the *image element* only: element 0 of a tuple/list, the
-``"images"`` (or ``"image"``) entry of a dict, or the batch itself if it is a tensor. It may be
-an ``(N, C, H, W)`` tensor or a list of ``(C, H, W)`` tensors (the resize-type transforms turn
-it into one batch).
+moved; the transforms apply to the images only: element 0 of a tuple/list, the ``"images"`` (or
+``"image"``) entry of a dict, or the batch itself if it is a tensor.
 """
 
 from __future__ import annotations
@@ -67,27 +42,7 @@ from ..stats import LoaderStats
 from .base import apply_transform
 from .streams import StreamBackend, stream_backend
 
-__all__ = [
-    "CUDAPrefetcher",
-    "PrefetchStats",
-    "default_device",
-    "device_is_cuda",
-    "stream_backend",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# Stall statistics
-# --------------------------------------------------------------------------------------------
-
-
-# The prefetcher measures the stall where it matters, at the consumer, with the loader's counters.
-PrefetchStats = LoaderStats
-
-
-# --------------------------------------------------------------------------------------------
-# Batch structure helpers
-# --------------------------------------------------------------------------------------------
+__all__ = ["CUDAPrefetcher"]
 
 
 def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -174,11 +129,6 @@ def _int_attr(*owners_and_names: tuple[Any, str]) -> int | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
-# The prefetcher
-# --------------------------------------------------------------------------------------------
-
-
 class CUDAPrefetcher:
     """Wraps a loader: copies and transforms batch ``k + 1`` on a side stream while ``k`` is used.
 
@@ -200,14 +150,10 @@ class CUDAPrefetcher:
         stats: :class:`fastload.LoaderStats` of the current or last epoch, measured at the consumer.
 
     ``len()``, ``dataset``, ``sampler``, ``batch_size``, ``set_epoch`` and
-    ``state_dict``/``load_state_dict`` pass through to the loader. Because the prefetcher is one
-    batch ahead, :meth:`state_dict` returns the loader's state as it was when the consumer's last
-    batch was handed out, so a resume neither skips nor repeats a batch.
-
-    An empty loader yields nothing. An exception raised by the loader (or by the transforms) for
-    batch ``k`` is re-raised by the ``next()`` call that would have returned batch ``k``, after
-    the earlier batches were handed out; the following ``next()`` goes on with batch ``k + 1``
-    if the loader does (torch's and fastload's iterators do).
+    ``state_dict``/``load_state_dict`` pass through to the loader; :meth:`state_dict` is the
+    loader's state when the consumer's last batch was handed out (the prefetcher is one ahead).
+    An error for batch ``k`` (loader or transforms) is raised by the ``next()`` that would have
+    returned it; the following ``next()`` goes on with batch ``k + 1`` if the loader does.
 
     Example (CPU, ``indices`` from :class:`~fastload.IndexedBatch`):
         >>> import torch
@@ -256,7 +202,7 @@ class CUDAPrefetcher:
         self.transforms = transforms
         self.channels_last = bool(channels_last)
         self.dtype = dtype
-        self.stats = PrefetchStats()
+        self.stats = LoaderStats()  # the stall, measured at the consumer
         self._backend = backend
         self._side: Any = None
         self._side_created = False
@@ -374,9 +320,8 @@ class CUDAPrefetcher:
         self, raw: Any, stream: Any, seed: int, epoch: int, after: Any = None
     ) -> tuple[Any, Any]:
         """One batch to the device and through the transforms, queued on ``stream`` (the current
-        one): steps 2 of the stream protocol (see the module docs). Returns the batch and the event
-        after which its host memory has been read. ``after``: a stream whose queued work the
-        transforms wait for (the consumer's, for transforms that write into reused device memory).
+        one): step 1 of the stream protocol. Returns the batch and the event after which its host
+        memory has been read; the transforms wait for ``after``'s queued work.
         """
         backend = self._backend
         indices = _get_indices(raw)
@@ -389,7 +334,7 @@ class CUDAPrefetcher:
 
 
 class _PrefetchIterator:
-    """One pass over the loader; see :class:`CUDAPrefetcher` for the stream protocol."""
+    """One pass over the loader (the stream protocol: see the module docs)."""
 
     def __init__(self, owner: CUDAPrefetcher) -> None:
         self._owner = owner

@@ -1,37 +1,18 @@
 """The resampling plan: crops, resizes and flips of a whole batch, executed as one pass.
 
 Where it sits: the geometric transforms (:mod:`fastload.gpu.geometry`) describe what they do to
-each image as a :class:`GeometryPlan` (per axis, a window of the source, a resize, a flip); the plan
-is executed once, for the whole batch, by :meth:`GeometryPlan.execute`, whose result goes on to the
-colour ops and :class:`~fastload.gpu.normalize.Normalize`. The device paths' region decoders feed
-it :class:`~fastload.gpu.base.PackedImages` (``crop_resize``).
+each image as a :class:`GeometryPlan` (per axis, a window of the source, a resize, a flip), which
+:meth:`GeometryPlan.execute` runs once for the whole batch; region decoders feed it
+:class:`~fastload.gpu.base.PackedImages` (``crop_resize``).
 
-Resampling and accuracy
------------------------
-Bilinear resizing (with ``antialias=True``, torch's triangle filter widened by the downscale
-factor, exactly like ``interpolate(..., antialias=True)``) is computed for the whole batch as two
-separable passes of :func:`torch.nn.functional.embedding_bag` (a fused "weighted sum of K gathered
-rows"), with per-image filter taps made on the host (in one call of the C extension
-``fastload._resample`` without the interpreter, else numpy) and sent to the device with the
-rest of the batch's plan in two copies. It works for any per-image crop box and any
-scale, up or down. Arithmetic is float32 and uint8 outputs are rounded. Measured on 400x350
-photo-like images (``bench/gpu_transforms.py --accuracy``, asserted in ``tests/test_gpu.py``):
-
-- vs torchvision's float path (what it does on GPU), rounded: max 1 level, mean 1e-4 levels
-  (only rounding ties differ), for mild/strong downscales and upscales alike;
-- vs torchvision's CPU uint8 path (16-bit fixed-point weights, rounding between its passes):
-  max 1 level, on 9-19% of the pixels (mean 0.09-0.19 levels).
-
-A uniform batch tensor with the same geometry for every image (``Resize``/``CenterCrop`` of an
-NCHW tensor) goes through torchvision's own batched resize and slicing, so it is identical to
-torchvision.
-
-A ragged list is processed in a few groups of similar region width: each region keeps its own
-rows and is padded to its group's widest (so are its rows after the vertical pass); the batch is
-split into the fewest groups for which that padding costs at most 1.5 times the batch's own work
-in all, so one 4000x3000 photo in a batch of 400x350 crops does not make every crop cost 4000
-columns (on the CPU, a group's width may change the float rounding of the resampling by an ulp:
-at most one uint8 level, rarely).
+Bilinear resizing (``antialias=True``: torch's triangle filter, as ``interpolate(...,
+antialias=True)``) runs as two separable passes of :func:`torch.nn.functional.embedding_bag`, with
+per-image filter taps made on the host (the C extension ``fastload._resample``, else numpy) and
+sent with the rest of the batch's plan in two copies; any per-image box and scale, float32
+arithmetic, uint8 outputs rounded (within one level of torchvision's; ``tests/test_gpu.py``). A
+batch tensor with the same geometry for every image goes through torchvision's own batched resize.
+A ragged batch runs in a few groups of similar region width, each padded to its widest: the
+fewest groups whose padding costs at most 1.5 times the batch's own work.
 """
 
 from __future__ import annotations
@@ -131,10 +112,8 @@ class _Axis:
             inside = (pos >= self.m0[:, None, None]) & (pos < self.m1[:, None, None])
             weights = np.stack([1.0 - lam, lam], -1) * inside * valid[:, :, None]
             return _HostTaps(np.clip(pos, 0, self.size[:, None, None] - 1), weights)
-        # torch's separable antialiased bilinear filter (interpolate(..., antialias=True)): per
-        # output pixel, taps xmin .. xmin + xsize - 1 of a triangle of width 2 * support. Only
-        # these per-pixel numbers are computed here; the (n, L, K) positions and weights of each
-        # group of images are made once the groups are known (see _AntialiasTaps.fill).
+        # torch's antialiased filter: per output pixel, taps xmin .. xmin + xsize - 1 of a triangle
+        # of width 2 * support; the per-group (n, L, K) arrays come later (_AntialiasTaps.fill)
         support = np.where(scale >= 1.0, scale, 1.0)
         invscale = np.where(scale >= 1.0, 1.0 / scale, 1.0)[:, 0]
         center = scale * (rr + 0.5)
@@ -156,9 +135,8 @@ class _Taps:
         raise NotImplementedError
 
     def fill(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
-        """Writes the taps of images ``rows`` into ``pos`` (int64, each position plus its image's
-        ``shift``) and ``weights`` (float32 or float64), each ``(n, L, K)`` with ``K >=
-        width(rows)``."""
+        """Writes the taps of images ``rows`` into ``pos`` (int64, plus each image's ``shift``) and
+        ``weights``, each ``(n, L, K)`` with ``K >= width(rows)``."""
         raise NotImplementedError
 
 
@@ -188,13 +166,9 @@ class _HostTaps(_Taps):
 class _AntialiasTaps(_Taps):
     """torch's antialiased bilinear taps, made on the host from per-pixel numbers.
 
-    Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` (from the
-    resampled region's start) with weight ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)``,
-    normalised by their sum taken in order of ``k`` (as torch sums them): the same float64
-    operations as torch's kernel setup, and an image's weights do not depend on the others of its
-    batch. Taps past an output's own ``xsize`` (a group is as wide as its widest filter) weigh 0
-    and read its first tap's position. Made for a whole batch in one call of the C extension
-    (``fastload._resample``, the interpreter released), else by the same arithmetic in numpy.
+    Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` with weight
+    ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)`` normalised by their in-order sum: torch's
+    kernel setup's float64 operations. Taps past ``xsize`` weigh 0 and read the first tap's position.
     """
 
     def __init__(
@@ -260,8 +234,7 @@ class _AntialiasTaps(_Taps):
         np.add(np.where(used, clipped, clipped[:, :, :1]), shift[:, None, None], out=pos)
 
 
-#: Whether the resize's taps and table rows come from the C extension where it is built (tests
-#: compare both ways).
+#: Whether the resize's plan comes from the C extension where it is built (tests compare both ways).
 USE_C_TAPS = True
 
 
@@ -408,8 +381,7 @@ class GeometryPlan:
         if out_h == 0 or out_w == 0:
             return out
 
-        # The source rectangle each image needs: origin (clamped so that it stays inside the
-        # image where possible) and extent.
+        # the source rectangle each image needs
         lo_y, hi_y = taps_y.bounds()
         lo_x, hi_x = taps_x.bounds()
         span_y, span_x = hi_y - lo_y + 1, hi_x - lo_x + 1
@@ -432,11 +404,8 @@ class GeometryPlan:
             # padding: a window that starts in a narrow image may run past its end
             flat = torch.cat([t.reshape(-1) for t in images] + [first.new_zeros(int(span_x.max()))])
 
-        # The host plans every group (its table rows, each axis's bags of taps and their weights,
-        # each image's place in the batch) into one int64 and one float array, sent to the device
-        # in two copies; each group takes its pieces of them. So a batch costs the device a few
-        # torch calls per group and no Python per image (each torch call returns to the
-        # interpreter: on a GPU, beside the training thread, whose kernel launches wait for it).
+        # Every group's plan (table rows, taps, weights, places) goes into one int64 and one float
+        # array, two copies to the device: a few torch calls per group, no Python per image.
         groups = _group_by_extent(span_y, span_x, rows_out=out_h)
         np_compute = np.float64 if compute == torch.float64 else np.float32
         many = len(groups) > 1
@@ -498,18 +467,9 @@ class GeometryPlan:
 def _group_by_extent(
     span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5, rows_out: int = 0
 ) -> list[np.ndarray]:
-    """Splits a batch into the fewest groups whose resampling buffers -- each image's source rows
-    and its ``rows_out`` rows after the vertical pass, as wide as its group's widest region (the
-    rows the resampling reads and writes are windows of one width) -- cost at most ``waste``
-    times the batch's own in all (so one huge image cannot blow up the memory of a whole batch,
-    nor small crops join its group by the hundred); of the splits into that many groups, the one
-    that costs least.
-
-    Example: spans 300x300 (x63) and 3000x4000 (x1) give two groups, not 64 regions 4000 wide;
-    crops of any heights and of widths within a factor of 1.5 of each other, one group.
-    ``RandomResizedCrop``'s regions of photos of different sizes: three groups per batch of 256
-    (each group's resampling is a dozen torch calls, kernel launches on a GPU; on the CPU, more
-    padding costs more than it saves).
+    """Splits a batch into the fewest groups whose resampling buffers (each image's source rows plus
+    ``rows_out``, as wide as its group's widest region) cost at most ``waste`` times the batch's
+    own; of those splits, the cheapest. E.g. spans 300x300 (x63) and 3000x4000 (x1): two groups.
     """
     rows = (span_y + rows_out).astype(np.float64)
     order = np.argsort(-span_x, kind="stable")
@@ -524,11 +484,9 @@ def _group_by_extent(
 
 
 def _fewest_groups(ys: np.ndarray, xs: np.ndarray, waste: float, starts: np.ndarray) -> int:
-    """The split of images sorted widest first (rows ``ys``, widths ``xs``) into the fewest runs
-    whose rows, each run as wide as its first image, cost at most ``waste`` times ``sum(ys *
-    xs)``; of those, the cheapest. Writes each run's first image into ``starts``; returns how many
-    runs. Dynamic programming over the runs' ends, one run more at a time (all sums are of whole
-    numbers, exact in float64: the C extension's ``fewest_groups`` gives the same split)."""
+    """:func:`_group_by_extent`'s split in numpy (images sorted widest first): each run's first image
+    into ``starts``, returns the number of runs. Dynamic programming over the runs' ends, exact in
+    float64, so the C extension's ``fewest_groups`` gives the same split."""
     n = len(ys)
     if n == 0:
         return 0
@@ -564,13 +522,8 @@ def _region_rows(
     ox: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """Where each row of a group's resampling table starts in the flat buffer, into ``out``.
-
-    Image ``r`` (CHW from ``offsets[r]``, ``heights[r]`` x ``widths[r]``) gives its ``ry[r]`` rows
-    from ``(oy[r], ox[r])``, each row's channels one after the other: the table row ``(r, row)``
-    holds every channel's window of the row, so the vertical pass sums whole rows of all channels.
-    In one call of the C extension where it is built.
-    """
+    """Where each row of a group's resampling table starts in the flat buffer, into ``out``: image
+    ``r``'s ``ry[r]`` rows from ``(oy[r], ox[r])``, each row's channels one after the other."""
     args = [np.ascontiguousarray(a, dtype=np.int64) for a in (offsets, heights, widths, ry, oy, ox)]
     if _c_resample is not None and USE_C_TAPS:
         _c_resample.region_rows(*args, out)
@@ -602,13 +555,8 @@ def _resample(
 ) -> torch.Tensor:
     """Separable resampling of one group: ``(n, C, out_h, out_w)`` float, layout-permuted view.
 
-    ``flat`` holds the images; ``picks`` (see :func:`_region_rows`) are where the ``rx`` pixels of
-    each region row of each channel start: the group's table has a row of ``C * rx`` values per
-    region row. ``taps_y`` are the vertical pass's bags of table rows (``n * out_h`` bags, flat),
-    where each bag starts, and their weights; ``taps_x`` the same for the horizontal pass's bags of
-    columns of the vertical pass's transposed output (image ``r``'s columns from ``r * rx``,
-    ``n * out_w`` bags). Each output value is ``sum_a sum_b wy[a] * wx[b] * S[py[a], px[b]]``,
-    summed in tap order.
+    ``picks`` (:func:`_region_rows`) make a table of ``C * rx`` values per region row; ``taps_y``
+    (bags, starts, weights) sum its rows, ``taps_x`` the columns of the transposed result.
     """
     bags_y, starts_y, w_y = taps_y
     bags_x, starts_x, w_x = taps_x

@@ -1,12 +1,7 @@
-"""Stream operations for a device, and the calling thread's CUDA device.
-
-- :class:`StreamBackend` and :func:`stream_backend`: the stream operations of the prefetcher and
-  the feeder; CUDA streams for a CUDA device, no-ops otherwise (tests inject a recording fake with
-  :func:`simulate_cuda`).
-- :func:`use_device`, :func:`pinned_device`, :func:`current_cuda_device`: which CUDA device a
-  thread works on (a new thread starts on device 0).
-
-Nothing here touches CUDA at import time.
+"""Stream operations for a device (:class:`StreamBackend`, :func:`stream_backend`: CUDA streams,
+or no-ops; tests install a recording fake with :func:`simulate_cuda`), and which CUDA device a
+thread works on (:func:`use_device`, :func:`pinned_device`, :func:`current_cuda_device`: a new
+thread starts on device 0). Nothing here touches CUDA at import time.
 """
 
 from __future__ import annotations
@@ -107,8 +102,7 @@ class _CudaStreams:
             tensor.record_stream(stream)
 
     def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        # blocking: a thread that waits on it sleeps instead of spinning a CPU (CUDA's default
-        # with fewer contexts than CPUs), which the hybrid path's workers decode on
+        # blocking: a waiting thread sleeps instead of spinning a CPU the hybrid workers decode on
         event = torch.cuda.Event(blocking=True)
         event.record(stream)
         return event
@@ -136,9 +130,8 @@ def stream_backend(device: torch.device | str | None) -> StreamBackend:
 
 @contextlib.contextmanager
 def simulate_cuda(streams: StreamBackend, host: Any) -> Iterator[None]:
-    """For tests on a machine without a GPU: inside the block every prefetcher and loader created
-    uses ``streams`` for its stream operations (whatever its device) and ``host`` for pinned
-    memory, so a test sees each copy and whether its source was pinned."""
+    """For tests without a GPU: inside the block every prefetcher and loader made uses ``streams``
+    for its stream operations and ``host`` for pinned memory (a test sees each copy)."""
     global _simulated
     saved, _simulated = _simulated, (streams, host)
     try:
@@ -154,7 +147,7 @@ def use_device(index: int) -> None:
 
 def pinned_device(device: torch.device) -> torch.device:
     """``device`` with its index: ``cuda`` becomes the calling thread's current device (another
-    thread would take ``cuda`` as device 0, whatever ``torch.cuda.set_device`` this one did)."""
+    thread would take ``cuda`` as device 0)."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
