@@ -385,9 +385,7 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
     try:
         with (
             # the parent's heap frozen for the fork only where the workers run no code of the user's
-            frozen_heap(loader.multiprocessing_context)
-            if loader._runs_user_code is None
-            else contextlib.nullcontext(),
+            frozen_heap(loader.multiprocessing_context, freeze=loader._runs_user_code is None),
             served(loader, view if shipped is None else shipped),
             worker_init(loader, table, None if own_workers else loader._pass_seeds),
         ):

@@ -78,7 +78,7 @@ def _frozen_by_environment() -> int:
 
 
 @contextlib.contextmanager
-def frozen_heap(context: Any) -> Iterator[None]:
+def frozen_heap(context: Any, freeze: bool = True) -> Iterator[None]:
     """Process workers forked inside this block never run the garbage collector over the objects
     they inherit.
 
@@ -104,7 +104,8 @@ def frozen_heap(context: Any) -> Iterator[None]:
     them.
 
     Where CUDA is initialised, a full collection runs before the fork (with or without the
-    freeze): a forked worker must never finalise the parent's CUDA objects.
+    freeze, and with ``freeze=False``: workers that run code of the user's, which gets torch's
+    heap as it is): a forked worker must never finalise the parent's CUDA objects.
     """
     if start_method(context) != "fork":
         yield
@@ -114,7 +115,7 @@ def frozen_heap(context: Any) -> Iterator[None]:
         # forked workers too, where finalising a CUDA object (an event, a stream, a tensor's
         # memory) aborts the worker ("CUDA error: initialization error"): collect it here first.
         gc.collect()
-    if gc.get_freeze_count() > _frozen_by_environment():
+    if not freeze or gc.get_freeze_count() > _frozen_by_environment():
         yield
         return
     gc.freeze()
