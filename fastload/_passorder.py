@@ -81,9 +81,25 @@ def set_sampler_epoch(sampler: Any, epoch: int) -> None:
             sampler._told_epoch = False
 
 
+class PassIndex(int):
+    """A sample index tagged with its pass: ``pass_seed`` is ``(pass number, base seed)``, from
+    which a kept worker seeds itself at the pass's first index as torch's new worker of that pass
+    would be seeded (:class:`fastload._torchpath.PassSeeded`)."""
+
+    pass_seed: tuple[int, int]
+
+
+def _tagged(index: Any, pass_seed: tuple[int, int]) -> PassIndex:
+    tagged = PassIndex(index)
+    tagged.pass_seed = pass_seed
+    return tagged
+
+
 class PassIndices:
     """torch's index sampler for a :class:`DataLoader` (its ``_index_sampler``): the rest of a
-    resumed epoch once, in batches, else the loader's own ``batch_sampler`` (or ``sampler``)."""
+    resumed epoch once, in batches, else the loader's own ``batch_sampler`` (or ``sampler``).
+    Where fastload's default keeps torch's workers, the indices of every pass after the first are
+    :class:`PassIndex` es carrying the pass's base seed (``loader._pass_seed``)."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # no cycle: the loader is freed (and its workers stop) at once
@@ -95,11 +111,19 @@ class PassIndices:
         loader = self._loader()
         assert loader is not None  # torch's iterator holds the loader while it draws indices
         rest = loader._rest  # torch's iterator may call iter() twice as it starts: no pop
+        batched = loader.batch_sampler is not None
         if rest is None:
-            return iter(self._base(loader))
-        if loader.batch_sampler is None:
-            return iter(rest.tolist())
-        return iter([b.tolist() for b in split_batches(rest, loader.batch_size or 1, loader.drop_last)])
+            order: Iterator[Any] = iter(self._base(loader))
+        elif not batched:
+            order = iter(rest.tolist())
+        else:
+            order = iter([b.tolist() for b in split_batches(rest, loader.batch_size or 1, loader.drop_last)])
+        pass_seed = loader.__dict__.get("_pass_seed")
+        if pass_seed is None or pass_seed[1] is None:  # the first pass: torch seeded its workers
+            return order
+        if batched:
+            return ([_tagged(i, pass_seed) for i in batch] for batch in order)
+        return (_tagged(i, pass_seed) for i in order)
 
     def __len__(self) -> int:
         loader = self._loader()

@@ -19,7 +19,7 @@ import functools
 import inspect
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ from ._epoch import base_seed
 from ._shm import shm_error
 from ._stream import MainRing, RingedCollate, ring_supported, ring_table
 from ._stream import collate as stream_collate
-from ._torchworkers import TorchWorkerInit, pass_seed_cell
+from ._torchworkers import TorchWorkerInit, seed_as_torch
 from ._workerstart import frozen_heap, ship_dataset
 from .device import cuda_available
 from .gpu.memory import host_memory
@@ -229,9 +229,7 @@ def rings_collate(loader: Any) -> bool:
 
 
 @contextlib.contextmanager
-def worker_init(
-    loader: Any, ring: torch.Tensor | None, pass_seeds: torch.Tensor | None = None
-) -> Iterator[None]:
+def worker_init(loader: Any, ring: torch.Tensor | None) -> Iterator[None]:
     """``loader.worker_init_fn`` is :class:`fastload._torchworkers.TorchWorkerInit` around the user's inside
     the block (while torch's iterator starts its process workers), and the user's again after.
 
@@ -244,8 +242,7 @@ def worker_init(
     the ring table ``ring``, if given. When it batches with the user's own ``collate_fn`` (given
     at construction) and ``ring`` is given, ``loader.collate_fn`` is
     :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
-    the workers' reused segments. ``pass_seeds``: the cell from which fastload's default persistent
-    workers seed themselves at each pass (:func:`fastload._torchworkers.reseed_each_pass`).
+    the workers' reused segments.
     """
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
@@ -256,7 +253,6 @@ def worker_init(
         user_fn,
         stream=stream,
         ring=ring if stream or ringed else None,
-        pass_seeds=pass_seeds,
         trim=loader._runs_user_code is None,
     )
     if stream:
@@ -304,6 +300,39 @@ def check_as_torch_iterator(loader: Any) -> None:
         raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
 
 
+class PassSeeded(torch.utils.data.Dataset[Any]):
+    """What workers kept by fastload's default on torch's iterator serve (head acceleration of
+    torchvision's ops only): ``dataset``, and at the first index of each later pass (a
+    :class:`fastload._passorder.PassIndex`) the worker seeds Python's, torch's and numpy's global
+    RNGs as torch's new worker of that pass would be seeded (its base seed + the worker's id), so
+    that the random ops draw torch's numbers pass after pass. Tasks of a pass left early that a
+    worker still runs carry their own pass's seed: they do not seed it early."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.seeded: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _seed(self, index: Any) -> int:
+        pass_seed = getattr(index, "pass_seed", None)
+        if pass_seed is not None and pass_seed != self.seeded:
+            self.seeded = pass_seed
+            info = torch.utils.data.get_worker_info()
+            if info is not None:
+                seed_as_torch(pass_seed[1], info.id)
+        return int(index)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[self._seed(index)]
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        plain = [self._seed(i) for i in indices]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(plain) if callable(getitems) else [self.dataset[i] for i in plain]
+
+
 def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
     """torch's own iterator for this loader (the path for everything the fast path does not serve).
 
@@ -333,17 +362,13 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
         with served(loader, loader._head_dataset):
             return TORCH_DATALOADER.__iter__(loader)
     if loader.persistent_workers and loader._torch_workers_started and not own_workers:  # no worker starts
-        if loader._pass_seeds is not None:
+        if loader._pass_seed is not None:
             # torch's default (new workers every pass) makes a new iterator: it calls
             # iter(index sampler) (a sampler may draw there), draws the base seed its new
-            # workers are seeded from, then calls iter() again as it primes the workers
+            # workers are seeded from, then calls iter() again as it primes the workers; the
+            # pass's indices carry that seed to the kept workers (PassIndices, PassSeeded)
             iter(loader._index_sampler)
-            cells = loader._pass_seeds.numpy()
-            cells[1] = seed = base_seed(loader.generator)
-            cells[0] += 1
-            torch_iterator = loader.__dict__.get("_iterator")
-            if torch_iterator is not None:
-                torch_iterator._base_seed = seed  # as the new iterator would hold it
+            loader._pass_seed = (loader._pass_seed[0] + 1, base_seed(loader.generator))
         ring = loader._torch_ring
         if ring is not None:
             ring.new_pass()
@@ -363,8 +388,11 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
     if view is not None:
         Image.preinit()  # the format plugins torchvision's PIL loader imports on first use
     given = view if view is not None else loader.dataset
+    reseeded = not own_workers and loader.persistent_workers and loader._persistent_by_default
+    if reseeded:
+        given = PassSeeded(given)
     shipped = None
-    if not isinstance(served, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
+    if not isinstance(given, (IterDataPipe, MapDataPipe)):  # torch's iterator inspects those
         shipped = ship_dataset(
             given, loader.multiprocessing_context, loader.worker_init_fn, loader.collate_fn
         )
@@ -380,14 +408,13 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
         table = ring_table(loader.num_workers, (loader.prefetch_factor or 2) + 2)
     if not own_workers:
         loader._torch_ring = None if table is None else MainRing(table)
-        reseeded = loader.persistent_workers and loader._persistent_by_default
-        loader._pass_seeds = pass_seed_cell() if reseeded else None
+        loader._pass_seed = (0, None) if reseeded else None
     try:
         with (
             # the parent's heap frozen for the fork only where the workers run no code of the user's
             frozen_heap(loader.multiprocessing_context, freeze=loader._runs_user_code is None),
-            served(loader, view if shipped is None else shipped),
-            worker_init(loader, table, None if own_workers else loader._pass_seeds),
+            served(loader, given if shipped is None else shipped),
+            worker_init(loader, table),
         ):
             if own_workers:
                 it = loader._get_iterator()  # not the loader's persistent one

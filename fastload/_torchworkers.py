@@ -4,9 +4,9 @@
   pickle into an error for that batch (:class:`UnsendableBatchError`), not a hang.
 - :class:`TorchWorkerInit`: the ``worker_init_fn`` fastload gives torch's workers around the
   user's: batches sent without ``/dev/shm``, streamed batches and reused segments
-  (:mod:`fastload._stream`), the idle trim (memory back to the system while a worker idles), and,
-  for fastload's default persistent workers, reseeding at each pass as torch's new workers would
-  be seeded (:func:`reseed_each_pass`, :func:`pass_seed_cell`, :func:`seed_as_torch`).
+  (:mod:`fastload._stream`), and the idle trim (memory back to the system while a worker idles).
+- :func:`seed_as_torch`: a worker's global RNGs seeded as torch seeds a new worker (fastload's
+  default persistent workers at each pass: :class:`fastload._torchpath.PassSeeded`).
 - :func:`numpy_seed`: the seed torch's workers give numpy, which fastload's own workers
   (:mod:`fastload._worker`) take too.
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch._utils import ExceptionWrapper  # what torch's iterator re-raises for a batch
 
-from ._shm import send_through_memfd, shared_empty
+from ._shm import send_through_memfd
 from ._stream import drop_idle_ring, enable_ring
 from ._stream import enable as enable_streaming
 
@@ -43,9 +43,7 @@ __all__ = [
     "TorchWorkerInit",
     "UnsendableBatchError",
     "numpy_seed",
-    "pass_seed_cell",
     "reporting_context",
-    "reseed_each_pass",
     "seed_as_torch",
 ]
 
@@ -167,58 +165,12 @@ def numpy_seed(base_seed: int, worker_id: int) -> Any:
     return _generate_state(base_seed, worker_id)
 
 
-def pass_seed_cell() -> torch.Tensor:
-    """The shared cell of fastload's default persistent workers on torch's iterator: the number
-    of the pass and the base seed the main process drew for it (see :func:`reseed_each_pass`)."""
-    return shared_empty((2,), torch.int64).zero_()
-
-
 def seed_as_torch(base_seed: int, worker_id: int) -> None:
-    """Seeds this worker's RNGs as torch's worker loop seeds a new worker of a pass whose base seed
-    is ``base_seed`` (Python's ``random``, torch's, numpy's), and makes
-    ``get_worker_info().seed`` that seed."""
-    from torch.utils.data._utils import worker as torch_worker
-
-    seed = base_seed + worker_id
-    random.seed(seed)
-    torch.manual_seed(seed)
+    """Seeds this process's global RNGs (Python's ``random``, torch's, numpy's) as torch's worker
+    loop seeds a new worker of a pass whose base seed is ``base_seed``."""
+    random.seed(base_seed + worker_id)
+    torch.manual_seed(base_seed + worker_id)
     np.random.seed(numpy_seed(base_seed, worker_id))
-    info = torch_worker._worker_info
-    if info is not None:
-        torch_worker._worker_info = type(info)(
-            id=info.id, num_workers=info.num_workers, seed=seed, dataset=info.dataset
-        )
-
-
-def reseed_each_pass(cell: torch.Tensor, worker_id: int) -> None:
-    """In a worker of torch's iterator kept between passes by fastload's default (not asked for):
-    at each new pass, seed it as torch's default, which starts new workers every pass, would.
-
-    torch's worker loop makes its fetcher as the worker starts (seeded by torch for the first
-    pass), and again for each later pass's ``_ResumeIteration``; before that is sent, the main
-    process writes the pass's number and base seed into ``cell``
-    (:meth:`fastload.DataLoader._torch_iter`). This wraps the fetcher's factory in this process
-    only: at every call of torch's worker loop after its first, the worker seeds itself from the
-    cell (:func:`seed_as_torch`), so random transforms draw what torch's new workers would draw
-    (also a worker that started late, after the main process had begun a later pass: it serves
-    the first pass's tasks with torch's seeding, then takes each resume in order).
-    """
-    from torch.utils.data import _DatasetKind
-
-    make_fetcher = _DatasetKind.create_fetcher
-    cells = cell.numpy()
-    started = False
-
-    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
-        nonlocal started
-        # only torch's worker loop (not a loader the dataset iterates inside the worker)
-        if sys._getframe(1).f_code.co_name == "_worker_loop":
-            if started:
-                seed_as_torch(int(cells[1]), worker_id)
-            started = True
-        return make_fetcher(*args, **kwargs)
-
-    _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)
@@ -246,17 +198,12 @@ class TorchWorkerInit:
     #: The ring table of the reused batch segments (:func:`fastload._stream.ring_table`), or ``None``;
     #: without ``stream``, for a user's ``collate_fn`` (:class:`fastload._stream.RingedCollate`).
     ring: torch.Tensor | None = field(default=None, compare=False)
-    #: fastload's default persistent workers: the pass cell (:func:`pass_seed_cell`) from which
-    #: the worker seeds itself at each pass, as torch's new worker of that pass would be seeded.
-    pass_seeds: torch.Tensor | None = field(default=None, compare=False)
     #: Whether the idle check also gives the heap's free memory back (``malloc_trim``): only where
     #: fastload runs every op in the worker (no allocator change in a process running user code).
     trim: bool = False
 
     def __call__(self, worker_id: int) -> None:
         send_through_memfd()  # batches this worker sends never need /dev/shm (fastload._shm)
-        if self.pass_seeds is not None:
-            reseed_each_pass(self.pass_seeds, worker_id)
         if self.stream:
             enable_streaming(self.ring, worker_id)
         else:

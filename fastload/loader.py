@@ -392,9 +392,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._path = "torch"
         self._torch_workers_started = False  # torch's persistent workers are running
         self._torch_ring: MainRing | None = None  # the batch segments torch's workers reuse
-        #: default persistent workers on torch's iterator: each pass's number and base seed, from
-        #: which they seed themselves as its new workers would be (fastload._torchworkers.reseed_each_pass)
-        self._pass_seeds: torch.Tensor | None = None
+        #: default persistent workers on torch's iterator: (pass number, base seed) of the pass
+        #: (seed None: the first), from which they seed themselves (fastload._torchpath.PassSeeded)
+        self._pass_seed: tuple[int, int | None] | None = None
         self._rest: np.ndarray | None = None  # a resumed pass's indices, until its iterator takes them
         choose_path(self, log=True)
         self.epoch_lookahead = bool(epoch_lookahead)
@@ -554,7 +554,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         "_engine",
         "_iterator",
         "_torch_ring",
-        "_pass_seeds",
+        "_pass_seed",
         "_prefetcher",
         "_pass_indices",
         "_fast_pass",
@@ -579,7 +579,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.update(
-            _engine=Engine(), _iterator=None, _torch_ring=None, _pass_seeds=None, _prefetcher=None
+            _engine=Engine(), _iterator=None, _torch_ring=None, _pass_seed=None, _prefetcher=None
         )
 
     def __del__(self) -> None:
