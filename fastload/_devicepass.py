@@ -28,30 +28,14 @@ from .gpu.prefetch import CUDAPrefetcher
 from .gpu.streams import pinned_device, stream_backend, use_device
 from .memory import InMemoryImageFolder
 
-__all__ = [
-    "FEEDER_DEPTH",
-    "EncodedPass",
-    "FedPass",
-    "HybridParts",
-    "HybridPass",
-    "Shares",
-    "head_and_rest",
-    "reuses_device_memory",
-]
+FEEDER_DEPTH = 2  # finished batches the device feeder keeps ready
 
-
-#: Finished batches the device feeder keeps ready for ``decode="device"`` (see fastload.gpu.feeder).
-FEEDER_DEPTH = 2
-
-
-#: Read tasks per reader thread and batch (where the reader threads read): a few, so that one slow
-#: file holds up only its own run of samples, not hundreds of tasks per batch.
+# Read tasks per reader thread and batch: a slow file holds up only its own run of samples.
 READ_TASKS_PER_READER = 4
 
 
 def reads_in_memory(dataset: Any) -> bool:
-    """Whether ``dataset.get_bytes`` is fastload's in-memory one (a slice of its buffer), not a file
-    read or a subclass's (or an instance's) own."""
+    """Whether ``dataset.get_bytes`` is fastload's in-memory one (not a subclass's or instance's)."""
     own = InMemoryImageFolder.get_bytes
     return (
         isinstance(dataset, InMemoryImageFolder)
@@ -61,8 +45,7 @@ def reads_in_memory(dataset: Any) -> bool:
 
 
 def _labels(dataset: Any, indices: np.ndarray) -> torch.Tensor:
-    """The samples' labels (``dataset.targets``, through its ``target_transform`` where it has
-    one), int64: one array step for a numpy column, else one sample at a time."""
+    """The samples' ``targets`` (through ``target_transform``, if any) as int64."""
     targets = dataset.targets
     target_transform = getattr(dataset, "target_transform", None)
     if target_transform is None and isinstance(targets, np.ndarray) and targets.dtype.kind in "iu":
@@ -78,21 +61,11 @@ def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
 
 
 class EncodedPass:
-    """decode='device': each batch read, decoded on the device and transformed there, beside the
-    training loop, in two stages that overlap:
-
-    - a decoder thread (``fastload-device-decode``, a CUDA stream of its own) routes and decodes batch
-      ``k + 1`` (:func:`fastload.decode.decode_batch`: nvJPEG for the JPEGs it takes, the CPU's
-      decoders for the rest), while
-    - the feeder thread (:class:`fastload.gpu.feeder.DeviceFeeder`, a stream of its own) crops and
-      transforms batch ``k`` on the device, after a wait queued for the decode's event, and keeps
-      ``FEEDER_DEPTH`` finished batches ready; the training thread's ``next()`` takes one and
-      queues a wait for its event.
-
-    Reader threads (``num_workers`` of them) fetch the bytes of batch ``k + 2`` meanwhile. Which
-    decoder takes an image comes from its JPEG header, read once per sample and kept in the
-    loader's header columns. An error of batch ``k`` (a corrupt image, named) is raised by the
-    ``next()`` of batch ``k``; the pass goes on after it.
+    """decode='device': reader threads (``num_workers``) fetch batch ``k + 2``'s bytes, a decoder
+    thread (a stream of its own) decodes batch ``k + 1`` (routed by each sample's header, read
+    once), and the feeder thread transforms batch ``k`` on the device after the decode's event,
+    ``FEEDER_DEPTH`` batches ahead. Batch ``k``'s error is raised by its ``next()``; the pass goes
+    on after it.
     """
 
     def __init__(
@@ -123,8 +96,7 @@ class EncodedPass:
         self.headers = headers
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
-        #: the leading crop/resize of gpu_transforms and the rest (None: no such head), and the
-        #: crop whose boxes a region decoder (nvImageCodec) decodes alone (see _regions)
+        # gpu_transforms' leading crop/resize and the rest, and the crop a region decoder decodes alone
         self.head_rest = head_and_rest(loader.gpu_transforms)
         self.region_crop = None if self.head_rest is None else region_crop(self.head_rest[0])
         self.batch_decoder: BatchDecoder | None = None  # made in the decoder thread
@@ -146,16 +118,12 @@ class EncodedPass:
         """What a subclass's ``_prepare`` needs, made before the feeder thread starts."""
 
     def _device_indices(self, k: int) -> np.ndarray:
-        """The samples of batch ``k`` the device decodes (all of them here)."""
         return self.batches[k]
 
     def _read(self, k: int) -> None:
-        """Batch ``k``'s bytes asked for: taken by the decoder thread itself where each is a slice
-        of an in-memory dataset's buffer with nothing left to check (its CRC-32 checked in an
-        earlier epoch, or ``check_crc`` off), else read by the reader threads in runs of
-        consecutive samples (:data:`READ_TASKS_PER_READER` per reader, not one task per sample:
-        hundreds of small tasks per batch would take the interpreter from the training thread).
-        """
+        """Batch ``k``'s bytes asked for: slices of an in-memory buffer with nothing left to check
+        are taken by the decoder thread itself; else the reader threads read runs of consecutive
+        samples (a few tasks per reader: hundreds per batch would take the training thread's GIL)."""
         if k < len(self.batches) and k not in self.reads:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
             indices = self._device_indices(k)
@@ -171,9 +139,7 @@ class EncodedPass:
             ]
 
     def _encoded(self, k: int) -> Sequence[Any]:
-        """Batch ``k``'s bytes, in order (the first sample's error that failed to read, if any):
-        slices of an in-memory dataset's buffer as one :class:`~fastload._slices.ByteSlices`
-        (no Python object per sample)."""
+        """Batch ``k``'s bytes in order (or the first read's error); in-memory ones as ``ByteSlices``."""
         read = self.reads.pop(k)
         if read and isinstance(read[0], Future):
             return [data for chunk in read for data in chunk.result()]
@@ -214,9 +180,8 @@ class EncodedPass:
     def _regions(
         self, indices: np.ndarray, on_device: list[bool]
     ) -> list[tuple[int, int, int, int] | None] | None:
-        """With a region decoder and a head that is one ``gpu.RandomResizedCrop``: each device-decoded
-        sample's crop box, drawn from its size (the header columns) and key before decoding -- the box
-        the crop draws on the whole image -- so that only the box is decoded; else ``None``."""
+        """With a region decoder and a ``gpu.RandomResizedCrop`` head: each device-decoded sample's
+        crop box, drawn from its header's size before decoding, so only the box is decoded; else ``None``."""
         crop, decoder = self.region_crop, self.batch_decoder
         if crop is None or decoder is None or not decoder.regions:
             return None
@@ -232,8 +197,7 @@ class EncodedPass:
         return regions
 
     def _decoded(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
-        """What the decoder thread hands over for a batch's decoded images (here: the images, each
-        its own tensor, or a :class:`~fastload.gpu.decode.RegionBatch` of crop regions)."""
+        """What the decoder thread hands over for a batch's decoded images (here: the images)."""
         return images
 
     def _transform(self, images: list[torch.Tensor] | RegionBatch, indices: np.ndarray) -> Any:
@@ -286,17 +250,15 @@ class EncodedPass:
 
 
 class Shares(Sequence[np.ndarray]):
-    """``decode="hybrid"``: the CPU workers' share of each batch of a pass (its last positions),
-    decided from the loader's :class:`~fastload.gpu.hybrid.HybridSplit` when first asked for: by
-    the worker pool when it issues the batch's task, or by the device side. Indexed like the pass's
-    batches, so the CPU side is a fast pass over these."""
+    """``decode="hybrid"``: the CPU workers' share (last positions) of each batch, decided by the
+    ``HybridSplit`` when first asked for; indexed like the batches, for the CPU side's fast pass."""
 
     def __init__(self, batches: list[np.ndarray], split: HybridSplit, workers: int) -> None:
         self.batches, self.split, self.workers = batches, split, workers
         self.device_counts: dict[int, int] = {}
 
     def device_count(self, k: int) -> int:
-        """How many of batch ``k``'s samples (its first ones) the device decodes."""
+        """How many of batch ``k``'s first samples the device decodes."""
         d = self.device_counts.get(k)
         if d is None:
             n = len(self.batches[k])
@@ -318,10 +280,8 @@ class Shares(Sequence[np.ndarray]):
 
 @dataclass
 class HybridParts:
-    """What ``decode="hybrid"`` splits ``gpu_transforms`` and the dataset into (made once per loader):
-    the measured ``split`` of each batch, the leading crop/resize ``head`` both sides run, the
-    ``rest`` run on the device after it, and the ``dataset`` the CPU workers decode from (the
-    loader's, cropping as the device's head)."""
+    """``decode="hybrid"``'s parts, made once per loader: the ``split``, the ``head`` both sides run,
+    the ``rest`` run on the device, and the ``dataset`` the CPU workers decode (cropping as the head)."""
 
     split: HybridSplit
     head: list[Any]
@@ -330,20 +290,11 @@ class HybridParts:
 
 
 class HybridPass(EncodedPass):
-    """decode='hybrid': each batch split between the device's decoder and the CPU workers (see
-    :mod:`fastload.gpu.hybrid`), and assembled on the device beside the training loop:
-
-    - the decoder thread (as for ``decode="device"``) decodes the first ``d`` samples of batch
-      ``k + 1`` and crops them with the head of ``gpu_transforms``, timed up to its event;
-    - the fast path's workers decode the other samples (:class:`Shares`) with the same crop
-      boxes (:class:`fastload.gpu.hybrid.DeviceHead`) into pinned slots, issued ahead as slots
-      free up;
-    - the feeder thread copies batch ``k``'s CPU share to the device, puts both shares into one
-      uint8 channels-last batch, runs the rest of ``gpu_transforms`` on it, and gives the slot
-      back once its copy is done. Each side's measured rate updates the split.
-
-    An error of either share (the device's share first: it holds the batch's first positions) is
-    raised by the ``next()`` of its batch; the pass goes on after it.
+    """decode='hybrid': the decoder thread decodes and crops the first ``d`` samples of a batch, the
+    fast path's workers the rest (:class:`Shares`, same crop boxes) into pinned slots; the feeder
+    thread joins both shares on the device, runs the rest of ``gpu_transforms`` and frees the slot
+    once copied. Each side's measured rate updates the split (:mod:`fastload.gpu.hybrid`). An error
+    of either share (the device's first) is raised by its batch's ``next()``.
     """
 
     def __init__(
@@ -386,8 +337,7 @@ class HybridPass(EncodedPass):
             super()._submit(k)
 
     def _decode(self, k: int) -> tuple[Any, Any]:
-        """In the decoder thread: the device's share of batch ``k`` decoded and cropped; its time
-        up to the event (the device side's rate) recorded."""
+        """The device's share of batch ``k`` decoded and cropped, its time recorded (the device's rate)."""
         if len(self._device_indices(k)) == 0:
             self.reads.pop(k, None)
             return None, None
@@ -456,8 +406,7 @@ class HybridPass(EncodedPass):
         return IndexedBatch(images, labels, order)
 
     def __next__(self) -> IndexedBatch:
-        """The next batch; the loop's own time since the last one (not its waiting here) is its
-        demand, which the split follows (:class:`fastload.gpu.hybrid.HybridSplit`)."""
+        """The next batch; the loop's time since the last one is its demand, which the split follows."""
         called = time.perf_counter()
         last, self._handed = self._handed, None  # a batch that raises is no sample of the loop's time
         if last is not None:
@@ -474,16 +423,10 @@ class HybridPass(EncodedPass):
 
 
 class FedPass:
-    """The host pass's batches copied to the device and through the device transforms by a feeder
-    thread on a stream of its own (:class:`fastload.gpu.feeder.DeviceFeeder`), ``FEEDER_DEPTH``
-    batches ahead, beside the model: the training thread's ``next()`` costs an event wait (with
-    the in-thread prefetcher it also issued the next batch's copy and transform launches, which a
-    loop that synchronises every step, e.g. with ``loss.item()``, leaves the GPU idle for).
-
-    The copy and transforms are the loader's prefetcher's own (:meth:`CUDAPrefetcher.
-    copy_and_transform`); as there, a batch's host memory is given back to the loader (the next
-    batch asked for) only once its copy has been made. Errors of batch ``k`` are raised by its
-    ``next()``; the pass goes on after them.
+    """A host pass's batches copied to the device and transformed there (the prefetcher's
+    ``copy_and_transform``) by a feeder thread, ``FEEDER_DEPTH`` batches ahead: the training
+    thread's ``next()`` costs an event wait. A batch's host memory goes back to the loader only once
+    its copy is made. Batch ``k``'s errors are raised by its ``next()``.
     """
 
     def __init__(
@@ -504,7 +447,6 @@ class FedPass:
         )
 
     def _prepare(self, k: int) -> Any:
-        """The next batch on the device: in the feeder thread, on its stream."""
         prefetcher = self.prefetcher
         backend = prefetcher._backend
         if self._copied is not None:
@@ -531,8 +473,7 @@ class FedPass:
 
 
 def reuses_device_memory(transforms: Any) -> bool:
-    """Whether ``transforms`` write into device memory they reuse (``gpu.Normalize(buffers=k)``), so
-    that a batch prepared several steps ahead would overwrite one the model still reads."""
+    """Whether ``transforms`` reuse device memory (``gpu.Normalize(buffers=k)``): unsafe far ahead."""
     if transforms is None:
         return False
     if getattr(transforms, "buffers", 0):
@@ -542,8 +483,7 @@ def reuses_device_memory(transforms: Any) -> bool:
 
 
 def head_and_rest(transforms: Any) -> tuple[list[Any], list[Any]] | None:
-    """``gpu_transforms`` cut into its leading crop/resize and the rest (see
-    :func:`fastload.gpu.hybrid.split_head`), or ``None`` where it does not begin with one."""
+    """``gpu_transforms``' leading crop/resize and the rest (``split_head``), or ``None``."""
     try:
         return split_head(transforms)
     except ValueError:

@@ -9,19 +9,15 @@ uses the previous pass's epoch + 1 (starting at 0), also after a pass left early
 that breaks after N steps does not see the same N batches every epoch.
 
 State rule: taken inside a pass, the state is that pass's epoch and how far the consumer got
-(a batch whose loading raised counts as received: the pass went on past it); taken between
-passes, it is what the next pass will do. Example: 10 batches per epoch, a process saves after
-receiving 4 batches of epoch 2 -> ``{"epoch": 2, "batches": 4, "position": 20, ...}`` (batches
-of 5 on one rank); a new loader that loads it yields batches 4..9 of epoch 2, then epoch 3 from
-its start.
+(a batch whose loading raised counts as received); taken between passes, it is what the next
+pass will do. Example: 10 batches of 5 per epoch on one rank, saved after receiving 4 batches
+of epoch 2 -> ``{"epoch": 2, "batches": 4, "position": 20, ...}``; a new loader that loads it
+yields batches 4..9 of epoch 2, then epoch 3 from its start.
 
-Global positions (:mod:`fastload._position`): a loader whose sampler fastload knows (its own
-shuffle, ``shuffle=False``, ``distributed=True``, a fastload or torch ``DistributedSampler``)
-records ``position``, the prefix of the epoch's *global* order that every rank has handed out,
-with the sharding rule it was made with (:class:`Plan`). A loader with any number of ranks and
-any batch size resumes from it exactly: the rest of the global order, sharded over its ranks.
-A loader whose order fastload cannot derive (a custom sampler or ``batch_sampler``, an
-``IterableDataset``) records batches only, and resumes only with the same sizes.
+A loader whose sampler fastload knows records ``position``, the prefix of the epoch's global
+order every rank has handed out, with its sharding rule (:class:`Plan`), and resumes on any
+ranks and batch size (:mod:`fastload._position`; docs/how-it-works.md, "Determinism and
+resume"). Any other loader records batches only, and resumes only with the same sizes.
 """
 
 from __future__ import annotations
@@ -38,17 +34,6 @@ from ._position import consumed, shard_lengths
 from .distributed import get_world_size
 from .rng import mix_int
 
-__all__ = [
-    "DefaultSeed",
-    "RNGState",
-    "base_seed",
-    "EpochState",
-    "Plan",
-    "ResumeError",
-    "Resume",
-    "resolve_seed",
-]
-
 STATE_VERSION = 2
 
 
@@ -61,21 +46,12 @@ class ResumeError(ValueError):
 class DefaultSeed:
     """The seed of a loader or sampler built with ``seed=None``.
 
-    Inside a distributed job -- a process group is initialized, or ``WORLD_SIZE`` > 1, when the
-    seed is first needed -- it is 0, torch's ``DistributedSampler`` default: every rank must
-    shuffle alike before the order is sharded, or some samples are never seen in an epoch and
-    others twice.
-
-    Outside one it comes from torch's global RNG (or ``generator``) without a draw of its own:
-    torch's DataLoader draws nothing at construction and one base seed
-    (``torch.empty((), dtype=torch.int64).random_(generator=generator)``) when a pass starts its
-    iterator, so the seed is fixed at the loader's first pass from the base seed that pass draws
-    (read before the draw, which then happens as in torch), mixed so that the order's generator
-    (seeded ``seed + epoch``) is not the stream of a torch worker (seeded ``base_seed + worker
-    id``). Building a loader, or using it, then leaves torch's RNG where torch's loader leaves it,
-    and ``torch.manual_seed`` makes runs repeatable. Asked for earlier (``loader.seed``, a
-    ``state_dict()`` before the first pass), it is fixed then by a draw of its own: no two loaders
-    get the seed of one draw.
+    In a distributed job (a process group, or ``WORLD_SIZE`` > 1, when first needed) it is 0, as
+    torch's ``DistributedSampler``: every rank must shuffle alike before the order is sharded.
+    Otherwise it is fixed at the loader's first pass from the base seed torch's iterator draws
+    then (read before that draw, and mixed so that the order's generator is no worker's stream),
+    so torch's RNG ends where torch's loader leaves it and ``torch.manual_seed`` makes runs
+    repeatable. Asked for before the first pass, it is fixed by a draw of its own.
     """
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
@@ -84,12 +60,12 @@ class DefaultSeed:
 
     @property
     def value(self) -> int:
-        """The seed, fixed at the first call (by a draw of its own, see the class docs)."""
+        """The seed, fixed at the first call (by a draw of its own)."""
         return self.fix(at_pass=False)
 
     def fix(self, at_pass: bool) -> int:
-        """The seed; the first call fixes it. ``at_pass``: called as a pass starts, before the
-        pass draws its base seed (read here without drawing); else a draw of its own."""
+        """The seed; the first call fixes it. ``at_pass``: as a pass starts, before it draws its base
+        seed (read here without drawing)."""
         if self._value is None:
             if get_world_size() > 1:
                 self._value = 0
@@ -99,14 +75,9 @@ class DefaultSeed:
 
 
 def base_seed(generator: torch.Generator | None = None, consume: bool = True) -> int:
-    """The base seed torch's DataLoader iterator draws as it starts: the next int64 of
-    ``generator`` (torch's global RNG when ``None``). ``consume=False`` reads it and leaves the
-    generator's state as it was.
-
-    Raises:
-        TypeError: ``generator`` is not a ``torch.Generator`` (torch's iterator raises a
-            ``TypeError`` there too, in ``random_``'s words).
-    """
+    """The base seed torch's DataLoader iterator draws as it starts: the next int64 of ``generator``
+    (torch's global RNG when ``None``); ``consume=False`` leaves the generator's state as it was.
+    Raises ``TypeError`` where ``generator`` is not a ``torch.Generator``, as torch's iterator."""
     if consume:
         return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -119,21 +90,6 @@ def base_seed(generator: torch.Generator | None = None, consume: bool = True) ->
             torch.set_rng_state(state)
         else:
             generator.set_state(state)
-
-
-class RNGState:
-    """torch's global RNG state and ``generator``'s, taken now, to set back with :meth:`restore`."""
-
-    def __init__(self, generator: torch.Generator | None = None) -> None:
-        self.generator = generator
-        self.state = torch.get_rng_state()
-        self.generator_state = None if generator is None else generator.get_state()
-
-    def restore(self) -> None:
-        """Sets both back to where they were when this was taken."""
-        torch.set_rng_state(self.state)
-        if self.generator is not None and self.generator_state is not None:
-            self.generator.set_state(self.generator_state)
 
 
 def resolve_seed(seed: int | DefaultSeed) -> int:
@@ -150,11 +106,9 @@ class Plan:
         batch_size: Samples per batch (``None``: no batching).
         drop_last: The loader drops each rank's last incomplete batch.
         num_replicas, rank: The ranks sharing each epoch, and this one.
-        order: The global order's kind: ``"shuffle"`` (``torch.randperm`` seeded by ``seed + epoch``:
-            fastload's and torch's samplers), ``"blocks"`` (fastload's blockwise order of a pack
-            larger than RAM), ``"sequence"``; ``None``: an order fastload cannot derive.
-        order_seed: The seed of a sampler the user built (``None``: the loader's own sampler,
-            which takes the state's seed).
+        order: ``"shuffle"`` (``randperm`` seeded by ``seed + epoch``), ``"blocks"`` (blockwise),
+            ``"sequence"``, or ``None``: an order fastload cannot derive.
+        order_seed: The seed of a sampler the user built (``None``: the loader's own).
         pad, drop_tail: The sampler's sharding rule (:func:`fastload._position.rest_of_epoch`).
     """
 
@@ -190,9 +144,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where the next pass of a loaded state begins: a global ``position``, and the batches of
-    the epoch before it (``None`` unless this loader made them itself: same ranks, batch size and
-    sharding, from the epoch's start), for a path that must load them again (torch's)."""
+    """Where the next pass of a loaded state begins: a global ``position``, and the batches before
+    it where this loader made them itself (for torch's path, which loads them again), else ``None``."""
 
     position: int
     batches: int | None
@@ -227,11 +180,10 @@ class EpochState:
         self.epoch = 0  # of the next (or current) pass
         self.epoch_set = False  # set_epoch() was called for the next pass
         self.resume: Resume | None = None  # where the next pass of `epoch` begins (load_state_dict)
-        #: a loaded state that ended its epoch: (that epoch, the resume that yields nothing of it)
+        # a loaded state that ended its epoch: (that epoch, the resume that yields nothing of it)
         self.completed: tuple[int, Resume] | None = None
         self.pass_epoch: int | None = None  # epoch of the pass in progress
-        #: the pass in progress (a number from :meth:`begin_pass`): what an earlier pass, still
-        #: held, says of itself later (:meth:`handed_out`, :meth:`end_pass`) is not taken for it
+        # the number of the pass in progress: an older pass, still held, cannot speak for it
         self.live_pass: int | None = None
         self._passes = 0
         self.pass_start = 0  # global position the pass in progress began at
@@ -275,10 +227,8 @@ class EpochState:
     def begin_pass(self) -> tuple[int, Resume | None]:
         """Starts a pass; returns its epoch and where a loaded state resumes it (``None``: its start).
 
-        The loader then says where the pass begins with :meth:`start_at`. A pass that begins
-        while an earlier one is unfinished (its iterator still held: a batch peeked at before the
-        loop) takes over from it: the earlier pass ends here, as if it had been closed, so the
-        new one is the next epoch (unless ``set_epoch`` was called since), as after a ``break``.
+        An earlier pass still unfinished (a batch peeked at before the loop) ends here, as after a
+        ``break``, so the new one is the next epoch unless ``set_epoch`` was called since.
         """
         if self.pass_epoch is not None:
             self.end_pass(self.pass_epoch, self.live_pass)
@@ -295,20 +245,17 @@ class EpochState:
         self.pass_start, self.done = position, batches
 
     def handed_out(self, epoch: int, done: int, pass_id: int | None = None) -> None:
-        """The consumer has received ``done`` batches of the pass of ``epoch`` (``pass_id``: the
-        pass's number from :attr:`live_pass`; a pass no longer in progress changes nothing)."""
+        """The consumer has received ``done`` batches of the pass ``pass_id`` of ``epoch``."""
         if pass_id is not None and pass_id != self.live_pass:
             return
         if self.pass_epoch == epoch:
             self.done = done
 
     def end_pass(self, epoch: int, pass_id: int | None = None) -> None:
-        """The pass of ``epoch`` ended (all batches, a ``break``, or its iterator was dropped).
+        """The pass ``pass_id`` of ``epoch`` ended (all batches, a ``break``, or its iterator dropped).
 
-        ``pass_id``: the pass's number from :attr:`live_pass` as it began. A pass that is no longer
-        the one in progress (a newer pass began, or ``set_epoch`` or ``load_state_dict`` decided
-        the next pass since) changes nothing: an old iterator dropped late cannot end a newer pass
-        of the same epoch number, nor undo a ``set_epoch``.
+        A pass no longer in progress (a newer one began, or ``set_epoch`` / ``load_state_dict``
+        decided the next pass since) changes nothing: an old iterator dropped late ends nothing.
         """
         if pass_id is not None:
             if pass_id != self.live_pass:
@@ -322,11 +269,8 @@ class EpochState:
             self.resume = None
 
     def state_dict(self, plan: Plan, sampler_epoch: int | None = None) -> dict[str, Any]:
-        """The state: seed, epoch, how far the consumer got, and ``plan`` (see the module docs).
-
-        ``sampler_epoch``: the epoch of a sampler the user built and sets the epoch of (its order
-        is that epoch's): a resume applies only while the sampler is at that epoch again.
-        """
+        """The state: seed, epoch, how far the consumer got, and ``plan``. ``sampler_epoch``: the epoch
+        of a user's sampler (a resume applies only while it is at that epoch again)."""
         if self.pass_epoch is not None:
             epoch, start, done = self.pass_epoch, self.pass_start, self.done
         elif self.resume is not None:
@@ -353,17 +297,9 @@ class EpochState:
     ) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
-        Args:
-            state: A state from a loader of the same kind, on any rank; or a list with the state of
-                every rank of the saving job (ranks that stopped at different points).
-            plan: How this loader hands out an epoch.
-            num_batches: Batches per epoch of this loader (for a state without a position).
-            sampler_epoch: The epoch of a ``DistributedSampler`` the user passed to this loader
-                (``None``: the loader's own sampler, whose epoch is the loader's).
-
-        Raises:
-            ResumeError: Not a state of this kind or version, a field missing or out of range, or
-                a state this loader cannot continue exactly (the message names what differs).
+        ``state``: one rank's state, or a list of every rank's. ``num_batches``: this loader's
+        batches per epoch (for a state without a position). ``sampler_epoch``: the epoch of a
+        user's ``DistributedSampler``. Raises :class:`ResumeError` naming what differs.
         """
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         if not states:
@@ -391,8 +327,6 @@ class EpochState:
             self.set_epoch(epoch)
             self.resume = resume
         self.epoch_set = False  # the loader sets a user's sampler's epoch itself, once, on loading
-
-    # -------------------------------------------------------------- load_state_dict's steps
 
     def _checked(self, state: Any, plan: Plan) -> dict[str, Any]:
         """The fields of one state, type-checked, with the sizes this loader must share."""
@@ -438,7 +372,6 @@ class EpochState:
         return fields
 
     def _global_resume(self, state: dict[str, Any], plan: Plan, sampler_epoch: int | None) -> Resume | None:
-        """The resume of a state with a position, on a loader with a global order."""
         if state["order"] != plan.order:
             raise ResumeError(
                 f"the state was saved by a loader with {_sizes(state, ('order',))}, but this loader has "
@@ -495,8 +428,7 @@ def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
     """One state from the states of every rank of a job (refused unless they describe one position)."""
     epochs = {s["epoch"] for s in states}
     if len(epochs) == 2 and all(s["position"] is not None for s in states):
-        # Ranks whose shard ran out (exact shards are uneven) ended their pass: their state is the
-        # start of the next epoch. Those count as having taken every batch of the other ranks' epoch.
+        # Ranks whose (uneven, exact) shard ran out are at the next epoch's start: they took all theirs.
         epoch = min(epochs)
         inside = [s for s in states if s["epoch"] == epoch]
         moved_on = [

@@ -1,10 +1,9 @@
 """``iter(fastload.DataLoader)``: one pass (:class:`DataLoaderIterator`), whatever the path.
 
 The pass takes its order (:mod:`fastload._passorder`), follows the dataset
-(:func:`fastload._path.refresh_path`), and runs the source of its path: the fast path's
-:class:`fastload._engine.FastPass`, torch's iterator (:mod:`fastload._torchpath`), or a device
-pass (:mod:`fastload._devicepass`); with a ``device`` its batches go through the prefetcher or a
-feeder thread (:func:`get_prefetcher`, :func:`feeds_beside`). It keeps torch's iterator
+(:func:`fastload._path.refresh_path`) and runs its path's source: :class:`fastload._engine.FastPass`,
+torch's iterator (:mod:`fastload._torchpath`) or a device pass (:mod:`fastload._devicepass`), then
+the prefetcher or a feeder thread for a ``device`` (:func:`feeds_beside`). torch's iterator
 contract: an error in batch k is raised from ``next()``, the following ``next()`` gives batch k+1.
 """
 
@@ -19,9 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import (
-    IterableDataset,
-)
+from torch.utils.data import IterableDataset
 
 from ._devicepass import FEEDER_DEPTH, EncodedPass, FedPass, HybridPass, reuses_device_memory
 from ._engine import SUPERSEDED, Engine, FastPass
@@ -91,8 +88,7 @@ class _HostIterator:
 
 
 def workers_live(loader: Any, engine: Any) -> bool:
-    """Whether ``loader`` has workers running (kept from an earlier pass): torch's iterator's or
-    fastload's engine's."""
+    """Whether ``loader`` has workers running: torch's iterator's or fastload's engine's."""
     if loader.__dict__.get("_iterator") is not None:
         return True
     pool = engine.pool
@@ -102,19 +98,14 @@ def workers_live(loader: Any, engine: Any) -> bool:
 class DataLoaderIterator:
     """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
 
-    - ``next()`` returns the next batch, or raises the error of loading it -- a corrupt image,
-      an exception in the dataset -- with the worker and the original traceback; the following
+    - ``next()`` returns the next batch, or raises the error of loading it (a corrupt image, an
+      exception in the dataset) with the worker and the original traceback; the following
       ``next()`` goes on with the batch after it, as torch's iterator does.
-    - It counts the batches handed to the consumer (``loader.state_dict()`` inside the pass),
-      records ``loader.stats`` at the consumer, and ends the pass (the next pass is the next
-      epoch) when it is exhausted, when :meth:`close` is called, or when it is dropped.
-    - Without persistent workers, the workers of the pass stop at its end.
-    - The few attributes of torch's iterator that tools and tests read: ``_workers`` (the worker
-      processes: torch's on its iterator, fastload's own on the fast path; thread workers are
-      ``threading.Thread`` objects), ``_pin_memory_thread`` (torch's iterator only: fastload's
-      engine pins its batch buffers in place, with no thread) and ``_shutdown_workers()`` (stops
-      the workers, persistent ones too). Where torch's iterator has no such attribute
-      (``num_workers=0``), neither has this one.
+    - It counts the batches handed to the consumer (``loader.state_dict()``), records
+      ``loader.stats``, and ends the pass (the next pass is the next epoch) when it is exhausted,
+      closed or dropped. Without persistent workers, the pass's workers stop at its end.
+    - It has the attributes of torch's iterator that tools and tests read, where torch's has
+      them: ``_workers``, ``_pin_memory_thread`` (torch's iterator only) and ``_shutdown_workers()``.
 
     Attributes:
         epoch: The epoch of this pass.
@@ -164,24 +155,21 @@ class DataLoaderIterator:
                 )
             if loader.decode != "cpu":  # (gpu_transforms may have been set since __init__)
                 refuse_reused_device_memory(loader.decode, loader.gpu_transforms)
-            if loader.decode != "cpu":
                 device_args = (
                     pass_order(loader),
                     decode_headers(loader),
                     functools.partial(batch_decoder, loader),
                 )
+            if loader.decode != "device" and loader.limit_threads:
+                self._hold = engine.limit_threads(loader.num_workers)
             if loader.decode == "device":
                 source = EncodedPass(loader, self.epoch, self.seed, start, *device_args)
             elif loader.decode == "hybrid":
-                if loader.limit_threads:
-                    self._hold = engine.limit_threads(loader.num_workers)
                 source = HybridPass(
                     loader, engine, self.epoch, self.seed, start, *device_args, loader._hybrid
                 )
                 self._generation = source.generation
             elif loader.fast_path:
-                if loader.limit_threads:
-                    self._hold = engine.limit_threads(loader.num_workers)
                 to_device = loader.device is not None or loader.gpu_transforms is not None
                 cuda_feed = (
                     bool(to_device or loader._device_conversion) and get_prefetcher(loader)._backend.is_cuda
@@ -194,11 +182,7 @@ class DataLoaderIterator:
                 if not own_engine:
                     loader._fast_pass = weakref.ref(self)
             else:
-                if loader.limit_threads:
-                    self._hold = engine.limit_threads(loader.num_workers)
-                # a pass started while the loop's iterates on the default persistent workers (a
-                # peek inside the loop): workers of its own, as torch's default gives each iterator,
-                # and an engine of its own (its cap on torch's threads ends with it)
+                # a pass beside the loop's on default persistent workers: workers and an engine of its own
                 self._own_torch_workers = own = own_engine
                 torch_it = torch_iter(loader, own_workers=own)  # (re)makes loader._torch_ring
                 if own:
@@ -211,7 +195,7 @@ class DataLoaderIterator:
                 loader._device_pass = weakref.ref(self)
             it: Iterator[Any] = _HostIterator(source)
             if loader.decode != "cpu":
-                pass  # the feeder hands out finished device batches (transformed, labels moved)
+                pass  # the feeder hands out finished device batches
             elif loader.device is not None or loader.gpu_transforms is not None or loader._device_conversion:
                 prefetcher = get_prefetcher(loader)
                 if feeds_beside(loader, prefetcher):
@@ -222,22 +206,13 @@ class DataLoaderIterator:
             if loader.progress:
                 from tqdm import tqdm  # only when asked for a progress bar
 
-                it = iter(
-                    tqdm(
-                        it,
-                        total=self._length,
-                        desc=f"epoch {self.epoch}",
-                        unit="batch",
-                    )
-                )
+                it = iter(tqdm(it, total=self._length, desc=f"epoch {self.epoch}", unit="batch"))
             self._it = it
             if loader.num_workers > 0:  # torch's workers fetch this many batches as they start
                 self._draws.fetch_to((loader.prefetch_factor or 2) * loader.num_workers)
         except BaseException:
             if self._hold is not None and "_source" not in self.__dict__ and not workers_live(loader, engine):
-                # the workers this pass capped torch's threads for never started (a dataset that
-                # cannot be pickled for spawn): the cap ends now, not when the loader is collected
-                engine.end_hold(self._hold)
+                engine.end_hold(self._hold)  # its workers never started (an unpicklable dataset)
             self._end()
             raise
 
@@ -280,8 +255,6 @@ class DataLoaderIterator:
         self.stats.record_batch(_batch_len(batch), time.perf_counter() - t0)
         self._count_handed_out()
         return batch
-
-    # torch's iterator attributes (see the class docs) -------------------------------------------
 
     def _torch_iterator(self) -> Any:
         source = getattr(self, "_source", None)
@@ -380,8 +353,7 @@ class DataLoaderIterator:
 
 
 class ConvertThen(BatchTransform):
-    """A recognised pipeline's conversion (uint8 -> the user's dtype and normalization) on the
-    device, then the loader's ``gpu_transforms``."""
+    """A recognised pipeline's conversion from uint8 on the device, then the ``gpu_transforms``."""
 
     def __init__(
         self, convert: Callable[[torch.Tensor], torch.Tensor], then: Callable[..., Any] | None
@@ -397,22 +369,18 @@ class ConvertThen(BatchTransform):
 
 
 def batch_decoder(loader: Any, device: torch.device) -> BatchDecoder:
-    """The device paths' decoder (nvImageCodec's or torchvision's), made once per loader and
-    device, in the first decoder thread that asks (nvImageCodec then keeps its threads and
-    buffers across passes). With ``decode="hybrid"`` its CPU threads leave the workers theirs."""
+    """The device paths' decoder, made once per loader and device (its threads and buffers kept
+    across passes); its CPU threads are this process's share less ``decode="hybrid"``'s workers."""
     decoder = loader.__dict__.get("_decoder")
     if decoder is None or decoder.device != device:
-        # this process's share of the CPUs (one rank of several on a node), less the workers'
         threads = cpu_share() if loader.decode == "device" else max(1, cpu_share() - loader.num_workers)
         decoder = loader._decoder = BatchDecoder(device, cpu_threads=threads)
     return decoder
 
 
 def decode_headers(loader: Any) -> Headers:
-    """``decode="device"`` / ``"hybrid"``: each sample's header facts (which decoder takes it,
-    its size, subsampling, coding; :class:`fastload.gpu.decode.Headers`), filled in the first
-    time a sample is read and kept for the loader's life: no image is opened or parsed to be
-    routed in later epochs."""
+    """The device paths' header columns (:class:`fastload.gpu.decode.Headers`), kept for the loader's
+    life: each sample's header is parsed once."""
     n = len(loader.dataset)
     headers = loader.__dict__.get("_headers")
     if headers is None or len(headers) != n or loader.__dict__.get("_headers_source") is not loader.dataset:
@@ -422,13 +390,9 @@ def decode_headers(loader: Any) -> Headers:
 
 
 def feeds_beside(loader: Any, prefetcher: CUDAPrefetcher) -> bool:
-    """Whether a pass's batches go to the device through a feeder thread (:class:`FedPass`)
-    rather than the in-thread prefetcher: on a CUDA device, when the host pass draws nothing
-    from torch's global random state in this process (the fast path; torch's path with worker
-    processes) -- a thread would interleave its draws with the training loop's -- and when no
-    transform reuses device memory (``gpu.Normalize(buffers=k)``, safe only one batch ahead).
-    Says which, once per loader, on the ``fastload`` logger (a WARNING where a CUDA device
-    gets the in-thread prefetcher, with why)."""
+    """Whether a pass's batches go to a CUDA device through a feeder thread (:class:`FedPass`)
+    rather than the in-thread prefetcher: not where the host pass draws from torch's global RNG
+    in this process, nor with transforms that reuse device memory. Logged once per loader."""
     if not prefetcher._backend.is_cuda:
         return False
     reason = None

@@ -1,11 +1,9 @@
 """The pass order: which samples a pass of a ``fastload.DataLoader`` hands out, in which batches.
 
-The order of a pass comes from the loader's sampler (or, for a resumed epoch, from the rest of the
-epoch's global order, resharded over this job's ranks: :func:`resume_pass`); its plan (what a
-``state_dict`` records: the dataset size, batch size, the order's sharding) from :func:`plan`. The
-fast path cuts it into batches at once where the order is known without reading the sampler
-(:func:`pass_batches`); torch's iterator draws it through :class:`PassIndices`. Every function
-takes the loader (its sampler, batch size and epoch state) as its first argument.
+A pass's order comes from the loader's sampler, or for a resumed epoch from the rest of the global
+order resharded over this job's ranks (:func:`resume_pass`); :func:`plan` is what a ``state_dict``
+records of it. The fast path takes it as batches (:func:`pass_batches`), torch's iterator through
+:class:`PassIndices`. Every function takes the loader as its first argument.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from .sampler import DistributedSampler, EpochRandomSampler, global_order, sampl
 _log = logging.getLogger("fastload")
 
 
-#: Why a sampler without ``__len__`` (an endless one) runs torch's iterator.
 ENDLESS_SAMPLER = (
     "the sampler has no len() (an endless sampler): fastload's own paths need each epoch's length "
     "when it starts"
@@ -54,9 +51,8 @@ def endless(sampler: Any) -> bool:
 
 
 def pass_length(loader: Any) -> int | None:
-    """``len(loader)`` as torch computes it (``None`` without one), without calling it for an
-    ``IterableDataset``: torch's ``len(loader)`` arms its check that warns when the dataset yields
-    more than its ``__len__`` said, which only the user's own call should do."""
+    """``len(loader)`` as torch computes it (``None`` without one), not calling it for an
+    ``IterableDataset``: that arms torch's warning for a dataset longer than its ``__len__``."""
     if not isinstance(loader.dataset, IterableDataset):
         try:
             return len(loader)
@@ -72,8 +68,7 @@ def pass_length(loader: Any) -> int | None:
 
 
 def set_sampler_epoch(sampler: Any, epoch: int) -> None:
-    """The loader sets its sampler's epoch (if it has ``set_epoch``); not an epoch the user gave it
-    (see :func:`take_sampler_epoch`)."""
+    """The loader sets its sampler's epoch (if it has ``set_epoch``): not one the user gave it."""
     set_epoch = getattr(sampler, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
@@ -132,11 +127,9 @@ class PassIndices:
 
 
 def take_sampler_epoch(loader: Any) -> None:
-    """A pass start: the epoch given to the sampler (``loader.sampler.set_epoch(e)``,
-    torchvision's reference script's ``train_sampler.set_epoch(epoch)``) since the loader last
-    set it is the pass's epoch, as ``loader.set_epoch(e)`` (torch's sampler would use it): the
-    sampler fastload made, or a sampler of the user's with an ``epoch`` attribute that changed
-    since the last pass (torch's ``DistributedSampler``)."""
+    """A pass start: an epoch given to the sampler since the loader last set it
+    (``train_sampler.set_epoch(epoch)``, as torchvision's reference script) is the pass's epoch,
+    for fastload's sampler or a user's whose ``epoch`` attribute changed since the last pass."""
     sampler: Any = loader.sampler
     if loader._own_sampler and getattr(sampler, "_told_epoch", False):
         sampler._told_epoch = False
@@ -144,9 +137,7 @@ def take_sampler_epoch(loader: Any) -> None:
         return
     if loader._own_sampler:
         return
-    # a sampler of the user's with an epoch (torch's DistributedSampler, RASampler): an epoch
-    # it was given since the last pass (0 before the first) is the pass's too, so that a job
-    # restarted at epoch e (set_epoch(e) on the sampler) does not draw epoch 0's augmentations
+    # a job restarted at epoch e (set_epoch(e) on the sampler) must not draw epoch 0's augmentations
     if loader._given_batch_sampler:
         sampler = getattr(loader.batch_sampler, "sampler", None)
     epoch = getattr(sampler, "epoch", None)
@@ -178,10 +169,8 @@ def plan(loader: Any) -> Plan:
 
 
 def refuse_random_order(loader: Any, state: Any, plan: Plan) -> None:
-    """A state taken inside an epoch of torch's random samplers (``RandomSampler``,
-    ``SubsetRandomSampler``, ``WeightedRandomSampler``): their order comes from the RNG's
-    state at the pass's start, which a restarted job does not have, so skipping the batches
-    already seen would skip others (some seen twice, some never)."""
+    """Refuses a state taken inside an epoch of torch's random samplers, whose order a restarted
+    job cannot draw again."""
     if plan.global_order:
         return
     sampler = (
@@ -206,11 +195,9 @@ def refuse_random_order(loader: Any, state: Any, plan: Plan) -> None:
 def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
     """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
 
-    ``None`` indices: the sampler's own order. A resume this loader made itself (same ranks,
-    batch size and sharding) skips batches on torch's path, loading them as an uninterrupted
-    run did (its random draws go on from there); any other resume -- and every resume on
-    fastload's own paths, whose draws are per sample -- runs this rank's share of the rest of
-    the global order.
+    On torch's path a resume with the same ranks, batch size and sharding loads the skipped
+    batches again (torch's random draws go on as in an uninterrupted run); any other resume runs
+    this rank's share of the rest of the global order (``None``: the sampler's own order).
     """
     sampler = loader.sampler
     if resume is None:
@@ -238,13 +225,10 @@ def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np
 
 
 def pass_batches(loader: Any, epoch: int, cuda_feed: bool) -> Sequence[np.ndarray]:
-    """This pass's batches for the fast path: a resumed epoch's rest, or an order known
-    without reading the sampler (fastload's own samplers, a sequential one), cut at once;
-    any other sampler read as the batches are issued (:class:`fastload._engine.SamplerBatches`),
-    as torch's iterator reads it -- except with a CUDA ``device``, whose batches a feeder
-    thread takes: the sampler is read whole here, at ``iter()``, in the iterating thread, so that
-    a sampler drawing from torch's global RNG draws where torch's does, not interleaved with the
-    training loop's draws from another thread (``cuda_feed``)."""
+    """This pass's batches for the fast path: cut at once for a resumed epoch or a known order; any
+    other sampler read as batches are issued, as torch's iterator reads it -- except with
+    ``cuda_feed`` (a feeder thread), where it is read whole here so that its draws from torch's
+    global RNG are not interleaved with the loop's."""
     batch_size = loader.batch_size or 1
     if loader._rest is not None or cuda_feed or predicted_order(loader.sampler, epoch) is not None:
         return split_batches(pass_order(loader), batch_size, loader.drop_last)
@@ -254,10 +238,8 @@ def pass_batches(loader: Any, epoch: int, cuda_feed: bool) -> Sequence[np.ndarra
 
 
 def sample_keys(loader: Any) -> SampleKeys | None:
-    """For a sampler of the user's (not fastload's, not sequential): each sample's random
-    stream keyed by its copy and this rank too (:class:`fastload._engine.SampleKeys`), so
-    that a sample given twice (``RASampler``'s repeats, sampling with replacement) or on two
-    ranks gets its own augmentation, as torch's draws would."""
+    """For a user's sampler: random streams keyed by each sample's copy and rank too, so that a
+    sample given twice (repeats, replacement) or on two ranks gets its own augmentation."""
     sampler = loader.sampler
     if loader._own_sampler or type(sampler) in (SequentialSampler, EpochRandomSampler, DistributedSampler):
         return None  # fastload's orders: a sample's stream is its own on any rank (resharding)

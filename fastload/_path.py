@@ -1,12 +1,9 @@
 """Which path a ``fastload.DataLoader`` runs, and the defaults that follow from it.
 
-:func:`choose_path` decides between the fast path (fastload's engine runs the whole pipeline),
-head acceleration (torch's iterator over a view whose pipeline head is fused with decoding) and
-torch's iterator, says which and why not a faster one, and :func:`apply_defaults` sets the
-arguments left to their default: torch's wherever the loader runs code of the user's
-(:func:`user_code`), fastload's only where it runs every op itself. Nothing of the user's code is
-read to decide. At each pass start :func:`refresh_path` follows what fastload reads of the
-dataset itself (:mod:`fastload._source`).
+:func:`choose_path` picks the fast path, head acceleration or torch's iterator and says why not a
+faster one; :func:`apply_defaults` sets the arguments left to their default: torch's wherever the
+loader runs code of the user's (:func:`user_code`), fastload's only where it runs every op itself.
+At each pass start :func:`refresh_path` follows the dataset (:mod:`fastload._source`).
 """
 
 from __future__ import annotations
@@ -73,7 +70,7 @@ def structural_reason(loader: Any) -> str | None:
     return None
 
 
-#: torch's samplers and fastload's, and plain sequences of indices: they run no code of the user's.
+# torch's samplers and fastload's, and plain sequences of indices: they run no code of the user's.
 _OWN_SAMPLERS = (
     list,
     tuple,
@@ -90,12 +87,9 @@ _OWN_SAMPLERS = (
 
 
 def user_code(loader: Any) -> str | None:
-    """What of the user's the loader runs -- a dataset, transform, ``target_transform``,
-    ``collate_fn``, sampler or ``worker_init_fn`` of theirs -- or ``None`` where fastload runs every
-    op itself: the fast path and ``decode="device"``/``"hybrid"`` over fastload's datasets and
-    transforms (a recognised torchvision pipeline included), and head acceleration whose every op
-    after the head is one of torchvision's transform classes. The defaults follow it
-    (:func:`apply_defaults`); nothing of the user's code is read to decide."""
+    """What code of the user's the loader runs (a dataset, transform, ``target_transform``,
+    ``collate_fn``, sampler or ``worker_init_fn``), or ``None`` where fastload runs every op itself.
+    Decided from classes only: nothing of the user's code is read."""
     if loader.worker_init_fn is not None:
         return "a worker_init_fn"
     if loader._given_collate:
@@ -129,8 +123,7 @@ def torch_checks(
     prefetch_factor: int | None,
     persistent_workers: bool | None,
 ) -> None:
-    """torch's checks of the arguments that depend on ``num_workers`` (which fastload's default
-    sets only once the path is known), by torch's own ``DataLoader``: its errors, in its words."""
+    """torch's own checks of the arguments that depend on ``num_workers``, in its words."""
     torch.utils.data.DataLoader(
         [],  # type: ignore[arg-type]
         num_workers=num_workers,
@@ -141,8 +134,7 @@ def torch_checks(
 
 
 def refuse_reused_device_memory(decode: str, gpu_transforms: Any) -> None:
-    """``decode="device"`` / ``"hybrid"`` transform batches ahead of the loop: a transform writing
-    into a ring of device buffers would overwrite one the loop still holds."""
+    """Refuses device transforms with reused buffers where batches are prepared ahead of the loop."""
     if reuses_device_memory(gpu_transforms):
         raise ValueError(
             f"decode={decode!r} prepares batches {FEEDER_DEPTH} ahead of the loop in a feeder thread: "
@@ -188,13 +180,9 @@ def check_device_decode(
 
 
 def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> None:
-    """Decides between the fast path, head acceleration and torch's iterator for the dataset as
-    it is now, says which it runs (``path``) and why not a faster one (``fast_path_reason``),
-    and sets the arguments left to their default for it (:func:`apply_defaults`). When
-    ``log``, for an image-folder dataset: one line on the ``fastload`` logger, INFO for the
-    fast path, WARNING (shown by default) for the others -- with ``unless`` (the path before
-    the dataset changed), only if the path is another now, so that the last line said is the
-    path that runs."""
+    """Sets the path for the dataset as it is now (``path``, ``fast_path_reason``) and the defaults
+    that follow it. ``log``: one line on the ``fastload`` logger for an image folder (INFO for the
+    fast path, else WARNING); with ``unless`` (the path before), only if the path changed."""
     dataset = loader.dataset
     loader._source_key = source_key(dataset)
     loader._source_made = source_state(dataset)  # what the plans are made from, by value
@@ -275,11 +263,9 @@ def decide_path(loader: Any, dataset: Any) -> tuple[int, str | None]:
 
 
 def apply_defaults(loader: Any, first: bool) -> None:
-    """The arguments left to their default, for the path chosen: fastload's where it runs every
-    op itself (``num_workers="auto"``, workers kept between passes, pinned memory with CUDA,
-    ``limit_threads``), torch's where it runs code of the user's (``_runs_user_code``: no workers,
-    none kept, no pinning, no cap). ``first``: at construction, where torch's checks against
-    ``num_workers`` (made here when it was left to its default) raise torch's errors."""
+    """The arguments left to their default, for the path chosen: fastload's where it runs every op
+    itself, torch's where it runs code of the user's. ``first``: at construction (torch's checks
+    against a defaulted ``num_workers`` run then)."""
     loader._runs_user_code = user_code(loader)
     own = loader._runs_user_code is None
     defaulted = loader._defaulted
@@ -317,13 +303,9 @@ def take_fast(loader: Any, view: Any) -> None:
 
 
 def refresh_path(loader: Any) -> None:
-    """At the start of a pass: follow what fastload reads of the dataset itself (its transform,
-    ``target_transform``, samples and loader, :mod:`fastload._source`), replaced or changed in
-    place, and a ``collate_fn`` / ``worker_init_fn`` set since the last pass, as torch's loader
-    does; workers asked for (``persistent_workers=True``) keep what they started with, as
-    torch's do, while workers kept by fastload's default restart. The path and the defaults
-    that follow it are decided again."""
-    # persistent workers asked for keep what they started with, as torch's do
+    """At a pass start: a dataset changed (:mod:`fastload._source`) or a ``collate_fn`` /
+    ``worker_init_fn`` set since the last pass decides the path and defaults again, as torch's
+    loader sees them; workers asked to persist keep what they started with, as torch's do."""
     callables_set = loader.__dict__.pop("_callables_set", False) and (
         loader._persistent_by_default or not loader.persistent_workers or not loader.num_workers
     )

@@ -1,48 +1,29 @@
-"""Shared memory that a container's small ``/dev/shm`` does not limit.
+"""Shared memory that a container's small ``/dev/shm`` (64 MB unless told otherwise) does not limit.
 
-Docker and Kubernetes give a container a 64 MB ``/dev/shm`` unless told otherwise. torch puts every
-tensor it shares between processes there (``share_memory_()``, the batches its workers send), so a
-loader whose batches are larger fails with "unable to allocate shared memory(shm) ... No space
-left on device", or with a bus error when a page cannot be backed.
-
-The memory fastload allocates for batches (the fast path's slots, the reused segments and tables
-of torch's path, streamed batches, a ``collate_fn``'s output) is made here instead: on Linux an
-anonymous ``memfd_create`` file, mapped through torch's own constructor for a storage shared by
-file descriptor (the one torch's receiving side uses), so torch sends such a tensor between
-processes by descriptor exactly as it sends its own, and it is freed when the last process lets go
-of it, like ``/dev/shm`` segments torch unlinks. It counts against the container's memory limit, not
-``/dev/shm``'s size. Elsewhere (no ``memfd_create``, or torch's ``file_system`` sharing strategy,
-which shares by name) it is torch's ``share_memory_()``.
-
-:func:`shm_error` turns the error of an allocation that still went to ``/dev/shm`` into one that
-says so: the mount, its size and free space, and the fixes.
+The memory fastload allocates for batches (the fast path's slots, torch's path's reused segments
+and tables, streamed batches, a ``collate_fn``'s output) is an anonymous ``memfd_create`` file on
+Linux, mapped through torch's own constructor for a storage shared by file descriptor, so torch
+sends it between processes exactly as its own and frees it with the last process that maps it.
+Elsewhere (no ``memfd_create``, or the ``file_system`` sharing strategy) it is torch's
+``share_memory_()``. :func:`shm_error` turns an allocation that still failed in ``/dev/shm`` into
+an error that says so, with the fixes.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from typing import Any
 
 import torch
 
-__all__ = [
-    "describe",
-    "memfd_available",
-    "send_through_memfd",
-    "shared_empty",
-    "shared_slots",
-    "shared_storage",
-    "shm_error",
-]
-
 _FD_CONSTRUCTOR = "_new_shared_fd_cpu"  # torch >= 2.0 (reductions.rebuild_storage_fd)
 _ok: bool | None = None
 
 
 def memfd_available() -> bool:
-    """Whether :func:`shared_storage` makes memfd-backed storages here (checked once, then per call
-    for the sharing strategy, which the user may change)."""
+    """Whether :func:`shared_storage` makes memfd-backed storages here (the sharing strategy: per call)."""
     global _ok
     if _ok is None:
         _ok = False
@@ -66,8 +47,7 @@ def _memfd_storage(nbytes: int) -> torch.UntypedStorage:
 
 
 def shared_storage(nbytes: int) -> torch.UntypedStorage:
-    """``nbytes`` of shared memory as an untyped storage: memfd-backed where
-    :func:`memfd_available`, else torch's (``/dev/shm``)."""
+    """``nbytes`` of shared memory: memfd-backed where :func:`memfd_available`, else ``/dev/shm``."""
     if memfd_available():
         return _memfd_storage(nbytes)
     return torch.UntypedStorage._new_shared(nbytes)
@@ -76,39 +56,33 @@ def shared_storage(nbytes: int) -> torch.UntypedStorage:
 def shared_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised contiguous tensor in shared memory (see :func:`shared_storage`)."""
     shape = tuple(int(s) for s in shape)
-    numel = 1
-    for s in shape:
-        numel *= s
-    itemsize = torch.empty(0, dtype=dtype).element_size()
     if not memfd_available():
         return torch.empty(shape, dtype=dtype).share_memory_()
-    storage = _memfd_storage(numel * itemsize)
+    storage = _memfd_storage(math.prod(shape) * torch.empty(0, dtype=dtype).element_size())
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, contiguous_strides(shape))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
     strides, step = [], 1
-    for s in reversed(shape):
+    for size in reversed(shape):
         strides.append(step)
-        step *= s
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, tuple(reversed(strides)))
+        step *= size
+    return tuple(reversed(strides))
 
 
 PAGE = mmap.PAGESIZE
 
 
 def shared_slots(num_slots: int, slot_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A ``(num_slots, *slot_shape)`` tensor in shared memory (see :func:`shared_empty`) whose
-    slots each start on a page of their own (the stride between slots is rounded up to whole
-    pages), so that each slot can be page-locked for the GPU on its own. Example: slots of
-    ``(5, 32, 32, 3)`` uint8 (15,360 bytes) lie 16,384 bytes apart."""
+    """A ``(num_slots, *slot_shape)`` tensor in shared memory whose slots each start on a page of
+    their own, so that each can be page-locked on its own: slots of ``(5, 32, 32, 3)`` uint8
+    (15,360 bytes) lie 16,384 bytes apart."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    numel = 1
-    for size in slot_shape:
-        numel *= int(size)
-    stride = -(-max(1, numel * itemsize) // PAGE) * PAGE  # bytes between slot starts
+    inner = tuple(int(size) for size in slot_shape)
+    stride = -(-max(1, math.prod(inner) * itemsize) // PAGE) * PAGE  # bytes between slot starts
     storage = shared_storage(num_slots * stride)
-    inner, step = [], 1
-    for size in reversed(slot_shape):
-        inner.append(step)
-        step *= int(size)
-    strides = (stride // itemsize, *reversed(inner))
+    strides = (stride // itemsize, *contiguous_strides(inner))
     return torch.empty(0, dtype=dtype).set_(storage, 0, (num_slots, *slot_shape), strides)
 
 
@@ -116,9 +90,7 @@ _torch_reduce_storage: Any = None
 
 
 def _reduce_storage(storage: Any) -> Any:
-    """torch's ``reduce_storage``, but a storage in this process's own memory is sent through a
-    memfd copy instead of being moved into a new ``/dev/shm`` segment (torch's way): the receiver
-    maps the same kind of descriptor either way."""
+    """torch's ``reduce_storage``, sending a private storage through a memfd copy, not ``/dev/shm``."""
     if (
         storage.device.type == "cpu"
         and storage.nbytes() > 0
@@ -132,9 +104,8 @@ def _reduce_storage(storage: Any) -> Any:
 
 
 def send_through_memfd() -> bool:
-    """In this process (a worker), tensors sent to another process through ``torch.multiprocessing``
-    go through memfd copies when they are not in shared memory yet (a ``collate_fn``'s output, any
-    dataset's batch), not through new ``/dev/shm`` segments. ``False`` where memfds are not used."""
+    """Tensors this process (a worker) sends that are not shared yet go through memfd copies, not
+    new ``/dev/shm`` segments. ``False`` where memfds are not used."""
     global _torch_reduce_storage
     if not memfd_available():
         return False
@@ -157,10 +128,9 @@ def _shm_numbers() -> tuple[int, int] | None:
 
 
 def shm_error(error: BaseException, needed: int | None = None) -> RuntimeError | None:
-    """A clear error for ``error`` when it is an allocation in ``/dev/shm`` that did not fit (else
-    ``None``): what ``/dev/shm`` holds, what was needed (if known) and the fixes. The errors it was
-    raised from count too (torch 2.1 raises "worker ... exited unexpectedly" from the
-    worker's bus error)."""
+    """A clear error for ``error`` (or the errors it was raised from) when it is an allocation in
+    ``/dev/shm`` that did not fit, else ``None``: the mount's size and free space, what was needed
+    and the fixes."""
     texts: list[str] = []
     cause: BaseException | None = error
     while cause is not None and len(texts) < 4:

@@ -1,20 +1,16 @@
 """What a pass start compares of the dataset: what fastload reads of it itself.
 
-fastload keeps plans across passes -- the fast path's index and fused pipeline, the head-accelerated
-view, the workers' view of a torchvision folder -- made from the dataset's ``transform``,
-``target_transform``, ``samples``, ``loader`` (and a fastload dataset's own index). torch's loader
-reads the dataset as it is at every pass, so a change the loop makes between epochs (a new
-transform, a recognised op's size changed in place for progressive resizing, samples relabelled in
-place) reaches the next epoch. Each pass start therefore compares :func:`source_state` with the one
-the plans were made from and makes them again where it differs
+fastload's plans (the fast path's index and pipeline, the head-accelerated view, the workers' view
+of a torchvision folder) are made from :data:`SOURCE_ATTRIBUTES`. torch's loader reads the dataset
+anew each pass, so a change between epochs (a new transform, a size changed in place for
+progressive resizing, samples relabelled) reaches the next epoch: each pass start compares
+:func:`source_state` with the one the plans were made from and makes them again where it differs
 (:func:`fastload._path.refresh_path`). Nothing else of the dataset is read: a dataset of the
-user's runs on torch's path with torch's defaults, new workers each pass, which see it as it is.
+user's runs on torch's path, with new workers each pass that see it as it is.
 
-The state holds each of those attributes: numbers, strings and short tuples by value; lists, dicts
-and arrays by a shallow copy of their content (a torchvision folder of 1.28M samples: a 40 ms copy,
-20 MiB held, a 3 ms comparison per pass; one copy of a list two attributes share); tensors by
-identity and in-place version; transform objects (``Compose``, torchvision's ops) by their public
-attributes, four levels deep; anything else by identity.
+The state holds numbers, strings and short tuples by value; lists, dicts and arrays by a shallow
+copy (one copy of a container two attributes share); tensors by identity and in-place version;
+transform objects by their public attributes, four levels deep; anything else by identity.
 """
 
 from __future__ import annotations
@@ -26,17 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SOURCE_ATTRIBUTES", "changed_attributes", "source_key", "source_state"]
-
-#: What the loader's path decision and plans are made from (its own index for ``_index``).
+# What the loader's path decision and plans are made from (a fastload dataset's index: ``_index``).
 SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index")
 
-#: Tuples longer than this (a sample list kept as a tuple) are compared by identity, not value.
-_SHORT_TUPLE = 64
-#: Lists (a ``Compose``'s ops) up to this length are walked item by item, longer ones copied.
-_SHORT_LIST = 64
-#: An array up to this size is copied to be compared; a larger one by identity and shape.
-_ARRAY_BYTES = 64 * 2**20
+_SHORT_TUPLE = 64  # a longer tuple (a sample list) is compared by identity
+_SHORT_LIST = 64  # a list up to this length (a Compose's ops) is walked item by item, a longer one copied
+_ARRAY_BYTES = 64 * 2**20  # a larger array is compared by identity and shape
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
@@ -45,8 +36,7 @@ def _plain(value: Any) -> bool:
 
 
 class _Content:
-    """A container's content when the state was taken (a shallow copy), equal to another snapshot of
-    the same content."""
+    """A shallow copy of a container's content, equal to another copy of the same content."""
 
     __slots__ = ("data", "kind")
 
@@ -103,8 +93,7 @@ def _value_state(value: Any, depth: int, memo: dict[int, Any]) -> Any:
 
 
 def source_state(dataset: Any) -> tuple[Any, ...]:
-    """The state of what fastload reads of ``dataset`` (:data:`SOURCE_ATTRIBUTES`, see the module
-    docs), equal to another one taken while none of it changed."""
+    """The state of ``dataset``'s :data:`SOURCE_ATTRIBUTES`, equal to another taken while none changed."""
     attributes = getattr(dataset, "__dict__", None)
     if not isinstance(attributes, dict):
         return (id(dataset),)

@@ -1,40 +1,19 @@
-"""Batches built in place for torch's worker loop: one batch tensor, no list of per-sample tensors.
+"""Batches built in place for torch's worker loop, in shared-memory segments each worker reuses.
 
-torch's worker loop fetches a batch as a list of samples and then collates it: at batch 256 of
-224 px images the list holds 38.5 MB of per-sample tensors, and ``default_collate`` stacks them
-into a new 38.5 MB shared-memory batch, so a worker holds both at once (and glibc keeps the
-first 38.5 MB in its heap afterwards). In the process workers that ``fastload.DataLoader``
-starts on torch's path (:func:`enable` runs in them), a fastload dataset's ``__getitems__``
-(:func:`fetch`) copies each sample's image tensor into its row of one batch tensor, allocated
-as ``default_collate`` allocates its output (shared memory in a worker), as soon as the sample
-is made, and drops the sample's own tensor; :func:`collate` then returns that batch tensor
-where ``default_collate`` would stack the rows into a new one. The values, dtype, shape and
-sharing are ``default_collate``'s, the samples are made in the same order (the same random
-draws), so the batch is the same; a worker holds one batch and one sample.
+In the process workers ``fastload.DataLoader`` starts on torch's path (:func:`enable`), a fastload
+dataset's ``__getitems__`` (:func:`fetch`) copies each sample's top-level plain tensors into their
+rows of one batch tensor as the sample is made, and :func:`collate` returns that tensor where
+``default_collate`` would stack the rows: the same batch, one batch held instead of two. Anything
+else (other types, a shape or dtype that differs from the first sample's) goes to torch's collate.
+Outside such a worker :func:`fetch` is ``[dataset[i] for i in indices]`` and :func:`collate` is
+``default_collate``.
 
-Only top-level tensors of a sample (a plain ``tuple`` or ``list``, or a tensor alone) of type
-exactly ``torch.Tensor`` (strided, on the CPU, not requiring grad) are streamed, and a sample
-whose tensor differs from the first sample's in shape or dtype ends the streaming of that
-position: :func:`collate` then falls back to torch's ``collate`` of the rows and the rest (which
-stacks, or raises torch's own error for unequal sizes). Outside such a worker :func:`fetch` is
-``[dataset[i] for i in indices]`` and :func:`collate` is ``default_collate``.
-
-Batch tensors reused (a ring per worker), unless the loader has ``reuse_buffers=False``: torch
-puts every batch a worker sends into a new shared-memory segment, which the worker and then the
-main process map and fault in page by page (at batch 256 of 224 px float32, 154 MB twice per
-batch), and which stays private to the worker while it builds the batch. A worker started with a
-ring table (:func:`ring_table`, filled in by :class:`WorkerRing` and :class:`MainRing`) builds a
-streamed batch tensor of at least :data:`RING_MIN_BYTES` in one of its own segments instead, when
-one of that exact size is free, or makes a new one while it has fewer than the table has room for
-(else in place of a free one of another size: the batch size or shape changed); otherwise torch's
-new segment as before. A segment is sent once the batch's collate has returned (a batch whose
-collate raises is not sent, its segment stays free). The main process keeps each ring segment it receives
-mapped (torch's shared-storage cache then hands the same mapping back for the next batch in it),
-and frees it for its worker only once no tensor, view or array of it is left there (its storage's
-use count), so a batch the consumer keeps is never written over; a segment it sent on to
-another process meanwhile (torch's shared-storage cache shows it) is never reused. Sent segments
-the main process never received (a pass left early with persistent workers: torch drops them as
-it starts the next pass) are taken back at the next pass (:meth:`MainRing.new_pass`).
+A worker with a ring table (:func:`ring_table`) builds a streamed batch of at least
+:data:`RING_MIN_BYTES` in one of its own segments (:class:`WorkerRing`); the main process keeps
+each segment mapped and frees it once nothing there refers to it (:class:`MainRing`).
+:class:`RingedCollate` does the same for a user's ``collate_fn``. The rules (a kept batch is never
+written over, a batch sent on is never reused, a pass left early) are in docs/how-it-works.md,
+"Worker memory and start-up at ImageNet scale".
 """
 
 from __future__ import annotations
@@ -49,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from ._shm import shared_empty, shared_storage
+from ._shm import contiguous_strides, shared_empty, shared_storage
 
 try:  # torch's documented way to extend default_collate (torch >= 1.13)
     from torch.utils.data._utils.collate import collate as _torch_collate
@@ -59,9 +38,8 @@ try:  # torch's documented way to extend default_collate (torch >= 1.13)
 except ImportError:  # pragma: no cover - an older or reorganised torch: no streaming
     _CAN_STREAM = False
 
-#: A weak reference to a storage may be kept (torch 2.2 on). torch 2.1 keeps a storage's Python
-#: object alive past its last reference without clearing the weak references to it: one still set
-#: when the interpreter exits crashes it (a segmentation fault in the garbage collector).
+# A weak reference to a storage may be kept from torch 2.2 on: torch 2.1 leaves one set past the
+# storage's last reference, which crashes the garbage collector at interpreter exit.
 _STORAGE_WEAKREFS = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 2)
 
 try:  # torch's cache of the shared storages this process received or sent, by (inode, device)
@@ -69,45 +47,23 @@ try:  # torch's cache of the shared storages this process received or sent, by (
 except ImportError:  # pragma: no cover - a reorganised torch: no ring (a resend could not be seen)
     _shared_cache = None  # type: ignore[assignment]
 
-__all__ = [
-    "MainRing",
-    "WorkerRing",
-    "collate",
-    "drop_idle_ring",
-    "RingedCollate",
-    "enable",
-    "enable_ring",
-    "enabled",
-    "fetch",
-    "ring_supported",
-    "ring_table",
-]
-
 _ENABLED = False
 
-#: A streamed batch tensor of fewer bytes is not put into a ring segment (too small to matter).
-RING_MIN_BYTES = 1 << 20
+RING_MIN_BYTES = 1 << 20  # a smaller streamed batch is not put into a ring segment
 
-# The columns of a ring table's rows: one row per segment, ``(num_workers + 1, capacity, 4)``
-# int64 in shared memory; the last worker row's first cell is the pass number.
+# A ring table's columns, one row per segment; the last worker row's first cell is the pass number.
 _INODE, _SENT, _PASS, _FREED = range(4)
-#: The free count of a segment the main process sent on to another process: its worker drops it.
-_ABANDONED = -1
+_ABANDONED = -1  # the free count of a segment the main process sent on: its worker drops it
 
 
 def ring_supported() -> bool:
-    """Whether this torch lets the main process see everything the ring needs (see the module docs)."""
+    """Whether this torch lets the main process see everything the ring needs."""
     return _CAN_STREAM and _shared_cache is not None
 
 
 def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
-    """The shared table of ``num_workers`` rings of ``capacity`` segments each (all empty).
-
-    Per segment: the inode of its shared-memory file (set by the worker that made it), how often
-    it was sent, the pass of the last send, and how many sends the main process has freed.
-    The segment is free for its worker when freed == sent; freed == ``_ABANDONED`` (-1): the main
-    process sent it on to another process, and its worker drops it instead of reusing it.
-    """
+    """The shared, empty table of ``num_workers`` rings of ``capacity`` segments: per segment its
+    file's inode, sends, the pass of the last send and sends freed (free when freed == sent)."""
     return shared_empty((num_workers + 1, capacity, 4), torch.int64).zero_()
 
 
@@ -132,14 +88,19 @@ class WorkerRing:
         with self.lock:
             self._drop_abandoned()
             claimed = set(self.claimed.values())
-            for k, storage in enumerate(self.storages):
-                if storage is not None and k not in claimed and self.rows[k, _FREED] == self.rows[k, _SENT]:
+            for k in range(len(self.storages)):
+                if self._free(k, claimed):
                     self.rows[k, _INODE] = 0
                     self.storages[k] = None
 
+    def _free(self, k: int, claimed: set[int]) -> bool:
+        """Segment ``k`` is made, not claimed for this batch, and freed by the main process."""
+        return (
+            self.storages[k] is not None and k not in claimed and self.rows[k, _FREED] == self.rows[k, _SENT]
+        )
+
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
-        """A free segment of exactly ``nbytes`` (made if there is room, or in place of a free one of
-        another size), or ``None``."""
+        """A free segment of exactly ``nbytes`` (made if there is room), or ``None``."""
         if nbytes < RING_MIN_BYTES:
             return None
         with self.lock:
@@ -156,27 +117,20 @@ class WorkerRing:
 
     def _take(self, nbytes: int) -> torch.UntypedStorage | None:
         self._drop_abandoned()
-        rows, claimed = self.rows, set(self.claimed.values())
+        claimed = set(self.claimed.values())
         empty = None
         for k, storage in enumerate(self.storages):
             if storage is None:
                 empty = k if empty is None else empty
-            elif k not in claimed and storage.nbytes() == nbytes and rows[k, _FREED] == rows[k, _SENT]:
+            elif storage.nbytes() == nbytes and self._free(k, claimed):
                 self.claimed[storage.data_ptr()] = k
                 return storage
         if empty is None:  # no room: a free segment of another size makes way (the batch size changed)
-            empty = next(
-                (
-                    k
-                    for k, storage in enumerate(self.storages)
-                    if storage is not None and k not in claimed and rows[k, _FREED] == rows[k, _SENT]
-                ),
-                None,
-            )
+            empty = next((k for k in range(len(self.storages)) if self._free(k, claimed)), None)
             if empty is None:
                 return None
         storage = shared_storage(nbytes)  # memfd where it can: /dev/shm's size does not limit it
-        rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino  # type: ignore[attr-defined]
+        self.rows[empty, _INODE] = os.fstat(storage._get_shared_fd()).st_ino  # type: ignore[attr-defined]
         self.storages[empty] = storage
         self.claimed[storage.data_ptr()] = empty
         return storage
@@ -197,27 +151,21 @@ def drop_idle_ring() -> None:
 
 
 def _sent_on(key: Any, cached: Any) -> bool:
-    """Whether this process has sent the storage on to another process since it arrived: torch
-    puts a new entry into its shared-storage cache each time it pickles a shared storage (e.g. a
-    batch put on a ``torch.multiprocessing`` queue), and that process may still map it."""
+    """Whether this process sent the storage on since it arrived: torch puts a new entry into its
+    shared-storage cache each time it pickles a shared storage."""
     return _shared_cache is not None and _shared_cache.get(key) is not cached
 
 
 class MainRing:
-    """The main process's side of a ring table: the segments it received and when they are free.
-
-    Every method runs in the thread that iterates torch's iterator.
-    """
+    """The main process's side of a ring table (used from the thread that iterates torch's iterator)."""
 
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
         self.rows = table[:-1].numpy()
         self.pass_cell = table[-1, 0].numpy()
-        #: segment (worker, k) -> [its storage, kept mapped; the send count to free, or 0; its inode;
-        #: its key in torch's shared-storage cache; that cache's entry for it when it arrived]
+        # (worker, k) -> [storage kept mapped, send count to free or 0, inode, shared_cache key and entry]
         self.held: dict[tuple[int, int], list[Any]] = {}
         self.by_storage: dict[int, tuple[int, int]] = {}  # storage _cdata -> segment
-        #: segments let go of while still in use (see :meth:`release`): freed by a finalizer
         self.finalizing: set[tuple[int, int]] = set()
 
     def _segment(self, storage: torch.UntypedStorage) -> tuple[int, int] | None:
@@ -259,8 +207,7 @@ class MainRing:
                 self.held[seg][1] = int(self.rows[seg[0], seg[1], _SENT])
 
     def poll(self) -> None:
-        """Frees every received segment nothing in this process refers to any more, and lets go of
-        the mappings of segments their worker has dropped (:meth:`WorkerRing.drop_free`)."""
+        """Frees the received segments nothing here refers to; forgets those their worker dropped."""
         gone = []
         for (w, k), entry in list(self.held.items()):
             if entry[1] and torch._C._storage_Use_Count(entry[0]._cdata) == 1:
@@ -276,11 +223,9 @@ class MainRing:
             self._drop(seg)
 
     def release(self) -> None:
-        """The end of a pass: lets go of every mapping this process keeps, so that idle workers
-        can drop their segments (:meth:`WorkerRing.drop_free`) and give the memory back. A segment
-        still in use here (the last batch, which the loop variable still holds) is freed for its
-        worker when that use ends (a finalizer on its storage), wherever it ends; with torch 2.1
-        (see ``_STORAGE_WEAKREFS``), it stays mapped here until the next pass's :meth:`poll`."""
+        """The end of a pass: lets go of every mapping, so idle workers can drop their segments. A
+        segment still in use is freed by a finalizer when that use ends (torch 2.1: at the next
+        pass's :meth:`poll`)."""
         self.poll()
         for seg, entry in list(self.held.items()):
             if entry[1]:
@@ -296,17 +241,15 @@ class MainRing:
         self.finalizing.discard(seg)
 
     def pass_number(self) -> int:
-        """The number of the pass sends are made for now (see :meth:`new_pass`)."""
         return int(self.pass_cell[0])
 
     def new_pass(self) -> None:
-        """Called before torch's iterator starts a pass with persistent workers: sends from here
-        on carry the new pass number."""
+        """Before torch's iterator starts a pass on persistent workers: later sends carry its number."""
         self.pass_cell[0] += 1
 
     def recover(self) -> None:
-        """Called once torch's iterator has started the pass: every send of an earlier pass that
-        this process never got has been dropped by torch, so its segment is free once unused."""
+        """Once torch's iterator has started the pass: the earlier passes' sends never received here
+        (torch dropped them) are free once unused."""
         rows, now = self.rows, self.pass_cell[0]
         freed = rows[:, :, _FREED]
         lost = (rows[:, :, _PASS] < now) & (freed < rows[:, :, _SENT]) & (freed != _ABANDONED)
@@ -326,8 +269,7 @@ class MainRing:
         self.by_storage.clear()
 
 
-#: The attribute a row of a streamed batch carries: ``(batch tensor, row number)``.
-_ROW = "_fastload_row"
+_ROW = "_fastload_row"  # a streamed row's attribute: (batch tensor, row number)
 
 
 _RING: WorkerRing | None = None
@@ -337,17 +279,14 @@ _IN_WORKER = False  # a torch worker fastload started (enable / enable_ring ran)
 def enable(ring: torch.Tensor | None = None, worker_id: int = 0) -> None:
     """Streams the batches of fastload datasets in this process (a worker's start calls it),
     into the segments of row ``worker_id`` of the ring table ``ring``, if given."""
-    global _ENABLED, _RING, _IN_WORKER
+    global _ENABLED
     _ENABLED = _CAN_STREAM
-    _IN_WORKER = True
-    shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
-    _RING = WorkerRing(ring, worker_id) if _ENABLED and ring is not None and shared_fd else None
+    enable_ring(ring, worker_id)
 
 
 def enable_ring(ring: torch.Tensor | None, worker_id: int = 0) -> None:
-    """A worker's start, for a user's ``collate_fn`` (:class:`RingedCollate`): sends the large
-    tensors it returns in the segments of row ``worker_id`` of the ring table ``ring``, if given,
-    without streaming."""
+    """A worker's start with a user's ``collate_fn`` (:class:`RingedCollate`): its large outputs
+    go into row ``worker_id`` of ``ring``, if given, without streaming."""
     global _RING, _IN_WORKER
     _IN_WORKER = True
     shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
@@ -360,10 +299,7 @@ def enabled() -> bool:
 
 
 def _plain(value: Any) -> bool:
-    """A tensor fastload may allocate a batch for from its shape: exactly ``torch.Tensor``, dense
-    (strided, not nested: a nested tensor has no sizes), on the CPU. Everything else -- nested,
-    sparse or other layouts, tensor subclasses, other devices -- goes to torch's own code
-    unchanged, which batches it or raises its own error."""
+    """Exactly ``torch.Tensor``, strided, not nested, on the CPU; anything else goes to torch's code."""
     return (
         type(value) is torch.Tensor
         and value.layout == torch.strided
@@ -376,30 +312,20 @@ def _streamable(value: Any) -> bool:
     return _plain(value) and not value.requires_grad
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
 def _batch_tensor(first: torch.Tensor, n: int) -> torch.Tensor:
-    """``(n, *first.shape)`` of ``first``'s dtype, allocated as ``default_collate`` allocates its
-    output: in shared memory inside a worker process (so sending it copies nothing)."""
+    """``(n, *first.shape)`` of ``first``'s dtype, in shared memory inside a worker (as default_collate)."""
     if torch.utils.data.get_worker_info() is not None:
         if _RING is not None:
             segment = _RING.take(n * first.numel() * first.element_size())
             if segment is not None:
                 shape = (n, *first.shape)
-                return torch.empty(0, dtype=first.dtype).set_(segment, 0, shape, _contiguous_strides(shape))
+                return torch.empty(0, dtype=first.dtype).set_(segment, 0, shape, contiguous_strides(shape))
         return shared_empty((n, *first.shape), first.dtype)  # as default_collate's, not in /dev/shm
     return torch.empty((n, *first.shape), dtype=first.dtype)
 
 
 def fetch(dataset: Any, indices: Sequence[int]) -> list[Any]:
-    """``[dataset[i] for i in indices]``, with the samples' tensors written into batch tensors as
-    they are made where streaming is on (see the module docs)."""
+    """``[dataset[i] for i in indices]``, the tensors written into batch tensors where streaming is on."""
     if not _ENABLED:
         return [dataset[i] for i in indices]
     n = len(indices)
@@ -478,12 +404,8 @@ def collate(batch: list[Any]) -> Any:
     return out
 
 
-# ------------------------------------------------------------------ a user's collate_fn
-
-
 def _stack_in_process(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
-    """``collate_tensor_fn`` with its output in this process's memory instead of a new shared
-    segment (same values, shape, dtype and contiguous layout): for plain strided CPU tensors."""
+    """``collate_tensor_fn`` into this process's memory instead of a new shared segment."""
     elem = batch[0]
     if not _plain(elem):
         return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
@@ -492,8 +414,7 @@ def _stack_in_process(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = No
 
 
 def _ringable(value: Any) -> bool:
-    """A tensor that is its whole, contiguous storage in this process's memory (what torch would
-    move into a new shared segment to send it)."""
+    """A large tensor that is its whole, contiguous, unshared storage (torch would move it to send it)."""
     return bool(
         _plain(value)
         and not value.requires_grad
@@ -506,8 +427,7 @@ def _ringable(value: Any) -> bool:
 
 
 def _into_ring(out: Any, ring: WorkerRing) -> Any:
-    """``out`` with each large top-level tensor (the output itself, or an item of a tuple or list)
-    copied into a free ring segment and marked sent: the same values, dtype, shape and strides."""
+    """``out`` with each large top-level tensor copied into a free ring segment and marked sent."""
     bare = type(out) is torch.Tensor
     if not bare and type(out) not in (tuple, list):
         return out
@@ -530,21 +450,11 @@ def _into_ring(out: Any, ring: WorkerRing) -> Any:
 
 
 class RingedCollate:
-    """A user's ``collate_fn`` in the worker processes ``fastload.DataLoader`` starts on torch's path.
+    """A user's ``collate_fn`` in the workers ``fastload.DataLoader`` starts on torch's path.
 
-    The batch is the user's function's own: the same values, types, shapes and strides. Two things
-    change where they live, in a worker with a ring (:func:`enable_ring`); elsewhere it only calls
-    the function:
-
-    * ``default_collate`` called inside it stacks tensors into this process's memory instead of a
-      new shared-memory segment (torch's choice inside a worker, which pays for creating and
-      faulting in a segment per batch: 11 ms for 32 float images of 176 px, against 1 ms). A
-      ``collate_fn`` such as torchvision's reference ``mixup_cutmix(*default_collate(batch))`` only
-      reads that stack;
-    * each large top-level tensor it returns (its output, or an item of a tuple or list, that
-      torch would move into a new segment to send) is copied into one of the worker's reused
-      segments (:class:`WorkerRing`), which the main process keeps mapped: 18 ms of a new segment
-      for 12 MB become a 2 ms copy.
+    The batch is the function's own. In a worker (:func:`enable_ring`), ``default_collate`` called
+    inside it stacks into this process's memory instead of a new shared segment per batch, and each
+    large top-level tensor it returns is copied into one of the worker's reused segments.
     """
 
     def __init__(self, fn: Callable[[list[Any]], Any]) -> None:

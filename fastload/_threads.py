@@ -1,19 +1,11 @@
 """torch's intra-op thread count, shared by every loader that caps it (``limit_threads``).
 
-A training script often has several loaders alive at once (training and validation, a second
-dataset). Each loader whose workers are alive holds a cap (its share of the CPUs less its
-workers, :class:`ThreadCap`), taken in the thread that iterates it; that thread's torch runs with
-the smallest cap held there, and gets back the user's count when the last hold there ends, in
-whatever order the loaders stop. A hold ends when the loader's workers stop (``close()``, the end
-of a pass without persistent workers) or when the loader is collected. The user's count is the one
-the thread had before its first hold, or the one the user set since (a count other than the one
-the registry last left there; a count set equal to that one cannot be told apart from it): a
-hold never raises it, and it is what is given back.
-
-The count is kept per thread because torch's OpenMP count can be the calling thread's own: it
-is only ever set from the thread that iterates. A hold that ends on another thread (the garbage
-collector running there, ``close()`` called there) takes effect in its own thread at that
-thread's next pass start or release.
+Each loader whose workers are alive holds a cap (:class:`ThreadCap`) in the thread that iterates
+it; that thread runs with the smallest cap held there and gets the user's count back (the count
+before its first hold, or one the user set since) when the last hold there ends, in any order.
+Counts are per thread (torch's OpenMP count can be a thread's own) and set only from the
+iterating thread: a hold ended on another thread (the garbage collector, ``close()``) takes
+effect at its own thread's next pass start or release.
 """
 
 from __future__ import annotations
@@ -27,8 +19,6 @@ import weakref
 from collections.abc import Iterator
 
 import torch
-
-__all__ = ["ThreadCap", "held_caps"]
 
 _lock = threading.Lock()
 _inside = threading.local()  # .active: this thread is in the registry (a release then waits for it)
@@ -48,8 +38,7 @@ def held_caps(thread: threading.Thread | None = None) -> list[int]:
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    """The registry's lock; releases made meanwhile in this thread (a loader collected inside the
-    registry's own calls) are done before it is let go."""
+    """The registry's lock; releases queued meanwhile in this thread are done before it is let go."""
     _lock.acquire()
     _inside.active = True
     try:
@@ -66,8 +55,7 @@ def _drain() -> None:
 
 
 def _settle() -> None:
-    """This thread's count: the smallest cap held in it, never above the user's count; that count
-    given back when nothing is held there."""
+    """This thread's count: its smallest cap, never above the user's count, given back when none."""
     me = threading.current_thread()
     caps = [cap for ref, cap in _holds.values() if ref() is me]
     current = torch.get_num_threads()
@@ -119,8 +107,7 @@ def _quiet_release(key: int) -> None:
 
 
 class ThreadCap:
-    """One loader's hold on torch's thread count: :meth:`hold` while its workers are alive,
-    :meth:`release` when they stop (also done when this object is collected)."""
+    """One loader's hold on torch's thread count (released also when this object is collected)."""
 
     def __init__(self) -> None:
         self._key = next(_keys)
@@ -131,8 +118,7 @@ class ThreadCap:
         _hold(self._key, cap)
 
     def release(self) -> None:
-        """Ends this hold (nothing if none): its thread gets the smallest cap still held there, or
-        its count back."""
+        """Ends this hold, if any."""
         _release(self._key)
 
     @property

@@ -1,15 +1,12 @@
 """Rank helpers and exact metrics across ranks.
 
 **Rank and world.** :func:`get_rank`, :func:`get_world_size`, :func:`get_local_rank`,
-:func:`get_local_world_size` and :func:`is_main_process` work in every situation: from the
-process group once it is initialized, from the ``torchrun`` environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) before that, and as a single process
-(rank 0 of 1) otherwise.
+:func:`get_local_world_size` and :func:`is_main_process` read the process group once it is
+initialized, else the ``torchrun`` environment, else answer for a single process (rank 0 of 1).
 
 **Exact evaluation.** With :class:`fastload.DistributedSampler` (no padding) every validation
-sample is on exactly one rank, so per-rank sums add up to the single-process numbers.
-:class:`Accumulator` and :func:`reduce_sum` add them up over ranks with one ``all_reduce``;
-:func:`gather_by_index` puts per-sample outputs back in dataset order::
+sample is on exactly one rank: :class:`Accumulator` and :func:`reduce_sum` add per-rank sums up
+with one ``all_reduce``, :func:`gather_by_index` puts per-sample outputs back in dataset order::
 
     sampler = DistributedSampler(val_set, shuffle=False)
     loader = DataLoader(val_set, batch_size=250, sampler=sampler)
@@ -29,30 +26,17 @@ Worked example: 50,000 validation images on 3 ranks. torch's padded sampler give
 over 50,001 samples (on 64 ranks: 48 images twice, 50,048 samples). fastload gives ranks 0 and 1
 16,667 samples and rank 2 16,666; ``total`` is 50,000.
 
-**Training with uneven shards.** Without padding, ranks can have different numbers of batches.
-DDP needs every rank to join every gradient all-reduce, so pick one of:
+**Training with uneven shards** (``pad=False``): DDP needs every rank in every gradient
+all-reduce, or the ranks with more batches hang at the epoch's end. Either use
+``DistributedSampler(train_set, drop_last=True)`` (``floor(N / W)`` samples each; the dropped
+ones change with the epoch), or run the loop inside ``torch.distributed.algorithms.Join``::
 
-1. ``DistributedSampler(train_set, drop_last=True)``: every rank gets ``floor(N / W)`` samples
-   and the same number of steps; the ``N mod W`` dropped samples change with the epoch when
-   shuffling, so no sample is left out of every epoch.
-2. No dropping, and the training loop inside ``torch.distributed.algorithms.Join``; ranks that
-   run out of batches shadow the collectives of the others until all are done::
+    with Join([model]):  # model: a DistributedDataParallel
+        for images, labels in loader:
+            ...
 
-       from torch.distributed.algorithms import Join
-       model = DistributedDataParallel(net)
-       with Join([model]):
-           for images, labels in loader:
-               loss = criterion(model(images), labels)
-               optimizer.zero_grad()
-               loss.backward()
-               optimizer.step()
-
-(A loop with neither hangs at the end of the epoch: the ranks with more batches wait in an
-all-reduce that the others never start.)
-
-All collectives here work with ``gloo`` (CPU tensors) and ``nccl`` (tensors on the current CUDA
-device: call ``torch.cuda.set_device(get_local_rank())`` first, as usual for nccl). Inputs on
-another device are moved for the communication and results come back on the inputs' device.
+The collectives work with ``gloo`` (CPU tensors) and ``nccl`` (the current CUDA device: call
+``torch.cuda.set_device(get_local_rank())`` first); results come back on the inputs' device.
 """
 
 from __future__ import annotations
@@ -82,8 +66,7 @@ __all__ = [
 
 Number = int | float
 
-# Sums travel as float64, which holds every integer up to 2**53 exactly.
-_EXACT_INT_LIMIT = 2**53
+_EXACT_INT_LIMIT = 2**53  # sums travel as float64, exact for integers up to here
 
 
 def _group_ready() -> bool:
@@ -92,9 +75,8 @@ def _group_ready() -> bool:
 
 def ranks_known() -> bool:
     """Whether this process's rank and the job's size are known now: a process group, or both
-    ``WORLD_SIZE`` and ``RANK`` (torchrun's). Else they may come later: a process started by
-    ``torch.multiprocessing.spawn`` before ``init_process_group``, or by Lightning's ``ddp``
-    strategy (``WORLD_SIZE`` without ``RANK``)."""
+    ``WORLD_SIZE`` and ``RANK`` (not yet under ``torch.multiprocessing.spawn`` before
+    ``init_process_group``, nor in Lightning's ``ddp`` processes)."""
     return _group_ready() or (_env_int("WORLD_SIZE") is not None and _env_int("RANK") is not None)
 
 
@@ -130,11 +112,8 @@ def get_rank() -> int:
 
 
 def get_local_rank() -> int:
-    """This process's rank on its machine (the CUDA device to use): ``LOCAL_RANK``.
-
-    Without ``LOCAL_RANK`` (e.g. processes started by ``torch.multiprocessing.spawn``), the
-    global rank is returned, which is right when all processes run on one machine.
-    """
+    """This process's rank on its machine (the CUDA device to use): ``LOCAL_RANK``, else the global
+    rank (right when all processes run on one machine, as with ``torch.multiprocessing.spawn``)."""
     value = _env_int("LOCAL_RANK")
     return get_rank() if value is None else value
 
@@ -150,11 +129,8 @@ def is_main_process() -> bool:
 
 
 def _require_group(what: str) -> bool:
-    """``True`` if a process group is initialized; ``False`` for a plain single process.
-
-    A multi-process launch (``WORLD_SIZE`` > 1) without an initialized group is an error: summing
-    only this rank's share would silently give a wrong metric.
-    """
+    """``True`` if a process group is initialized, ``False`` for a single process; raises for
+    ``WORLD_SIZE`` > 1 without a group (this rank's share alone would be a wrong metric)."""
     if _group_ready():
         return True
     world = get_world_size()
@@ -177,23 +153,18 @@ def _comm_device(group: Any) -> torch.device:
 def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
     """Sums numbers and tensors over all ranks with a single ``all_reduce``.
 
-    The sums are computed in float64, so integer counts are exact (up to ``2**53``) and the
-    result does not depend on how samples are split over ranks. Every rank must call it with
-    the same number of values (tensors of the same shapes), including ranks with an empty shard
-    (pass zeros).
-
-    Without an initialized process group (one process) the values are returned as they are,
-    converted like the reduced ones.
+    The sums are computed in float64, so integer counts are exact (up to ``2**53``). Every rank
+    must pass the same number of values and shapes, ranks with an empty shard too (zeros).
+    Without a process group the values come back converted like reduced ones.
 
     Args:
         *values: Python/numpy numbers, or tensors of any shape and device.
         group: The process group. Default: the default group.
 
     Returns:
-        One result per value (the value itself if called with one value, else a tuple): an
-        ``int`` for integer numbers, a ``float`` for floats, and for a tensor a tensor of the same
-        shape on the same device, ``int64`` if integral (or bool) and ``float64`` otherwise. A value
-        is returned as a float if any rank passed a float for it.
+        One result per value (a tuple for several): an ``int`` or ``float`` for numbers, a tensor
+        of the same shape and device (``int64`` if integral or bool, else ``float64``) for a tensor;
+        a float wherever any rank passed a float.
 
     Raises:
         TypeError: A value is not a number or a real tensor.
@@ -217,16 +188,12 @@ def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
             is_float = v.is_floating_point()
             flats.append(v.detach().reshape(-1).to(torch.float64))
             kinds.append(("tensor", v.shape, v.device))
-        elif isinstance(v, (bool, int, np.integer, np.bool_)):
-            if abs(int(v)) > _EXACT_INT_LIMIT:
+        elif isinstance(v, (bool, int, np.integer, np.bool_, float, np.floating)):
+            is_float = isinstance(v, (float, np.floating))
+            if not is_float and abs(int(v)) > _EXACT_INT_LIMIT:
                 raise ValueError(
                     f"reduce_sum sums integers exactly up to 2**53, but got values[{i}]={int(v)}"
                 )
-            is_float = False
-            flats.append(torch.tensor([float(v)], dtype=torch.float64))
-            kinds.append(("number", torch.Size(), torch.device("cpu")))
-        elif isinstance(v, (float, np.floating)):
-            is_float = True
             flats.append(torch.tensor([float(v)], dtype=torch.float64))
             kinds.append(("number", torch.Size(), torch.device("cpu")))
         else:
@@ -271,9 +238,8 @@ def _scalar_tensor(x: Number | torch.Tensor, device: torch.device) -> torch.Tens
 class Accumulator:
     """Named per-rank sums (e.g. ``correct`` and ``total``) reduced over ranks in one ``all_reduce``.
 
-    Declare the names up front so that a rank with an empty shard, which never calls
-    :meth:`update`, still takes part in :meth:`reduce` with zeros. Tensor values are summed on
-    their device without synchronising, so ``update`` can be called every step on GPU.
+    Names are declared up front so that a rank with an empty shard still takes part in
+    :meth:`reduce` with zeros. Tensors are summed on their device without synchronising.
 
     Args:
         *names: The quantities to sum.
@@ -341,7 +307,6 @@ class Accumulator:
                 )
             current = self._sums[name]
             if isinstance(value, torch.Tensor) or isinstance(current, torch.Tensor):
-                # Tensors are summed on their device (int64 or float64), without a host sync.
                 device = value.device if isinstance(value, torch.Tensor) else current.device  # type: ignore[union-attr]
                 a, b = _scalar_tensor(current, device), _scalar_tensor(value, device)
                 dtype = torch.float64 if a.is_floating_point() or b.is_floating_point() else torch.int64
@@ -351,23 +316,17 @@ class Accumulator:
 
     def local(self) -> dict[str, Number]:
         """This rank's sums, without communication."""
-        out: dict[str, Number] = {}
-        for name, value in self._sums.items():
-            out[name] = value.item() if isinstance(value, torch.Tensor) else value
-        return out
+        return {name: v.item() if isinstance(v, torch.Tensor) else v for name, v in self._sums.items()}
 
     def reduce(self) -> dict[str, Number]:
-        """The sums over all ranks, on every rank (a collective: every rank must call it).
-
-        Integer sums come back as ``int``, others as ``float``.
-        """
+        """The sums over all ranks (``int`` or ``float``), on every rank: every rank must call it."""
         totals = reduce_sum(*(self._sums[name] for name in self.names), group=self.group)
         if len(self.names) == 1:
             totals = (totals,)
-        out: dict[str, Number] = {}
-        for name, value in zip(self.names, totals, strict=False):
-            out[name] = value.item() if isinstance(value, torch.Tensor) else value
-        return out
+        return {
+            n: v.item() if isinstance(v, torch.Tensor) else v
+            for n, v in zip(self.names, totals, strict=False)
+        }
 
 
 def _check_coverage(all_indices: np.ndarray, dataset_size: int) -> str | None:
@@ -418,11 +377,9 @@ def gather_by_index(
 ) -> torch.Tensor | None:
     """Collects per-sample outputs from all ranks into one tensor in dataset order.
 
-    Each rank passes the outputs of its shard (``values[k]`` belongs to dataset index
-    ``indices[k]``). The result has row ``i`` = the output for sample ``i``, each sample exactly
-    once. Ranks may hold different numbers of samples (also none). The indices are checked on
-    every rank before any data moves, so a duplicate or missing index raises the same
-    ``ValueError`` on every rank instead of leaving some of them waiting.
+    Each rank passes its shard's outputs (``values[k]`` for dataset index ``indices[k]``; any
+    number, also none); row ``i`` of the result is sample ``i``'s. The indices are checked on every
+    rank before any data moves, so a duplicate or missing index raises on every rank alike.
 
     Args:
         values: Outputs of this rank's samples, shape ``(len(indices), ...)``, or a list of
@@ -475,15 +432,14 @@ def gather_by_index(
                 "values and indices should have the same length, but got "
                 f"values of shape {tuple(values_t.shape)} and {idx.size} indices"
             )
-        if dataset_size is not None:
-            if (
-                isinstance(dataset_size, bool)
-                or not isinstance(dataset_size, (int, np.integer))
-                or dataset_size < 0
-            ):
-                raise ValueError(
-                    f"dataset_size should be a non-negative integer, but got dataset_size={dataset_size!r}"
-                )
+        if dataset_size is not None and (
+            isinstance(dataset_size, bool)
+            or not isinstance(dataset_size, (int, np.integer))
+            or dataset_size < 0
+        ):
+            raise ValueError(
+                f"dataset_size should be a non-negative integer, but got dataset_size={dataset_size!r}"
+            )
     except ValueError as exc:
         error = str(exc)
     trailing = tuple(values_t.shape[1:])
@@ -552,8 +508,7 @@ def gather_by_index(
 def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     """Sends a picklable object from rank ``src`` to every rank and returns it.
 
-    Typical use: do something expensive once and share the result, e.g.
-    ``index = broadcast_object(scan_folder(root) if is_main_process() else None)``.
+    E.g. ``index = broadcast_object(scan_folder(root) if is_main_process() else None)``.
 
     Args:
         obj: The object (only used on ``src``).

@@ -10,48 +10,24 @@ and a fastload transform with a fixed output size, it runs its own *fast path*::
                                                           transform.decode_into(bytes, slot[k][j])
     yield slot[k] as uint8 NCHW  <────── done ─────   labels[k][j] = targets[i]
 
-The batch buffers (``slots``) are allocated once, in memory shared with the workers, and reused:
-no per-sample tensors, no collate, no pickling of pixels. Images come out as a uint8 tensor of
-shape ``(N, 3, H, W)`` whose memory is channels-last (``images.is_contiguous(memory_format=
-torch.channels_last)``), which is what convolution kernels prefer; labels as int64 ``(N,)``.
-Float conversion and normalization happen once per batch on the device (``fastload.gpu``).
+The slots are allocated once in memory shared with the workers and go back to them when nothing
+refers to the batch any more: no per-sample tensors, no collate, no pickling of pixels. Images
+are uint8 ``(N, 3, H, W)`` in channels-last memory, labels int64 ``(N,)``; float conversion and
+normalization happen per batch on the device (``fastload.gpu``). With persistent workers, free
+slots go to the next epoch's first batches (``epoch_lookahead``). See docs/datasets.md.
 
-**Buffer reuse.** A yielded batch is a view of a slot of the ring. The slot goes back to the
-workers only when nothing refers to the batch any more: no tensor, view, ``.numpy()`` array or
-autograd reference (a finalizer on the storage of the handed-out tensors says so). The usual
-loop (consume, drop) keeps reusing the same few slots; a batch you keep (a list of them, say)
-stays intact, and the workers decode into extra buffers meanwhile, as torch's loader would.
-
-**Epoch lookahead.** With persistent workers, once every batch of an epoch has been handed to
-the workers, free slots go to the *next* epoch's first batches (when the order is a function of
-the epoch), so the workers never idle at an epoch boundary. The next pass uses them only if it is
-exactly that epoch from its start; otherwise they are discarded (``epoch_lookahead=False`` turns
-this off).
-
-**Workers.** fastload's own workers run the fast path; ``worker_init_fn`` is called in each of
-them (process or thread) and each process worker seeds ``random`` and torch with
-``seed + worker_id``. ``torch.utils.data.get_worker_info()`` is ``None`` inside them (it is
-torch's private machinery); datasets that need it run through torch's iterator anyway (any
-dataset without ``get_bytes`` or without a fastload transform).
-
-**Determinism.** The order is a function of ``(seed, epoch)`` and every random augmentation of
-sample ``i`` a function of ``(seed, epoch, i)`` (:mod:`fastload.rng`), so the batches are bitwise
-the same for any ``num_workers``, for process and thread workers, and after a mid-epoch resume:
+The order is a function of ``(seed, epoch)`` and each augmentation of sample ``i`` of
+``(seed, epoch, i)`` (:mod:`fastload.rng`): the same batches for any ``num_workers`` or worker
+type, and after a mid-epoch resume:
 
     >>> state = loader.state_dict()                 # doctest: +SKIP
     >>> loader2.load_state_dict(state)              # in a new process: the rest of the epoch,
     >>> rest = list(loader2)                        # then the next epochs, as if never stopped
 
-The epoch is the one given to :meth:`DataLoader.set_epoch`; a pass without a ``set_epoch`` call
-uses the previous epoch + 1 (starting at 0), so a plain ``for epoch ...: for batch in loader``
-also changes the order every epoch, exactly like an explicit ``set_epoch(epoch)``. A pass that is
-left early (``break``) also counts as an epoch. ``state_dict()`` taken inside a pass records the
-epoch and the batches handed out; taken between passes, it records what the next pass will do.
-
-Any other dataset / ``collate_fn`` / ``batch_sampler`` goes through torch's own iterator (with the
-seeded sampler when ``shuffle=True``): a torchvision pipeline that begins with a crop or resize
-gets that head fused with decoding (:mod:`fastload.head`, ``loader.path ==
-"head-accelerated"``), anything else runs unchanged (``"torch"``).
+Any other dataset, ``collate_fn`` or ``batch_sampler`` goes through torch's own iterator: a
+torchvision pipeline that begins with a crop or resize gets that head fused with decoding
+(:mod:`fastload.head`, ``loader.path == "head-accelerated"``), anything else runs unchanged
+(``"torch"``).
 """
 
 from __future__ import annotations
@@ -99,23 +75,17 @@ _log = logging.getLogger("fastload")
 _STATE_KIND = "fastload.DataLoader"
 
 
-# ------------------------------------------------------------------------------------ DataLoader
-
-
 class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
-    """Drop-in for :class:`torch.utils.data.DataLoader` (see the module docs for what it adds).
+    """Drop-in for :class:`torch.utils.data.DataLoader`; its fast path decodes into reused buffers.
 
     Every torch argument keeps its name and meaning, and its default wherever the loader runs code
-    of the user's -- a dataset, transform, ``target_transform``, ``collate_fn``, sampler or
-    ``worker_init_fn`` of theirs (torch's path, or ops of theirs after an accelerated head):
-    ``num_workers=0``, no workers kept between passes, no pinning, no cap on torch's threads.
+    of the user's (a dataset, transform, ``target_transform``, ``collate_fn``, sampler or
+    ``worker_init_fn`` of theirs): ``num_workers=0``, no workers kept, no pinning, no thread cap.
     Where fastload runs every op itself (the fast path, ``decode="device"``/``"hybrid"``, head
-    acceleration whose later ops are all torchvision's transform classes, with torch's samplers
-    and ``default_collate``), its own defaults apply: ``num_workers="auto"``
-    (:func:`auto_num_workers`), workers kept between passes, ``pin_memory=True`` when CUDA is
-    available, and the iterating thread's intra-op threads capped while the workers live
-    (``limit_threads``). Nothing of the user's code is read to decide: which of the two applies
-    depends only on the classes involved. Values passed explicitly are always honoured.
+    acceleration whose later ops are all torchvision transform classes, with torch's samplers and
+    ``default_collate``) its own defaults apply: ``num_workers="auto"``, workers kept between
+    passes, ``pin_memory=True`` with CUDA, and ``limit_threads``. Which applies depends only on the
+    classes involved; values passed explicitly are always honoured.
 
     Args:
         dataset: Any map-style or iterable dataset.
@@ -124,80 +94,53 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             ``multiprocessing_context``, ``generator``, ``prefetch_factor``, ``pin_memory_device``
             and ``in_order``.
         num_workers: Worker count, or ``"auto"`` (a share of this machine's CPUs, on any path).
-            Default: ``"auto"`` where fastload runs every op, else torch's ``0``. ``0`` decodes in
-            this process, as torch does; on
-            the fast path a batch's samples are split over ``torch.get_num_threads()`` threads, as
-            torch splits its own ops (``torch.set_num_threads(1)``: one thread). User code (a
+            Default: ``"auto"`` where fastload runs every op, else torch's ``0``. With ``0`` the
+            fast path splits a batch over ``torch.get_num_threads()`` threads; user code (a
             ``get_bytes`` override, a ``target_transform``) still runs in the calling thread.
         pin_memory: Default: pins where fastload runs every op and CUDA is available, or where
             ``device`` is a CUDA device; else torch's ``False``.
-        persistent_workers: Default: workers are kept between epochs where fastload runs every op
-            (seeded at each pass as torch's new workers of that pass would be), else torch's
-            ``False``.
-        seed: Seeds the shuffle order and every random augmentation. ``None``: in a distributed
-            job (a process group is initialized, or ``WORLD_SIZE`` > 1, when the seed is first
-            needed) 0, like torch's ``DistributedSampler``, so that every rank shuffles alike
-            before the order is sharded (also by Lightning's or Accelerate's wrappers of
-            ``loader.sampler``); epochs then differ through the epoch. Otherwise a value taken
-            at the first pass from the base seed torch's iterator draws from torch's global RNG
-            (or ``generator``), so ``torch.manual_seed`` makes runs repeatable, as with torch.
-            Building the loader draws nothing and each pass draws what torch's pass draws (its
-            base seed; for ``shuffle=True`` its ``RandomSampler``'s draws), so the loop's own
-            random numbers (weights initialised after the loader, dropout) are torch's -- except
-            with ``num_workers=0`` on fastload's own paths (the fast path, ``decode="device"`` /
-            ``"hybrid"``), whose augmentations draw from ``(seed, epoch, index)`` where torch's
-            random transforms would draw from the main process's RNG.
+        persistent_workers: Default: kept between epochs where fastload runs every op (seeded at
+            each pass as torch's new workers would be), else torch's ``False``.
+        seed: Seeds the shuffle order and every random augmentation. ``None``: 0 in a distributed
+            job (a process group, or ``WORLD_SIZE`` > 1), like torch's ``DistributedSampler``, so
+            that every rank shuffles alike; otherwise taken at the first pass from the base seed
+            torch's iterator draws, so ``torch.manual_seed`` makes runs repeatable and torch's RNG
+            is left as torch's loader leaves it (except with ``num_workers=0`` on fastload's own
+            paths, whose augmentations draw from ``(seed, epoch, index)``).
         device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
-        worker_type: ``"process"`` (default) or ``"thread"`` (decoding releases the GIL); both
-            give identical batches.
+        worker_type: ``"process"`` (default) or ``"thread"``; both give identical batches.
         distributed: Build a :class:`fastload.DistributedSampler` for this rank (from the process
-            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process: the whole dataset)
-            with the sampler's own rule: ``shuffle=True``, a training sampler that pads as torch's
-            does (every rank ``ceil(N / W)`` samples: equal step counts, every sample at least once
-            per epoch); ``shuffle=False``, an evaluation sampler (every sample exactly once over all
-            ranks). Example: 7 samples on 3 ranks, not shuffled: ``[0, 3, 6] / [1, 4] / [2, 5]``;
-            shuffled (epoch order ``[4, 0, 5, 3, 2, 6, 1]``): ``[4, 3, 1] / [0, 2, 4] / [5, 6, 0]``
-            (3 steps on every rank; 4 and 0 twice). The loader's ``drop_last`` drops short
-            *batches*, as torch's; for shards without repeats pass your own
+            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process) with its rule:
+            training (``shuffle=True``) pads as torch's does, evaluation (``shuffle=False``) has
+            every sample exactly once (see its worked example). The loader's ``drop_last`` drops
+            short *batches*, as torch's; for shards without repeats pass your own
             ``DistributedSampler(..., drop_last=True)`` as ``sampler``.
         on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
-            the sample is left out of its batch (which is then shorter), counted in
-            ``stats.skipped``, and a warning names it.
+            the sample is left out of its (shorter) batch, counted in ``stats.skipped``, and named
+            in a warning.
         reuse_buffers: Hand out views of the reusable batch buffers, recycled once nothing refers to
-            a batch (see the module docs); ``False``: a copy of every batch.
+            a batch; ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
-        limit_threads: Default: ``True`` where fastload runs every op, else ``False``.
-            Cap ``torch.get_num_threads()`` in the iterating thread at this process's
-            share of the CPUs (divided among the job's local ranks) less ``num_workers``, at least
-            1, from the start of a pass while the workers are alive (until the pass ends without
-            persistent workers; until ``close()`` or collection with them). A cap never raises
-            the user's count (the count before the first cap, or one set since). With several
-            loaders alive at once, torch runs with the smallest of their caps, and gets the user's
-            count back when the last of them stops its workers, in either order.
+        limit_threads: Cap ``torch.get_num_threads()`` in the iterating thread at this process's
+            share of the CPUs less ``num_workers`` (at least 1) while the workers are alive; never
+            raises the user's count, and with several loaders the smallest cap holds. Default:
+            ``True`` where fastload runs every op, else ``False``.
         decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
-            bytes (free with ``InMemoryImageFolder``); :func:`fastload.decode.decode_batch`
-            decodes each batch on ``device`` (nvJPEG on a GPU; the CPU decoder on the CPU) and
-            ``gpu_transforms`` (required, starting with a resize-type transform) make one batch
-            of the differently sized images. The dataset's ``transform`` must be ``None``.
-            ``"hybrid"``: each batch is split between the device's decoder and ``num_workers`` CPU
-            workers, which decode only the crop that ``gpu_transforms``' leading crop/resize draws
-            for each of their samples (the same box as on the device), by the measured rates of
-            both sides (``loader.hybrid``; see :mod:`fastload.gpu.hybrid`).
+            bytes, :func:`fastload.decode.decode_batch` decodes each batch on ``device`` and
+            ``gpu_transforms`` (required, starting with a resize-type transform) bring it to one
+            size; the dataset's ``transform`` must be ``None``. ``"hybrid"``: each batch split
+            between the device's decoder and ``num_workers`` CPU workers by their measured rates,
+            the same crop box on either side (``loader.hybrid``; :mod:`fastload.gpu.hybrid`).
         fast_path: ``False``: torch's iterator on the dataset as it is (no fast path, no head
             acceleration).
-        exact_pixels: Decode every image at full size and resize exactly as torchvision does, so that
-            a torchvision pipeline gives bit-identical batches to ``torch.utils.data.DataLoader``'s
-            for the same seed and order: a pipeline with random ops then takes head acceleration
-            (torch's random draws) rather than the fast path (fastload's draws). Slower: no
-            reduced-size JPEG decoding, and a ``Resize`` + ``CenterCrop`` resizes the whole image.
-        epoch_lookahead: With persistent workers and an order that is a function of the epoch
-            (``shuffle=True``/``False``, ``distributed=True`` or a fastload ``DistributedSampler``),
-            workers that have no batch of the current epoch left start on the next epoch's first
-            batches, so there is no pipeline drain and refill at each epoch boundary. The next
-            pass uses them only if it is exactly that epoch (same seed, same batches); anything
-            else (``set_epoch`` to another epoch, a resume, a changed sampler) discards them.
-            At most the batch ring (``num_workers * prefetch_factor`` batches) is decoded ahead.
+        exact_pixels: Decode at full size and resize exactly as torchvision does, so that a
+            torchvision pipeline gives batches bit-identical to torch's loader's: a pipeline with
+            random ops then takes head acceleration (torch's draws) rather than the fast path.
+            Slower: no reduced-size JPEG decoding.
+        epoch_lookahead: With persistent workers and an order that is a function of the epoch,
+            idle workers start on the next epoch's first batches (at most the batch ring), used
+            only if the next pass is exactly that epoch from its start.
 
     Raises:
         ValueError / TypeError: Naming the argument, for invalid values.
@@ -252,8 +195,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 f"fastload.DataLoader also takes num_workers='auto' (a share of this machine's CPUs), "
                 f"but got num_workers={num_workers}"
             )
-        #: the arguments left to their default, which depend on the path
-        #: (:func:`fastload._path.apply_defaults`)
+        # the arguments left to their default, which depend on the path (fastload._path.apply_defaults)
         self._defaulted = frozenset(
             name
             for name, value in (
@@ -264,14 +206,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             )
             if value is None
         )
-        #: what torch checks against num_workers, checked once the default is known (apply_defaults)
+        # what torch checks against num_workers, checked once the default is known (apply_defaults)
         self._asked = {
             "multiprocessing_context": multiprocessing_context,
             "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers,
         }
-        # Other values, batch_size and every torch argument: torch's own checks and messages
-        # (in super().__init__ below).
+        # batch_size and every torch argument: torch's own checks (in super().__init__ below)
         check_choice(worker_type, "worker_type", ("process", "thread"))
         check_choice(decode, "decode", ("cpu", "device", "hybrid"))
         check_choice(on_error, "on_error", ("raise", "skip"))
@@ -295,7 +236,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
                 )
         if seed is not None:
             check_int(seed, "seed", type_error=True)
-        #: persistent workers the user did not ask for (fastload's default where it runs every op)
         self._persistent_by_default = persistent_workers is None
         self._epochs = EpochState(_STATE_KIND, int(seed) if seed is not None else DefaultSeed(generator))
         is_iterable = isinstance(dataset, IterableDataset)
@@ -324,10 +264,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             own_sampler = True
             replaces_random_sampler = True
         self._own_sampler = own_sampler
-        #: the sampler stands in for the ``RandomSampler`` torch's loader would have made: a pass
-        #: makes that sampler's draws from torch's RNG too (:func:`fastload._torchpath.draw_as_torch`)
+        # standing in for torch's RandomSampler, whose draws a pass makes too (_torchpath.draw_as_torch)
         self._replaces_random_sampler = replaces_random_sampler
-        #: a persistent pass iterator's base seed was drawn (:func:`fastload._torchpath.draw_as_torch`)
         self._base_seed_drawn = False
         # torch's own default_collate passed explicitly (torchvision's reference script does) is no collate_fn
         self._given_collate = collate_fn is not None and collate_fn is not default_collate
@@ -337,8 +275,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if given_workers and num_workers > 0:  # type: ignore[operator]
             # torch's workers then report a batch that cannot be pickled instead of hanging
             multiprocessing_context = reporting_context(multiprocessing_context)
-        # With num_workers left to its default (which depends on the path, known below), what torch
-        # checks against it waits for it (fastload._path.apply_defaults); else torch's checks and words, here.
+        # with num_workers defaulted, torch's checks against it wait for the path (apply_defaults)
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -369,9 +306,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self.gpu_transforms = gpu_transforms
         self.stats = LoaderStats()
         self.decode = decode
-        #: ``decode="hybrid"``: how each batch is split between the CPU workers and the device's
-        #: decoder (:class:`fastload.gpu.hybrid.HybridSplit`: its measured rates; ``cpu_share``
-        #: fixes the split); ``None`` otherwise.
+        # decode="hybrid": how each batch is split between CPU workers and the device (HybridSplit)
         self.hybrid: HybridSplit | None = None
         self._hybrid: HybridParts | None = None  # what the two sides run (fastload._devicepass)
         if decode == "hybrid":
@@ -401,15 +336,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         self._engine = Engine()
         self._prefetcher: CUDAPrefetcher | None = None
 
-    # ---------------------------------------------------------------- public extras
-
     @property
     def persistent_workers(self) -> bool:
-        """Whether workers are kept between passes (torch's attribute). Left to its default: kept
-        where fastload runs every op itself and there are workers, else torch's default (new
-        workers each pass; see the class docs). A framework that makes the loader again from its
-        instance attributes (``vars(loader)``: Lightning) finds the value there only where it was
-        passed, so that fastload's default stays a default in the new loader."""
+        """Whether workers are kept between passes (torch's attribute). In ``vars(loader)``, where
+        frameworks that rebuild a loader read it (Lightning), only where it was passed."""
         return bool(self.__dict__.get("_persistent_workers", False))
 
     @persistent_workers.setter
@@ -438,8 +368,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def decoder(self) -> str:
-        """What decodes the images: for ``decode="device"`` the device's JPEG decoder (e.g.
-        ``"nvJPEG through torchvision.io.decode_jpeg ..."``), else the workers' CPU decoding."""
+        """What decodes the images: the device's JPEG decoder, the workers' CPU decoding, or both."""
         made: BatchDecoder | None = self.__dict__.get("_decoder")
         device = made.name if made is not None else device_decoder(self.device)
         if self.decode == "device":
@@ -457,17 +386,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     @property
     def path(self) -> str:
         """Which path runs: ``"fast"`` (fastload's engine runs the whole pipeline),
-        ``"head-accelerated"`` (torch's iterator; decoding fused with the pipeline's crop/resize/flip
-        head, the rest of it run as written, see :mod:`fastload.head`), ``"torch"`` (torch's
-        iterator, the dataset as it is), ``"device-decode"`` (``decode="device"``) or ``"hybrid"``
-        (``decode="hybrid"``)."""
+        ``"head-accelerated"`` (torch's iterator; decoding fused with the crop/resize/flip head,
+        :mod:`fastload.head`), ``"torch"`` (torch's iterator, the dataset as it is),
+        ``"device-decode"`` or ``"hybrid"`` (``decode=``)."""
         return self._path
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name in ("collate_fn", "worker_init_fn") and self.__dict__.get("_DataLoader__initialized"):
-            # torch lets both be set after __init__; its default's new workers take them up at
-            # the next pass: so do fastload's path and default workers (see fastload._path.refresh_path)
+            # torch's new workers take them up at the next pass: so does fastload (_path.refresh_path)
             self.__dict__["_callables_set"] = True
 
     def set_epoch(self, epoch: int) -> None:
@@ -478,17 +405,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
 
-        Taken inside a pass: that pass's epoch and the batches the consumer received (with
-        ``device``/``gpu_transforms`` the prefetcher or the feeder thread is ahead; the batches
-        it holds are not counted, so a resume neither skips nor repeats a batch). Taken between passes: what
-        the next pass will do.
-
-        With a sampler fastload knows (``shuffle``, ``distributed=True``, a fastload or torch
-        ``DistributedSampler``) the state also holds ``position``: the prefix of the epoch's
-        global order (the order every rank derives from ``(seed, epoch)`` before sharding) that
-        every rank has handed out, assuming the ranks step together, as DDP does. Any loader --
-        another number of ranks, another batch size -- continues from it exactly (see
-        :meth:`load_state_dict`). The other fields record the sharding it was made with.
+        Taken inside a pass: that pass's epoch and the batches the consumer received (not those a
+        prefetcher holds ahead). Taken between passes: what the next pass will do. With a sampler
+        fastload knows (``shuffle``, ``distributed=True``, a fastload or torch
+        ``DistributedSampler``) it also holds ``position``, the prefix of the epoch's global order
+        every rank has handed out (the ranks stepping together, as in DDP), from which a loader
+        with any number of ranks and batch size continues exactly, and the sharding it was made with.
 
         Example: 64 samples, 4 ranks, batches of 4, each rank received 2 batches:
         ``{"epoch": 0, "position": 32, "batches": 2, "num_replicas": 4, "batch_size": 4, ...}``.
@@ -498,24 +420,20 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
 
-        A state with a ``position`` continues on a loader with any number of ranks and any batch
-        size: the rest of the epoch's global order, sharded over this job's ranks by this
-        loader's rule -- evaluation (``shuffle=False``): every remaining sample exactly once;
-        training: every rank the same number of steps, padded only at the end. Each sample keeps
-        the augmentation it would have had (a function of ``(seed, epoch, index)``). The usual
-        loop's ``set_epoch(epoch)`` for the resumed epoch keeps the resume. A state saved at the
-        end of an epoch resumes at the start of the next one.
+        A state with a ``position`` continues on any number of ranks and batch size: the rest of
+        the epoch's global order, sharded by this loader's rule, each sample with the augmentation
+        it would have had. The loop's ``set_epoch(epoch)`` for the resumed epoch keeps the resume;
+        a state saved at the end of an epoch resumes at the start of the next one.
 
         Args:
             state: The state of one rank (every rank steps together, as in DDP), or a list of the
                 states of every rank of the saving job.
 
         Raises:
-            fastload.ResumeError: (a ``ValueError``) The state is not a fastload loader state, is
-                for another dataset size, another order (``shuffle``, the sampler or its seed), has
-                a field out of range, was saved by ranks that stopped at different points, or --
-                for a loader whose order fastload cannot derive (a custom sampler or
-                ``batch_sampler``, an ``IterableDataset``) -- another batch size or number of ranks.
+            fastload.ResumeError: (a ``ValueError``) The state is not a loader state or is for
+                another dataset size or order, a field is out of range, the ranks stopped at
+                different points, or (where fastload cannot derive the order) the batch size or
+                number of ranks differs.
         """
         the_plan = plan(self)
         n = None if isinstance(self.dataset, IterableDataset) and pass_length(self) is None else len(self)
@@ -530,26 +448,23 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def _index_sampler(self) -> Any:
-        """What torch's iterator draws batches of indices from: one object for the loader's life
-        (persistent workers keep it), serving a resumed epoch's rest once, else torch's own."""
+        """What torch's iterator draws indices from, for the loader's life (``PassIndices``)."""
         indices = self.__dict__.get("_pass_indices")
         if indices is None:
             indices = self.__dict__["_pass_indices"] = PassIndices(self)
         return indices
 
     def close(self) -> None:
-        """Stops the workers now (fastload's, and torch's persistent ones on torch's path) and
-        ends its cap on torch's thread count (also done when the loader is garbage-collected and at
-        interpreter exit). A ``decode="device"`` / ``"hybrid"`` pass still iterating ends too (its
-        threads stop): its ``next()`` then raises, as a fast pass's does. The next pass starts new
-        workers."""
+        """Stops the workers now and ends the cap on torch's thread count (also done when the loader
+        is collected, and at exit). A device pass still iterating ends too: its ``next()`` then
+        raises. The next pass starts new workers."""
         live = self.__dict__.get("_device_pass")
         live = live() if live is not None else None
         if live is not None:
             live._close_from_loader()
         stop_workers(self)
 
-    #: What lives only in this process (workers, their threads, passes in progress): not pickled.
+    # What lives only in this process (workers, their threads, passes in progress): not pickled.
     _PROCESS_STATE = (
         "_engine",
         "_iterator",
@@ -563,17 +478,13 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     )
 
     def __getstate__(self) -> dict[str, Any]:
-        """The loader's settings and epoch state, without its workers: a loader pickles as torch's
-        does (``torch.multiprocessing.spawn`` arguments, Lightning's ``ddp_spawn``), also after it
-        iterated; the copy starts workers of its own at its first pass."""
+        """The settings and epoch state without the workers (``spawn`` arguments, ``ddp_spawn``)."""
         state = self.__dict__.copy()
         for name in self._PROCESS_STATE:
             state.pop(name, None)
         state["_torch_workers_started"] = False
         state["_base_seed_drawn"] = False
-        # the dataset's compared state (copies of its lists: 1.28M samples) is this process's:
-        # the copy's dataset is another object, compared anew (its plans made again at its first pass)
-        state["_source_made"] = None
+        state["_source_made"] = None  # the copy's dataset is another object: compared anew
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -588,21 +499,15 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
 
-    # ---------------------------------------------------------------- iteration
-
     def __iter__(self) -> DataLoaderIterator:  # type: ignore[override]
         check_as_torch_iterator(self)
         if self._needs_own_workers():
-            # a pass while another one iterates (``next(iter(loader))`` inside the epoch's loop):
-            # workers of its own, stopped with it, as torch gives each iterator of a loader without
-            # persistent workers; the other pass goes on
+            # a pass beside a live one (a peek inside the loop): workers of its own, as with torch
             return DataLoaderIterator(self, Engine(), own_engine=True)
         return DataLoaderIterator(self, self._engine)
 
     def _needs_own_workers(self) -> bool:
-        """Whether a new pass runs beside a live one, on workers of its own (and its own cap on
-        torch's threads): without persistent workers, or with the default ones (not asked for);
-        on torch's own iterator too (:meth:`_torch_pass_beside`)."""
+        """Whether a new pass runs beside a live one, on workers (and a thread cap) of its own."""
         if self.decode != "cpu":
             return False
         if not self.fast_path:
@@ -614,11 +519,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return live is not None and not live._ended
 
     def _torch_pass_beside(self) -> bool:
-        """Whether a new pass of torch's iterator with process workers starts while the loop's
-        iterates, so that it needs workers and a cap on torch's threads of its own: on the default
-        persistent workers (not asked for) torch's persistent iterator would be reset under the
-        loop; without persistent workers torch gives it new workers, and the loader's one cap
-        would end with the first of the two passes to end."""
+        """Whether a new pass of torch's iterator with workers starts while the loop's iterates: it
+        then needs workers and a thread cap of its own (the loop's would be reset, or ended)."""
         if not self.num_workers or (self.persistent_workers and not self._persistent_by_default):
             return False  # asked for: one set of workers, as torch's (iter() resets its iterator)
         live = self.__dict__.get("_torch_pass")

@@ -49,12 +49,9 @@ _BLOCKWISE_STREAM = 0x626C6F636B  # b"block": keeps this stream apart from any o
 def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
     """A permutation of ``range(n)`` that reads storage block by block: FFCV's "quasi-random" order.
 
-    The samples are grouped into blocks of consecutive storage (``block_starts``: the first sample
-    of each block, then ``n``). The blocks are shuffled; the shuffled blocks are taken
-    ``window`` at a time, and the samples of each window are shuffled together. So an epoch
-    reads a window of blocks (a bounded working set, read as a few large sequential requests)
-    before it moves to the next, and every sample still comes exactly once, in an order that
-    is a pure function of ``(block_starts, window, seed, epoch)``.
+    The blocks of consecutive samples are shuffled and taken ``window`` at a time; the samples of
+    each window are shuffled together. An epoch thus reads a bounded working set at a time, every
+    sample once, in an order that is a pure function of ``(block_starts, window, seed, epoch)``.
 
     Args:
         block_starts: ``int64[m + 1]``, increasing, from 0 to ``n``.
@@ -106,10 +103,9 @@ def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
 def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
     """The shuffled order of ``range(n)`` for an epoch, as every fastload sampler makes it.
 
-    :func:`fastload.rng.epoch_permutation` (torch's ``randperm`` seeded by ``seed + epoch``), unless
-    the dataset asks for blockwise shuffling (its ``shuffle_blocks`` is not ``None``, e.g. a pack
-    larger than RAM served from its map: see ``InMemoryImageFolder.from_pack(shuffle_order=...)``);
-    then :func:`blockwise_permutation` of its blocks and ``shuffle_window``.
+    :func:`fastload.rng.epoch_permutation` (torch's ``randperm`` seeded by ``seed + epoch``), or
+    :func:`blockwise_permutation` where the dataset's ``shuffle_blocks`` is not ``None`` (a pack
+    larger than RAM: ``InMemoryImageFolder.from_pack(shuffle_order=...)``).
     """
     blocks = _shuffle_blocks(dataset, n)
     if blocks is None:
@@ -118,9 +114,8 @@ def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 class NoProcessGroupError(ValueError, RuntimeError):
-    """No process group is initialized and ``num_replicas`` or ``rank`` was not given: torch's
-    words (torch.distributed raises ``ValueError`` in recent torch, ``RuntimeError`` in older), so
-    code that catches either catches it."""
+    """No process group is initialized and ``num_replicas`` or ``rank`` was not given (torch's
+    words; a ``ValueError`` and a ``RuntimeError``, as torch raised either across versions)."""
 
 
 def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -149,9 +144,8 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
 def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = None) -> range:
     """The dataset indices of one rank's evaluation shard: ``range(rank, n, num_replicas)``.
 
-    The strided split of ``range(n)`` that :class:`DistributedSampler` makes with
-    ``shuffle=False``: no padding, no dropping, every index on exactly one rank, shard lengths
-    differing by at most one. Ranks past the end of a small dataset get an empty range.
+    :class:`DistributedSampler`'s split with ``shuffle=False``: every index on exactly one rank,
+    shard lengths differing by at most one (ranks past a small dataset's end get nothing).
 
     Args:
         n: Dataset size.
@@ -182,15 +176,10 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
 class EpochRandomSampler(RandomSampler):
     """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
 
-    A ``RandomSampler`` (without replacement, one sample each), as torch's loader makes for
-    ``shuffle=True``, so that frameworks which tell a shuffled loader by its sampler's class
-    (Lightning, re-creating a loader for DDP with a ``DistributedSampler``) see one. Its
-    ``generator`` is not used: the order depends on the seed and the epoch only.
-
-    The permutation is :func:`fastload.rng.epoch_permutation` (``torch.randperm`` seeded with
-    ``seed + epoch``), the same one torch's ``DistributedSampler`` uses for one replica; for a
-    dataset that asks for blockwise shuffling (a pack larger than RAM), :func:`epoch_order`'s
-    blockwise permutation.
+    A ``RandomSampler``, as torch's loader makes for ``shuffle=True``, so that frameworks that tell
+    a shuffled loader by its sampler's class (Lightning) see one; its ``generator`` is not used.
+    The order is :func:`epoch_order`'s: the permutation torch's ``DistributedSampler`` uses for
+    one replica.
 
     Args:
         data_source: The dataset (only its length is used).
@@ -218,8 +207,7 @@ class EpochRandomSampler(RandomSampler):
         self._seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch whose order the next iteration yields (a loader that made this sampler
-        takes it as its next pass's epoch, as ``loader.set_epoch``)."""
+        """Sets the epoch the next iteration yields (a loader that made this sampler takes it too)."""
         self.epoch = int(epoch)
         self._told_epoch = True
 
@@ -237,30 +225,19 @@ class EpochRandomSampler(RandomSampler):
 class DistributedSampler(_TorchDistributedSampler[int]):
     """Sampler that gives each rank a shard of the dataset: torch's for training, exact for evaluation.
 
-    A drop-in replacement for :class:`torch.utils.data.DistributedSampler` (and a subclass of it,
-    so libraries that check ``isinstance(sampler, DistributedSampler)`` keep working). The
-    arguments, the per-epoch order (``torch.randperm`` seeded by ``seed + epoch``, from
-    :func:`fastload.rng.epoch_permutation`) and the strided assignment (rank ``r`` takes
-    positions ``r, r + W, r + 2W, ...`` of the epoch's order) are torch's. The rule for a
-    dataset whose size ``N`` is not a multiple of the number of ranks ``W``, in two lines:
+    A subclass of :class:`torch.utils.data.DistributedSampler` with torch's arguments, per-epoch
+    order (``torch.randperm`` seeded by ``seed + epoch``) and strided assignment (rank ``r`` takes
+    positions ``r, r + W, r + 2W, ...``). For ``N`` samples on ``W`` ranks:
 
-    * **shuffling (training) pads like torch**: every rank gets ``ceil(N / W)`` samples, so an
-      unchanged DDP training loop takes the same number of steps on every rank (no hang);
-    * **not shuffling (evaluation) is exact**: every sample on exactly one rank, nothing
-      repeated, so metrics summed over ranks (:class:`fastload.distributed.Accumulator`) are exact.
+    * **shuffling (training) pads like torch**: every rank gets ``ceil(N / W)`` samples (the
+      order's first ``W - N mod W`` entries repeated), so DDP takes the same steps on every rank;
+    * **not shuffling (evaluation) is exact**: every sample on exactly one rank, so metrics summed
+      over ranks (:class:`fastload.distributed.Accumulator`) are exact.
 
-    ``pad`` overrides the rule (``pad=False`` with ``shuffle=True``: exact training shards of
-    unequal length, for loops that handle them, see :mod:`fastload.distributed`; ``pad=True``
-    without shuffling: torch's padded evaluation shards); ``drop_last=True`` drops the last
-    ``N mod W`` positions of the epoch's order so every rank gets ``floor(N / W)`` samples
-    (torch's ``drop_last=True``; the dropped samples change with the epoch when shuffling).
-
-    Padding is torch's, index for index: the order is extended by repeating its first
-    ``W - N mod W`` entries. In every mode a rank's indices are a prefix of what torch gives it
-    for the same seed and epoch, and the order depends only on ``(seed, epoch)``, never on global
-    RNG state. (One exception: a dataset that asks for blockwise shuffling, a pack larger than
-    RAM, is shuffled by :func:`blockwise_permutation` before the same strided split; ranks on one
-    machine then read the same window of blocks at the same time, sharing its page cache.)
+    ``pad`` overrides the rule; ``drop_last=True`` drops the last ``N mod W`` positions so every
+    rank gets ``floor(N / W)`` samples, as torch's. A rank's indices are always a prefix of
+    torch's for the same seed and epoch (a dataset asking for blockwise shuffling is shuffled by
+    :func:`blockwise_permutation` first), never depending on global RNG state.
 
     Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks::
 
@@ -276,17 +253,13 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     ``[0, 6, 1, 3, 5, 2, 4]``, sample 4 is).
 
     With fewer samples than ranks (``N = 2``, ``W = 3``, ``shuffle=False``) the default gives
-    ``[0] / [1] / []``: rank 2 has an empty shard (its loop body simply never runs); ``pad=True``
-    gives ``[0] / [1] / [0]`` and ``drop_last=True`` gives every rank ``[]``, like torch, with a
-    warning (a training loop would silently run no step).
+    ``[0] / [1] / []`` (rank 2's loop body never runs), ``pad=True`` ``[0] / [1] / [0]``, and
+    ``drop_last=True`` every rank ``[]``, like torch, with a warning.
 
     Args:
-        dataset: Dataset used for sampling (only ``len(dataset)`` is used). Its size must not
-            change while the sampler is in use.
-        num_replicas: Number of processes participating in distributed training. By default,
-            the world size of the default process group.
-        rank: Rank of the current process within ``num_replicas``. By default, the rank in the
-            default process group.
+        dataset: Dataset used for sampling (only ``len(dataset)``, which must not change).
+        num_replicas: Number of ranks. Default: the world size of the default process group.
+        rank: This process's rank. Default: its rank in the default process group.
         shuffle: If ``True`` (default), the order is a permutation that changes with the epoch.
         seed: Random seed of the shuffle; must be identical on all ranks. Default: ``0``.
         drop_last: If ``True``, drop the tail of the epoch's order so that every rank gets
@@ -305,18 +278,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
     .. warning::
         As with torch, call :meth:`set_epoch` at the start of every epoch, **before** creating
-        the DataLoader iterator; otherwise every epoch uses the same order. A shuffling sampler
-        that is iterated twice in the same epoch without :meth:`set_epoch` ever having been
-        called warns about it once.
-
-    Example::
-
-        sampler = DistributedSampler(train_set)           # rank/world from the process group
-        loader = DataLoader(train_set, batch_size=256, sampler=sampler)
-        for epoch in range(start_epoch, epochs):
-            sampler.set_epoch(epoch)
-            for images, labels in loader:
-                ...
+        the DataLoader iterator; otherwise every epoch uses the same order (a warning says so).
     """
 
     def __init__(
@@ -339,8 +301,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 "dataset should be a map-style dataset with __len__, "
                 f"but got an object of type {type(dataset).__name__}"
             ) from None
-        # torch's constructor sets dataset, num_replicas, rank, epoch, drop_last, shuffle, seed and
-        # its padded num_samples/total_size; the last two are replaced below unless pad=True.
+        # torch's padded num_samples/total_size are replaced below unless pad=True
         super().__init__(
             cast("Dataset[Any]", dataset),  # torch annotates Dataset but only takes len(dataset)
             num_replicas=num_replicas,
@@ -366,16 +327,11 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._warned = False
         self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
         self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
-        #: made by ``DataLoader(distributed=True)``: its ranks follow the job's (see :meth:`_follow`)
-        self._follows_job = False
+        self._follows_job = False  # made by DataLoader(distributed=True) before the ranks were known
 
     def _follow(self) -> None:
-        """A sampler a loader made with ``distributed=True`` where the ranks were not known yet
-        (:func:`fastload.distributed.ranks_known`: a loader built before ``init_process_group``
-        under ``torch.multiprocessing.spawn``, or in a process Lightning starts, which knows
-        ``WORLD_SIZE`` but not its rank): its ``num_replicas`` and ``rank`` are the job's as each
-        use reads them (the process group's, else torchrun's variables), and its shards are cut
-        again when they changed."""
+        """A sampler made before the ranks were known (:func:`fastload.distributed.ranks_known`)
+        takes the job's ``num_replicas`` and ``rank`` at each use, cutting its shards again."""
         if not self._follows_job:
             return
         from .distributed import get_rank, get_world_size  # the sampler module is imported first
@@ -417,15 +373,13 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     def indices(self, epoch: int | None = None, start: int = 0) -> list[int]:
         """This rank's indices for an epoch, in order (what iterating the sampler yields).
 
-        Unlike iterating, this does not count as using the epoch (no :meth:`set_epoch` warning),
-        so it can be called to pair per-sample outputs with their dataset indices, e.g. for
-        :func:`fastload.distributed.gather_by_index`.
+        Unlike iterating, this draws no :meth:`set_epoch` warning: call it to pair per-sample
+        outputs with their indices (:func:`fastload.distributed.gather_by_index`).
 
         Args:
             epoch: The epoch. Default: the current one (``self.epoch``).
-            start: Positions of the epoch's global order already handed out on every rank (by
-                this job or by one with another number of ranks): this rank's share of the rest,
-                by the same rule (padded, exact or dropped). Default ``0``: the whole epoch.
+            start: Positions of the epoch's global order already handed out on every rank (by any
+                number of ranks): this rank's share of the rest. Default ``0``: the whole epoch.
 
         Returns:
             A list of ints (``len(self)`` of them for the whole epoch).
@@ -495,8 +449,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._told_epoch = True  # a loader that made this sampler takes it (as loader.set_epoch)
 
     def resume_point(self) -> int | None:
-        """The global position the next iteration of the current epoch starts at, after a
-        :meth:`load_state_dict` that left the epoch part-way; ``None`` otherwise."""
+        """Where the next iteration of the current epoch starts after a :meth:`load_state_dict`
+        part-way through it; ``None`` otherwise."""
         if self._resume is not None and self._resume[0] == self.epoch:
             return self._resume[1]
         return None
@@ -509,11 +463,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         """The sampler's state: its epoch and seed, and how far the epoch has gone.
 
         Args:
-            taken: Indices this rank has taken from the current epoch's iteration (with a
-                ``DataLoader``: ``batches * batch_size``, every rank having taken as many). The
-                state records the *global* position this means, so a sampler with any
-                ``num_replicas`` continues the epoch with exactly the indices not yet taken.
-                ``fastload.DataLoader.state_dict()`` does this count itself.
+            taken: Indices each rank has taken from the current epoch's iteration (with a
+                ``DataLoader``: ``batches * batch_size``). The state records the global position
+                this means, from which a sampler with any ``num_replicas`` continues exactly.
 
         Returns:
             ``{"epoch", "seed", "position", "num_samples", "shuffle"}``.
@@ -539,9 +491,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores :meth:`state_dict`: the epoch, the seed, and the rest of the epoch.
 
-        The next iteration of that epoch yields this rank's share of the epoch's global order
-        after ``position`` (whatever ``num_replicas`` the state was saved with); later epochs are
-        whole. Counts as calling :meth:`set_epoch`.
+        The next iteration of that epoch yields this rank's share of the global order after
+        ``position`` (saved with any ``num_replicas``). Counts as calling :meth:`set_epoch`.
 
         Raises:
             ValueError: A key is missing, or the state is for another dataset size or shuffle.
@@ -567,13 +518,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
 
 
 def global_order(sampler: Any, dataset: Any, epoch: int) -> np.ndarray | None:
-    """The global order of ``epoch`` behind a sampler fastload knows (``None`` for any other).
-
-    Args:
-        sampler: A loader's sampler.
-        dataset: The loader's dataset.
-        epoch: The epoch.
-    """
+    """The global order of ``epoch`` behind a loader's sampler fastload knows (``None`` for any other)."""
     if isinstance(sampler, DistributedSampler):
         return sampler.global_order(epoch)
     if type(sampler) is _TorchDistributedSampler:
@@ -589,13 +534,8 @@ def global_order(sampler: Any, dataset: Any, epoch: int) -> np.ndarray | None:
 
 
 def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
-    """The sharding fields of a :class:`fastload._epoch.Plan` for a loader's sampler.
-
-    Args:
-        sampler: The loader's sampler.
-        dataset: Its dataset.
-        own: The loader made the sampler (then it takes a loaded state's seed).
-    """
+    """The sharding fields of a :class:`fastload._epoch.Plan` for a loader's sampler (``own``: the
+    loader made it, and it takes a loaded state's seed)."""
     if isinstance(sampler, DistributedSampler):
         sampler._follow()
         blocks = sampler.shuffle and _shuffle_blocks(dataset, sampler._len) is not None
