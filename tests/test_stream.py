@@ -21,7 +21,7 @@ from torch.utils.data import default_collate
 from torchvision import transforms as tv
 
 import fastload
-from fastload import _stream, _torchworkers
+from fastload import _stream, _torchpath, _torchworkers
 
 
 class _Identity:
@@ -575,9 +575,7 @@ def test_no_ring_when_torchs_pin_memory_thread_copies_the_batches(
         monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
         monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
     else:  # and fastload's check of it (this file's fixture says False)
-        import fastload._torchpath
-
-        monkeypatch.setattr(fastload._torchpath, "cuda_available", lambda: True)
+        monkeypatch.setattr(_torchpath, "cuda_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
