@@ -414,6 +414,19 @@ class _InnerLoader:
         return torch.tensor([inner, int(torch.randint(0, 1000, ()).item())])
 
 
+def _passes_with_a_break(loader: Any) -> list[Any]:
+    """Four passes, the second left after one batch."""
+    passes = []
+    for stop in (None, 1, None, None):
+        got = []
+        for images, labels in loader:
+            got.append((images.tolist(), labels.tolist()))
+            if len(got) == stop:
+                break
+        passes.append(got)
+    return passes
+
+
 def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dataset(
     imagenet_root: Any,
 ) -> None:
@@ -427,15 +440,7 @@ def test_default_workers_are_reseeded_at_the_pass_not_by_a_loader_inside_the_dat
         torch.manual_seed(0)
         loader = cls(dataset, batch_size=2, num_workers=2, prefetch_factor=3)
         assert loader.persistent_workers is False
-        passes = []
-        for stop in (None, 1, None, None):
-            got = []
-            for images, labels in loader:
-                got.append((images.tolist(), labels.tolist()))
-                if len(got) == stop:
-                    break
-            passes.append(got)
-        seen.append(passes)
+        seen.append(_passes_with_a_break(loader))
     assert seen[0] == seen[1]
 
 
@@ -455,15 +460,7 @@ def test_kept_workers_of_an_accelerated_head_draw_torchs_numbers_pass_after_pass
         loader = cls(dataset, batch_size=2, num_workers=2, prefetch_factor=3, **extra)
         if cls is fastload.DataLoader:
             assert loader.path == "head-accelerated" and loader.persistent_workers is True
-        passes = []
-        for stop in (None, 1, None, None):
-            got = []
-            for images, labels in loader:
-                got.append((images.tolist(), labels.tolist()))
-                if len(got) == stop:
-                    break
-            passes.append(got)
-        seen.append(passes)
+        seen.append(_passes_with_a_break(loader))
     assert seen[0] == seen[1]
 
 
