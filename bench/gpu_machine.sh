@@ -22,12 +22,13 @@
 # What it runs (each step bounded in time; OUT/gpu.log says what each printed, with the time):
 #   1. the C extensions built in place, `python -m fastload info`, nvImageCodec's C interface;
 #   2. the nvImageCodec tests (CUDA ones included: in-place images against copies);
-#   3. decoding alone (bench/device_decode.py): nvImageCodec through its C interface, through
-#      its Python interface (FASTLOAD_NVIMGCODEC_NATIVE=0), and torchvision's nvJPEG
+#   3. decoding alone (bench/device_decode.py): nvImageCodec with the experimental GPU code on
+#      (FASTLOAD_GPU_EXPERIMENTAL=1: in-place regions, its C interface), by default, and
+#      torchvision's nvJPEG
 #      (FASTLOAD_NVIMGCODEC=0); each loader thread's hand-overs of the interpreter per batch
 #      (bench/handovers.py --device cuda);
 #   4. bench/throughput.py --model resnet50 and resnet18 (fastload's own pipeline, decode="device",
-#      decode="hybrid"), then the device paths again through the Python interface and on
+#      decode="hybrid") with the experimental GPU code on, then the device paths by default and on
 #      torchvision's decoder, and with the hardware decoder alone: images/s, share of the
 #      ceiling, waiting, step ms and launch ms;
 #   5. the rest of the GPU-relevant tests, if time is left.
@@ -112,8 +113,8 @@ decode() {  # decode NAME [ENV...]: decoding alone
         --batch-size "$BATCH" --workers 4 --json "$TMPJSON/decode-$name.json"
     keep "decode $name" "$TMPJSON/decode-$name.json"
 }
-decode c-interface
-decode python-interface FASTLOAD_NVIMGCODEC_NATIVE=0
+decode experimental FASTLOAD_GPU_EXPERIMENTAL=1
+decode default
 # how often each loader thread lets go of the interpreter per batch (a hand-over the training
 # thread pays for): compare with launch ms below
 step 90 "hand-overs per batch" "$PY" bench/handovers.py --data "$DATA/train" --device cuda --batch-size "$BATCH" \
@@ -128,10 +129,10 @@ model() {  # model NAME MODEL BACKENDS [ENV...]: a training step fed by each bac
         --no-progress --json "$TMPJSON/model-$net-$name.json"
     keep "$net $name" "$TMPJSON/model-$net-$name.json"
 }
-model c-interface "$BIG" fastload,device-decode,hybrid
-model c-interface "$FAST" device-decode,hybrid,fastload
-model python-interface "$BIG" device-decode FASTLOAD_NVIMGCODEC_NATIVE=0
-model python-interface "$FAST" hybrid FASTLOAD_NVIMGCODEC_NATIVE=0
+model experimental "$BIG" fastload,device-decode,hybrid FASTLOAD_GPU_EXPERIMENTAL=1
+model experimental "$FAST" device-decode,hybrid,fastload FASTLOAD_GPU_EXPERIMENTAL=1
+model default "$BIG" device-decode
+model default "$FAST" hybrid
 # the hardware decoder alone: no decoding on the SMs beside the model (compare step ms)
 model hardware-decoder-only "$BIG" device-decode FASTLOAD_HW_DECODER_LOAD=1.0
 decode torchvision FASTLOAD_NVIMGCODEC=0
