@@ -182,7 +182,8 @@ def check_device_decode(
 def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> None:
     """Sets the path for the dataset as it is now (``path``, ``fast_path_reason``) and the defaults
     that follow it. ``log``: one line on the ``fastload`` logger for an image folder (INFO for the
-    fast path, else WARNING); with ``unless`` (the path before), only if the path changed."""
+    fast path, else WARNING), and for any dataset that torch's default loads in the main process
+    (INFO: how to load in workers); with ``unless`` (the path before), only if the path changed."""
     dataset = loader.dataset
     loader._source_key = source_key(dataset)
     loader._source_made = source_state(dataset)  # what the plans are made from, by value
@@ -195,15 +196,18 @@ def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> No
     if loader._path == "torch" and loader.num_workers > 0:
         # torch's workers serve a torchvision DatasetFolder from fastload's index (torch_iter)
         loader._worker_dataset = worker_view(dataset)[0]
+    advice = (
+        loader._path in ("torch", "head-accelerated")
+        and "num_workers" in loader._defaulted
+        and not loader.num_workers
+    )
+    if line is None and advice:  # a dataset fastload does not read itself: advice, at INFO
+        level, line = logging.INFO, "fastload.DataLoader runs torch's iterator for this %s"
     if line is None or not (log and (unless is None or loader._path != unless)):
         return
     if loader.decode != "cpu":
         line = line.format(decoder=loader.decoder)
-    if (
-        loader._path in ("torch", "head-accelerated")
-        and "num_workers" in loader._defaulted
-        and not loader.num_workers
-    ):
+    if advice:
         line += (
             f"; it loads in the main process, as torch's default num_workers=0 ({loader._runs_user_code} "
             f"runs): pass num_workers='auto' to load in {auto_num_workers()} workers"
