@@ -1,4 +1,4 @@
-"""Command line: ``python -m fastload {synth,scan,pack,info} ...`` (also installed as ``fastload``)."""
+"""Command line: ``python -m fastload {synth,scan,pack,info,run} ...`` (also installed as ``fastload``)."""
 
 from __future__ import annotations
 
@@ -140,10 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="every field as JSON (what benchmark records carry)")
     p.set_defaults(func=_info)
+
+    p = sub.add_parser(
+        "run",
+        help="run a script unchanged with torch.utils.data.DataLoader made fastload's: run SCRIPT ARGS, "
+        "or run -m MODULE ARGS",
+    )
+    p.add_argument("script", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] or -m MODULE [ARGS...]")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the script's own errors and exit status are its own
+        from .swap import run
+
+        run(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

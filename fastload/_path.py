@@ -9,6 +9,7 @@ At each pass start :func:`refresh_path` follows the dataset (:mod:`fastload._sou
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,13 @@ from .tvfolder import is_image_folder, worker_view
 _log = logging.getLogger("fastload")
 
 
+def fast_collate(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` is timm's ``fast_collate``: uint8 images stacked, int64 labels, which
+    the fast path's batches are for a uint8 pipeline."""
+    module = sys.modules.get("timm.data.loader")
+    return module is not None and collate_fn is getattr(module, "fast_collate", None)
+
+
 def is_fast_dataset(dataset: Any) -> bool:
     transform = optional_attribute(dataset, "transform")
     return (
@@ -63,7 +71,7 @@ def structural_reason(loader: Any) -> str | None:
         return "a batch_sampler is given"
     if loader.batch_size is None:
         return "batch_size=None (no batching)"
-    if loader._given_collate:
+    if loader._given_collate and not fast_collate(loader.collate_fn):
         return "a collate_fn is given (the fast path builds its batches itself; default_collate is fine)"
     if endless(loader.sampler):
         return ENDLESS_SAMPLER
@@ -92,7 +100,7 @@ def user_code(loader: Any) -> str | None:
     Decided from classes only: nothing of the user's code is read."""
     if loader.worker_init_fn is not None:
         return "a worker_init_fn"
-    if loader._given_collate:
+    if loader._given_collate and not fast_collate(loader.collate_fn):
         return "a collate_fn"
     if loader._given_batch_sampler:
         return "a batch_sampler"
@@ -181,9 +189,9 @@ def check_device_decode(
 
 def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> None:
     """Sets the path for the dataset as it is now (``path``, ``fast_path_reason``) and the defaults
-    that follow it. ``log``: one line on the ``fastload`` logger for an image folder (INFO for the
-    fast path, else WARNING), and for any dataset that torch's default loads in the main process
-    (INFO: how to load in workers); with ``unless`` (the path before), only if the path changed."""
+    that follow it. ``log``: one line on the ``fastload`` logger (INFO for the fast path, else
+    WARNING with the reason; where torch's default loads in the main process, how to load in
+    workers); with ``unless`` (the path before), only if the path changed."""
     dataset = loader.dataset
     loader._source_key = source_key(dataset)
     loader._source_made = source_state(dataset)  # what the plans are made from, by value
@@ -201,9 +209,7 @@ def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> No
         and "num_workers" in loader._defaulted
         and not loader.num_workers
     )
-    if line is None and advice:  # a dataset fastload does not read itself: advice, at INFO
-        level, line = logging.INFO, "fastload.DataLoader runs torch's iterator for this %s"
-    if line is None or not (log and (unless is None or loader._path != unless)):
+    if not (log and (unless is None or loader._path != unless)):
         return
     if loader.decode != "cpu":
         line = line.format(decoder=loader.decoder)
@@ -215,9 +221,8 @@ def choose_path(loader: Any, log: bool = False, unless: str | None = None) -> No
     _log.log(level, "%s", line.replace("%s", type(dataset).__name__, 1))
 
 
-def decide_path(loader: Any, dataset: Any) -> tuple[int, str | None]:
-    """Sets the path for ``dataset``; returns the line that says it (``%s``: the dataset's
-    class), or ``None`` where nothing is said (torch's path for a dataset fastload does not read)."""
+def decide_path(loader: Any, dataset: Any) -> tuple[int, str]:
+    """Sets the path for ``dataset``; returns the level and line that say it (``%s``: the dataset's class)."""
     if loader.decode != "cpu":
         loader._fast_reason = f"decode={loader.decode!r} decodes on the device"
         loader._path = "device-decode" if loader.decode == "device" else "hybrid"
@@ -226,38 +231,35 @@ def decide_path(loader: Any, dataset: Any) -> tuple[int, str | None]:
             f"with {{decoder}}, in a feeder thread {FEEDER_DEPTH} batches ahead of the loop"
         )
     structural = structural_reason(loader)
-    if structural is None and is_fast_dataset(dataset):
-        take_fast(loader, dataset)
+    if structural is None and is_fast_dataset(dataset) and take_fast(loader, dataset):
         return logging.INFO, "fastload.DataLoader runs the fast path for this %s"
     if not loader._allow_fast:
         loader._fast_reason = "fast_path=False"
-        return logging.INFO, None
+        return logging.INFO, "fastload.DataLoader runs torch's iterator for this %s, as fast_path=False asks"
     found = recognize(dataset) if structural is None else None
     if found is not None and found.dataset is not None:
         view: Any = found.dataset
-        if not (loader.exact_pixels and view.transform.reduce):
-            if loader.exact_pixels:
-                view.transform.exact = True
-            take_fast(loader, view)
+        if loader.exact_pixels and view.transform.reduce:
+            loader._fast_reason = (
+                "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
+                "acceleration) reproduce"
+            )
+        elif loader.exact_pixels:
+            view.transform.exact = True
+        if loader._fast_reason is None and take_fast(loader, view):
             return logging.INFO, (
                 "fastload.DataLoader runs the fast path for this %s: its whole pipeline is fused "
                 "with decoding"
             )
-        loader._fast_reason = (
-            "exact_pixels=True: the pipeline draws random parameters, which torch's draws (head "
-            "acceleration) reproduce"
-        )
     else:
         loader._fast_reason = structural if found is None else found.reason
+    line = f"fastload.DataLoader runs torch's iterator for this %s (no acceleration): {loader._fast_reason}"
     if not is_image_folder(dataset) or isinstance(dataset, IterableDataset):
-        return logging.WARNING, None
+        return logging.WARNING, line
     head: Any
     head, head_reason = head_view(dataset, exact=loader.exact_pixels)
     if head is None:
-        return logging.WARNING, (
-            "fastload.DataLoader runs torch's iterator for this %s (no acceleration): "
-            f"{loader._fast_reason}; no head acceleration: {head_reason}"
-        )
+        return logging.WARNING, f"{line}; no head acceleration: {head_reason}"
     loader._head_dataset = loader._worker_dataset = head
     loader._path = "head-accelerated"
     return logging.WARNING, (
@@ -295,8 +297,13 @@ def apply_defaults(loader: Any, first: bool) -> None:
     loader._defaults_set = True
 
 
-def take_fast(loader: Any, view: Any) -> None:
-    """The fast path, serving ``view``."""
+def take_fast(loader: Any, view: Any) -> bool:
+    """The fast path, serving ``view``; ``False`` (and the reason set) where timm's ``fast_collate``
+    would get float images, which it casts to uint8 (run as written instead)."""
+    dtype = getattr(view.transform, "sample_dtype", torch.uint8)
+    if loader._given_collate and dtype != torch.uint8:
+        loader._fast_reason = f"timm's fast_collate is given {dtype} images (it stacks uint8 ones)"
+        return False
     if loader.device is not None and loader.device.type == "cuda" and view is not loader.dataset:
         # a recognised pipeline: uint8 batches cross to the GPU (4x less traffic), converted there
         view.transform = view.transform.geometry_only()
@@ -304,14 +311,16 @@ def take_fast(loader: Any, view: Any) -> None:
     loader._fast_dataset = view
     loader._path = "fast"
     import_decode_modules()  # now, not inside the first batch (see torch_iter for torch's path)
+    return True
 
 
 def refresh_path(loader: Any) -> None:
     """At a pass start: a dataset changed (:mod:`fastload._source`) or a ``collate_fn`` /
     ``worker_init_fn`` set since the last pass decides the path and defaults again, as torch's
     loader sees them; workers asked to persist keep what they started with, as torch's do."""
-    callables_set = loader.__dict__.pop("_callables_set", False) and (
-        loader._persistent_by_default or not loader.persistent_workers or not loader.num_workers
+    callables_set = loader.__dict__.pop("_sampler_set", False) or (
+        loader.__dict__.pop("_callables_set", False)
+        and (loader._persistent_by_default or not loader.persistent_workers or not loader.num_workers)
     )
     if callables_set:
         loader._given_collate = loader.collate_fn is not None and loader.collate_fn is not default_collate

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-# What the loader's path decision and plans are made from (a fastload dataset's index: ``_index``).
-SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index")
+# What the path decision and plans are made from (a fastload dataset's index: ``_index``; timm's: ``reader``).
+SOURCE_ATTRIBUTES = ("transform", "target_transform", "samples", "loader", "_index", "reader")
 
 _SHORT_TUPLE = 64  # a longer tuple (a sample list) is compared by identity
 _SHORT_LIST = 64  # a list up to this length (a Compose's ops) is walked item by item, a longer one copied

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import io
+import random
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ from .transforms import resized_output_size
 from .tvfolder import NotReproducible, folder_source, is_image_folder
 from .tvpipeline import Conversion
 
-__all__ = ["HeadPipeline", "head_view", "split_pipeline", "torchvision_op"]
+__all__ = ["HeadPipeline", "head_view", "split_pipeline", "library_op"]
 
 _CROPS = ("RandomResizedCrop", "Resize", "CenterCrop")
 
@@ -94,8 +95,15 @@ class _HeadOp:
     kind: str  # "RandomResizedCrop" | "Resize" | "CenterCrop" | "RandomHorizontalFlip"
     op: Any
     v2: bool
-    interpolation: str = "bilinear"
+    interpolation: str | tuple[str, ...] = "bilinear"
     antialias: bool = True
+
+
+@dataclass
+class _Chosen:
+    """One interpolation mode of a timm op's random choice, as :func:`resize_mode` reads an op."""
+
+    interpolation: Any
 
 
 @dataclass
@@ -114,7 +122,8 @@ def _kind_name(op: Any) -> str:
 
 
 def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
-    interpolation, antialias = "bilinear", True
+    interpolation: str | tuple[str, ...] = "bilinear"
+    antialias = True
     if kind in ("RandomResizedCrop", "Resize"):
         interpolation = resize_mode(op)  # raises for modes fastload does not resample
         antialias = tensor_antialias(op, on_pil)
@@ -222,15 +231,16 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
     )
 
 
-def torchvision_op(op: Any) -> bool:
-    """Whether ``op`` is one of torchvision's own transform classes (not ``Lambda``, not a subclass
-    defined elsewhere); a container (``RandomApply``, ``Compose``, ...) when every op it holds is."""
+def library_op(op: Any) -> bool:
+    """Whether ``op`` is one of torchvision's or timm's own transform classes (not ``Lambda``, not
+    a subclass defined elsewhere); a container (``RandomApply``, ``Compose``, ...) when every op it
+    holds is."""
     cls = type(op)
-    if not cls.__module__.startswith("torchvision.transforms") or cls.__name__ == "Lambda":
+    if not cls.__module__.startswith(("torchvision.transforms", "timm.data.")) or cls.__name__ == "Lambda":
         return False
     inner = getattr(op, "transforms", None)
     if isinstance(inner, (list, tuple, torch.nn.ModuleList)):
-        return all(torchvision_op(t) for t in inner)
+        return all(library_op(t) for t in inner)
     return True
 
 
@@ -329,11 +339,11 @@ class HeadPipeline:
 
     @property
     def foreign_ops(self) -> list[str]:
-        """The names of the ops run as written that are code of the user's (not :func:`torchvision_op`)."""
+        """The names of the ops run as written that are code of the user's (not :func:`library_op`)."""
         return [
             _kind_name(stage)
             for stage in self.stages
-            if not isinstance(stage, _Convert) and not torchvision_op(stage)
+            if not isinstance(stage, _Convert) and not library_op(stage)
         ]
 
     def describe(self) -> str:
@@ -385,10 +395,13 @@ class HeadPipeline:
         for h in self.head:
             if h.kind == "RandomResizedCrop":
                 box = _draw_crop(h, plan.height, plan.width)
+                mode = h.interpolation
+                if isinstance(mode, tuple):  # timm's random interpolation: its own draw, after the crop's
+                    mode = str(resize_mode(_Chosen(random.choice(h.op.interpolation))))
                 out_h, out_w = _size_list(h.op.size)
                 plan.crop(*box)
-                plan.resize(out_h, out_w, h.interpolation, h.antialias)
-                drawn.append((h, box))
+                plan.resize(out_h, out_w, mode, h.antialias)
+                drawn.append((h, (box, mode)))
             elif h.kind == "RandomHorizontalFlip":
                 flip = _draw_flip(h)
                 if flip:
@@ -399,7 +412,7 @@ class HeadPipeline:
                 if isinstance(target, (list, tuple)):
                     target = int(target[0]) if len(target) == 1 else (int(target[0]), int(target[1]))
                 rh, rw = resized_output_size(plan.height, plan.width, target, h.op.max_size)
-                plan.resize(rh, rw, h.interpolation, h.antialias)
+                plan.resize(rh, rw, str(h.interpolation), h.antialias)
                 drawn.append((h, None))
             else:  # CenterCrop
                 ch, cw = _size_list(h.op.size)
@@ -441,7 +454,7 @@ class HeadPipeline:
         region = None
         start = 0
         if drawn and drawn[0][0].kind == "RandomResizedCrop" and img is None:
-            top, left, crop_h, crop_w = drawn[0][1]
+            top, left, crop_h, crop_w = drawn[0][1][0]
             region = decode_jpeg_region(data, left, top, crop_w, crop_h)
             if region is not None:
                 start = 1
@@ -464,9 +477,10 @@ class HeadPipeline:
             F = _functional(h.v2)
             op = h.op
             if h.kind == "RandomResizedCrop":
+                box, mode = params
                 if k >= start:
-                    t = F.crop(t, *params)
-                t = F.resize(t, _size_list(op.size), interpolation=op.interpolation, antialias=op.antialias)
+                    t = F.crop(t, *box)
+                t = F.resize(t, _size_list(op.size), interpolation=_mode(mode), antialias=h.antialias)
             elif h.kind == "Resize":
                 t = F.resize(
                     t, op.size, interpolation=op.interpolation, max_size=op.max_size, antialias=op.antialias
@@ -536,6 +550,12 @@ def _functional(v2: bool) -> Any:
     return F1
 
 
+def _mode(name: str) -> Any:
+    from torchvision.transforms import InterpolationMode
+
+    return InterpolationMode(name)
+
+
 def _is_image_type(t: torch.Tensor) -> bool:
     if type(t) is torch.Tensor:
         return False
@@ -562,7 +582,7 @@ def head_view(dataset: Any, *, exact: bool = False) -> tuple[EncodedImageDataset
     if not is_image_folder(dataset):
         return None, (
             f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "
-            "InMemoryImageFolder or torchvision's ImageFolder/DatasetFolder)"
+            "InMemoryImageFolder, torchvision's ImageFolder/DatasetFolder or timm's ImageDataset)"
         )
     transform = getattr(dataset, "transform", None)
     if transform is None:

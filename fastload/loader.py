@@ -396,6 +396,9 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         if name in ("collate_fn", "worker_init_fn") and self.__dict__.get("_DataLoader__initialized"):
             # torch's new workers take them up at the next pass: so does fastload (_path.refresh_path)
             self.__dict__["_callables_set"] = True
+        elif name in ("sampler", "batch_sampler") and self.__dict__.get("_defaults_set"):
+            # set past torch's guard (timm's MultiEpochsDataLoader wraps them): torch's iterator runs them
+            self.__dict__["_given_batch_sampler"] = self.__dict__["_sampler_set"] = True
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass (order and augmentation), and the sampler's, if it has one."""

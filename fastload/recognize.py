@@ -89,6 +89,7 @@ _CONVERT_V2 = {_V2_MISC + "ConvertImageDtype"}
 _TO_DTYPE = {_V2_MISC + "ToDtype"}
 _NORMALIZE = {_V1 + "Normalize", _V2_MISC + "Normalize"}
 _TO_PURE = {_V2_CONVERSION + "ToPureTensor"}
+_TIMM = "timm.data.transforms."
 
 
 def _qualname(obj: Any) -> str:
@@ -129,11 +130,14 @@ _KINDS: dict[str, str] = {
     **{name: "ToDtype" for name in _TO_DTYPE},
     **{name: "Normalize" for name in _NORMALIZE},
     **{name: "ToPureTensor" for name in _TO_PURE},
+    _TIMM + "RandomResizedCropAndInterpolation": "RandomResizedCrop",
+    _TIMM + "MaybeToTensor": "MaybeToTensor",
+    _TIMM + "MaybePILToTensor": "MaybePILToTensor",
 }
 #: The kinds :func:`conversion_step` runs (the rest of :data:`_KINDS` is geometry or ``Compose``).
 CONVERSIONS = frozenset(
     ("ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ConvertImageDtypeV2", "ToDtype")
-    + ("Normalize", "ToPureTensor")
+    + ("Normalize", "ToPureTensor", "MaybeToTensor", "MaybePILToTensor")
 )
 
 
@@ -234,13 +238,20 @@ def pipeline_ops(transform: Any) -> list[Any]:
     return [transform]
 
 
-def resize_mode(op: Any) -> str:
-    """The interpolation of a torchvision resize op as fastload names it.
+def resize_mode(op: Any) -> str | tuple[str, ...]:
+    """The interpolation of a torchvision (or timm) resize op as fastload names it; a tuple for
+    timm's random choice between modes.
 
     Raises:
         NotReproducible: For a mode other than bilinear, bicubic or nearest.
     """
-    mode = getattr(op.interpolation, "value", op.interpolation)
+    if isinstance(op.interpolation, (tuple, list)):
+        return tuple(_mode_name(op, mode) for mode in op.interpolation)
+    return _mode_name(op, op.interpolation)
+
+
+def _mode_name(op: Any, mode: Any) -> str:
+    mode = getattr(mode, "value", mode)
     if isinstance(mode, int):
         mode = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(mode, str(mode))
     if mode not in ("bilinear", "bicubic", "nearest"):
@@ -303,6 +314,10 @@ def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any
         NotReproducible: Where torchvision would raise, or the result is not uint8 or float32.
     """
     label = type(op).__name__
+    if kind in ("MaybeToTensor", "MaybePILToTensor"):  # timm's: ToTensor / PILToTensor, tensors pass
+        if state != "pil":
+            return state, []
+        kind = kind[5:]
     if kind == "ToTensor":
         if state != "pil":
             raise NotReproducible(f"{label} on a tensor: torchvision's ToTensor expects a PIL image")
@@ -433,7 +448,7 @@ def recognize(dataset: Any) -> Recognition:
         return Recognition(
             None,
             f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "
-            "InMemoryImageFolder or torchvision's ImageFolder/DatasetFolder)",
+            "InMemoryImageFolder, torchvision's ImageFolder/DatasetFolder or timm's ImageDataset)",
             False,
         )
     try:

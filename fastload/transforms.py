@@ -338,7 +338,8 @@ class RandomResizedCrop(Transform):
         scale: Range of the crop's area as a fraction of the image's, ``0 < min <= max``.
         ratio: Range of the crop's aspect ratio (w / h), ``0 < min <= max``.
         interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"`` (or a torchvision
-            ``InterpolationMode`` / PIL constant).
+            ``InterpolationMode`` / PIL constant); or a sequence of them, one drawn per image after
+            the crop (timm's ``interpolation="random"``: bilinear or bicubic).
         antialias: Antialias when shrinking (torchvision's default ``True``). ``False`` or
             ``"nearest"`` turn off DCT-scaled decoding, which would antialias.
     """
@@ -356,7 +357,11 @@ class RandomResizedCrop(Transform):
         self.size = _parse_hw(size)
         self.scale = _parse_range(scale, "scale")
         self.ratio = _parse_range(ratio, "ratio")
-        self.interpolation = _parse_interpolation(interpolation)
+        self.interpolation: str | tuple[str, ...] = (
+            tuple(_parse_interpolation(m) for m in interpolation)
+            if isinstance(interpolation, (list, tuple)) and interpolation
+            else _parse_interpolation(interpolation)
+        )
         self.antialias = check_bool(antialias, "antialias")
 
     def get_params(
@@ -393,7 +398,10 @@ class RandomResizedCrop(Transform):
     def _plan(self, plan: Plan, rng: _rng.SampleRNG) -> None:
         top, left, h, w = self.get_params(plan.height, plan.width, rng)
         plan.crop(top, left, h, w)
-        plan.resize(self.size[0], self.size[1], self.interpolation, self.antialias)
+        mode = self.interpolation
+        if isinstance(mode, tuple):
+            mode = mode[rng.randint(0, len(mode))]
+        plan.resize(self.size[0], self.size[1], mode, self.antialias)
 
     def _output_size(self, input_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size

@@ -1,5 +1,5 @@
-"""The views fastload serves over a torchvision ``DatasetFolder`` (``ImageFolder``), and the checks
-that it reads the images as the dataset does.
+"""The views fastload serves over a torchvision ``DatasetFolder`` (``ImageFolder``) or a timm
+``ImageDataset`` over a folder, and the checks that it reads the images as the dataset does.
 
 Where it sits: between the user's dataset and the paths that read it. :func:`sample_index`:
 ``dataset.samples`` as a :class:`~fastload.folder.FolderIndex` of numpy arrays;
@@ -44,6 +44,38 @@ def _exact_folder_class(dataset: Any) -> None:
         raise NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
 
 
+def _timm_folder(dataset: Any) -> bool:
+    """Whether ``dataset`` is a timm ``ImageDataset`` (a subclass keeping its ``__getitem__``/``__len__``)."""
+    module = sys.modules.get("timm.data.dataset")
+    cls = type(dataset)
+    base = getattr(module, "ImageDataset", None)
+    return (
+        base is not None
+        and isinstance(dataset, base)
+        and cls.__getitem__ is base.__getitem__
+        and cls.__len__ is base.__len__
+    )
+
+
+def _timm_samples(dataset: Any) -> tuple[Any, Any, list[str]]:
+    """A timm ``ImageDataset``'s ``(samples, root, classes)`` as its folder reader assigned them.
+
+    Raises:
+        NotReproducible: Unless it reads RGB images from a ``ReaderImageFolder`` with no extra
+            features, and its ``class_to_idx`` numbers its classes 0 to n-1.
+    """
+    reader = dataset.reader
+    reader_module = sys.modules.get("timm.data.readers.reader_image_folder")
+    if type(reader) is not getattr(reader_module, "ReaderImageFolder", None):
+        raise NotReproducible(f"its reader is {type(reader).__name__}, not timm's ReaderImageFolder")
+    if dataset.load_bytes or dataset.input_img_mode != "RGB" or dataset.additional_features:
+        raise NotReproducible("it loads bytes, a mode other than RGB or additional features")
+    names = {index: name for name, index in reader.class_to_idx.items()}
+    if sorted(names) != list(range(len(reader.class_to_idx))):
+        raise NotReproducible("its class_to_idx does not number its classes 0 to n-1")
+    return reader.samples, reader.root, [str(names[i]) for i in range(len(names))]
+
+
 def _torchvision_loader(dataset: Any) -> Any:
     """The dataset's ``loader`` if it is torchvision's own (``default_loader``/``pil_loader``)."""
     module = sys.modules["torchvision.datasets.folder"]
@@ -59,19 +91,24 @@ _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the
 
 
 def sample_index(dataset: Any) -> FolderIndex:
-    """The samples of a torchvision ``DatasetFolder`` as a :class:`FolderIndex` (numpy arrays).
+    """The samples of a torchvision ``DatasetFolder`` (or timm ``ImageDataset``) as a
+    :class:`FolderIndex` (numpy arrays).
 
-    ``dataset.samples[i]`` is read for every ``i``. Paths are stored relative to ``dataset.root``
-    when every one is ``os.path.join(root, relative)`` exactly (as torchvision's scan makes them),
-    else whole; either way ``index.paths[i] == dataset.samples[i][0]``.
+    ``dataset.samples[i]`` (timm: ``dataset.reader.samples[i]``) is read for every ``i``. Paths
+    are stored relative to ``dataset.root`` when every one is ``os.path.join(root, relative)``
+    exactly (as torchvision's scan makes them), else whole; either way
+    ``index.paths[i] == dataset.samples[i][0]``.
 
     Raises:
         NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
             not indices into ``dataset.classes`` (distinct names).
     """
-    samples = dataset.samples
+    if _timm_folder(dataset):
+        samples, root, classes = _timm_samples(dataset)
+    else:
+        samples, root = dataset.samples, getattr(dataset, "root", None)
+        classes = list(getattr(dataset, "classes", []))
     n = len(samples)
-    root = getattr(dataset, "root", None)
     prefix = ""
     if isinstance(root, (str, os.PathLike)) and os.fspath(root):
         prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")
@@ -81,7 +118,6 @@ def sample_index(dataset: Any) -> FolderIndex:
         index = _encode_samples(samples, n, prefix)
     assert index is not None  # an empty prefix always fits
     buf, offsets, targets = index
-    classes = list(getattr(dataset, "classes", []))
     if n and (targets.min() < 0 or targets.max() >= len(classes)):
         raise NotReproducible("its targets are not indices into dataset.classes")
     try:
@@ -132,9 +168,9 @@ def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.n
 
 
 def is_image_folder(dataset: Any) -> bool:
-    """Whether ``dataset`` is one fastload reads: a fastload ``ImageFolder``/``InMemoryImageFolder``
-    or a torchvision ``DatasetFolder`` (``ImageFolder``), subclasses included."""
-    return isinstance(dataset, EncodedImageDataset) or _torchvision_folder(dataset)
+    """Whether ``dataset`` is one fastload reads: a fastload ``ImageFolder``/``InMemoryImageFolder``,
+    a torchvision ``DatasetFolder`` (``ImageFolder``), subclasses included, or a timm ``ImageDataset``."""
+    return isinstance(dataset, EncodedImageDataset) or _torchvision_folder(dataset) or _timm_folder(dataset)
 
 
 def folder_source(dataset: Any) -> EncodedImageDataset:
@@ -150,6 +186,13 @@ def folder_source(dataset: Any) -> EncodedImageDataset:
         if getattr(dataset, "loader", None) is not None:
             raise NotReproducible("the dataset has a custom loader")
         return copy.copy(dataset)
+    if _timm_folder(dataset):
+        index = sample_index(dataset)
+        view = ImageFolder(
+            None, transform=dataset.transform, target_transform=dataset.target_transform, index=index
+        )
+        view.root = dataset.reader.root
+        return view
     if getattr(dataset, "transforms", None) is not None:
         standard = getattr(sys.modules.get("torchvision.datasets.vision"), "StandardTransform", None)
         if standard is None or not isinstance(dataset.transforms, standard):

@@ -257,6 +257,7 @@ def test_the_path_line_says_where_torchs_default_loads(imagenet_root: Any, caplo
     fastload.DataLoader(datasets.ImageFolder(train, transform=mine), batch_size=8, num_workers=1)
     assert "loads in the main process" not in caplog.text
     caplog.clear()
-    fastload.DataLoader(Counter(), batch_size=4)  # a dataset of the user's: the advice, at INFO
-    assert [r.levelname for r in caplog.records] == ["INFO"]
-    assert "runs torch's iterator for this Counter; it loads in the main process" in caplog.text
+    fastload.DataLoader(Counter(), batch_size=4)  # a dataset of the user's: its reason, then the advice
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "runs torch's iterator for this Counter (no acceleration): Counter is not" in caplog.text
+    assert "; it loads in the main process, as torch's default" in caplog.text

@@ -303,19 +303,23 @@ def test_fast_path_false_runs_torchs_path(imagenet_root: Path, caplog: pytest.Lo
         loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0, fast_path=False)
     assert not loader.fast_path
     assert loader.fast_path_reason == "fast_path=False"
-    assert not [r for r in caplog.records if r.name == "fastload"]  # asked for: nothing to report
+    records = [r for r in caplog.records if r.name == "fastload"]  # asked for: INFO, no warning
+    assert [r.levelno for r in records] == [logging.INFO]
+    assert "as fast_path=False asks" in records[0].getMessage()
     want = list(torch.utils.data.DataLoader(dataset, batch_size=4))
     for (a, ya), (b, yb) in zip(want, loader, strict=True):
         assert torch.equal(a, b) and torch.equal(ya, yb)
 
 
-def test_other_datasets_say_why_without_logging(caplog: pytest.LogCaptureFixture) -> None:
+def test_other_datasets_say_why_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     dataset = torch.utils.data.TensorDataset(torch.zeros(8, 3, 4, 4), torch.arange(8))
     with caplog.at_level(logging.INFO, logger="fastload"):
         loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
     assert not loader.fast_path
     assert "TensorDataset" in (loader.fast_path_reason or "")
-    assert not [r for r in caplog.records if r.name == "fastload"]
+    records = [r for r in caplog.records if r.name == "fastload"]
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert loader.fast_path_reason in records[0].getMessage()
     assert "collate_fn" in (
         fastload.DataLoader(dataset, batch_size=4, num_workers=0, collate_fn=lambda b: b).fast_path_reason
         or ""
