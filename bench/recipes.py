@@ -1,7 +1,7 @@
 """torchvision's reference classification recipes: torch's DataLoader against the one-line swap.
 
 Usage: ``python bench/recipes.py [--data ROOT] [--workers 2] [--batch-size 32] [--batches 30]
-[--repeat 5] [--recipes NAME,...] [--profile] [--json PATH]``
+[--repeat 5] [--recipes NAME,...|timm] [--profile] [--json PATH]``
 
 Each recipe is built the way ``references/classification/train.py`` builds it (written here, not
 imported): the transform is a preset-shaped wrapper object holding a ``Compose``
@@ -19,6 +19,16 @@ the class differs. The rows:
   conversions, ``RandomErasing(0.1)``, the mixup/cutmix collate;
 * ``tensor classic train`` / ``tensor new recipe train`` (v2, ``--backend tensor``):
   ``PILToTensor`` first, the crop on a uint8 tensor.
+
+With timm installed, ``--recipes timm`` runs timm's loaders as its ``train.py`` builds them
+(``create_dataset`` and ``create_loader`` with train.py's loader settings and the
+``resnet18.tv_in1k`` data config: 224 px, bilinear eval at ``crop_pct`` 0.875, ``random`` train
+interpolation, colour jitter 0.4), the swap made where train.py's name is looked up
+(``torch.utils.data.DataLoader``, as ``python -m fastload run`` does): ``timm train``/``timm
+eval`` (``--no-prefetcher``), ``timm train prefetcher``/``timm eval prefetcher`` (train.py's
+default: ``MaybePILToTensor``, ``fast_collate``, ``PrefetchLoader`` on the CPU, timed as the loop
+sees it), ``timm train randaugment`` (``rand-m9-mstd0.5``, ``RandomErasing`` 0.25; the ``-inc1``
+variant asks Pillow 13 for ``posterize(img, 0)``, which it refuses with either loader).
 
 Each loader is measured alone (torch's, then the swap's): warmed up (its workers started, at least
 ``--warmup`` batches), then timed ``--repeat`` times over whole epochs of at least ``--batches``
@@ -122,7 +132,51 @@ RECIPES: dict[str, tuple[str, Callable[[], Preset], bool]] = {
 }
 
 
+#: name -> (training, create_loader's use_prefetcher, further train.py options)
+TIMM_RECIPES: dict[str, tuple[bool, bool, dict[str, Any]]] = {
+    "timm train": (True, False, {}),
+    "timm eval": (False, False, {}),
+    "timm train prefetcher": (True, True, {}),
+    "timm eval prefetcher": (False, True, {}),
+    "timm train randaugment": (True, False, {"auto_augment": "rand-m9-mstd0.5", "re_prob": 0.25}),
+}
+
+
+def _timm_loader(cls: Any, recipe: str, data: Path, args: argparse.Namespace) -> Any:
+    """A loader as timm's train.py builds it, with ``cls`` where it looks up torch's DataLoader."""
+    from timm.data import create_dataset, create_loader
+
+    training, prefetcher, options = TIMM_RECIPES[recipe]
+    split = "train" if training else "val"
+    dataset = create_dataset("", root=str(data / split), split=split, is_training=training)
+    if training:
+        options = {"interpolation": "random", "color_jitter": 0.4, "re_prob": 0.0, **options}
+    else:
+        options = {"interpolation": "bilinear", "crop_pct": 0.875}
+    name = torch.utils.data.DataLoader
+    torch.utils.data.DataLoader = cls
+    try:
+        return create_loader(
+            dataset,
+            input_size=(3, 224, 224),
+            batch_size=args.batch_size,
+            is_training=training,
+            use_prefetcher=prefetcher,
+            mean=MEAN,
+            std=STD,
+            pin_memory=False,
+            device=torch.device("cpu"),
+            num_workers=args.workers,
+            persistent_workers=True,
+            **options,
+        )
+    finally:
+        torch.utils.data.DataLoader = name
+
+
 def _loader(cls: Any, recipe: str, data: Path, args: argparse.Namespace) -> Any:
+    if recipe in TIMM_RECIPES:
+        return _timm_loader(cls, recipe, data, args)
     split, make, mixup = RECIPES[recipe]
     dataset = torchvision.datasets.ImageFolder(str(data / split), transform=make())
     sampler: Any = (
@@ -165,8 +219,9 @@ def measure(recipe: str, data: Path, args: argparse.Namespace) -> dict[str, Any]
         _rate(loader, args.warmup)  # the workers started, an epoch or more decoded
         runs[side] = [_rate(loader, args.batches) for _ in range(args.repeat)]
         if side == "swap":
-            path = loader.path
-            loader.close()
+            inner = getattr(loader, "loader", loader)  # timm's PrefetchLoader holds the loader
+            path = inner.path
+            inner.close()
         del loader
     torch_rate, swap_rate = statistics.median(runs["torch"]), statistics.median(runs["swap"])
     return {
@@ -263,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=30, help="batches per timed run (default 30)")
     parser.add_argument("--warmup", type=int, default=4, help="batches before timing (default 4)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per loader; medians (default 5)")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipe names")
+    parser.add_argument(
+        "--recipes", default=",".join(RECIPES), help="comma-separated recipe names; timm: timm's loaders"
+    )
     parser.add_argument(
         "--as-train-py",
         action="store_true",
@@ -275,9 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
-    unknown = [n for n in names if n not in RECIPES]
+    if "timm" in names:
+        names[names.index("timm") : names.index("timm") + 1] = list(TIMM_RECIPES)
+    unknown = [n for n in names if n not in RECIPES and n not in TIMM_RECIPES]
     if unknown:
-        print(f"unknown recipe(s): {', '.join(unknown)}; choose from: {', '.join(RECIPES)}", file=sys.stderr)
+        known = ", ".join([*RECIPES, "timm", *TIMM_RECIPES])
+        print(f"unknown recipe(s): {', '.join(unknown)}; choose from: {known}", file=sys.stderr)
         return 2
     if not (args.data / "train").is_dir():
         print(

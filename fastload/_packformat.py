@@ -1,12 +1,8 @@
 """The byte layout shared by pack files (:mod:`fastload.pack`) and the RAM segment (:mod:`fastload.memory`).
 
-One pack image is a header, an index and the encoded images back to back. The same bytes are a
-file on disk (``write_pack``/``open_pack``) or an anonymous shared memory segment
-(``InMemoryImageFolder``); this module knows the layout and nothing about where the bytes live:
-
-* :class:`HeadPlan` sizes the header and index of a :class:`~fastload.folder.FolderIndex` up front
-  (so a writer can stream the images first) and renders them once the offsets are known;
-* :class:`PackView` validates a pack image held in any buffer and gives zero-copy views of it.
+One pack image (a file, or a shared memory segment) is a header, an index and the encoded images
+back to back. :class:`HeadPlan` sizes the header and index up front (a writer streams the images
+first) and renders them; :class:`PackView` validates an image in any buffer and views it.
 
 Layout (version 1, all integers little-endian)::
 
@@ -31,9 +27,8 @@ meta JSON of 90 bytes. The index starts at ``align(128 + 90, 8) = 224`` and take
 ``8*4 + 8*3 + 8*4 + 4*3 + 40 = 140`` bytes (up to 364), so the data starts at 4096 and the image
 is ``4096 + 220`` bytes long; sample 1 is bytes ``[4196, 4246)``.
 
-Integrity: opening checks the digest of the header and index; each sample's bytes are checked
-against their CRC-32 the first time a process reads them (:meth:`PackView.get_bytes`), so a flipped
-byte raises :class:`CorruptSampleError` instead of decoding to wrong pixels.
+Opening checks the digest of header and index; each sample is checked against its CRC-32 the first
+time a process reads it (:meth:`PackView.get_bytes`), raising :class:`CorruptSampleError`.
 """
 
 from __future__ import annotations
@@ -56,7 +51,6 @@ MAGIC = b"FASTPACK"
 FORMAT_VERSION = 1
 #: The data section starts at a multiple of this (a page), so it is page-aligned in a map.
 ALIGNMENT = 4096
-#: The ``"format"`` value of the meta JSON.
 FORMAT_NAME = "fastload.pack"
 HEADER = struct.Struct("<8sIIQQQQQQ32s")
 HEADER_SIZE = 128
@@ -73,12 +67,8 @@ class PackError(ValueError):
 
 
 class CorruptSampleError(PackError, DecodeError):
-    """A sample's bytes differ from those packed (its CRC-32 does not match the index).
-
-    Both a :class:`PackError` (the pack is damaged) and a :class:`~fastload.decode.DecodeError`
-    (the sample cannot be decoded correctly), so ``fastload.DataLoader(on_error="skip")`` leaves the
-    sample out like any other unreadable image.
-    """
+    """A sample's bytes differ from those packed (its CRC-32 does not match the index); also a
+    :class:`~fastload.decode.DecodeError`, so ``on_error="skip"`` leaves it out like any bad image."""
 
 
 def align(n: int, to: int) -> int:
@@ -145,17 +135,8 @@ class HeadPlan:
             arr = np.asarray(values)
             np.ndarray(arr.shape, dtype=dtype, buffer=head, offset=self.pos[name])[...] = arr
         data_len = int(offsets[-1])
-        fields = (
-            MAGIC,
-            FORMAT_VERSION,
-            HEADER_SIZE,
-            self.n,
-            len(self.meta),
-            self.index_offset,
-            len(self.paths),
-            self.data_offset,
-            data_len,
-        )
+        sizes = (self.n, len(self.meta), self.index_offset, len(self.paths), self.data_offset, data_len)
+        fields = (MAGIC, FORMAT_VERSION, HEADER_SIZE, *sizes)
         HEADER.pack_into(head, 0, *fields, bytes(32))
         HEADER.pack_into(head, 0, *fields, header_digest(memoryview(head), self.data_offset))
         return head
@@ -286,11 +267,8 @@ class PackView:
         return len(self.offsets) - 1
 
     def get_bytes(self, i: int) -> memoryview:
-        """Sample ``i`` (negative counts from the end) as a read-only view of the buffer.
-
-        Raises:
-            CorruptSampleError: With ``check_crc``, if the bytes do not match the sample's CRC-32.
-        """
+        """Sample ``i`` (negative counts from the end) as a read-only view of the buffer; with
+        ``check_crc``, :class:`CorruptSampleError` if it does not match the sample's CRC-32."""
         j, data = self._sample(i)
         checked = self._checked
         if checked is not None and not checked[j]:
@@ -347,11 +325,8 @@ class PackView:
         )
 
     def verify(self, advance: Callable[[int], object] | None = None) -> None:
-        """Checks every sample's CRC-32 against the index, calling ``advance(1)`` after each.
-
-        Raises:
-            CorruptSampleError: Naming the first corrupt sample and its original path.
-        """
+        """Checks every sample's CRC-32 against the index (:class:`CorruptSampleError` names the
+        first corrupt one), calling ``advance(1)`` after each."""
         for i in range(len(self)):
             _, data = self._sample(i)
             crc = zlib.crc32(data)

@@ -1,21 +1,12 @@
-"""Image decoding: PIL/libjpeg-turbo, reduced-size (DCT-scaled) JPEG decoding fused with the crop.
+"""Image decoding: PIL/libjpeg-turbo, reduced-size (DCT-scaled) and region JPEG decoding.
 
-A crop later resized to 224x224 does not need the full-resolution pixels: libjpeg decodes at 1/2,
-1/4 or 1/8 of the size straight from the DCT coefficients, and the crop box can be computed from
-the header before decoding. :func:`load_sample` is the one entry point datasets call; the fastload
-transforms (:mod:`fastload.transforms`, through :mod:`fastload.fused`) use the pieces:
-
-* :func:`open_image` reads the header only; :func:`dct_scale` picks the reduced size and
-  :func:`load_reduced` decodes at it (PIL's ``Image.draft``);
-* :func:`decode_jpeg_region` decodes only a region of a JPEG (optionally DCT-scaled) with the C
-  extension ``fastload._jpeg`` (libjpeg-turbo's ``jpeg_skip_scanlines``/``jpeg_crop_scanline``):
-  the same pixels as a full decode and a crop; :func:`jpeg_header` reads a JPEG's size. Without the
-  extension (no C compiler or libjpeg headers at install) everything still works, slower;
-* :func:`decode_jpeg_tensor` decodes a full-size JPEG with ``torchvision.io.decode_jpeg`` (PIL's
-  pixels, straight into a tensor), or with PIL where torchvision's decoder is gone;
-* PNG, CMYK and anything else PIL reads go through PIL.
-
-All of them release the GIL while decoding and raise :class:`DecodeError` naming the sample.
+:func:`load_sample` is the entry point datasets call; the fastload transforms
+(:mod:`fastload.transforms`, through :mod:`fastload.fused`) use the pieces: :func:`open_image`
+reads the header, :func:`dct_scale` and :func:`load_reduced` decode at 1/2, 1/4 or 1/8 (PIL's
+``Image.draft``), :func:`decode_jpeg_region` decodes only a region with the optional C extension
+``fastload._jpeg`` (the same pixels as a full decode and a crop), :func:`decode_jpeg_tensor`
+decodes with ``torchvision.io.decode_jpeg``; anything else goes through PIL. All of them release
+the GIL and raise :class:`DecodeError` naming the sample.
 """
 
 from __future__ import annotations
@@ -89,11 +80,8 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (*_PIL_ERRORS, RuntimeError)
 
 
 class DecodeError(RuntimeError, OSError):
-    """An image file could not be decoded; the message names the sample and its file.
-
-    An ``OSError`` as PIL's errors for such a file, so that code catching ``OSError`` to skip bad
-    files catches it too; and a ``RuntimeError``.
-    """
+    """An image file could not be decoded; the message names the sample. An ``OSError`` as PIL's
+    errors are, so code that catches ``OSError`` to skip bad files catches it too."""
 
 
 # "<_io.BytesIO object at 0x7f...>" in PIL's "cannot identify image file <...>": names nothing useful.
@@ -130,10 +118,8 @@ def describe_unknown(data: bytes | memoryview | np.ndarray) -> str:
 def decode_error(
     name: str, error: BaseException | str, data: bytes | memoryview | np.ndarray | None = None
 ) -> DecodeError:
-    """The :class:`DecodeError` for sample ``name`` failing with ``error``: for a file no decoder
-    recognises, :func:`describe_unknown`; otherwise the decoder's reason and, with ``data``, the
-    file size, e.g. ``cannot decode sample 3 ('n01/x.JPEG'): image file is truncated (139 bytes not
-    processed); the file has 2855 bytes. Remove or replace the file (...)``."""
+    """The :class:`DecodeError` for sample ``name`` failing with ``error`` (with ``data``: the file
+    size, or :func:`describe_unknown` for a file no decoder recognises)."""
     if isinstance(error, UnidentifiedImageError) and data is not None:
         reason = describe_unknown(data)
     else:
@@ -164,12 +150,7 @@ def without_skip_hint(message: str) -> str:
 
 
 def decode_pil(data: bytes | memoryview, name: str = "image") -> Image.Image:
-    """Decodes encoded bytes to an RGB PIL image (grayscale, CMYK, palette and PNG included).
-
-    Raises:
-        DecodeError: Naming ``name`` (e.g. ``"sample 3 ('/data/val/x.JPEG')"``) when the bytes are
-            not a decodable image.
-    """
+    """Decodes encoded bytes to an RGB PIL image; :class:`DecodeError` naming ``name`` if it cannot."""
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
@@ -189,11 +170,7 @@ def load_sample(data: bytes | memoryview, transform: Callable[..., Any] | None, 
 
 
 def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Image.Image:
-    """Opens encoded bytes (or a 1-D uint8 array) lazily: PIL reads the header, no pixels yet.
-
-    Raises:
-        DecodeError: Naming ``name`` when the bytes are not an image PIL recognises.
-    """
+    """Opens encoded bytes (or a 1-D uint8 array) lazily: PIL reads the header, no pixels yet."""
     try:
         return Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else data))
     except DECODE_ERRORS as e:
@@ -201,11 +178,9 @@ def open_image(data: bytes | memoryview | np.ndarray, name: str = "image") -> Im
 
 
 def dct_scale(box_width: float, box_height: float, out_width: int, out_height: int) -> int:
-    """The largest JPEG DCT scale-down factor (8, 4, 2 or 1) that keeps a crop at least the output size
-    in both directions (the final resize then only shrinks or keeps).
+    """The largest DCT scale-down (8, 4, 2 or 1) that keeps the crop at least the output size.
 
-    Example: a 1200x900 crop resized to 224x224 can be decoded at 1/4 (300x225) but not at 1/8
-    (150x112); a 400x300 crop needs the full decode.
+    A 1200x900 crop resized to 224x224 decodes at 1/4 (300x225), not 1/8 (150x112):
 
         >>> dct_scale(1200, 900, 224, 224), dct_scale(400, 300, 224, 224)
         (4, 1)
@@ -219,23 +194,9 @@ def dct_scale(box_width: float, box_height: float, out_width: int, out_height: i
 def load_reduced(
     img: Image.Image, scale: int, name: str = "image", data: bytes | memoryview | np.ndarray | None = None
 ) -> tuple[Image.Image, int]:
-    """Decodes an opened JPEG at ``1/scale`` of its size (libjpeg DCT scaling via ``Image.draft``).
-
-    Args:
-        img: An image from :func:`open_image`, not yet loaded.
-        scale: The wanted scale-down factor (8, 4, 2 or 1); formats without DCT scaling decode at
-            full size.
-        name: How to name the sample in an error.
-        data: The encoded file, if at hand (its size is then part of an error's message).
-
-    Returns:
-        ``(image, applied_scale)``: the decoded image in its own mode (``RGB``, ``L``, ``CMYK``, ...)
-        of size ``ceil(width / applied_scale) x ceil(height / applied_scale)``. Source pixel
-        coordinate ``x`` maps to ``x / applied_scale`` in it.
-
-    Raises:
-        DecodeError: Naming ``name`` when the pixel data is corrupt or truncated.
-    """
+    """Decodes an opened JPEG (from :func:`open_image`) at ``1/scale`` of its size (``Image.draft``;
+    other formats at full size): ``(image in its own mode, applied_scale)``, source pixel ``x`` at
+    ``x / applied_scale`` in it (sizes rounded up)."""
     applied = 1
     try:
         if scale > 1 and img.format in JPEG_FORMATS:
@@ -262,16 +223,9 @@ def jpeg_extension_built() -> bool:
 def to_chw_by_table(
     src: np.ndarray, dst: np.ndarray, table: np.ndarray, affine: np.ndarray | None = None
 ) -> bool:
-    """``dst[c, y, x] = table[c, src[y, x, c]]`` with the C extension; ``False`` (nothing written)
-    without it.
-
-    Args:
-        src: ``(H, W, 3)`` uint8, C-contiguous.
-        dst: ``(3, H, W)`` float32, C-contiguous.
-        table: ``(3, 256)`` float32: each channel's value for every uint8 value.
-        affine: From :func:`affine_for_table` for this table: most pixels are then computed with
-            AVX2 instead of looked up, with the same bits.
-    """
+    """``dst[c, y, x] = table[c, src[y, x, c]]`` (``src`` HWC uint8, ``dst`` CHW float32, ``table``
+    ``(3, 256)`` float32) with the C extension; ``False`` (nothing written) without it. ``affine``
+    (:func:`affine_for_table`) computes most pixels with AVX2 instead, with the same bits."""
     if _jpeg is None:
         return False
     if affine is None:
@@ -284,20 +238,11 @@ def to_chw_by_table(
 def affine_for_table(
     table: np.ndarray, scale: float, divide: bool, mean: Sequence[float], std: Sequence[float]
 ) -> np.ndarray | None:
-    """The constants with which :func:`to_chw_by_table` computes ``table``'s values instead of
-    looking them up, or ``None`` when that arithmetic does not give the table's bits.
-
-    The arithmetic, in float32: ``(v * scale - mean[c]) / std[c]`` (``v / scale`` when
-    ``divide``), as torchvision's ``ToTensor``/``ToDtype`` and ``Normalize`` run it, checked here on
-    every uint8 value of every channel. ``None`` where the extension's AVX2 kernel does not run
-    (the check would compare the lookups with themselves).
-
-    Args:
-        table: ``(3, 256)`` float32, as for :func:`to_chw_by_table`.
-        scale: The factor (or divisor) of the uint8 values.
-        divide: Whether the values are divided by ``scale``.
-        mean, std: Per channel: 3 values (or 1 for all three).
-    """
+    """The constants with which :func:`to_chw_by_table` computes ``table`` instead of looking it up:
+    ``(v * scale - mean[c]) / std[c]`` in float32 (``v / scale`` when ``divide``), as torchvision's
+    ``ToTensor``/``ToDtype`` and ``Normalize`` run it, checked on every uint8 value; ``None`` where
+    that does not give the table's bits or the AVX2 kernel does not run. ``mean``/``std``: 3 values
+    or 1."""
     means, stds = list(mean), list(std)
     if len(means) == 1:
         means *= 3
@@ -374,18 +319,9 @@ def pil_resample(
     flip: bool,
     out: np.ndarray,
 ) -> bool:
-    """PIL's ``Image.fromarray(src).resize(out size, filter, box)`` (then mirrored when ``flip``)
-    written into ``out``, bit for bit, by the C extension; ``False`` (nothing written) where it
-    cannot promise Pillow's bytes (no C extension, another filter, arrays that are not contiguous
-    RGB, a Pillow whose resample it does not reproduce).
-
-    Args:
-        src: ``(H, W, 3)`` uint8.
-        box: The source box ``(x0, y0, x1, y1)``, as ``Image.resize`` takes it.
-        filter: ``"bilinear"`` or ``"bicubic"``.
-        flip: Mirror the result left-right.
-        out: ``(out_h, out_w, 3)`` uint8.
-    """
+    """PIL's ``Image.fromarray(src).resize(out size, filter, box)`` (mirrored when ``flip``) into
+    ``out`` (``(h, w, 3)`` uint8), bit for bit, by the C extension; ``False`` (nothing written)
+    where it cannot promise Pillow's bytes. ``filter``: ``"bilinear"`` or ``"bicubic"``."""
     order = _resample_order(src, filter, out)
     if order is None or _jpeg is None:
         return False
@@ -408,52 +344,24 @@ def pil_resample_window(
     """PIL's resize of a whole image to ``size``, then the crop ``out`` takes at ``window``, bit for
     bit, computing the crop's pixels only (``Resize(256)`` + ``CenterCrop(224)``, where one resample
     of the crop's box is only within 1 level); ``False`` (nothing written) where it cannot.
-
-    Args:
-        region: ``(h, w, 3)`` uint8: a region of the decoded image holding every pixel the window's
-            filter taps read (else ``False``).
-        origin: ``(x, y)`` of ``region`` in the image.
-        source: ``(width, height)`` of the whole image.
-        size: ``(width, height)`` of the resized image.
-        window: ``(x, y)`` of the crop in the resized image; its size is ``out``'s.
-        filter: ``"bilinear"`` or ``"bicubic"``.
-        flip: Mirror the result left-right.
-        out: ``(crop_h, crop_w, 3)`` uint8.
+    ``region``, at ``origin`` ``(x, y)`` of the image (``source``: its ``(width, height)``), holds
+    every pixel the window's filter taps read; ``window``: ``(x, y)`` of the crop in the resized image.
     """
     order = _resample_order(region, filter, out)
     if order is None or _jpeg is None or not hasattr(_jpeg, "resample_window"):
         return False
     rh, rw = region.shape[:2]
+    coords = [int(v) for v in (*origin, *source, *size, *window)]
+    bicubic = filter == "bicubic"
     return bool(
-        _jpeg.resample_window(
-            region,
-            rw,
-            rh,
-            int(origin[0]),
-            int(origin[1]),
-            int(source[0]),
-            int(source[1]),
-            int(size[0]),
-            int(size[1]),
-            int(window[0]),
-            int(window[1]),
-            out,
-            out.shape[1],
-            out.shape[0],
-            filter == "bicubic",
-            flip,
-            order,
-        )
+        _jpeg.resample_window(region, rw, rh, *coords, out, out.shape[1], out.shape[0], bicubic, flip, order)
     )
 
 
 def jpeg_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, str] | None:
-    """``(width, height, colorspace)`` of a JPEG the region decoder takes, else ``None``: decode it
-    some other way (PIL decides what it is and names any error). ``None`` without the extension,
-    for non-JPEG data, CMYK/YCCK JPEGs, unreadable headers, files without the end-of-image marker (a
-    truncated file must fail as with a full decode) and images over ``Image.MAX_IMAGE_PIXELS``.
-    ``colorspace`` is ``"YCbCr"``, ``"RGB"`` or ``"L"``; all decode to RGB.
-    """
+    """``(width, height, colorspace)`` of a JPEG the region decoder takes, else ``None`` (decode it
+    otherwise): no extension, not a JPEG, CMYK/YCCK, unreadable header, no end-of-image marker (a
+    truncated file must fail as a full decode does), over ``Image.MAX_IMAGE_PIXELS``."""
     info = jpeg_info(data)
     return None if info is None else (info.width, info.height, info.colorspace)
 
@@ -509,22 +417,13 @@ def decode_jpeg_region(
     scale: int = 1,
     fancy: bool = True,
 ) -> np.ndarray | None:
-    """Decodes only the region ``(left, top, width, height)`` of a JPEG, at ``1/scale`` of its size.
+    """Decodes only the region ``(left, top, width, height)`` of a JPEG at ``1/scale`` (1, 2, 4, 8).
 
-    The region is in the coordinates of the image decoded at ``1/scale`` (``ceil(W / scale)`` x
-    ``ceil(H / scale)``). The pixels equal a full decode by PIL (``draft`` for ``scale > 1``) or
-    ``torchvision.io.decode_jpeg`` cropped to the region, bit for bit.
-
-    Args:
-        data: A JPEG for which :func:`jpeg_header` returned a size.
-        left, top, width, height: The region, inside the (scaled) image.
-        scale: 1, 2, 4 or 8.
-        fancy: libjpeg-turbo's smooth ("fancy") chroma upsampling, as PIL and torchvision decode.
-            ``False``: chroma samples replicated, as nvJPEG decodes.
-
-    Returns:
-        A writable ``(height, width, 3)`` uint8 RGB array, or ``None`` when libjpeg reported
-        corrupt data (or the extension is off): the caller then decodes the file the reference way.
+    The region is in the scaled image's coordinates; the pixels equal PIL's full decode (``draft``
+    for ``scale > 1``) or ``torchvision.io.decode_jpeg`` cropped, bit for bit. ``fancy=False``
+    replicates chroma samples, as nvJPEG does, instead of libjpeg-turbo's smooth upsampling.
+    Returns a writable ``(height, width, 3)`` uint8 RGB array, or ``None`` when libjpeg reported
+    corrupt data (or the extension is off): the caller then decodes the reference way.
     """
     if min(left, top, width, height) < 0:
         raise ValueError(
@@ -589,14 +488,8 @@ def decode_jpegs(tensors: list[torch.Tensor], device: torch.device) -> list[torc
 
 
 def decode_jpeg_tensor(data: bytes | memoryview | np.ndarray, name: str = "image") -> torch.Tensor:
-    """Decodes a JPEG (YCbCr or grayscale) to a uint8 RGB tensor ``(3, H, W)``.
-
-    With ``torchvision.io.decode_jpeg`` where it works (PIL's pixels; then channels-last in
-    memory), else with PIL.
-
-    Raises:
-        DecodeError: Naming ``name`` when the bytes are not a decodable JPEG.
-    """
+    """Decodes a JPEG to a uint8 RGB ``(3, H, W)`` tensor: with ``torchvision.io.decode_jpeg``
+    where it works (channels-last in memory), else with PIL."""
     decode = _torchvision_jpeg()
     if decode is None:
         return torch.from_numpy(

@@ -1,25 +1,19 @@
 """Class-index-consistent folder scanning: a split's files -> :class:`FolderIndex`.
 
 torchvision's ``ImageFolder`` numbers the classes of *each split* by sorting that split's
-directory names. A validation folder that lacks one class therefore shifts every later label by
-one, silently. fastload separates the class list from the scan:
-
-* :class:`ClassIndex` is the one canonical, ordered list of class names, made once (from the
-  training folder, or the union of all splits) and saved next to the checkpoints;
-* :func:`scan_folder` labels every split *from that list*: a class missing in a split keeps every
-  other label, a directory that is not in the list is an error naming it.
-
-Worked example: ``train/`` has classes ``a, b, c``; ``val/`` lacks ``b``::
+directory names, so a validation folder that lacks one class shifts every later label, silently.
+Here :class:`ClassIndex` is the one ordered list of class names (from the training folder or the
+union of all splits, saved next to the checkpoints) and :func:`scan_folder` labels every split
+from it. ``train/`` has classes ``a, b, c``; ``val/`` lacks ``b``::
 
     torchvision ImageFolder("val").class_to_idx     {'a': 0, 'c': 1}   <- c mislabelled
     classes = ClassIndex.from_folder("train")       ['a', 'b', 'c']
     scan_folder("val", classes).targets for c        2                  <- same as in train
 
 Per-sample data lives in numpy arrays (relative paths in one byte buffer with offsets, int64
-targets), never in Python lists of tuples, so an index is cheap to pickle and shares pages after
-``fork``. Where it sits in the data flow: the first step. A :class:`FolderIndex` (from
-:func:`scan_folder` or :func:`scan_list`) is what the datasets read samples through
-(:mod:`fastload.imagefolder`, :mod:`fastload.memory`) and what :mod:`fastload.pack` writes.
+targets), so an index is cheap to pickle and shares pages after ``fork``. The first step of the
+data flow: the datasets (:mod:`fastload.imagefolder`, :mod:`fastload.memory`) read samples through
+a :class:`FolderIndex` and :mod:`fastload.pack` writes one.
 """
 
 from __future__ import annotations
@@ -45,10 +39,8 @@ _CLASSES_FORMAT = "fastload.ClassIndex"
 
 
 class ClassIndex:
-    """The ordered list of class names and their indices, shared by every split.
-
-    Args:
-        classes: Class names in label order. Names must be unique non-empty strings.
+    """The ordered list of class names (unique non-empty strings) and their indices, shared by every
+    split.
 
     Example:
         >>> ci = ClassIndex(["cat", "dog"])
@@ -106,12 +98,8 @@ class ClassIndex:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the class list as human-readable JSON (one name per line)."""
-        payload = {
-            "format": _CLASSES_FORMAT,
-            "version": 1,
-            "num_classes": len(self),
-            "classes": list(self._classes),
-        }
+        classes = list(self._classes)
+        payload = {"format": _CLASSES_FORMAT, "version": 1, "num_classes": len(classes), "classes": classes}
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1)
@@ -255,13 +243,8 @@ class _PathList(Sequence[str]):
 class FolderIndex:
     """The samples of one split: paths, int64 targets and the shared :class:`ClassIndex`.
 
-    Built by :func:`scan_folder` or :func:`scan_list`; rarely constructed by hand.
-
-    Args:
-        root: Folder the relative paths are relative to.
-        relpaths: Relative paths, one per sample.
-        targets: Labels (indices into ``classes``), one per sample.
-        classes: The class list the labels refer to.
+    Built by :func:`scan_folder` or :func:`scan_list`; ``relpaths`` are relative to ``root``,
+    ``targets`` index ``classes``.
 
     Attributes:
         skipped: What :func:`scan_folder` left out, counted by reason: ``hidden_files`` (image-named
@@ -292,13 +275,9 @@ class FolderIndex:
         targets: Sequence[int] | np.ndarray,
         classes: ClassIndex,
     ) -> FolderIndex:
-        """An index over ready buffers (no copy): relative path ``i`` is the UTF-8 string
-        ``path_bytes[path_offsets[i]:path_offsets[i + 1]]``.
-
-        This is how a pack file or a shared segment exposes its index without building strings.
-        Example: ``path_bytes = b"a/1.jpgb/22.jpg"``, ``path_offsets = [0, 7, 15]`` are the paths
-        ``a/1.jpg`` and ``b/22.jpg``.
-        """
+        """An index over ready buffers (no copy), as a pack file or a shared segment exposes it:
+        relative path ``i`` is ``path_bytes[path_offsets[i]:path_offsets[i + 1]]`` in UTF-8, e.g.
+        ``b"a/1.jpgb/22.jpg"`` with ``[0, 7, 15]`` holds ``a/1.jpg`` and ``b/22.jpg``."""
         self = cls.__new__(cls)
         self._assign(root, path_bytes, path_offsets, targets, classes)
         return self
@@ -377,34 +356,18 @@ class FolderIndex:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the index to ``path`` (a ``.npz`` file; reloading 1.28M entries takes < 1 s)."""
-        meta = json.dumps(
-            {
-                "format": _INDEX_FORMAT,
-                "version": 1,
-                "root": self.root,
-                "classes": list(self.classes),
-                "skipped": self.skipped,
-            }
+        meta = dict(
+            format=_INDEX_FORMAT, version=1, root=self.root, classes=list(self.classes), skipped=self.skipped
         )
+        meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                meta=np.frombuffer(meta.encode("utf-8"), dtype=np.uint8),
-                buf=self._buf,
-                offsets=self._offsets,
-                targets=self.targets,
-            )
+            np.savez(f, meta=meta_bytes, buf=self._buf, offsets=self._offsets, targets=self.targets)
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> FolderIndex:
-        """Reads an index written by :meth:`save`.
-
-        Args:
-            path: The file.
-            root: Where the images are now, when they moved since the index was saved.
-        """
+        """Reads an index written by :meth:`save`; ``root``: where the images are now, if they moved."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(z["meta"].tobytes().decode("utf-8"))
@@ -441,12 +404,8 @@ class FolderIndex:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.root = state["root"]
         self._buf = state["buf"]
-        if "lengths" in state:
-            lengths = state["lengths"]
-            self._offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=self._offsets[1:])
-        else:
-            self._offsets = state["offsets"]
+        self._offsets = np.zeros(len(state["lengths"]) + 1, dtype=np.int64)
+        np.cumsum(state["lengths"], out=self._offsets[1:])
         self.targets = np.ascontiguousarray(state["targets"], dtype=np.int64)
         self.classes = state["classes"]
         self.skipped = state.get("skipped", {})
@@ -459,10 +418,6 @@ def _smallest_uint(values: np.ndarray) -> type[np.unsignedinteger[Any]]:
         if top <= np.iinfo(dtype).max:
             return dtype
     return np.uint64
-
-
-#: The reasons :func:`scan_folder` leaves an entry out, as counted in :attr:`FolderIndex.skipped`.
-SKIP_REASONS: tuple[str, ...] = ("hidden_files", "hidden_dirs", "repeated_dirs", "other_files")
 
 
 def _is_dir(entry: os.DirEntry[bytes]) -> bool:
@@ -485,7 +440,7 @@ class _Scan:
         self.lengths: list[np.ndarray] = []
         self.seen: dict[tuple[int, int], bytes] = {}
         self.repeated: list[tuple[str, str]] = []  # (link or folder, the path it was first scanned at)
-        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self.skipped = dict.fromkeys(("hidden_files", "hidden_dirs", "repeated_dirs", "other_files"), 0)
         self.hidden_example: str | None = None
         self.other_example: str | None = None  # a file without an image extension, for the log
 
@@ -553,12 +508,9 @@ class _Scan:
         return total
 
     def offsets(self) -> np.ndarray:
-        n = sum(len(a) for a in self.lengths)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        pos = 1
-        for a in self.lengths:
-            offsets[pos : pos + len(a)] = a
-            pos += len(a)
+        offsets = np.zeros(1 + sum(len(a) for a in self.lengths), dtype=np.int64)
+        if self.lengths:
+            np.concatenate(self.lengths, out=offsets[1:])
         self.lengths = []
         np.cumsum(offsets, out=offsets)
         return offsets
@@ -587,36 +539,23 @@ def scan_folder(
     broadcast: bool = False,
     allow_empty: bool = False,
 ) -> FolderIndex:
-    """Scans ``root/<class>/**/<file>`` into a :class:`FolderIndex` labelled by ``classes``.
+    """Scans ``root/<class>/**/<file>`` into a :class:`FolderIndex` labelled by ``classes``: classes
+    in label order, within a class torchvision's order (directories by path, files by name).
 
     Args:
-        root: The split's folder (e.g. ``imagenet/val``).
         classes: The canonical class list (a :class:`ClassIndex`, a list of names or the path of a
             saved class list). ``None``: the sorted subdirectories of ``root`` (torchvision's rule).
-        extensions: File name endings (case-insensitive) that count as images. Other files, and
-            hidden entries (names starting with ``.``: macOS ``._x.JPEG`` resource forks, ``.git``),
-            are skipped, counted in :attr:`FolderIndex.skipped` and logged at INFO level.
-        strict: A subdirectory that is not in ``classes`` raises ``ValueError`` (default);
-            with ``strict=False`` it is reported in a warning and its files are left out.
-        broadcast: When ``torch.distributed`` is initialized, scan on rank 0 only and broadcast the
-            index.
-        allow_empty: Return an empty index when no file is found, instead of raising (torchvision's
-            ``allow_empty``).
+        extensions: File name endings (case-insensitive) that count as images. Other files and
+            hidden entries (``._x.JPEG``, ``.git``) are skipped, counted in
+            :attr:`FolderIndex.skipped` and logged at INFO level.
+        strict: A subdirectory that is not in ``classes`` raises ``ValueError``; with
+            ``strict=False`` a warning names it and its files are left out.
+        broadcast: With ``torch.distributed`` initialized, scan on rank 0 and broadcast the index.
+        allow_empty: Return an empty index when no file is found (torchvision's ``allow_empty``).
 
-    Symbolic links are followed. A directory reached a second time (same device and inode: a
-    loop, a second link to the same folder) is not walked again: a warning names the links, and
-    ``skipped["repeated_dirs"]`` counts them.
-
-    Returns:
-        The index: classes in label order; within a class, torchvision's order (directories by
-        path, files by name).
-
-    Raises:
-        FileNotFoundError: If ``root`` is not a directory, or (unless ``allow_empty``) if no class
-            folder holds an image file, like torchvision:
-            ``Found no valid file for the classes a, b in 'val'. Supported extensions are: .jpg, ...``.
-            A split with only *some* classes empty is fine (a warning names them).
-        ValueError: If ``root`` holds a class directory that is not in ``classes`` (``strict``).
+    Symbolic links are followed; a directory reached twice (a loop, a second link) is walked once
+    (a warning names the links). ``FileNotFoundError`` if ``root`` is not a directory, or (unless
+    ``allow_empty``) no class folder holds an image file, in torchvision's words.
     """
     if broadcast:
         import torch.distributed as dist
@@ -745,19 +684,9 @@ def scan_list(
 ) -> FolderIndex:
     """Builds an index from a label file, for flat layouts such as the official ImageNet val folder.
 
-    Each non-empty line is ``relative/path label``, where ``label`` is a class name or an integer
-    index into ``classes``; lines starting with ``#`` are comments. Paths may contain spaces (the
-    label is the last whitespace-separated field).
-
-    Args:
-        list_file: The label file.
-        root: Folder the paths are relative to.
-        classes: The canonical class list.
-        check_files: Check that every listed file exists (one ``stat`` per file).
-
-    Raises:
-        ValueError: Naming the line of a malformed entry or unknown class.
-        FileNotFoundError: Naming a listed file that does not exist.
+    Each non-empty line is ``relative/path label`` (``label``: a class name or an index into
+    ``classes``; the last whitespace-separated field, so paths may hold spaces); ``#`` starts a
+    comment line. ``check_files``: check that every listed file exists (one ``stat`` each).
     """
     class_index = _coerce_classes(classes)
     if class_index is None:

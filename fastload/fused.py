@@ -1,14 +1,9 @@
 """Fused decoding: a sample's :class:`Plan` (its random draws made) run on the encoded file.
 
-Where it sits in the data flow: a worker holds a sample's encoded bytes and a
-:mod:`fastload.transforms` pipeline; the pipeline draws its parameters into a :class:`Plan`
-(crop box in source pixels, output size, flip) for the image size the header gives, and
-:func:`decode_plan` turns bytes + plan into the uint8 ``(H, W, 3)`` pixels of a batch slot, using
-the decoders of :mod:`fastload.decode`. :mod:`fastload.head` draws plans with torchvision's own
-code and runs them here too.
-
-How a sample is decoded (all draws happen first, in pipeline order, so the result is a pure
-function of the random stream)::
+A :mod:`fastload.transforms` pipeline (or :mod:`fastload.head`, with torchvision's own code) draws
+its parameters into a :class:`Plan` for the size the header gives, and :func:`decode_plan` turns
+bytes + plan into the uint8 ``(H, W, 3)`` pixels of a batch slot with the decoders of
+:mod:`fastload.decode`. All draws happen first, so the result is a pure function of the stream::
 
     header (size)  ──plan──>  crop box in source pixels, output size, flip
       JPEG, crop >= 2x output    decoded at 1/s (fastload._jpeg or PIL draft), crop+resize in one
@@ -19,12 +14,6 @@ function of the random stream)::
       PNG, CMYK, other           PIL full decode, crop+resize in one resample (also JPEGs when
                                  torchvision.io's decoder is gone: it is deprecated since 0.29)
     flip while copying into the output (no extra image)
-
-Worked example (``RandomResizedCrop(224)``, seed 0, epoch 0, index 3, a 1500x1000 (w x h) JPEG):
-the stream gives the box ``top=47, left=438, h=910, w=1001``; ``dct_scale(1001, 910, 224, 224) == 4``,
-so libjpeg decodes a 375x250 image and PIL resamples its box ``(109.5, 11.75, 359.75, 239.25)``
-to 224x224. A 500x375 JPEG (most of ImageNet) gets crops smaller than 448 px, so it is decoded at
-full size and cropped/resized by torchvision's own ops: the same pixels as torchvision's pipeline.
 """
 
 from __future__ import annotations
@@ -144,18 +133,13 @@ def run_ops(
     skip_trailing_flip: bool = False,
     channels_last: bool = False,
 ) -> torch.Tensor:
-    """Applies plan ops to a ``(..., H, W)`` tensor with torchvision's functional ops.
-
-    ``channels_last`` (for a ``(3, H, W)`` image held as HWC memory): a crop is made channels-last
-    contiguous before it is resized, so torch's vectorised uint8 kernel runs and the result stays HWC.
-    """
+    """Applies plan ops to a ``(..., H, W)`` tensor with torchvision's functional ops; with
+    ``channels_last`` (a ``(3, H, W)`` image in HWC memory) a crop is made channels-last before it
+    is resized, so torch's vectorised uint8 kernel runs and the result stays HWC."""
     from torchvision.transforms import InterpolationMode  # on first use: keeps the import cheap
     from torchvision.transforms.v2 import functional as F
 
-    ops = list(ops)
-    if skip_trailing_flip:
-        while ops and ops[-1][0] == "hflip":
-            ops.pop()
+    ops = _without_trailing_flips(ops) if skip_trailing_flip else ops
     for op in ops:
         kind = op[0]
         if kind == "crop":
@@ -171,13 +155,16 @@ def run_ops(
     return t
 
 
+def _without_trailing_flips(ops: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    kept = list(ops)
+    while kept and kept[-1][0] == "hflip":
+        kept.pop()
+    return kept
+
+
 def _trailing_flip(ops: Sequence[tuple[Any, ...]]) -> bool:
-    flips = 0
-    for op in reversed(ops):
-        if op[0] != "hflip":
-            break
-        flips += 1
-    return flips % 2 == 1
+    """Whether ``ops`` end in an odd number of flips."""
+    return (len(ops) - len(_without_trailing_flips(ops))) % 2 == 1
 
 
 def _fused_box(
@@ -190,12 +177,11 @@ def _fused_box(
     x0, y0 = max(0.0, (x0 - ox) / scale), max(0.0, (y0 - oy) / scale)
     x1, y1 = min(float(width), (x1 - ox) / scale), min(float(height), (y1 - oy) / scale)
     int_box = (int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1)))
-    if plan.resample is None or (
+    plain = plan.resample is None or (
         all(abs(a - b) < 1e-9 for a, b in zip(int_box, (x0, y0, x1, y1), strict=False))
         and (int_box[2] - int_box[0], int_box[3] - int_box[1]) == (plan.width, plan.height)
-    ):
-        return (x0, y0, x1, y1), int_box
-    return (x0, y0, x1, y1), None
+    )
+    return (x0, y0, x1, y1), int_box if plain else None
 
 
 def _leading_crop(plan: Plan) -> tuple[int, int, int, int] | None:
@@ -241,15 +227,13 @@ def _fused_into(
         box, int_box = _fused_box(region.shape[1], region.shape[0], plan, scale, origin)
         if int_box is None and pil_resample(region, box, plan.resample[0], plan.flip, out):
             return
-    _copy_pil_out(_pil_fused(Image.fromarray(region), plan, scale, origin), out)
+    np.copyto(out, np.asarray(_pil_fused(Image.fromarray(region), plan, scale, origin)))
 
 
 def _window(plan: Plan) -> tuple[int, int, int, int] | None:
     """``(resized_h, resized_w, top, left)`` when the plan resizes the whole image and then crops
     (``Resize`` + ``CenterCrop``; flips only at the end), else ``None``."""
-    ops = list(plan.ops)
-    while ops and ops[-1][0] == "hflip":
-        ops.pop()
+    ops = _without_trailing_flips(plan.ops)
     if len(ops) < 2 or ops[0][0] != "resize" or any(op[0] != "crop" for op in ops[1:]):
         return None
     return ops[0][1], ops[0][2], sum(op[1] for op in ops[1:]), sum(op[2] for op in ops[1:])
@@ -286,12 +270,9 @@ def _decode_region_planned(
     ``scale > 1``: decoded at ``1/scale`` and resampled as the PIL path does."""
     height, width = plan.source
     if scale == 1:
-        ops = plan.ops
-        if ops and ops[0][0] == "crop":
-            _, top, left, h, w = ops[0]
-            ops = ops[1:]
-        else:
-            top, left, h, w = 0, 0, height, width
+        crop = _leading_crop(plan)
+        top, left, h, w = crop or (0, 0, height, width)
+        ops = plan.ops[1:] if crop else plan.ops
         region = decode_jpeg_region(data, left, top, w, h)
         if region is None:
             return False
@@ -316,19 +297,16 @@ def _decode_region_pil(
     crop = _leading_crop(plan) if scale == 1 else None
     if crop is not None and plan.resample is not None:
         top, left, h, w = crop  # the resize sees the crop only (see _leading_crop): decode just that
-        region = decode_jpeg_region(data, left, top, w, h)
-        if region is None:
-            return False
-        _fused_into(region, plan, scale, out, (left, top))
-        return True
-    height, width = plan.source
-    full_w, full_h = -(-width // scale), -(-height // scale)
-    x0, y0, x1, y1 = (v / scale for v in plan.pixel_box())
-    support = 0.0 if plan.resample is None else _PIL_SUPPORT[plan.resample[0]]
-    reach_x = support * max(1.0, (x1 - x0) / plan.width) + 2
-    reach_y = support * max(1.0, (y1 - y0) / plan.height) + 2
-    left, top = max(0, math.floor(x0 - reach_x)), max(0, math.floor(y0 - reach_y))
-    right, bottom = min(full_w, math.ceil(x1 + reach_x)), min(full_h, math.ceil(y1 + reach_y))
+        right, bottom = left + w, top + h
+    else:
+        height, width = plan.source
+        full_w, full_h = -(-width // scale), -(-height // scale)
+        x0, y0, x1, y1 = (v / scale for v in plan.pixel_box())
+        support = 0.0 if plan.resample is None else _PIL_SUPPORT[plan.resample[0]]
+        reach_x = support * max(1.0, (x1 - x0) / plan.width) + 2
+        reach_y = support * max(1.0, (y1 - y0) / plan.height) + 2
+        left, top = max(0, math.floor(x0 - reach_x)), max(0, math.floor(y0 - reach_y))
+        right, bottom = min(full_w, math.ceil(x1 + reach_x)), min(full_h, math.ceil(y1 + reach_y))
     region = decode_jpeg_region(data, left, top, right - left, bottom - top, scale)
     if region is None:
         return False
@@ -356,11 +334,7 @@ def _one_resample(plan: Plan) -> bool:
     """Whether the plan's chain is at most one crop, then at most one resize, then flips: one PIL
     resample of the box then runs exactly torchvision's ops (a crop after the resize, as
     ``Resize`` + ``CenterCrop``, folds into the box only within 1 level; see :meth:`Plan`)."""
-    ops = [op[0] for op in plan.ops]
-    while ops and ops[-1] == "hflip":
-        ops.pop()
-    if ops.count("crop") > 1 or ops.count("resize") > 1 or "hflip" in ops or "center_crop" in ops:
-        return False
+    ops = [op[0] for op in _without_trailing_flips(plan.ops)]
     return ops in ([], ["crop"], ["resize"], ["crop", "resize"])
 
 
@@ -381,10 +355,6 @@ def _run_ops_pil(img: Image.Image, ops: Iterable[tuple[Any, ...]]) -> Image.Imag
         else:  # "hflip"
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return img
-
-
-def _copy_pil_out(img: Image.Image, out: np.ndarray) -> None:
-    np.copyto(out, np.asarray(img))
 
 
 def _copy_tensor_out(t: torch.Tensor, out: np.ndarray, flip: bool) -> None:
@@ -410,6 +380,14 @@ def _sample_errors(data: bytes | memoryview | np.ndarray, name: str) -> Iterator
         raise decode_error(name, e, data) from None
 
 
+def reduced_scale(plan: Plan, img: Image.Image | None, reduce: bool) -> int:
+    """The DCT scale to decode a JPEG at for ``plan``: 1 unless ``reduce`` and a resize."""
+    if not reduce or plan.resample is None or (img is not None and img.format not in JPEG_FORMATS):
+        return 1
+    x0, y0, x1, y1 = plan.pixel_box()
+    return dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+
+
 def decode_plan(
     data: bytes | memoryview | np.ndarray,
     img: Image.Image | None,
@@ -420,36 +398,24 @@ def decode_plan(
     reduce: bool = True,
     exact: bool = False,
 ) -> None:
-    """Decodes an encoded image and runs ``plan`` (its random draws made), writing ``out``.
-
-    What :meth:`fastload.transforms.Transform.decode_into` runs once it has drawn the plan (and
-    :mod:`fastload.head`, which draws it with torchvision's own code).
+    """Decodes an encoded image and runs ``plan`` (its random draws made) into ``out``, a writable
+    uint8 ``(plan.height, plan.width, 3)`` array: what
+    :meth:`fastload.transforms.Transform.decode_into` and :mod:`fastload.head` run.
 
     Args:
-        data: The encoded file.
-        img: PIL's lazy open of ``data``, or ``None`` when :func:`fastload.decode.jpeg_header`
+        img: PIL's lazy open of ``data``, or ``None`` where :func:`fastload.decode.jpeg_header`
             read its header (a JPEG the region decoder takes).
-        plan: The geometry, made for the image's size (``plan.source``).
-        out: A writable uint8 ``(plan.height, plan.width, 3)`` array.
-        name: How to name the sample in an error.
-        pil: Resize as PIL does (else torch's uint8 kernels; see
-            :meth:`fastload.transforms.Transform.decode_and_apply`).
+        pil: Resize as PIL does (else torch's uint8 kernels).
         reduce: Allow reduced-size (DCT-scaled) JPEG decoding.
-        exact: With ``pil``: only fold the ops into one resample where that is what torchvision
-            runs (at most one crop, then at most one resize, then flips); otherwise run them one
-            by one as PIL does: with ``reduce=False``, bit-identical to torchvision's ops on the
-            decoded PIL image. Without ``pil``: images PIL decodes run torch's ops too.
-
-    Raises:
-        DecodeError: Naming ``name`` when the file is not a decodable image.
+        exact: With ``pil``: fold the ops into one resample only where torchvision runs one (at
+            most one crop, then one resize, then flips), else run them one by one as PIL does
+            (with ``reduce=False``, bit-identical to torchvision's ops on the PIL image). Without
+            ``pil``: images PIL decodes run torch's ops too.
     """
     if pil:
         _decode_pil(data, img, plan, out, name, reduce, exact)
         return
-    scale = 1
-    if reduce and plan.fusable and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
-        x0, y0, x1, y1 = plan.pixel_box()
-        scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+    scale = reduced_scale(plan, img, reduce and plan.fusable)
     if img is None:  # a JPEG the region decoder takes (header read by fastload._jpeg)
         if _decode_region_planned(data, plan, scale, out):
             return
@@ -478,10 +444,7 @@ def _decode_pil(
     the box where that gives the chain's pixels (:func:`_pil_box_exact`, with ``exact`` also
     :func:`_one_resample`), else the ops one by one on the full decode."""
     box_exact = _pil_box_exact(plan) and (not exact or _one_resample(plan))
-    scale = 1
-    if reduce and box_exact and plan.resample is not None and (img is None or img.format in JPEG_FORMATS):
-        x0, y0, x1, y1 = plan.pixel_box()
-        scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
+    scale = reduced_scale(plan, img, reduce and box_exact)
     with _sample_errors(data, name):
         loaded: Image.Image | None = None
         if img is None:
@@ -497,15 +460,15 @@ def _decode_pil(
         if loaded is None:
             assert img is not None
             loaded, scale = load_reduced(img, scale, name, data)
-        if box_exact:
-            if not (
-                scale == 1
-                and _window(plan) is not None
-                and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))
-            ):
-                _copy_pil_out(_pil_fused(loaded, plan, scale), out)
-        elif not (scale == 1 and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))):
-            _copy_pil_out(_run_ops_pil(loaded, plan.ops), out)
+        if not (
+            scale == 1
+            and _window(plan) is not None
+            and _resampled_window(_rgb_array(loaded), plan, out, (0, 0))
+        ):
+            np.copyto(
+                out,
+                np.asarray(_pil_fused(loaded, plan, scale) if box_exact else _run_ops_pil(loaded, plan.ops)),
+            )
 
 
 def _rgb_array(img: Image.Image) -> np.ndarray:
@@ -518,7 +481,7 @@ def apply_loaded(img: Image.Image, plan: Plan, scale: int, out: np.ndarray, exac
     plan as one PIL resample (within 1 level of torch's kernels), unless ``exact``: then torch's
     ops one by one on the image as a tensor, as torchvision runs them after ``ToImage``."""
     if plan.fusable and not (exact and scale == 1):
-        _copy_pil_out(_pil_fused(img, plan, scale), out)
+        np.copyto(out, np.asarray(_pil_fused(img, plan, scale)))
         return
     rgb = img if img.mode == "RGB" else img.convert("RGB")
     t = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)

@@ -1,40 +1,26 @@
 """Head acceleration: the decode-and-crop head of a torchvision pipeline fused with decoding, the
 rest of the user's pipeline run as written.
 
-For a pipeline the fast path (:mod:`fastload.recognize`) does not reproduce whole (one with
-``TrivialAugmentWide``, ``RandomErasing``, a mixup ``collate_fn``, ...), ``fastload.DataLoader``
-keeps torch's iterator and workers and serves them a view of the dataset whose ``__getitem__``
-runs a :class:`HeadPipeline`::
+For a pipeline the fast path (:mod:`fastload.recognize`) does not reproduce whole,
+``fastload.DataLoader`` keeps torch's iterator and workers and serves them a view of the dataset
+(:func:`head_view`) whose ``__getitem__`` runs a :class:`HeadPipeline`::
 
     user's pipeline:  [PILToTensor]  RandomResizedCrop  RandomHorizontalFlip  TrivialAugmentWide
                        PILToTensor  ConvertImageDtype  Normalize  RandomErasing
     HeadPipeline:     |------------- head: fused with decoding ---------------| as written
                       |------------ conversion: one pass ------------------|  as written
 
-* **Head**: the leading ``RandomResizedCrop``, ``Resize``, ``CenterCrop`` and
-  ``RandomHorizontalFlip`` ops (v1 and v2; on PIL images, or on tensors after a leading
-  ``PILToTensor``/``ToImage``). torchvision's own code draws their parameters from torch's
-  global RNG before any pixel is decoded, so every later op makes torch's draws. Only what the
-  head needs is decoded (the crop's region; at a reduced DCT scale for a crop at least twice the
-  output unless ``exact``), returned as the type the head would return (PIL RGB image, uint8
-  ``(3, H, W)`` tensor or ``tv_tensors.Image``).
-* **Conversions** (``ToTensor``, ``PILToTensor``, ``ToImage``, ``ConvertImageDtype``, ``ToDtype``,
-  ``Normalize``, ``ToPureTensor``) in a row run as one pass, bit-identical to torchvision's
-  arithmetic (:class:`fastload.tvpipeline.Conversion`), returning the same type. One that gets
-  something other than planned (a non-RGB image after a ``Lambda``) runs as the user's ops.
-* **Everything else** -- any op, ``target_transform``, ``collate_fn`` -- is the user's own object,
-  called with what it would have received.
-
-With ``exact=True`` (``DataLoader(exact_pixels=True)``) every image is decoded at full size and
-resized as torchvision does, so batches are bit-identical to torch's for the same seed; by
-default a training head may decode at 1/2, 1/4 or 1/8 size (same draws and labels, slightly
-different pixels). A file fastload's decoder cannot read is loaded as torchvision's loader does
-(PIL) with the same draws, and the user's whole transform runs on it.
+The head's parameters are drawn by torchvision's own code from torch's global RNG before any pixel
+is decoded; only the crop's region is decoded, returned as the type the head would return.
+Conversions in a row run as one pass with torchvision's arithmetic
+(:class:`fastload.tvpipeline.Conversion`); everything else is the user's own object. What
+qualifies, ``exact_pixels`` and undecodable files: docs/swap.md, "Head acceleration".
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import random
 import re
@@ -45,16 +31,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .decode import (
-    JPEG_FORMATS,
-    DecodeError,
-    dct_scale,
-    decode_jpeg_region,
-    decode_pil,
-    jpeg_header,
-    open_image,
-)
-from .fused import Plan, decode_plan
+from .decode import DecodeError, decode_jpeg_region, decode_pil, jpeg_header, open_image
+from .fused import Plan, decode_plan, reduced_scale
 from .imagefolder import EncodedImageDataset
 from .recognize import (
     CONVERSIONS,
@@ -117,10 +95,6 @@ class _Convert:
     conversion: Conversion
 
 
-def _kind_name(op: Any) -> str:
-    return type(op).__name__
-
-
 def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
     interpolation: str | tuple[str, ...] = "bilinear"
     antialias = True
@@ -128,7 +102,7 @@ def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
         interpolation = resize_mode(op)  # raises for modes fastload does not resample
         antialias = tensor_antialias(op, on_pil)
     if kind == "Resize" and getattr(op, "size", None) is None and getattr(op, "max_size", None) is None:
-        raise NotReproducible(f"{_kind_name(op)} without a size")
+        raise NotReproducible(f"{type(op).__name__} without a size")
     return _HeadOp(kind, op, is_v2(op), interpolation, antialias)
 
 
@@ -162,17 +136,12 @@ def _conversion_run(
 
 
 def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = False) -> HeadPipeline:
-    """The :class:`HeadPipeline` of a torchvision pipeline.
+    """The :class:`HeadPipeline` of a torchvision pipeline: ``transform`` a torchvision ``Compose``
+    (v1 or v2), one op, or a wrapper :func:`fastload.recognize.see_through` sees through.
 
-    Args:
-        transform: The dataset's ``transform``: a torchvision ``Compose`` (v1 or v2), one op, or a
-            wrapper :func:`fastload.recognize.see_through` sees through.
-        reduce: Allow reduced-size JPEG decoding; ``None``: when the head has a random op.
-        exact: Decode at full size and resize exactly as torchvision does (see the module docs).
-
-    Raises:
-        NotReproducible: If the pipeline does not begin with a crop or resize fastload fuses with
-            decoding (the message names the first op and why).
+    ``reduce``: allow reduced-size JPEG decoding (``None``: when the head has a random op);
+    ``exact``: decode at full size and resize exactly as torchvision does. ``NotReproducible``
+    (naming the first op and why) unless the pipeline begins with a crop or resize fastload fuses.
     """
     ops = pipeline_ops(transform)
     i, state, wrapped = 0, "pil", False
@@ -183,6 +152,7 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
         state = "uint8"
         i += 1
     leading = list(ops[:i])
+    head_state, head_wrapped = state, wrapped
     head: list[_HeadOp] = []
     blocker: str | None = None
     while i < len(ops):
@@ -190,7 +160,7 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
         if kind not in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"):
             break
         if wrapped and not is_v2(ops[i]):
-            blocker = f"a v1 {_kind_name(ops[i])} on a tv_tensors.Image"
+            blocker = f"a v1 {type(ops[i]).__name__} on a tv_tensors.Image"
             break
         try:
             head.append(_head_op(ops[i], kind, state == "pil"))
@@ -202,7 +172,7 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
         first = ops[len(leading)] if len(leading) < len(ops) else None
         if blocker is not None and not head:
             raise NotReproducible(f"the pipeline's first crop or resize is not one fastload fuses: {blocker}")
-        what = "nothing" if first is None else _kind_name(first)
+        what = "nothing" if first is None else type(first).__name__
         raise NotReproducible(
             f"the pipeline does not begin with a crop or resize fastload fuses with decoding "
             f"(RandomResizedCrop, Resize, CenterCrop; it begins with {what})"
@@ -221,8 +191,8 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
     random = any(h.kind in ("RandomResizedCrop", "RandomHorizontalFlip") for h in head)
     return HeadPipeline(
         leading,
-        "pil" if not leading else "uint8",
-        wrapped_head(leading),
+        head_state,
+        head_wrapped,
         head,
         stages,
         reduce=(random if reduce is None else bool(reduce)) and not exact,
@@ -244,25 +214,12 @@ def library_op(op: Any) -> bool:
     return True
 
 
-def wrapped_head(leading: list[Any]) -> bool:
-    """Whether the ops before the head leave a ``tv_tensors.Image``."""
-    wrapped = False
-    for op in leading:
-        wrapped = op_kind(op) == "ToImage" or (wrapped and op_kind(op) != "PILToTensor")
-    return wrapped
-
-
-_STAND_IN = torch.zeros(())
-
-
-def _stand_in(height: int, width: int) -> torch.Tensor:
-    """A ``(3, height, width)`` tensor without memory: what torchvision's parameter code measures."""
-    return _STAND_IN.expand(3, height, width)
+_STAND_IN = torch.zeros(())  # .expand(3, H, W): no memory, what torchvision's parameter code measures
 
 
 def _draw_crop(h: _HeadOp, height: int, width: int) -> tuple[int, int, int, int]:
     """``(top, left, height, width)`` drawn by the user's RandomResizedCrop's own code."""
-    image = _stand_in(height, width)
+    image = _STAND_IN.expand(3, height, width)
     op = h.op
     if h.v2:
         make = getattr(op, "make_params", None) or op._get_params  # torchvision < 0.21 names it so
@@ -273,11 +230,9 @@ def _draw_crop(h: _HeadOp, height: int, width: int) -> tuple[int, int, int, int]
 
 
 def _draw_flip(h: _HeadOp) -> bool:
-    """The user's flip's own draw (v1: flip if ``rand < p``; v2: keep if ``rand >= p``)."""
-    draw = torch.rand(1)
-    if h.v2:
-        return not bool(draw >= h.op.p)
-    return bool(draw < h.op.p)
+    """The user's flip's own draw (v1: flip if ``rand < p``; v2: keep if ``rand >= p``, the same
+    for its ``0 <= p <= 1``)."""
+    return bool(torch.rand(1) < h.op.p)
 
 
 def _size_list(size: Any) -> list[int]:
@@ -285,15 +240,12 @@ def _size_list(size: Any) -> list[int]:
 
 
 class HeadPipeline:
-    """A torchvision pipeline with its head fused with decoding (see the module docs).
-
-    Built by :func:`split_pipeline`. A dataset whose ``transform`` it is calls
-    :meth:`decode_and_apply` with the encoded file (:func:`fastload.decode.load_sample`).
+    """A torchvision pipeline with its head fused with decoding (see the module docs), built by
+    :func:`split_pipeline`; a dataset whose ``transform`` it is calls :meth:`decode_and_apply`.
 
     Attributes:
-        transform: The user's pipeline (run whole, on the reference decode, where fastload's
-            decoder cannot read a file).
-        reduce, exact: See :func:`split_pipeline`.
+        transform: The user's pipeline (run whole on the reference decode of a file fastload's
+            decoder cannot read).
         errors: ``"pil"``: a file no decoder reads raises PIL's error, as torchvision's loader
             does; ``"fastload"``: :class:`fastload.decode.DecodeError`, as fastload's datasets do.
     """
@@ -326,35 +278,35 @@ class HeadPipeline:
     @property
     def fused_ops(self) -> list[str]:
         """The names of the ops fastload runs itself (the rest are the user's objects)."""
-        names = [_kind_name(op) for op in self.leading] + [_kind_name(h.op) for h in self.head]
+        names = [type(op).__name__ for op in self.leading] + [type(h.op).__name__ for h in self.head]
         for stage in self.stages:
             if isinstance(stage, _Convert):
-                names += [_kind_name(op) for op in stage.ops]
+                names += [type(op).__name__ for op in stage.ops]
         return names
 
     @property
     def user_ops(self) -> list[str]:
         """The names of the ops that run as the user's objects."""
-        return [_kind_name(stage) for stage in self.stages if not isinstance(stage, _Convert)]
+        return [type(stage).__name__ for stage in self.stages if not isinstance(stage, _Convert)]
 
     @property
     def foreign_ops(self) -> list[str]:
         """The names of the ops run as written that are code of the user's (not :func:`library_op`)."""
         return [
-            _kind_name(stage)
+            type(stage).__name__
             for stage in self.stages
             if not isinstance(stage, _Convert) and not library_op(stage)
         ]
 
     def describe(self) -> str:
         """One line: what is fused and what runs as written, in pipeline order."""
-        parts = [" -> ".join([_kind_name(op) for op in self.leading] + [_kind_name(h.op) for h in self.head])]
-        parts[0] += " fused with decoding"
+        head = [type(op).__name__ for op in self.leading] + [type(h.op).__name__ for h in self.head]
+        parts = [" -> ".join(head) + " fused with decoding"]
         for stage in self.stages:
             if isinstance(stage, _Convert):
-                parts.append(" -> ".join(_kind_name(op) for op in stage.ops) + " in one pass")
+                parts.append(" -> ".join(type(op).__name__ for op in stage.ops) + " in one pass")
             else:
-                parts.append(f"{_kind_name(stage)} as written")
+                parts.append(f"{type(stage).__name__} as written")
         return "; ".join(parts)
 
     def __repr__(self) -> str:
@@ -419,9 +371,8 @@ class HeadPipeline:
                 if ch > plan.height or cw > plan.width:
                     plan.center_crop_padded(ch, cw)
                 else:
-                    plan.crop(
-                        int(round((plan.height - ch) / 2.0)), int(round((plan.width - cw) / 2.0)), ch, cw
-                    )
+                    top, left = int(round((plan.height - ch) / 2.0)), int(round((plan.width - cw) / 2.0))
+                    plan.crop(top, left, ch, cw)
                 drawn.append((h, None))
         return plan, drawn
 
@@ -431,14 +382,8 @@ class HeadPipeline:
         img = None if header is not None else open_image(data, name)
         height, width = (header[1], header[0]) if header is not None else (img.height, img.width)  # type: ignore[union-attr]
         plan, drawn = self._plan(height, width)
-        is_jpeg = img is None or img.format in JPEG_FORMATS
-        if self.head_state == "uint8":
-            scale = 1
-            if self.reduce and plan.fusable and plan.resample is not None and is_jpeg:
-                x0, y0, x1, y1 = plan.pixel_box()
-                scale = dct_scale(x1 - x0, y1 - y0, plan.width, plan.height)
-            if scale == 1:
-                return self._tensor_head(data, img, drawn, name)
+        if self.head_state == "uint8" and reduced_scale(plan, img, self.reduce and plan.fusable) == 1:
+            return self._tensor_head(data, img, drawn, name)
         out = np.empty((plan.height, plan.width, 3), dtype=np.uint8)
         decode_plan(data, img, plan, out, name, pil=True, reduce=self.reduce, exact=self.exact)
         return out
@@ -458,18 +403,12 @@ class HeadPipeline:
             region = decode_jpeg_region(data, left, top, crop_w, crop_h)
             if region is not None:
                 start = 1
-        if region is None:
-            if img is None:
-                full = decode_jpeg_region(data, 0, 0, *(jpeg_header(data) or (0, 0))[:2])
-                if full is None:
-                    img = open_image(data, name)
-                else:
-                    region = full
+        if region is None and img is None:
+            region = decode_jpeg_region(data, 0, 0, *(jpeg_header(data) or (0, 0))[:2])
             if region is None:
-                assert img is not None
-                region = np.asarray(
-                    decode_pil(data.tobytes() if isinstance(data, np.ndarray) else data, name)
-                )
+                open_image(data, name)  # libjpeg reported corrupt data: PIL's open names the error
+        if region is None:
+            region = np.asarray(decode_pil(data.tobytes() if isinstance(data, np.ndarray) else data, name))
         if not (region.flags.writeable and region.flags.c_contiguous):
             region = np.array(region)  # the tail may write to what the head returns
         t = torch.from_numpy(region).permute(2, 0, 1)  # pil_to_tensor's layout
@@ -536,18 +475,11 @@ class HeadPipeline:
             out_t = chw if conversion.dtype == torch.uint8 and not conversion.steps else conversion.batch(chw)
         return _wrap(out_t) if stage.wrapped_out else out_t
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
 
 def _functional(v2: bool) -> Any:
-    if v2:
-        from torchvision.transforms.v2 import functional as F2
-
-        return F2
-    from torchvision.transforms import functional as F1
-
-    return F1
+    return importlib.import_module(
+        "torchvision.transforms.v2.functional" if v2 else "torchvision.transforms.functional"
+    )
 
 
 def _mode(name: str) -> Any:
@@ -571,14 +503,9 @@ def _wrap(t: torch.Tensor) -> torch.Tensor:
 
 
 def head_view(dataset: Any, *, exact: bool = False) -> tuple[EncodedImageDataset | None, str | None]:
-    """The dataset torch's iterator serves for a head-accelerated ``dataset``, or why there is none.
-
-    The view has ``dataset``'s samples, labels, classes and ``target_transform``; its
-    ``transform`` is the :class:`HeadPipeline` of ``dataset.transform``.
-
-    Returns:
-        ``(view, None)``, or ``(None, reason)`` naming the first thing that rules it out.
-    """
+    """The dataset torch's iterator serves for a head-accelerated ``dataset`` (its samples, labels,
+    classes and ``target_transform``; as ``transform`` the :class:`HeadPipeline` of
+    ``dataset.transform``): ``(view, None)``, or ``(None, reason)`` naming what rules it out."""
     if not is_image_folder(dataset):
         return None, (
             f"{type(dataset).__name__} is not an image folder dataset fastload reads (fastload.ImageFolder, "

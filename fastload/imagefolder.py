@@ -1,12 +1,10 @@
 """The ``ImageFolder`` datasets: torchvision's ``ImageFolder`` over a :class:`~fastload.folder.FolderIndex`.
 
-Where it sits in the data flow: :func:`~fastload.folder.scan_folder` turns a split's files into a
-:class:`~fastload.folder.FolderIndex` (paths, int64 targets, the shared
-:class:`~fastload.folder.ClassIndex`); a dataset over that index hands the loader each sample's
-encoded bytes (:meth:`EncodedImageDataset.get_bytes`), which its workers decode, fused with a
-:mod:`fastload.transforms` pipeline, straight into the batch buffer. Two datasets share that
-interface (:class:`EncodedImageDataset`): :class:`ImageFolder` reads each file from disk when it
-is needed, :class:`~fastload.memory.InMemoryImageFolder` holds every file in one RAM buffer.
+A dataset over a :class:`~fastload.folder.FolderIndex` hands the loader each sample's encoded bytes
+(:meth:`EncodedImageDataset.get_bytes`), which its workers decode, fused with a
+:mod:`fastload.transforms` pipeline, straight into the batch buffer. Both datasets share
+:class:`EncodedImageDataset`: :class:`ImageFolder` reads each file from disk when it is needed,
+:class:`~fastload.memory.InMemoryImageFolder` holds every file in one RAM buffer.
 
 Example:
     >>> from fastload import ClassIndex, ImageFolder, transforms as T
@@ -60,17 +58,12 @@ def _check_callable(value: Any, name: str) -> None:
 
 class EncodedImageDataset:
     """What :class:`ImageFolder` and :class:`~fastload.memory.InMemoryImageFolder` share: torchvision's
-    ``ImageFolder`` attributes over a :class:`~fastload.folder.FolderIndex`, and samples decoded
-    from encoded bytes.
+    ``ImageFolder`` attributes (``targets`` an int64 array, ``samples`` lazy) over a
+    :class:`~fastload.folder.FolderIndex`, plus ``index`` and ``class_index``.
 
-    Attributes (as torchvision's): ``classes``, ``class_to_idx``, ``samples`` / ``imgs`` (a lazy
-    sequence of ``(path, target)``), ``targets`` (an int64 numpy array rather than a list),
-    ``root``, ``transform``, ``target_transform``; plus ``index`` and ``class_index``.
-
-    ``dataset[i]`` is ``(transform(image), target_transform(target))``: the image is a PIL RGB image
-    (as torchvision's loader gives) unless ``transform`` is a fastload transform, in which case
-    decoding is fused with it and the image is a uint8 tensor. A subclass provides :attr:`index`
-    and :meth:`get_bytes`.
+    ``dataset[i]`` is ``(transform(image), target_transform(target))``: a PIL RGB image, or a uint8
+    tensor where ``transform`` is a fastload transform (decoding fused with it). A subclass provides
+    :attr:`index` and :meth:`get_bytes`.
     """
 
     def __init__(
@@ -164,29 +157,18 @@ class EncodedImageDataset:
 
 
 class ImageFolder(EncodedImageDataset):
-    """Drop-in for ``torchvision.datasets.ImageFolder`` whose labels follow a shared class list.
-
-    Attributes and items as described in :class:`EncodedImageDataset`. A file that cannot be
-    decoded raises :class:`fastload.decode.DecodeError` naming it.
+    """Drop-in for ``torchvision.datasets.ImageFolder`` whose labels follow a shared class list
+    (attributes and items: :class:`EncodedImageDataset`; a file that cannot be decoded raises
+    :class:`fastload.decode.DecodeError` naming it).
 
     Args:
-        root: The split's folder.
-        transform: Applied to the image.
-        target_transform: Applied to the label.
         classes: The canonical class list (see :func:`~fastload.folder.scan_folder`); ``None`` uses
             ``root``'s folders.
         loader: ``loader(path) -> image`` replacing the built-in decoder (must be picklable for
             spawn workers: a module-level function, not a lambda).
-        extensions: File endings that count as images.
-        strict: See :func:`~fastload.folder.scan_folder`.
+        strict, allow_empty: See :func:`~fastload.folder.scan_folder`.
         index: A ready :class:`~fastload.folder.FolderIndex` (then ``root``, ``classes``,
             ``extensions`` are not used for scanning; ``root`` may be ``None``).
-        allow_empty: Accept a folder without any image file (an empty dataset) instead of raising
-            ``FileNotFoundError`` (torchvision's ``allow_empty``).
-
-    Raises:
-        FileNotFoundError: If ``root`` does not exist, or (unless ``allow_empty``) holds no image file
-            in any class folder.
     """
 
     def __init__(

@@ -1,35 +1,21 @@
 """``InMemoryImageFolder``: a whole split in RAM, once, shared by every loader worker.
 
 A Python list of ``bytes`` is copied into ``fork``-ed workers page by page as reading it writes
-reference counts (pytorch issue 13246), and pickled whole into every ``spawn``/``forkserver``
-worker. ``InMemoryImageFolder`` keeps the split as one pack image (the layout of
-:mod:`fastload.pack`) in one shared memory segment, mapped read-only: no per-sample Python objects,
-and pickling sends a handle of a few hundred bytes that the receiving process maps again.
-
-The segment (Linux) is an anonymous ``memfd_create`` file, sealed read-only once filled: no name
-(nothing in ``/dev/shm``, not limited by its size), freed by the kernel with the last descriptor and
-mapping, even after a ``SIGKILL``. Another process of the same user attaches through
-``/proc/<owner pid>/fd/<fd>`` and checks device, inode, size and header digest.
-``multiprocessing.shared_memory`` is not used: before Python 3.13 each attaching process's resource
-tracker unlinks the segment when it exits (bpo-39959). Fallback (no ``memfd_create`` or ``/proc``):
-a file in ``/dev/shm`` (or the temporary folder), deleted by the owner when it closes, is collected
-or exits; a ``SIGKILL``-ed owner leaves it behind.
-
-``InMemoryImageFolder.from_pack(path, in_memory=False)`` serves a pack file from its memory map
-instead: workers share the page cache, which the OS may evict under memory pressure.
-
-Example:
-    >>> import fastload
-    >>> ds = fastload.InMemoryImageFolder("imagenet/val", classes="classes.json")
-    >>> len(pickle.dumps(ds)) < 1000                       # a handle, not 6 GB of images
-    True
-    >>> loader = torch.utils.data.DataLoader(ds, batch_size=256, num_workers=8,
-    ...                                      multiprocessing_context="spawn")   # one copy in RAM
+reference counts (pytorch issue 13246), and pickled whole into every ``spawn`` worker. Here the
+split is one pack image (the layout of :mod:`fastload._packformat`) in one shared memory segment,
+mapped read-only; pickling sends a small handle that the receiving process maps again. The segment
+is a sealed ``memfd`` (Linux: no ``/dev/shm`` entry, freed by the kernel even after a ``SIGKILL``;
+attached through ``/proc/<owner pid>/fd/<fd>``), else a file in ``/dev/shm`` that the owner
+deletes (``multiprocessing.shared_memory`` is not used: before Python 3.13 each attaching
+process's resource tracker unlinks it, bpo-39959). ``from_pack(path, in_memory=False)`` serves a
+pack's memory map instead. See docs/memory.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -113,27 +99,23 @@ def _check_fits(need: int, what: str) -> None:
 
 # --------------------------------------------------------------------------------- shared segments
 
-_memfd_ok: bool | None = None
 
-
+@functools.cache
 def _memfd_works() -> bool:
     """Whether a memfd can be created and re-opened through ``/proc`` here (checked once)."""
-    global _memfd_ok
-    if _memfd_ok is None:
-        _memfd_ok = False
-        if hasattr(os, "memfd_create"):
-            try:
-                fd = os.memfd_create("fastload-probe", os.MFD_CLOEXEC)
-            except OSError:
-                return False
-            try:
-                os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
-                _memfd_ok = True
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    return _memfd_ok
+    if not hasattr(os, "memfd_create"):
+        return False
+    try:
+        fd = os.memfd_create("fastload-probe", os.MFD_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _backend() -> str:
@@ -163,25 +145,19 @@ def _release(res: _Resources) -> None:
     """Deletes the segment's name (owner only), closes its descriptor and unmaps it (a map with
     views still handed out is released with the last of them)."""
     if res.path is not None and res.owner_pid == os.getpid():
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(res.path)
-        except FileNotFoundError:
-            pass
         res.path = None
     if res.fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(res.fd)
-        except OSError:
-            pass
         res.fd = None
     if res.pack is not None:
         res.pack.close()
         res.pack = None
     if res.mm is not None:
-        try:
+        with contextlib.suppress(BufferError):  # views still exist: unmapped when the last one goes
             res.mm.close()
-        except BufferError:
-            pass  # views still exist: unmapped when the last one goes
         res.mm = None
 
 
@@ -304,12 +280,7 @@ def _attach(handle: tuple[Any, ...]) -> _Storage:
     finally:
         os.close(fd2)
     try:
-        view = PackView(
-            res.mm,
-            f"the shared memory of an InMemoryImageFolder ({where})",
-            verify=False,
-            expect_digest=digest,
-        )
+        view = PackView(res.mm, f"the shared memory of an InMemoryImageFolder ({where})", False, digest)
     except BaseException:
         _release(res)
         raise
@@ -462,36 +433,27 @@ def _copy_pack(pack: PackFile, progress: bool | None) -> _Storage:
 class InMemoryImageFolder(EncodedImageDataset):
     """An image split held once in shared memory (or served from a pack's memory map).
 
-    A drop-in for :class:`fastload.ImageFolder` (same attributes and items) that reads every
-    encoded file once, into one buffer: ``get_bytes(i)`` is a zero-copy ``memoryview`` of it, and
-    ``pickle.dumps(dataset)`` is a small handle that maps the same memory in any worker process,
-    so the data is in RAM once whatever ``num_workers``. The memory is released when the dataset
-    is closed or collected, and when the process exits.
+    A drop-in for :class:`fastload.ImageFolder` (same attributes and items): every encoded file is
+    read once into one buffer; ``get_bytes(i)`` is a zero-copy ``memoryview`` of it and
+    ``pickle.dumps(dataset)`` a small handle that maps the same memory in any worker process. The
+    memory is released when the dataset is closed or collected, and when the process exits.
 
     Args:
-        root_or_index: The split's folder (scanned with :func:`~fastload.folder.scan_folder`) or a ready
-            :class:`~fastload.folder.FolderIndex`.
-        transform: Applied to the image (a PIL RGB image, or fused decoding for fastload transforms).
-        target_transform: Applied to the label.
-        classes: The canonical class list, when scanning a folder (see :func:`scan_folder`).
+        root_or_index: The split's folder (scanned with :func:`~fastload.folder.scan_folder`) or a
+            ready :class:`~fastload.folder.FolderIndex`.
         num_threads: Threads reading files (default: CPUs + 4, at most 32; 0 reads in this thread).
         progress: Show a tqdm bar while loading (default: for more than 500 files on a terminal).
         check_crc: Check each sample against the CRC-32 taken when it was loaded, the first time
-            a process reads it (settable as ``check_crc``).
+            a process reads it (settable).
 
     Raises:
         MemoryError: Before reading anything, if the data (plus a 10% margin, at least 256 MiB) does
             not fit in the available RAM; the message says what to do instead.
-        OSError: Naming a sample whose file cannot be read.
 
     Example:
         >>> ds = InMemoryImageFolder("imagenet/val", classes=ClassIndex.load("classes.json"))
         >>> ds.classes[:2], ds.targets.dtype, bytes(ds.get_bytes(0)[:2])
         (['n01440764', 'n01443537'], dtype('int64'), b'\\xff\\xd8')
-        >>> image, target = ds[0]        # PIL image, int (as torchvision's ImageFolder)
-
-        A file that does not decode raises ``DecodeError`` naming it; bytes that changed since
-        they were loaded or packed raise :class:`~fastload.pack.CorruptSampleError`.
     """
 
     def __init__(
@@ -541,30 +503,18 @@ class InMemoryImageFolder(EncodedImageDataset):
         """A dataset of a pack file written by :func:`fastload.pack.write_pack` (``python -m fastload pack``).
 
         Args:
-            path: The pack file (validated: see :func:`fastload.pack.open_pack`).
-            transform: Applied to the image.
-            target_transform: Applied to the label.
             in_memory: ``True`` copies the file into a shared memory segment (checked against the
                 available RAM first). ``False`` serves it from the file's memory map.
             progress: Show a tqdm bar while copying (default: for packs over 1 GiB on a terminal).
-            shuffle_order: How fastload's samplers shuffle this dataset. ``"uniform"``: torch's
-                ``randperm``. ``"blockwise"``: FFCV's "quasi-random" order
-                (:func:`fastload.sampler.blockwise_permutation`): blocks of about
-                ``shuffle_block_bytes`` of consecutive samples are shuffled, and the samples of
-                each ``shuffle_window`` blocks together, so an epoch reads a window (256 MiB by
-                default) at a time instead of a random read per sample; still exactly once per
-                epoch, sharded and resumed like the uniform order. A batch then draws from the
-                window's blocks only: pack a shuffled index for the best mix. ``"auto"``
-                (default): ``"blockwise"`` with ``in_memory=False`` when the pack is larger than
-                the available RAM (logged as a warning), else ``"uniform"``.
-            shuffle_block_bytes: Bytes per block of the blockwise order (a block ends at the first
-                sample that starts past a multiple of it).
-            shuffle_window: Blocks whose samples are shuffled together.
+            shuffle_order: How fastload's samplers shuffle it: ``"uniform"`` (torch's ``randperm``);
+                ``"blockwise"`` (FFCV's "quasi-random" order, :func:`fastload.sampler.blockwise_permutation`:
+                an epoch reads a window of ``shuffle_window`` blocks of about ``shuffle_block_bytes``
+                at a time; docs/memory.md); ``"auto"``: ``"blockwise"`` with ``in_memory=False``
+                when the pack is larger than the available RAM (a warning says so), else ``"uniform"``.
             check_crc: Check each sample against the pack's CRC-32 the first time a process reads it.
 
         Raises:
             PackError: If the file is not a valid pack (the message says why and what to do).
-            CorruptSampleError: When a sample is read whose bytes do not match the pack's CRC-32.
             MemoryError: With ``in_memory=True``, if the pack does not fit in the available RAM.
         """
         cls.check_transforms(transform, target_transform)
@@ -636,20 +586,14 @@ class InMemoryImageFolder(EncodedImageDataset):
         return self._require().index
 
     @property
-    def samples(self) -> Sequence[tuple[str, int]]:
-        """``(original path, target)`` pairs, as ``ImageFolder.samples`` (the files need not exist)."""
-        return super().samples
-
-    @property
     def in_memory(self) -> bool:
         """``True`` when the data is in a shared memory segment, ``False`` when served from a pack's map."""
         return self._storage is not None and self._storage.in_memory
 
     @property
     def check_crc(self) -> bool:
-        """Whether :meth:`get_bytes` checks each sample's CRC-32 the first time this process reads
-        it (default ``True``; settable, which forgets what was checked; pickled with the dataset,
-        so workers started afterwards follow)."""
+        """Whether :meth:`get_bytes` checks each sample's CRC-32 the first time this process reads it
+        (settable: forgets what was checked; pickled, so workers started afterwards follow)."""
         return self._require().check_crc
 
     @check_crc.setter
@@ -723,20 +667,15 @@ class InMemoryImageFolder(EncodedImageDataset):
                 del self._hinted[next(iter(self._hinted))]
             ids = np.asarray(fresh, dtype=np.int64)
             starts, stops = offsets[blocks[ids]], offsets[blocks[ids + 1]]
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a hint only: a failure must never fail loading
             storage.pack.will_need(starts, stops)
-        except (OSError, ValueError):  # a hint only: a failure must never fail loading
-            pass
 
     def __len__(self) -> int:
         return self._len
 
     def get_bytes(self, i: int) -> memoryview:
-        """The encoded file of sample ``i``: a read-only ``memoryview`` of the shared buffer (no copy).
-
-        Raises:
-            CorruptSampleError: With ``check_crc``, if its bytes do not match their CRC-32.
-        """
+        """The encoded file of sample ``i``: a read-only ``memoryview`` of the shared buffer (no copy);
+        with ``check_crc``, :class:`~fastload.pack.CorruptSampleError` if it does not match its CRC-32."""
         return self._require().get_bytes(i)
 
     def slices_only(self, indices: np.ndarray) -> bool:
@@ -747,11 +686,7 @@ class InMemoryImageFolder(EncodedImageDataset):
 
     def byte_slices(self, indices: np.ndarray) -> ByteSlices:
         """Samples ``indices`` (a sampler's) as slices of the buffer, for :meth:`slices_only`
-        samples: what :meth:`get_bytes` returns for each, with no Python object per sample.
-
-        Raises:
-            IndexError: A sample index out of range (as :meth:`get_bytes`).
-        """
+        samples: what :meth:`get_bytes` returns for each, with no Python object per sample."""
         wanted, bad = self._positions(indices)
         if bad is not None:
             raise IndexError(f"sample index {bad} is out of range for a dataset of {self._len} samples")
@@ -772,11 +707,8 @@ class InMemoryImageFolder(EncodedImageDataset):
     # -- lifecycle
 
     def close(self) -> None:
-        """Releases this process's mapping (and, in the creating process, the segment itself).
-
-        Other processes keep their own mapping, and views handed out earlier stay valid until
-        dropped. Closing twice is a no-op.
-        """
+        """Releases this process's mapping (and, in the creating process, the segment itself); other
+        processes keep theirs, and views handed out stay valid until dropped. Twice is a no-op."""
         self._view = None
         if self._storage is not None:
             self._storage.close()

@@ -2,19 +2,15 @@
 
 A pack holds the encoded images of a :class:`~fastload.folder.FolderIndex` back to back, behind a
 small header and index (the layout of :mod:`fastload._packformat`, shared with the RAM segment of
-:mod:`fastload.memory`): one file to copy and cache, memory-mapped (``get_bytes(i)`` is a zero-copy
-slice, and every process shares the page cache), opened in time proportional to the index (the
-checksum covers header and index only). Each sample is checked against its CRC-32 the first time a
-process reads it, so a damaged byte raises :class:`CorruptSampleError` instead of decoding to wrong
-pixels; ``verify()`` checks every sample at once. Labels are those of the index the pack was built
-from (see :mod:`fastload.folder`).
+:mod:`fastload.memory`): memory-mapped (``get_bytes(i)`` is a zero-copy slice; every process shares
+the page cache), opened in time proportional to the index. Each sample is checked against its
+CRC-32 the first time a process reads it (:class:`CorruptSampleError` instead of wrong pixels).
 
 Example:
     >>> from fastload.folder import scan_folder
     >>> from fastload.pack import write_pack, open_pack
     >>> summary = write_pack(scan_folder("imagenet/train"), "train.fastpack")
     >>> with open_pack("train.fastpack") as pack:
-    ...     first = bytes(pack.get_bytes(0))           # the original file, bit for bit
     ...     pack.index.relpath(0), int(pack.labels[0])
     ('n01440764/n01440764_10026.JPEG', 0)
 
@@ -24,6 +20,7 @@ Command line: ``python -m fastload pack ROOT OUT [--classes classes.json] [--max
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import io
 import mmap
@@ -116,15 +113,12 @@ class PackFile:
     """An open pack file, memory-mapped read-only. Use :func:`open_pack` to open one.
 
     Attributes:
-        path: The file.
         index: A :class:`~fastload.folder.FolderIndex` of the original relative paths, labels and
             class list (its ``root`` is where the images were when the pack was built).
         offsets: ``int64[n + 1]``; sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
         labels: ``int64[n]`` (the same array as ``index.targets``).
         data: The data section as a read-only ``uint8`` array backed by the map (no copy).
         meta: The header's JSON (``classes``, ``root``, ``max_side``, ``quality``).
-        check_crc: Whether :meth:`get_bytes` checks each sample's CRC-32, the first time this
-            process reads it (settable; setting it forgets which samples were checked).
 
     Pickling a ``PackFile`` pickles its path: the receiving process maps the same file after a
     cheap check that it is still the same file.
@@ -163,10 +157,8 @@ class PackFile:
                 mm, name, verify=verify, expect_digest=digest, check_crc=check_crc
             )
         except BaseException:
-            try:
+            with contextlib.suppress(BufferError):  # the traceback still holds views: unmapped with them
                 mm.close()
-            except BufferError:
-                pass  # the traceback still holds views: unmapped when it is dropped
             raise
         self._mm: mmap.mmap | None = mm
 
@@ -256,11 +248,7 @@ class PackFile:
 
     def get_bytes(self, i: int) -> memoryview:
         """The encoded bytes of sample ``i`` (negative counts from the end): a read-only
-        ``memoryview`` of the map (no copy).
-
-        Raises:
-            CorruptSampleError: With ``check_crc``, if the bytes do not match their CRC-32.
-        """
+        ``memoryview`` of the map (no copy); :class:`CorruptSampleError` if its CRC-32 fails."""
         return self._require().get_bytes(i)
 
     def will_need(self, starts: np.ndarray, stops: np.ndarray) -> None:
@@ -307,11 +295,8 @@ class PackFile:
             os.close(fd)
 
     def verify(self, progress: bool | None = None) -> None:
-        """Checks every sample's CRC-32 (reads the whole file).
-
-        Raises:
-            CorruptSampleError: Naming the first corrupt sample and its original path.
-        """
+        """Checks every sample's CRC-32 (reads the whole file); :class:`CorruptSampleError` names
+        the first corrupt sample."""
         view = self._require()
         bar = progress_bar(len(view), "verify", "img", progress)
         try:
@@ -326,10 +311,8 @@ class PackFile:
             self._view.release()
             self._view = None
         if self._mm is not None:
-            try:
+            with contextlib.suppress(BufferError):  # views still exported: the map goes with the last
                 self._mm.close()
-            except BufferError:
-                pass  # views still exported: the map goes with the last of them
             self._mm = None
 
     def __enter__(self) -> PackFile:
@@ -339,7 +322,7 @@ class PackFile:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (*self.identity, self.check_crc))
+        return (PackFile.reopen, (self.identity, self.check_crc))
 
     def __repr__(self) -> str:
         if self._view is None:
@@ -351,21 +334,9 @@ class PackFile:
         )
 
 
-def _reopen(path: str, stat: tuple[int, ...], digest: bytes, check_crc: bool = True) -> PackFile:
-    return PackFile.reopen((path, stat, digest), check_crc)
-
-
 def open_pack(path: str | os.PathLike[str], *, check_crc: bool = True) -> PackFile:
-    """Opens and validates a pack file (header, checksum of header and index, size), memory-mapped.
-
-    Args:
-        path: The pack file.
-        check_crc: Check each sample's CRC-32 the first time this process reads it.
-
-    Raises:
-        FileNotFoundError: If it does not exist.
-        PackError: (a ``ValueError``) If it is not a pack, has an unknown format version, is truncated
-            or fails the checksum. The message says what to do.
+    """Opens and validates a pack file (header, checksum of header and index, size), memory-mapped;
+    :class:`PackError` (a ``ValueError``) says what is wrong and what to do.
 
     Example:
         >>> with open_pack("val.fastpack") as pack:
@@ -452,32 +423,22 @@ def write_pack(
     num_workers: int | None = None,
     progress: bool | None = None,
 ) -> PackSummary:
-    """Writes the samples of ``index`` into one pack file.
-
-    The files are read (and re-encoded) in parallel and written in index order into a temporary
-    file, renamed to ``out_path`` only when complete.
+    """Writes the samples of ``index`` into one pack file, read (and re-encoded) in parallel and
+    written in index order into a temporary file renamed to ``out_path`` (``*.fastpack`` by
+    convention) when complete.
 
     Args:
-        index: The samples; the pack keeps their labels, class list and relative paths.
-        out_path: The pack to write (by convention ``*.fastpack``). Replaced if it exists.
         max_side: Re-encode images whose longer side exceeds this as RGB JPEG with that longer side
-            (like FFCV's ``max_resolution``); other images (all with ``None``) are stored as they are.
-        quality: JPEG quality of re-encoded images (1-100).
+            (like FFCV's ``max_resolution``: 1600x1200 becomes 512x384 for 512); other images (all
+            with ``None``) are stored as they are.
         num_workers: Parallel readers (processes when re-encoding); default: the available CPUs,
             ``0``: the calling process.
         progress: Show a tqdm bar (default: for more than 500 files when stderr is a terminal).
-
-    Returns:
-        A :class:`PackSummary`.
 
     Raises:
         OSError: Naming the sample that cannot be read, or the pack file that cannot be written
             (the file under ``out_path``, if any, is then unchanged).
         fastload.decode.DecodeError: With ``max_side``, naming a sample that cannot be decoded.
-
-    Example:
-        An image of 1600x1200 with ``max_side=512`` is stored as a 512x384 JPEG; one of 500x375 is
-        stored unchanged.
     """
     if not isinstance(index, FolderIndex):
         raise TypeError(
@@ -489,15 +450,8 @@ def write_pack(
     out = os.path.abspath(os.fspath(out_path))
     if os.path.isdir(out):
         raise ValueError(f"out_path should be a file name, but {out!r} is a directory")
-    plan = HeadPlan(
-        index,
-        {
-            "classes": list(index.classes),
-            "root": index.root,
-            "max_side": max_side,
-            "quality": quality if max_side is not None else None,
-        },
-    )
+    meta = {"classes": list(index.classes), "root": index.root, "max_side": max_side}
+    plan = HeadPlan(index, {**meta, "quality": quality if max_side is not None else None})
     n = len(index)
     workers = available_cpus() if num_workers is None else num_workers
     chunk = 16 if max_side is not None else 64
@@ -556,10 +510,8 @@ def write_pack(
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a pack is an ordinary data file
         os.replace(tmp, out)
     except BaseException as e:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         if isinstance(e, OSError) and e.errno is not None:  # (unreadable samples have no errno)
             raise OSError(
                 e.errno,
@@ -580,14 +532,7 @@ def write_pack(
 
 
 def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds the ``pack`` command to an ``argparse`` sub-parser set (``func=pack_command``).
-
-    Example:
-        >>> parser = argparse.ArgumentParser(prog="fastload")
-        >>> add_pack_parser(parser.add_subparsers(dest="command", required=True))
-        >>> args = parser.parse_args(["pack", "imagenet/val", "val.fastpack", "--classes", "classes.json"])
-        >>> args.func(args)
-    """
+    """Adds the ``pack`` command (``func=pack_command``) to an ``argparse`` sub-parser set."""
     p = subparsers.add_parser(
         "pack",
         help="pack an image folder into one memory-mappable file",
@@ -599,7 +544,6 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("out", help="the pack file to write, e.g. train.fastpack")
     p.add_argument(
         "--classes",
-        default=None,
         metavar="JSON",
         help=(
             "class list (JSON from ClassIndex.save, or a JSON list of names); default: the subfolders of ROOT"
@@ -608,7 +552,6 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-side",
         type=int,
-        default=None,
         metavar="N",
         help=(
             "re-encode images whose longer side exceeds N pixels (RGB JPEG at --quality); "
@@ -619,16 +562,11 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default: 90)"
     )
     p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="parallel readers/encoders (default: the available CPUs)",
+        "--workers", type=int, metavar="N", help="parallel readers/encoders (default: the available CPUs)"
     )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="show a progress bar (default: on a terminal)",
     )
     p.set_defaults(func=pack_command)
@@ -638,14 +576,7 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
 def pack_command(args: argparse.Namespace) -> int:
     """Runs ``python -m fastload pack`` with parsed arguments; returns the exit status."""
     index = scan_folder(args.root, classes=args.classes)
-    summary = write_pack(
-        index,
-        args.out,
-        max_side=args.max_side,
-        quality=args.quality,
-        num_workers=args.workers,
-        progress=args.progress,
-    )
+    summary = write_pack(index, args.out, args.max_side, args.quality, args.workers, args.progress)
     shrunk = (
         f", {summary.reencoded} re-encoded to max side {args.max_side}" if args.max_side is not None else ""
     )

@@ -1,47 +1,15 @@
 """One-line acceleration: a torchvision image pipeline that fastload reproduces runs on its fast path.
 
-For a ``torchvision.datasets.ImageFolder`` (or ``DatasetFolder`` with torchvision's default
-loader), ``fastload.ImageFolder`` or ``fastload.InMemoryImageFolder`` whose ``transform`` is a
-torchvision ``Compose`` (v1 or v2), :func:`recognize` returns, when fastload reproduces every op,
-the dataset the fast path serves from: the same samples and a
-:class:`~fastload.tvpipeline.TorchvisionPipeline` (decode straight into the batch buffer with the
-user's geometry, then the user's conversions in torchvision's arithmetic); otherwise one sentence
-saying why not.
+For an image-folder dataset (``torchvision.datasets.ImageFolder``, or ``DatasetFolder`` with
+torchvision's default loader, ``fastload.ImageFolder``, ``InMemoryImageFolder``) whose
+``transform`` is a torchvision ``Compose`` (v1 or v2) of ops fastload reproduces (the classes
+themselves, not subclasses), :func:`recognize` returns the dataset the fast path serves from: the
+same samples and a :class:`~fastload.tvpipeline.TorchvisionPipeline`; otherwise one sentence
+saying why not. The ops recognised and how the pixels compare: docs/swap.md, "The fast path".
 
 Where it sits: the loader asks :func:`recognize` which path a dataset takes. The op readers here
 (kinds, the wrapper rule of :func:`see_through`, each conversion's steps) are shared with
 :mod:`fastload.head`; the dataset view comes from :mod:`fastload.tvfolder`.
-
-Recognised ops (the classes themselves, not subclasses, which may change what they do):
-
-=========================================  =====================================================
-torchvision op                             reproduced as
-=========================================  =====================================================
-``RandomResizedCrop``                      :class:`fastload.transforms.RandomResizedCrop` (its size,
-                                           scale, ratio, interpolation, antialias; the same
-                                           crop-parameter distribution)
-``Resize``                                 :class:`fastload.transforms.Resize` (size, interpolation, max_size,
-                                           antialias)
-``CenterCrop(size)``                       :class:`fastload.transforms.CenterCrop`
-``RandomHorizontalFlip(p)``                :class:`fastload.transforms.RandomHorizontalFlip`
-``ToTensor()``                             ``x.to(float32).div(255)`` (torchvision's arithmetic)
-``PILToTensor()``, ``ToImage()``           uint8 ``(3, H, W)``
-``ConvertImageDtype(float32)`` (v1)        ``x.to(float32) / 255``
-``ConvertImageDtype``, ``ToDtype`` (v2)    ``x.to(float32).mul_(1 / 255)`` (v2, with ``scale``),
-                                           or only the cast without it
-``Normalize(mean, std)``                   ``x.sub_(mean).div_(std)``
-=========================================  =====================================================
-
-Resizes run as PIL runs them (``resampler="pil"``; a training pipeline without the C extension:
-torch's uint8 kernels). An evaluation pipeline (no random ops) decodes at full size, its pixels
-torchvision's bit for bit on PIL images; a training pipeline also decodes JPEGs at reduced size for
-crops at least twice the output, its crops drawn from fastload's ``(seed, epoch, index)`` streams.
-
-Not recognised (``loader.fast_path_reason`` names the first op or property that stopped it; a
-pipeline that begins with a crop or resize then takes head acceleration, :mod:`fastload.head`,
-else torch's path): any other op (``ColorJitter``, ``Lambda``, ...), a geometric op after the
-float conversion, ``target_transform``, a custom ``loader``, a subclass that overrides
-``__getitem__``, a pipeline without a fixed output size, or an output that is not uint8 or float32.
 """
 
 from __future__ import annotations
@@ -78,23 +46,8 @@ _V2_GEOMETRY = "torchvision.transforms.v2._geometry."
 _V2_CONVERSION = "torchvision.transforms.v2._type_conversion."
 _V2_MISC = "torchvision.transforms.v2._misc."
 
-_COMPOSE = {_V1 + "Compose", "torchvision.transforms.v2._container.Compose"}
 _GEOMETRY_KINDS = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
-_GEOMETRIC = {prefix + name: name for prefix in (_V1, _V2_GEOMETRY) for name in _GEOMETRY_KINDS}
-_TO_TENSOR = {_V1 + "ToTensor", "torchvision.transforms.v2._deprecated.ToTensor"}
-_PIL_TO_TENSOR = {_V1 + "PILToTensor", _V2_CONVERSION + "PILToTensor"}
-_TO_IMAGE = {_V2_CONVERSION + "ToImage"}
-_CONVERT_V1 = {_V1 + "ConvertImageDtype"}
-_CONVERT_V2 = {_V2_MISC + "ConvertImageDtype"}
-_TO_DTYPE = {_V2_MISC + "ToDtype"}
-_NORMALIZE = {_V1 + "Normalize", _V2_MISC + "Normalize"}
-_TO_PURE = {_V2_CONVERSION + "ToPureTensor"}
 _TIMM = "timm.data.transforms."
-
-
-def _qualname(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,17 +72,22 @@ def _channel_values(values: Any, label: str) -> tuple[float, ...]:
     return tuple(float(v) for v in flat.reshape(-1).tolist())
 
 
+#: What fastload knows each op class (its qualified name) as.
 _KINDS: dict[str, str] = {
-    **{name: "Compose" for name in _COMPOSE},
-    **_GEOMETRIC,
-    **{name: "ToTensor" for name in _TO_TENSOR},
-    **{name: "PILToTensor" for name in _PIL_TO_TENSOR},
-    **{name: "ToImage" for name in _TO_IMAGE},
-    **{name: "ConvertImageDtype" for name in _CONVERT_V1},
-    **{name: "ConvertImageDtypeV2" for name in _CONVERT_V2},
-    **{name: "ToDtype" for name in _TO_DTYPE},
-    **{name: "Normalize" for name in _NORMALIZE},
-    **{name: "ToPureTensor" for name in _TO_PURE},
+    _V1 + "Compose": "Compose",
+    "torchvision.transforms.v2._container.Compose": "Compose",
+    **{prefix + name: name for prefix in (_V1, _V2_GEOMETRY) for name in _GEOMETRY_KINDS},
+    _V1 + "ToTensor": "ToTensor",
+    "torchvision.transforms.v2._deprecated.ToTensor": "ToTensor",
+    _V1 + "PILToTensor": "PILToTensor",
+    _V2_CONVERSION + "PILToTensor": "PILToTensor",
+    _V2_CONVERSION + "ToImage": "ToImage",
+    _V1 + "ConvertImageDtype": "ConvertImageDtype",
+    _V2_MISC + "ConvertImageDtype": "ConvertImageDtypeV2",
+    _V2_MISC + "ToDtype": "ToDtype",
+    _V1 + "Normalize": "Normalize",
+    _V2_MISC + "Normalize": "Normalize",
+    _V2_CONVERSION + "ToPureTensor": "ToPureTensor",
     _TIMM + "RandomResizedCropAndInterpolation": "RandomResizedCrop",
     _TIMM + "MaybeToTensor": "MaybeToTensor",
     _TIMM + "MaybePILToTensor": "MaybePILToTensor",
@@ -144,7 +102,8 @@ CONVERSIONS = frozenset(
 def op_kind(op: Any) -> str | None:
     """What fastload knows ``op`` as: a geometric op's name, ``"Compose"``, or a conversion
     (:data:`CONVERSIONS`); ``None`` for anything else, subclasses included (they may do more)."""
-    return _KINDS.get(_qualname(op))
+    cls = type(op)
+    return _KINDS.get(f"{cls.__module__}.{cls.__qualname__}")
 
 
 def is_v2(op: Any) -> bool:
@@ -171,32 +130,24 @@ def _forwarded_attribute(function: Any) -> str | None:
         return None  # not two plain parameters (self, x), or *args / **kwargs
     if getattr(function, "__defaults__", None):
         return None
-    ops: list[tuple[str, Any]] = []
-    for ins in dis.get_instructions(function):
-        if ins.opname in _SETUP_OPS:
-            continue
-        ops.append((_OP_ALIASES.get(ins.opname, ins.opname), ins.argval))
-    names = tuple(name for name, _ in ops)
-    if names != _FORWARD_SHAPE:
+    ops = [
+        (_OP_ALIASES.get(ins.opname, ins.opname), ins.argval)
+        for ins in dis.get_instructions(function)
+        if ins.opname not in _SETUP_OPS
+    ]
+    if tuple(name for name, _ in ops) != _FORWARD_SHAPE:
         return None
     self_name, x_name = code.co_varnames[:2]
     (_, first), (_, attribute), (_, second), (_, argc), _ = ops
     if first != self_name or second != x_name or not isinstance(attribute, str):
         return None
-    if argc not in (1, None):  # 3.11 CALL's argval is the argument count
-        return None
-    return attribute
+    return attribute if argc in (1, None) else None  # 3.11 CALL's argval is the argument count
 
 
 def see_through(transform: Any) -> Any:
-    """The torchvision ``Compose`` a wrapper object only forwards to, or ``transform`` itself.
-
-    The rule (the shape of torchvision's reference presets, ``ClassificationPresetTrain``/``Eval``):
-    ``transform`` is not a torchvision transform and its class's ``__call__`` is exactly
-    ``def __call__(self, img): return self.<name>(img)`` (two plain parameters, no defaults), with
-    ``self.<name>`` set on the instance; for a hook-free ``torch.nn.Module``, the same of
-    ``forward``. Applied again to what it finds (a wrapper of a wrapper).
-    """
+    """The torchvision ``Compose`` a wrapper object only forwards to, or ``transform`` itself: a class
+    whose ``__call__`` (a hook-free ``nn.Module``'s ``forward``) is exactly ``def __call__(self, img):
+    return self.<name>(img)``, as torchvision's reference presets (docs/swap.md, "Wrappers")."""
     seen = 0
     while seen < 8 and transform is not None and not type(transform).__module__.startswith("torchvision."):
         cls = type(transform)
@@ -239,12 +190,8 @@ def pipeline_ops(transform: Any) -> list[Any]:
 
 
 def resize_mode(op: Any) -> str | tuple[str, ...]:
-    """The interpolation of a torchvision (or timm) resize op as fastload names it; a tuple for
-    timm's random choice between modes.
-
-    Raises:
-        NotReproducible: For a mode other than bilinear, bicubic or nearest.
-    """
+    """The interpolation of a torchvision (or timm) resize op as fastload names it, a tuple for
+    timm's random choice (``NotReproducible`` for a mode other than bilinear, bicubic or nearest)."""
     if isinstance(op.interpolation, (tuple, list)):
         return tuple(_mode_name(op, mode) for mode in op.interpolation)
     return _mode_name(op, op.interpolation)
@@ -268,9 +215,7 @@ def tensor_antialias(op: Any, on_pil: bool) -> bool:
     if on_pil:
         return True  # PIL's resample always antialiases; torchvision ignores the flag for PIL images
     value = getattr(op, "antialias", True)
-    if value == "warn":
-        return False
-    return bool(value)
+    return value != "warn" and bool(value)
 
 
 def _geometric(op: Any, name: str, on_pil: bool) -> T.Transform:
@@ -305,14 +250,10 @@ def _float_dtype(dtype: Any, op: Any) -> None:
 
 
 def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any, ...]]]:
-    """What a conversion op does to an image in ``state``: the new state and its steps.
-
-    States: ``"pil"`` (a PIL RGB image), ``"uint8"`` (a ``(3, H, W)`` tensor), ``"float"``
-    (float32). Steps as in :class:`fastload.tvpipeline.Conversion`.
-
-    Raises:
-        NotReproducible: Where torchvision would raise, or the result is not uint8 or float32.
-    """
+    """What a conversion op does to an image in ``state`` (``"pil"``: a PIL RGB image, ``"uint8"``:
+    a ``(3, H, W)`` tensor, ``"float"``: float32): the new state and its steps (as in
+    :class:`fastload.tvpipeline.Conversion`); ``NotReproducible`` where torchvision would raise, or
+    the result is not uint8 or float32."""
     label = type(op).__name__
     if kind in ("MaybeToTensor", "MaybePILToTensor"):  # timm's: ToTensor / PILToTensor, tensors pass
         if state != "pil":
@@ -365,11 +306,8 @@ def conversion_step(op: Any, kind: str, state: str) -> tuple[str, list[tuple[Any
 
 
 def convert_pipeline(transform: Any) -> TorchvisionPipeline:
-    """The fast equivalent of a torchvision pipeline applied to PIL RGB images.
-
-    Raises:
-        ValueError: Saying which op (or property of the pipeline) fastload cannot reproduce.
-    """
+    """The fast equivalent of a torchvision pipeline applied to PIL RGB images; ``ValueError`` saying
+    which op (or property of the pipeline) fastload cannot reproduce."""
     try:
         return _convert(transform)
     except NotReproducible as e:

@@ -78,16 +78,9 @@ def _smooth_field(rng: np.random.Generator, h: int, w: int, cells: int, channels
 
 
 def render_image(seed: Sequence[int], class_index: int, size: tuple[int, int] | None = None) -> Image.Image:
-    """Draws one RGB image with natural-image structure (deterministic for ``seed``).
-
-    Args:
-        seed: Entropy for ``numpy.random.default_rng``.
-        class_index: Tints the image so that classes differ visibly (a model can learn them).
-        size: ``(width, height)``; drawn from the ImageNet-like distribution when ``None``.
-
-    Returns:
-        An RGB ``PIL.Image``.
-    """
+    """Draws one RGB image with natural-image structure, deterministic for ``seed``; ``class_index``
+    tints it so that classes differ visibly (a model can learn them); ``size``: ``(width, height)``,
+    drawn from the ImageNet-like distribution when ``None``."""
     rng = np.random.default_rng(list(seed))
     w, h = size if size is not None else _draw_size(rng)
     class_rng = np.random.default_rng([class_index, 7])
@@ -138,7 +131,7 @@ def _encode(spec: SyntheticSpec) -> bytes:
     return buf.getvalue()
 
 
-def _write(args: tuple[str, SyntheticSpec]) -> int:
+def _write(args: tuple[str, SyntheticSpec]) -> None:
     root, spec = args
     data = _encode(spec)
     path = os.path.join(root, spec.relpath)
@@ -146,7 +139,6 @@ def _write(args: tuple[str, SyntheticSpec]) -> int:
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
-    return len(data)
 
 
 def _specs(classes: list[str], per_split: dict[str, int], seed: int, quirks: bool) -> Iterator[SyntheticSpec]:
@@ -180,25 +172,15 @@ def make_imagenet_like(
     num_workers: int | None = None,
     progress: bool | None = None,
 ) -> Path:
-    """Writes an ImageNet-like JPEG tree (see the module docstring) and returns its root.
-
-    Existing files are overwritten with identical content, so an interrupted run can be repeated.
+    """Writes an ImageNet-like JPEG tree (see the module docstring) and returns ``Path(root)``;
+    existing files are overwritten with identical content, so an interrupted run can be repeated.
 
     Args:
-        root: Output folder; ``train/`` and ``val/`` are created inside it.
-        classes: Number of classes.
-        per_class: Images per class in ``train``.
-        val_per_class: Images per class in ``val`` (0 leaves ``val`` with empty class folders).
+        per_class, val_per_class: Images per class in ``train`` and ``val`` (0: empty class folders).
         seed: Every byte written is a function of this seed.
         quirks: Include grayscale, CMYK and PNG-named-``.JPEG`` files, as real ImageNet does.
         num_workers: Processes to encode with (default: the CPUs available to this process).
         progress: Show a tqdm bar (default: when writing more than 500 files to a terminal).
-
-    Returns:
-        ``Path(root)``.
-
-    Raises:
-        ValueError: If a count is negative or not an integer.
     """
     for name, value in (("per_class", per_class), ("val_per_class", val_per_class), ("seed", seed)):
         check_int(value, name, low=0)
@@ -214,7 +196,7 @@ def make_imagenet_like(
         progress = len(specs) > 500 and sys.stderr.isatty()
     tasks = [(str(out), s) for s in specs]
 
-    def bar(it: Iterator[int]) -> Iterable[int]:
+    def bar(it: Iterator[None]) -> Iterable[None]:
         return tqdm(it, total=len(tasks), desc=f"synth {out}", unit="img") if progress else it
 
     if num_workers <= 1 or len(tasks) < 16:
@@ -246,20 +228,8 @@ def make_linked_tree(
     ``root/train/<wnid>/<wnid>_<i>.JPEG`` for ``num_files`` files spread as evenly as possible over
     ``classes`` folders. Every file is a hard link to one of ``base_images`` small real JPEGs kept
     in ``root/base/`` (raised as needed so that no file gets more than 60,000 links), or with
-    ``empty=True`` to an empty file (enough for scanning).
-
-    Args:
-        root: Output folder (created).
-        num_files, classes, base_images: Counts, as above.
-        empty: Link to empty files instead of JPEGs.
-        seed: Seeds the base images.
-
-    Returns:
-        The split folder ``root/train``.
-
-    Raises:
-        ValueError: If a count is not a positive integer (``num_files`` may be 0).
-        FileExistsError: If ``root/train`` already exists.
+    ``empty=True`` to an empty file (enough for scanning). Returns the split folder ``root/train``;
+    ``FileExistsError`` if it exists.
 
     Example:
         >>> split = make_linked_tree("/tmp/inet-shape", num_files=2_562, classes=2)  # doctest: +SKIP

@@ -1,27 +1,17 @@
 """Per-sample CPU transforms, fused with decoding: uint8 in, uint8 out, deterministic per sample.
 
-The classes mirror torchvision's (same names, arguments and crop-parameter distribution):
-:class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop`, :class:`RandomHorizontalFlip`
-and :class:`Compose`. Three things differ:
-
-* **Randomness** comes only from :func:`fastload.rng.current`: inside the loader, the stream of
-  ``(seed, epoch, index)``, so a sample gets the same crop whatever the workers or batches;
-  outside a :func:`fastload.rng.sample_scope`, a stream seeded from torch's global RNG.
-* **Fused decoding.** :meth:`Transform.decode_and_apply` reads only the header, draws the crop box
-  for that image size into a :class:`~fastload.fused.Plan`, and :mod:`fastload.fused` decodes by
-  that plan (at a reduced DCT scale where the crop allows); :meth:`Transform.decode_into` writes
-  the result straight into a slot of the loader's batch buffer.
-* **Output** is always a uint8 ``(3, H, W)`` tensor, also for a PIL input.
+The classes mirror torchvision's (names, arguments, crop-parameter distribution). Randomness comes
+only from :func:`fastload.rng.current` (inside the loader, the stream of ``(seed, epoch, index)``).
+:meth:`Transform.decode_and_apply` reads the header, draws the crop into a
+:class:`~fastload.fused.Plan` and :mod:`fastload.fused` decodes by it (DCT-scaled where the crop
+allows); :meth:`Transform.decode_into` writes into a slot of the loader's batch buffer. The output
+is always a uint8 ``(3, H, W)`` tensor, also for a PIL input.
 
 Example:
     >>> from fastload import rng, transforms as T
     >>> train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
     >>> train.output_size
     (224, 224)
-    >>> with rng.sample_scope(seed=0, epoch=0, index=3):
-    ...     img = train.decode_and_apply(open("x.JPEG", "rb").read(), "x.JPEG")   # doctest: +SKIP
-    >>> img.shape, img.dtype                                                          # doctest: +SKIP
-    (torch.Size([3, 224, 224]), torch.uint8)
 """
 
 from __future__ import annotations
@@ -100,11 +90,9 @@ def _parse_interpolation(value: Any) -> str:
 
 
 def import_decode_modules() -> None:
-    """Imports now what decoding a sample imports on first use, and runs its one-time checks: PIL's
-    format plugins and, with the C extension, the check of its copy of PIL's resample; without it,
-    torchvision's functional ops and ``torchvision.io.decode_jpeg``'s check. The loader calls it
-    before it starts workers, so that forked workers inherit the modules.
-    """
+    """Imports now what decoding a sample imports on first use and runs its one-time checks (PIL's
+    plugins; the C resample's check, else torchvision's ops and decoder), so forked workers
+    inherit them. The loader calls it before it starts workers."""
     Image.preinit()  # the JPEG, PNG, BMP, GIF and PPM plugins Image.open would import
     if roi_decoder_available() and pil_resample_available():
         return  # torchvision is only needed by an image that falls back: imported then, once
@@ -138,11 +126,8 @@ def resized_output_size(
 
 
 class Transform:
-    """Base class of fastload's per-sample transforms (a pipeline of one; see :class:`Compose`).
-
-    Subclasses implement :meth:`_plan` (draw the random parameters for an image size and record
-    the geometry) and :meth:`_output_size`.
-    """
+    """Base class of fastload's per-sample transforms (a pipeline of one; see :class:`Compose`):
+    subclasses implement :meth:`_plan` (draw the parameters, record the geometry) and :meth:`_output_size`."""
 
     #: Whether the transform draws random parameters (a :class:`Compose`: whether any of its do);
     #: only random pipelines decode at a reduced size by default (see :meth:`decode_and_apply`).
@@ -192,24 +177,17 @@ class Transform:
         resampler: str = "auto",
         reduce: bool | None = None,
     ) -> torch.Tensor:
-        """Decodes an encoded image and applies the transform, fused (see the module docstring).
+        """Decodes an encoded image and applies the transform, fused (see the module docstring): a
+        uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
 
         Args:
-            data: The encoded file (JPEG, PNG or anything PIL reads).
             name: How to name the sample in an error, e.g. ``"sample 3 ('/data/train/x.JPEG')"``.
-            resampler: ``"pil"``: bilinear/bicubic resizes the way PIL runs them, the same pixels
-                as the torchvision pipeline run on the PIL image; ``"torch"``: torch's uint8
-                kernels (up to 2 levels from PIL's on a few pixels); ``"auto"``: ``"pil"`` when the
-                C extension's copy of PIL's resample is there, else ``"torch"``.
-            reduce: Allow reduced-size (DCT-scaled) JPEG decoding when the crop is at least twice
-                the output; ``False``: always decode at full size (the reference pixels). ``None``:
-                only for a pipeline with a random op (training).
-
-        Returns:
-            A uint8 ``(3, H, W)`` tensor (a view of an HWC array, like ``pil_to_tensor``).
-
-        Raises:
-            DecodeError: Naming ``name`` when the file is not a decodable image.
+            resampler: ``"pil"``: bilinear/bicubic resizes as PIL runs them (the torchvision
+                pipeline's pixels on the PIL image); ``"torch"``: torch's uint8 kernels (up to 2
+                levels from PIL's on a few pixels); ``"auto"``: ``"pil"`` where the C extension's
+                copy of PIL's resample is there.
+            reduce: Allow DCT-scaled JPEG decoding where the crop is at least twice the output
+                (``False``: the reference pixels); ``None``: only for a pipeline with a random op.
         """
         pil, reduce = self._choose(resampler, reduce)
         height, width, img = open_encoded(data, name)
@@ -231,18 +209,10 @@ class Transform:
         """Like :meth:`decode_and_apply`, writing the ``(H, W, 3)`` result into ``out``.
 
         Args:
-            data: The encoded file.
-            out: A writable uint8 array of shape ``output_size + (3,)``, e.g. one slot of an NHWC
-                batch buffer in shared memory (a CPU uint8 tensor works too: written in place).
-            name: How to name the sample in an error.
-            resampler, reduce: As in :meth:`decode_and_apply`.
+            out: A writable uint8 array (or CPU uint8 tensor) of shape ``output_size + (3,)``, e.g.
+                one slot of an NHWC batch buffer; the pipeline needs a fixed :attr:`output_size`.
             exact: With the PIL resampler, fold the ops into one resample only where torchvision's
                 chain is one (see :func:`~fastload.fused.decode_plan`).
-
-        Raises:
-            DecodeError: Naming ``name`` when the file is not a decodable image.
-            ValueError: If ``out`` has the wrong shape (the pipeline must have a fixed
-                :attr:`output_size`).
         """
         if isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.uint8:
             out = out.numpy()  # e.g. a slot of a pinned NHWC batch tensor: same memory
@@ -268,21 +238,14 @@ class Transform:
     def _choose(self, resampler: str, reduce: bool | None) -> tuple[bool, bool]:
         """``(pil, reduce)`` for the ``resampler`` and ``reduce`` arguments (see decode_and_apply)."""
         check_choice(resampler, "resampler", _RESAMPLERS)
-        random = self.random
-        if resampler == "auto":
-            pil = pil_resample_available()
-        else:
-            pil = resampler == "pil"
-        return pil, random if reduce is None else bool(reduce)
+        pil = pil_resample_available() if resampler == "auto" else resampler == "pil"
+        return pil, self.random if reduce is None else bool(reduce)
 
 
 class Compose(Transform):
-    """Runs fastload transforms in order; the whole pipeline is fused with decoding.
-
-    Args:
-        transforms: fastload transforms (``Compose`` can nest). Other callables (torchvision
-            transforms) cannot be planned before decoding: put them in a torchvision ``Compose``
-            around this one, or apply them on the batch after the loader (:mod:`fastload.gpu`).
+    """Runs fastload transforms in order (``Compose`` can nest); the whole pipeline is fused with
+    decoding. Other callables cannot be planned before decoding: put them in a torchvision
+    ``Compose`` around this one, or apply them to the batch (:mod:`fastload.gpu`).
 
     Example:
         >>> val = Compose([Resize(256), CenterCrop(224)])
@@ -333,15 +296,9 @@ class RandomResizedCrop(Transform):
     a 100x20 image (w x h) whose 10 attempts all miss keeps the full height and clamps the width to
     ``int(round(20 * 4/3)) = 27``: ``top=0, left=(100 - 27) // 2 = 36, h=20, w=27``.
 
-    Args:
-        size: Output ``(h, w)``, or an int for a square.
-        scale: Range of the crop's area as a fraction of the image's, ``0 < min <= max``.
-        ratio: Range of the crop's aspect ratio (w / h), ``0 < min <= max``.
-        interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"`` (or a torchvision
-            ``InterpolationMode`` / PIL constant); or a sequence of them, one drawn per image after
-            the crop (timm's ``interpolation="random"``: bilinear or bicubic).
-        antialias: Antialias when shrinking (torchvision's default ``True``). ``False`` or
-            ``"nearest"`` turn off DCT-scaled decoding, which would antialias.
+    ``interpolation`` also takes a torchvision ``InterpolationMode`` or PIL constant, or a sequence
+    of modes, one drawn per image after the crop (timm's ``"random"``: bilinear or bicubic);
+    ``antialias=False`` or ``"nearest"`` also turn off DCT-scaled decoding, which would antialias.
     """
 
     random = True
@@ -421,9 +378,7 @@ class Resize(Transform):
         size: ``(h, w)``; or an int (or a 1-sequence): the shorter side becomes ``size`` and the
             longer one keeps the aspect ratio (truncated: 500x375 -> 341x256 for 256); or ``None``
             with ``max_size``: the longer side becomes ``max_size``.
-        interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"``.
         max_size: Upper bound of the longer side when ``size`` is an int (must be larger than it).
-        antialias: Antialias when shrinking (default ``True``).
     """
 
     def __init__(
@@ -476,9 +431,6 @@ class Resize(Transform):
 class CenterCrop(Transform):
     """Crops the centre ``size`` region (torchvision's rounding); pads with zeros if the image is smaller.
 
-    Args:
-        size: ``(h, w)``, or an int for a square.
-
     Example: a 341x256 (w x h) image, ``CenterCrop(224)``: ``top = round(16.0) = 16``,
     ``left = round(58.5) = 58`` (Python rounds half to even, as torchvision does).
     """
@@ -503,11 +455,7 @@ class CenterCrop(Transform):
 
 
 class RandomHorizontalFlip(Transform):
-    """Mirrors the image left-right with probability ``p`` (one draw per sample whatever ``p``).
-
-    Args:
-        p: Probability of flipping, in ``[0, 1]``.
-    """
+    """Mirrors the image left-right with probability ``p`` (one draw per sample whatever ``p``)."""
 
     random = True
 

@@ -1,12 +1,10 @@
 """The views fastload serves over a torchvision ``DatasetFolder`` (``ImageFolder``) or a timm
 ``ImageDataset`` over a folder, and the checks that it reads the images as the dataset does.
 
-Where it sits: between the user's dataset and the paths that read it. :func:`sample_index`:
-``dataset.samples`` as a :class:`~fastload.folder.FolderIndex` of numpy arrays;
-:func:`folder_source`: the dataset the fast path and head acceleration read encoded bytes from;
-:func:`worker_view`: what torch's workers serve instead of the dataset, running
-``DatasetFolder.__getitem__`` as written. :class:`NotReproducible`: why a dataset or pipeline
-cannot be accelerated.
+:func:`sample_index`: ``dataset.samples`` as a :class:`~fastload.folder.FolderIndex` of numpy
+arrays; :func:`folder_source`: the dataset the fast path and head acceleration read encoded bytes
+from; :func:`worker_view`: what torch's workers serve instead, running ``DatasetFolder.__getitem__``
+as written. :class:`NotReproducible`: why a dataset or pipeline cannot be accelerated.
 """
 
 from __future__ import annotations
@@ -36,11 +34,8 @@ def _torchvision_folder(dataset: Any) -> bool:
 def _exact_folder_class(dataset: Any) -> None:
     """Raises unless ``type(dataset)`` keeps ``DatasetFolder.__getitem__`` and ``__len__``."""
     module = sys.modules["torchvision.datasets.folder"]
-    cls = type(dataset)
-    if (
-        cls.__getitem__ is not module.DatasetFolder.__getitem__
-        or cls.__len__ is not module.DatasetFolder.__len__
-    ):
+    cls, folder = type(dataset), module.DatasetFolder
+    if cls.__getitem__ is not folder.__getitem__ or cls.__len__ is not folder.__len__:
         raise NotReproducible(f"{cls.__name__} overrides __getitem__ or __len__")
 
 
@@ -91,18 +86,10 @@ _CHUNK = 1 << 16  # samples encoded at a time: the peak stays a few MB above the
 
 
 def sample_index(dataset: Any) -> FolderIndex:
-    """The samples of a torchvision ``DatasetFolder`` (or timm ``ImageDataset``) as a
-    :class:`FolderIndex` (numpy arrays).
-
-    ``dataset.samples[i]`` (timm: ``dataset.reader.samples[i]``) is read for every ``i``. Paths
-    are stored relative to ``dataset.root`` when every one is ``os.path.join(root, relative)``
-    exactly (as torchvision's scan makes them), else whole; either way
-    ``index.paths[i] == dataset.samples[i][0]``.
-
-    Raises:
-        NotReproducible: If a sample is not a ``(str path, int target)`` pair, or the targets are
-            not indices into ``dataset.classes`` (distinct names).
-    """
+    """The samples of a torchvision ``DatasetFolder`` (timm ``ImageDataset``: its reader's) as a
+    :class:`FolderIndex` (numpy arrays), with ``index.paths[i] == samples[i][0]`` (stored relative to
+    the root where every path is under it); ``NotReproducible`` unless each sample is a ``(str,
+    int)`` pair whose target indexes the classes (distinct names)."""
     if _timm_folder(dataset):
         samples, root, classes = _timm_samples(dataset)
     else:
@@ -153,14 +140,10 @@ def _encode_samples(samples: Any, n: int, prefix: str) -> tuple[np.ndarray, np.n
                 path = path[cut:]
             rels.append(path)
             targets[i] = target
-        joined = "".join(rels)
-        if joined.isascii():
-            blob = joined.encode("ascii")
-            np.cumsum([len(r) for r in rels], out=offsets[start + 1 : start + 1 + len(rels)])
-        else:
-            encoded = [r.encode("utf-8", "surrogateescape") for r in rels]
-            blob = b"".join(encoded)
-            np.cumsum([len(e) for e in encoded], out=offsets[start + 1 : start + 1 + len(rels)])
+        joined = "".join(rels)  # encoded by code point: the whole is the pieces back to back
+        blob = joined.encode("utf-8", "surrogateescape")
+        pieces = rels if joined.isascii() else [r.encode("utf-8", "surrogateescape") for r in rels]
+        np.cumsum([len(p) for p in pieces], out=offsets[start + 1 : start + 1 + len(rels)])
         offsets[start + 1 : start + 1 + len(rels)] += total
         total += len(blob)
         parts.append(blob)
@@ -175,13 +158,9 @@ def is_image_folder(dataset: Any) -> bool:
 
 def folder_source(dataset: Any) -> EncodedImageDataset:
     """A fastload dataset with ``dataset``'s samples that serves their encoded bytes: a shallow
-    copy of a fastload dataset, or an ``ImageFolder`` over a ``DatasetFolder``'s :func:`sample_index`.
-
-    Raises:
-        NotReproducible: If fastload cannot read the images as ``dataset`` does: a custom
-            ``loader``, a joint ``transforms`` callable, a ``DatasetFolder`` subclass with its own
-            ``__getitem__``/``__len__``, or an image backend other than PIL.
-    """
+    copy of a fastload dataset, or an ``ImageFolder`` over a ``DatasetFolder``'s :func:`sample_index`;
+    ``NotReproducible`` where fastload cannot read the images as ``dataset`` does (a custom
+    ``loader``, joint ``transforms``, an own ``__getitem__``/``__len__``, a backend other than PIL)."""
     if isinstance(dataset, EncodedImageDataset):
         if getattr(dataset, "loader", None) is not None:
             raise NotReproducible("the dataset has a custom loader")
@@ -215,15 +194,10 @@ def folder_source(dataset: Any) -> EncodedImageDataset:
 
 
 def worker_view(dataset: Any) -> tuple[ImageFolder | None, str | None]:
-    """What torch's workers serve instead of a torchvision ``DatasetFolder`` they would copy page
-    by page: ``(view, None)``, or ``(None, reason)`` to keep the user's dataset.
-
-    The view is a :class:`fastload.ImageFolder` over :func:`sample_index` with the dataset's own
-    ``loader``, ``transform`` and ``target_transform`` (so ``view[i]`` runs exactly
-    ``DatasetFolder.__getitem__``) and no reference to the dataset's ``samples`` list. Only for a
-    class that keeps ``DatasetFolder.__getitem__``/``__len__``, with torchvision's loader, and
-    transforms that are not methods of the dataset.
-    """
+    """What torch's workers serve instead of a torchvision ``DatasetFolder`` they would copy page by
+    page: ``(view, None)`` (a :class:`fastload.ImageFolder` over :func:`sample_index` with the
+    dataset's own ``loader`` and transforms, so ``view[i]`` runs ``DatasetFolder.__getitem__``
+    exactly), or ``(None, reason)`` to keep the user's dataset."""
     if not _torchvision_folder(dataset):
         return None, f"{type(dataset).__name__} is not a torchvision DatasetFolder"
     try:

@@ -28,16 +28,11 @@ __all__ = ["Conversion", "TorchvisionPipeline", "convert"]
 
 
 class Conversion:
-    """Conversion steps of a torchvision pipeline (``ToTensor``, ``PILToTensor``, ``ToDtype``,
-    ``Normalize``, ...) run as one step, with torchvision's arithmetic.
+    """Conversion steps of a torchvision pipeline run as one step, with torchvision's arithmetic.
 
-    Args:
-        steps: On a ``(3, H, W)`` uint8 image, in order: ``("to", dtype)``, ``("div", 255.0)``,
-            ``("mul", 1 / 255)``, ``("normalize", mean, std)`` (see
-            :func:`fastload.recognize.conversion_step`).
-
-    Attributes:
-        dtype: The output dtype (uint8 without a ``"to"`` step).
+    ``steps`` on a ``(3, H, W)`` uint8 image, in order: ``("to", dtype)``, ``("div", 255.0)``,
+    ``("mul", 1 / 255)``, ``("normalize", mean, std)`` (see :func:`fastload.recognize.conversion_step`);
+    :attr:`dtype` is the output's (uint8 without a ``"to"`` step).
     """
 
     def __init__(self, steps: tuple[tuple[Any, ...], ...]) -> None:
@@ -64,11 +59,8 @@ class Conversion:
             convert(torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(out), self.steps)
 
     def table(self) -> np.ndarray | None:
-        """The conversion of every uint8 value per channel, ``(3, 256)`` float32, or ``None``.
-
-        The steps are elementwise, so :func:`convert` run on the 256 values gives a table whose
-        lookups are bit-identical to converting the image. ``None`` for a non-float32 output.
-        """
+        """The conversion of every uint8 value per channel, ``(3, 256)`` float32 (``None`` for another
+        output dtype): the steps are elementwise, so its lookups equal converting the image."""
         if self.dtype != torch.float32:
             return None
         lut = getattr(self._local, "lut", None)
@@ -112,16 +104,10 @@ class Conversion:
 class TorchvisionPipeline:
     """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
 
-    :meth:`decode_into` writes one sample's slot: ``(H, W, 3)`` uint8 (``channels_first=False``:
-    the batch is converted later on the device) or ``(3, H, W)`` of :attr:`dtype`.
-
-    Args:
-        geometry: The fastload transforms of the pipeline's crops, resizes and flips.
-        steps: Conversion steps after the geometry, on a ``(3, H, W)`` uint8 tensor (see
-            :class:`Conversion`).
-        resampler: ``"pil"`` (resizes as PIL runs them) or ``"torch"`` (on uint8 tensors).
-        reduce: Allow reduced-size JPEG decoding (training pipelines only).
-        description: How ``repr`` names the user's pipeline.
+    ``geometry``: fastload transforms of the crops, resizes and flips; ``steps``: as in
+    :class:`Conversion`; ``resampler``: ``"pil"`` or ``"torch"``; ``description``: how ``repr``
+    names the user's pipeline. :meth:`decode_into` writes one sample's slot: ``(3, H, W)`` of
+    :attr:`dtype`, or ``(H, W, 3)`` uint8 with ``channels_first=False`` (converted on the device).
     """
 
     def __init__(
@@ -179,20 +165,17 @@ class TorchvisionPipeline:
         self, data: bytes | memoryview | np.ndarray, out: np.ndarray, name: str = "image"
     ) -> None:
         """Decodes one sample into its slot ``out`` (see the class docs)."""
-        if not self.channels_first:
-            self.geometry.decode_into(
-                data, out, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
-            )
-            return
-        scratch = getattr(self._local, "scratch", None)
-        size = self.output_size
-        assert size is not None
-        if scratch is None:
-            scratch = self._local.scratch = np.empty((*size, 3), dtype=np.uint8)
+        slot = out
+        if self.channels_first:  # decoded into a per-thread scratch, then converted into out
+            scratch = getattr(self._local, "scratch", None)
+            if scratch is None:
+                scratch = self._local.scratch = np.empty((*self.sample_shape[1:], 3), dtype=np.uint8)
+            slot = scratch
         self.geometry.decode_into(
-            data, scratch, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
+            data, slot, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
         )
-        self.convert_sample(scratch, out)
+        if self.channels_first:
+            self.convert_sample(slot, out)
 
     def convert_sample(self, hwc: np.ndarray, out: np.ndarray) -> None:
         """The conversion steps of one decoded sample: uint8 ``(H, W, 3)`` -> ``out`` ``(3, H, W)``."""
@@ -247,12 +230,9 @@ def convert(
     steps: tuple[tuple[Any, ...], ...],
     constants: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``), writing ``out``.
-
-    The arithmetic is torchvision's, op for op (``ToTensor``: ``to(float32).div(255)``,
-    ``Normalize``: ``sub_(mean).div_(std)``). ``constants``: step k's ``(mean, std)`` as
-    ``(C, 1, 1)`` tensors already on ``out``'s device.
-    """
+    """Runs the conversion ``steps`` on uint8 images ``src`` (``(..., 3, H, W)``) into ``out``, op
+    for op as torchvision; ``constants``: step k's ``(mean, std)`` as ``(C, 1, 1)`` tensors on
+    ``out``'s device."""
     out.copy_(src)  # the cast of a "to" step (or a plain copy for uint8 output)
     for k, step in enumerate(steps):
         kind = step[0]
