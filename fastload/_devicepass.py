@@ -225,12 +225,11 @@ class EncodedPass:
 
     def __next__(self) -> IndexedBatch:
         try:
-            batch: IndexedBatch = next(self.feeder)
+            return next(self.feeder)
         except DecodeError as error:  # its advice without on_error='skip', which these paths refuse
             if error.args and isinstance(error.args[0], str):
                 error.args = (without_skip_hint(error.args[0]), *error.args[1:])
             raise
-        return batch
 
     def close(self) -> None:
         self.feeder.close()

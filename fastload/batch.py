@@ -18,8 +18,7 @@ _MISSING = object()
 class IndexedBatch(list[Any]):
     """An ``[images, labels]`` batch that also carries the dataset index of each sample.
 
-    A list, as torch's ``default_collate`` makes, so training loops need no change. It survives
-    pickling, ``pin_memory`` and the frameworks' utilities (torch's pytree maps all three); one
+    A list, as torch's ``default_collate`` makes; it survives pickling and torch's pytree. A utility
     that rebuilds it as ``type(batch)(items)`` (Lightning, Accelerate; torch 2.1's ``pin_memory``)
     gets indices ``None``.
 

@@ -64,8 +64,6 @@ __all__ = [
 INSTALL_HINT = "pip install 'fastload[dali]'"
 
 _STATE_FORMAT = "fastload.DALILoader"
-_TRAIN_SCALE = (0.08, 1.0)
-_TRAIN_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def dali_unavailable_reason() -> str | None:
@@ -214,7 +212,7 @@ class _Feed:
         self.size = size
         self.resize = resize
         self.seed = seed
-        self.crop = T.RandomResizedCrop(size, scale=_TRAIN_SCALE, ratio=_TRAIN_RATIO)
+        self.crop = T.RandomResizedCrop(size)  # scale (0.08, 1), ratio (3/4, 4/3)
         self.flip = T.RandomHorizontalFlip(0.5)
         self.epoch = 0
         self.pending: deque[np.ndarray] = deque()
@@ -297,11 +295,8 @@ class DALILoader:
         drop_last: ``True``: every rank takes ``floor(N / num_replicas)`` samples and drops its
             incomplete last batch; ``False``: every sample once over all ranks. ``None``: ``train``.
 
-    Raises:
-        ImportError: DALI is not installed (the message names ``pip install 'fastload[dali]'``).
-
-    One pass runs at a time: a new ``for`` loop ends the previous one, whose iterator then raises
-    ``RuntimeError``.
+    Without DALI it raises ``ImportError`` naming the install command. One pass runs at a time: a
+    new ``for`` loop ends the previous one, whose iterator then raises ``RuntimeError``.
     """
 
     def __init__(

@@ -117,13 +117,21 @@ def _route(data: bytes | memoryview | np.ndarray) -> int:
     """Where an image is decoded: a JPEG in YCbCr, RGB or grayscale by the device, else the CPU."""
     if not torchvision_jpeg_available():
         return ROUTE_CPU
-    if jpeg_extension_built():
-        return ROUTE_DEVICE if jpeg_header(data) is not None else ROUTE_CPU
-    try:  # no C extension: PIL reads the header (it does not decode either)
+    header = jpeg_header(data) if jpeg_extension_built() else _pil_header(data)
+    return ROUTE_DEVICE if header is not None else ROUTE_CPU
+
+
+def _pil_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, bool, str] | None:
+    """Without the C extension: PIL reads the header (it does not decode) of a JPEG in YCbCr, RGB or
+    grayscale, ``(width, height, progressive, subsampling)``; anything else: ``None``."""
+    try:
         img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
     except (OSError, ValueError, Image.DecompressionBombError):
-        return ROUTE_CPU
-    return ROUTE_DEVICE if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") else ROUTE_CPU
+        return None
+    if img.format not in JPEG_FORMATS or img.mode not in ("RGB", "L"):
+        return None
+    sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(JpegImagePlugin.get_sampling(img), "other")
+    return *img.size, bool(img.info.get("progressive")), "gray" if img.mode == "L" else sampling
 
 
 class Headers:
@@ -157,27 +165,13 @@ class Headers:
     def _read(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
         if roi_decoder_available():
             info = jpeg_info(data)
-            if info is None:
-                self.route[i] = ROUTE_CPU
-                return
-            width, height, progressive, subsampling = (
-                info.width,
-                info.height,
-                info.progressive,
-                info.subsampling,
-            )
-        else:  # no C extension: PIL reads the header (it does not decode either)
-            try:
-                img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
-            except (OSError, ValueError, Image.DecompressionBombError):
-                self.route[i] = ROUTE_CPU
-                return
-            if img.format not in JPEG_FORMATS or img.mode not in ("RGB", "L"):
-                self.route[i] = ROUTE_CPU
-                return
-            (width, height), progressive = img.size, bool(img.info.get("progressive"))
-            sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(JpegImagePlugin.get_sampling(img), "other")
-            subsampling = "gray" if img.mode == "L" else sampling
+            header = None if info is None else (info.width, info.height, info.progressive, info.subsampling)
+        else:
+            header = _pil_header(data)
+        if header is None:
+            self.route[i] = ROUTE_CPU
+            return
+        width, height, progressive, subsampling = header
         self.width[i], self.height[i] = width, height
         self.progressive[i] = 2 if progressive else 1
         self.subsampling[i] = self.SUBSAMPLING.index(subsampling)

@@ -123,12 +123,7 @@ def crop_resize(
     antialias: bool = True,
 ) -> torch.Tensor:
     """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size`` in one
-    pass: :class:`RandomResizedCrop`'s resize for boxes drawn elsewhere (a region decoder's).
-
-    Raises:
-        ValueError: If a box argument has not one entry per image, or a box is empty or reaches
-            outside its image.
-    """
+    pass: :class:`RandomResizedCrop`'s resize for boxes drawn elsewhere (a region decoder's)."""
     heights, widths = image_sizes(images)
     n = len(heights)
     box = []
@@ -164,7 +159,6 @@ class RandomResizedCrop(_Geometric):
         >>> import torch
         >>> t = RandomResizedCrop(64)
         >>> images = torch.randint(0, 256, (4, 3, 100, 80), dtype=torch.uint8)
-        >>> top, left, height, width = t.get_params(images, indices=[10, 11, 12, 13], epoch=1, seed=0)
         >>> t(images, indices=[10, 11, 12, 13], epoch=1).shape
         torch.Size([4, 3, 64, 64])
     """
@@ -373,14 +367,7 @@ class CenterCrop(_Geometric):
 
 
 class RandomHorizontalFlip(_Geometric):
-    """Flips each image left-right with probability ``p``, decided per sample.
-
-    Example:
-        >>> import torch
-        >>> t = RandomHorizontalFlip(p=1.0)
-        >>> t(torch.tensor([[[[1, 2, 3]]]], dtype=torch.uint8)).tolist()
-        [[[[3, 2, 1]]]]
-    """
+    """Flips each image left-right with probability ``p``, decided per sample."""
 
     stream = 0x47500002
 

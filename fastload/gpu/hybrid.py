@@ -11,7 +11,6 @@ A hybrid batch of ``n`` images::
 
 The *head* (:func:`split_head`) brings every image to one size; the CPU workers run it as
 :class:`DeviceHead`, drawing each crop box from the same ``(seed, epoch, index)`` as the device.
-
 :class:`HybridSplit` gives the CPU ``cpu_rate / (cpu_rate + device_rate)`` of each batch (neither
 side waits); a side too slow for one image gets one every :attr:`HybridSplit.probe_every` batches.
 ``loader.hybrid.cpu_share = 0.5`` fixes the split (batches then repeat bit for bit). Experimental
@@ -101,7 +100,6 @@ def apply_head(
 def _head_on_regions(
     head: Sequence[Any], batch: RegionBatch, indices: np.ndarray, epoch: int, seed: int
 ) -> torch.Tensor:
-    """:func:`apply_head` on a :class:`~fastload.gpu.decode.RegionBatch`."""
     crop = region_crop(head)
     if crop is None:
         raise ValueError(

@@ -98,16 +98,11 @@ host_pool = HostBufferPool()
 class Normalize(BatchTransform):
     """Converts to float (uint8 scaled to [0, 1]) and normalises per channel: ``(x / 255 - mean) / std``.
 
-    torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, op for op (float32 results
-    bit-identical); float16/bfloat16 outputs are computed in float32 and cast once.
-
-    Args:
-        mean: Per-channel means in [0, 1] units, or one number; values above 1 are taken as 0-255
-            units (DALI's habit) and ``mean`` and ``std`` divided by 255, with a warning.
-        std: Per-channel standard deviations, non-zero.
-        buffers: 0: every call returns a tensor of its own. ``k > 0``: a ring of ``k`` reusable
-            outputs, call ``t``'s overwritten by call ``t + k`` (``buffers=2`` is safe with
-            :class:`fastload.CUDAPrefetcher` if you keep no batch beyond the next step).
+    torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, op for op (half precision:
+    computed in float32, cast once). ``mean``/``std`` above 1 are taken as 0-255 units (DALI's
+    habit) and divided by 255, with a warning. ``buffers=k > 0``: a ring of ``k`` reused outputs,
+    call ``t``'s overwritten by call ``t + k`` (2 is safe with :class:`fastload.CUDAPrefetcher` if
+    you keep no batch beyond the next step).
 
     Example:
         >>> import torch

@@ -230,8 +230,6 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _one_at_a_time(method: _Method) -> _Method:
-    """``method`` under its decoder's lock."""
-
     @functools.wraps(method)
     def locked(self: RegionDecoder, *args: Any, **kwargs: Any) -> Any:
         with self._lock:

@@ -132,11 +132,9 @@ class CUDAPrefetcher:
         dtype: Of the handed-out images: integer ones scaled to [0, 1] (torchvision's
             ``ToDtype(dtype, scale=True)``), floating ones cast; ``None``: as the transforms return.
 
-    ``len()``, ``dataset``, ``sampler``, ``batch_size``, ``set_epoch`` and
-    ``state_dict``/``load_state_dict`` pass through to the loader; :meth:`state_dict` is its state
-    when the last batch was handed out. ``stats`` (:class:`fastload.LoaderStats`) is measured at
-    the consumer. An error for batch ``k`` is raised by its ``next()``; the next goes on with
-    ``k + 1`` if the loader does.
+    ``len()``, ``dataset``, ``sampler``, ``batch_size``, ``set_epoch`` and ``state_dict`` (as of
+    the last batch handed out) pass through to the loader; ``stats`` are measured at the consumer.
+    An error for batch ``k`` is raised by its ``next()``; the next goes on if the loader does.
 
     Example (CPU, ``indices`` from :class:`~fastload.IndexedBatch`):
         >>> import torch

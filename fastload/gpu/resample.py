@@ -30,12 +30,9 @@ __all__ = ["USE_C_TAPS", "GeometryPlan", "plan_extension_built"]
 
 
 class _Axis:
-    """The geometry of one axis (rows or columns) of every image of a batch.
-
-    The current virtual image ``V`` along this axis is ``V[k] = R[win0 + k]`` for
-    ``k < winlen``, zero where ``win0 + k`` is outside ``[lo, hi)``. ``R`` is the source ``S``
-    itself until a resize happens (``resampled`` False); afterwards it is ``S[src0 : src0 + srclen]``
-    (zero outside ``[m0, m1)``) resampled to ``reslen`` pixels.
+    """The geometry of one axis of every image of a batch: the current image is ``V[k] = R[win0 + k]``
+    for ``k < winlen``, zero outside ``[lo, hi)``; ``R`` is the source ``S`` until a resize, then
+    ``S[src0 : src0 + srclen]`` (zero outside ``[m0, m1)``) resampled to ``reslen`` pixels.
     """
 
     __slots__ = ("size", "src0", "srclen", "reslen", "win0", "winlen", "lo", "hi", "m0", "m1", "resampled")
@@ -157,12 +154,9 @@ class _HostTaps(_Taps):
 
 
 class _AntialiasTaps(_Taps):
-    """torch's antialiased bilinear taps, made on the host from per-pixel numbers.
-
-    Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` with weight
-    ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)`` normalised by their in-order sum: torch's
-    kernel setup's float64 operations. Taps past ``xsize`` weigh 0 and read the first tap's position.
-    """
+    """torch's antialiased bilinear taps (its kernel setup's float64 operations): output ``o`` of
+    image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` with weight
+    ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)`` normalised by their in-order sum."""
 
     def __init__(
         self,
