@@ -1,8 +1,6 @@
-"""What every batched transform shares (geometry, colour, normalize; the prefetcher and feeder
-call them): the images, the call ``transform(images, indices=None, epoch=0, seed=0)``, the draws.
-
-Images: an ``(N, C, H, W)`` tensor, or for the resize-type transforms only, a list of
-``(C, H, W)`` tensors (a device decoder's) or :class:`PackedImages` (a region decoder's).
+"""What every batched transform shares: the call ``transform(images, indices=None, epoch=0, seed=0)``
+on an ``(N, C, H, W)`` tensor (the resize-type ones also take a list of ``(C, H, W)`` tensors or
+:class:`PackedImages`, as device decoders give), and the draws.
 
 Per-sample randomness: with ``indices`` (each image's dataset index), image ``r``'s parameters come
 from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, ``stream`` a fixed id per

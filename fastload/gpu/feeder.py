@@ -1,6 +1,5 @@
-"""The device feeder: a batch's device work (the host paths' copy and transforms, the device
-paths' decode and transforms) in a thread and CUDA stream of its own, ``depth`` batches ahead, not
-in the training thread, whose kernel launches it would wait for::
+"""The device feeder: a batch's device work in a thread and CUDA stream of its own, ``depth``
+batches ahead, not in the training thread, whose kernel launches it would wait for::
 
     feeder thread (stream S)                          training thread (stream C)
     for k in start..n-1:                              next():

@@ -1,11 +1,10 @@
-"""The resampling plan: what the geometric transforms (:mod:`fastload.gpu.geometry`) do to each
-image of a batch (per axis a window, a resize, a flip), run by :meth:`GeometryPlan.execute` once.
-
-Bilinear resizing (``antialias=True``: torch's triangle filter) runs as two separable
-:func:`torch.nn.functional.embedding_bag` passes, the per-image taps made on the host (the C
-extension ``fastload._resample``, else numpy) and sent in two copies; uint8 outputs within one
-level of torchvision's. One geometry for every image: torchvision's batched resize. A ragged batch
-runs in the fewest groups of similar width whose padding costs at most 1.5 times its own work.
+"""The resampling plan of the geometric transforms (per axis a window, a resize, a flip), run once
+per batch by :meth:`GeometryPlan.execute`. Bilinear resizing (``antialias=True``: torch's triangle
+filter) runs as two separable :func:`torch.nn.functional.embedding_bag` passes, the per-image taps
+made on the host (the C extension ``fastload._resample``, else numpy) and sent in two copies; uint8
+outputs within one level of torchvision's. One geometry for every image: torchvision's batched
+resize. A ragged batch runs in the fewest groups of similar width whose padding costs at most 1.5
+times its own work.
 """
 
 from __future__ import annotations
