@@ -14,7 +14,6 @@ from .folder import ClassIndex, FolderIndex, scan_folder, scan_list
 from .imagefolder import ImageFolder
 from .stats import LoaderStats
 
-# Names resolved on first use, so `import fastload` stays light.
 _LAZY = {
     "transforms": ("fastload.transforms", None),
     "gpu": ("fastload.gpu", None),

@@ -16,14 +16,8 @@ from .folder import ClassIndex, scan_folder
 from .pack import add_pack_parser
 from .synthetic import make_imagenet_like
 
-# Written by `synth` into its output folder first: a folder holding only an earlier run of the same
-# command (e.g. one interrupted by Ctrl-C) is completed, anything else non-empty needs --force.
+# written by synth first: a folder holding an earlier run of the same command is completed
 _SYNTH_MARKER = ".fastload-synth.json"
-
-
-def _synth_settings(args: argparse.Namespace) -> dict[str, object]:
-    keys = ("classes", "per_class", "val_per_class", "seed", "no_quirks")
-    return {k: getattr(args, k) for k in keys}
 
 
 def _files_under(root: Path) -> int:
@@ -34,7 +28,7 @@ def _synth(args: argparse.Namespace) -> int:
     out = Path(args.root)
     if out.exists() and not out.is_dir():
         raise ValueError(f"synth writes a folder, but {str(out)!r} is a file: choose another ROOT")
-    settings = _synth_settings(args)
+    settings = {k: getattr(args, k) for k in ("classes", "per_class", "val_per_class", "seed", "no_quirks")}
     marker = out / _SYNTH_MARKER
     if out.is_dir() and any(out.iterdir()) and not args.force:
         try:
@@ -98,7 +92,6 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # the module docstring without its reST markup (``x`` reads as x in a terminal)
     parser = argparse.ArgumentParser(prog="python -m fastload", description=(__doc__ or "").replace("``", ""))
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

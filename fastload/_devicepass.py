@@ -1,17 +1,17 @@
-"""The passes that end on the device beside the training loop, each driven by a feeder thread with
-its own CUDA stream (:class:`fastload.gpu.feeder.DeviceFeeder`): ``decode="device"``
-(:class:`EncodedPass`), ``decode="hybrid"`` (:class:`HybridPass`, a device share and a CPU
-workers' share per batch) and a host pass's copy and device transforms (:class:`FedPass`).
-:mod:`fastload.loader` chooses which runs.
+"""The passes that end on the device, each driven by a feeder thread with its own CUDA stream
+(:class:`~fastload.gpu.feeder.DeviceFeeder`): ``decode="device"`` (:class:`EncodedPass`),
+``decode="hybrid"`` (:class:`HybridPass`) and a host pass's copy and device transforms
+(:class:`FedPass`). :mod:`fastload.loader` chooses which runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,9 +29,7 @@ from .gpu.streams import pinned_device, stream_backend, use_device
 from .memory import InMemoryImageFolder
 
 FEEDER_DEPTH = 2  # finished batches the device feeder keeps ready
-
-# Read tasks per reader thread and batch: a slow file holds up only its own run of samples.
-READ_TASKS_PER_READER = 4
+READ_TASKS_PER_READER = 4  # per batch: a slow file holds up only its own run of samples
 
 
 def reads_in_memory(dataset: Any) -> bool:
@@ -56,16 +54,10 @@ def _labels(dataset: Any, indices: np.ndarray) -> torch.Tensor:
     return torch.tensor(picked, dtype=torch.int64)
 
 
-def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
-    return [get_bytes(i) for i in indices]
-
-
 class EncodedPass:
     """decode='device': reader threads (``num_workers``) fetch batch ``k + 2``'s bytes, a decoder
-    thread (a stream of its own) decodes batch ``k + 1`` (routed by each sample's header, read
-    once), and the feeder thread transforms batch ``k`` on the device after the decode's event,
-    ``FEEDER_DEPTH`` batches ahead. Batch ``k``'s error is raised by its ``next()``; the pass goes
-    on after it.
+    thread (a stream of its own) decodes batch ``k + 1``, the feeder thread transforms batch ``k``
+    after the decode's event. Batch ``k``'s error is raised by its ``next()``; the pass goes on.
     """
 
     def __init__(
@@ -96,8 +88,9 @@ class EncodedPass:
         self.headers = headers
         self.host = host_memory()
         self.pin = bool(loader.pin_memory) and self.host.can_pin()
-        # gpu_transforms' leading crop/resize and the rest, and the crop a region decoder decodes alone
-        self.head_rest = head_and_rest(loader.gpu_transforms)
+        self.head_rest: tuple[list[Any], list[Any]] | None = None  # gpu_transforms' head and rest
+        with contextlib.suppress(ValueError):
+            self.head_rest = split_head(loader.gpu_transforms)
         self.region_crop = None if self.head_rest is None else region_crop(self.head_rest[0])
         self.batch_decoder: BatchDecoder | None = None  # made in the decoder thread
         self._setup(start)
@@ -121,9 +114,9 @@ class EncodedPass:
         return self.batches[k]
 
     def _read(self, k: int) -> None:
-        """Batch ``k``'s bytes asked for: slices of an in-memory buffer with nothing left to check
-        are taken by the decoder thread itself; else the reader threads read runs of consecutive
-        samples (a few tasks per reader: hundreds per batch would take the training thread's GIL)."""
+        """Batch ``k``'s bytes asked for: in-memory slices with nothing to check are taken by the
+        decoder thread itself, else the readers read runs of samples (a few tasks: hundreds per
+        batch would take the training thread's GIL)."""
         if k < len(self.batches) and k not in self.reads:
             dataset: Any = self.loader.dataset  # serves get_bytes (checked in DataLoader.__init__)
             indices = self._device_indices(k)
@@ -134,7 +127,7 @@ class EncodedPass:
             size = max(1, -(-len(indices) // tasks))  # no sample: no task
             wanted = indices.tolist()
             self.reads[k] = [
-                self.readers.submit(_read_chunk, dataset.get_bytes, wanted[a : a + size])
+                self.readers.submit(list, map(dataset.get_bytes, wanted[a : a + size]))  # read there
                 for a in range(0, len(wanted), size)
             ]
 
@@ -180,8 +173,8 @@ class EncodedPass:
     def _regions(
         self, indices: np.ndarray, on_device: list[bool]
     ) -> list[tuple[int, int, int, int] | None] | None:
-        """With a region decoder and a ``gpu.RandomResizedCrop`` head: each device-decoded sample's
-        crop box, drawn from its header's size before decoding, so only the box is decoded; else ``None``."""
+        """Each device-decoded sample's crop box, drawn from its header's size before decoding, with
+        a region decoder and a ``gpu.RandomResizedCrop`` head; else ``None``."""
         crop, decoder = self.region_crop, self.batch_decoder
         if crop is None or decoder is None or not decoder.regions:
             return None
@@ -226,20 +219,17 @@ class EncodedPass:
         labels, order = _labels(self.loader.dataset, indices), torch.from_numpy(indices)
         if self.pin:
             labels, order = self.host.pin(labels), self.host.pin(order)
-        non_blocking = self.pin
-        labels = labels.to(self.device, non_blocking=non_blocking)
-        order = order.to(self.device, non_blocking=non_blocking)
+        labels, order = (t.to(self.device, non_blocking=self.pin) for t in (labels, order))
         images = self._transform(images, indices)
         return IndexedBatch(images, labels, order)
 
     def __next__(self) -> IndexedBatch:
         try:
-            batch: IndexedBatch = next(self.feeder)
+            return next(self.feeder)
         except DecodeError as error:  # its advice without on_error='skip', which these paths refuse
             if error.args and isinstance(error.args[0], str):
                 error.args = (without_skip_hint(error.args[0]), *error.args[1:])
             raise
-        return batch
 
     def close(self) -> None:
         self.feeder.close()
@@ -250,8 +240,8 @@ class EncodedPass:
 
 
 class Shares(Sequence[np.ndarray]):
-    """``decode="hybrid"``: the CPU workers' share (last positions) of each batch, decided by the
-    ``HybridSplit`` when first asked for; indexed like the batches, for the CPU side's fast pass."""
+    """``decode="hybrid"``: the CPU workers' share (last positions) of each batch, decided when first
+    asked for; indexed like the batches, for the CPU side's fast pass."""
 
     def __init__(self, batches: list[np.ndarray], split: HybridSplit, workers: int) -> None:
         self.batches, self.split, self.workers = batches, split, workers
@@ -268,11 +258,7 @@ class Shares(Sequence[np.ndarray]):
     def __len__(self) -> int:
         return len(self.batches)
 
-    @overload
-    def __getitem__(self, k: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
-    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+    def __getitem__(self, k: Any) -> Any:  # int: np.ndarray; slice: a list
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self)))]
         return self.batches[k][self.device_count(k) :]
@@ -280,8 +266,7 @@ class Shares(Sequence[np.ndarray]):
 
 @dataclass
 class HybridParts:
-    """``decode="hybrid"``'s parts, made once per loader: the ``split``, the ``head`` both sides run,
-    the ``rest`` run on the device, and the ``dataset`` the CPU workers decode (cropping as the head)."""
+    """``decode="hybrid"``'s parts, made once per loader (``dataset``: the CPU workers')."""
 
     split: HybridSplit
     head: list[Any]
@@ -291,10 +276,9 @@ class HybridParts:
 
 class HybridPass(EncodedPass):
     """decode='hybrid': the decoder thread decodes and crops the first ``d`` samples of a batch, the
-    fast path's workers the rest (:class:`Shares`, same crop boxes) into pinned slots; the feeder
-    thread joins both shares on the device, runs the rest of ``gpu_transforms`` and frees the slot
-    once copied. Each side's measured rate updates the split (:mod:`fastload.gpu.hybrid`). An error
-    of either share (the device's first) is raised by its batch's ``next()``.
+    fast path's workers the rest (:class:`Shares`) into pinned slots; the feeder thread joins them
+    on the device and runs the rest of ``gpu_transforms``. Each side's rate updates the split. An
+    error of either share (the device's first) is raised by its batch's ``next()``.
     """
 
     def __init__(
@@ -423,10 +407,9 @@ class HybridPass(EncodedPass):
 
 
 class FedPass:
-    """A host pass's batches copied to the device and transformed there (the prefetcher's
-    ``copy_and_transform``) by a feeder thread, ``FEEDER_DEPTH`` batches ahead: the training
-    thread's ``next()`` costs an event wait. A batch's host memory goes back to the loader only once
-    its copy is made. Batch ``k``'s errors are raised by its ``next()``.
+    """A host pass's batches copied and transformed on the device (the prefetcher's
+    ``copy_and_transform``) by a feeder thread: the training thread's ``next()`` costs an event
+    wait. A batch's host memory goes back to the loader once its copy is made.
     """
 
     def __init__(
@@ -480,11 +463,3 @@ def reuses_device_memory(transforms: Any) -> bool:
         return True
     inner = [getattr(transforms, "then", None), *(getattr(transforms, "transforms", None) or [])]
     return any(reuses_device_memory(t) for t in inner if t is not None and t is not transforms)
-
-
-def head_and_rest(transforms: Any) -> tuple[list[Any], list[Any]] | None:
-    """``gpu_transforms``' leading crop/resize and the rest (``split_head``), or ``None``."""
-    try:
-        return split_head(transforms)
-    except ValueError:
-        return None

@@ -1,8 +1,7 @@
-"""The fast path's engine: what lives across a loader's passes (the worker pool and its slot ring,
-the epoch lookahead, the newest pass; :class:`Engine`) and one pass through it (:class:`FastPass`:
-batches decoded by the workers straight into reusable, pinned slots). :mod:`fastload.loader`
-chooses the path and builds the passes; :mod:`fastload._devicepass` drives a fast pass from a
-feeder thread for ``decode="hybrid"``.
+"""The fast path's engine: what lives across a loader's passes (:class:`Engine`: the worker pool
+and its slot ring, the epoch lookahead) and one pass (:class:`FastPass`: batches decoded by the
+workers into reusable, pinned slots). :mod:`fastload.loader` builds the passes;
+:mod:`fastload._devicepass` drives one from a feeder thread for ``decode="hybrid"``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,12 +56,9 @@ def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[n
 
 
 class SamplerBatches(Sequence[np.ndarray]):
-    """A pass's batches read from the sampler as they are issued, as torch's iterator reads its
-    sampler (a few batches ahead of the loop), so that a sampler the loop steers during the epoch
-    (hard-example mining, a curriculum) is read when torch would read it, not all at ``iter()``.
-
-    ``len()`` is the count the sampler's ``len()`` promises until the sampler is exhausted, then
-    the count it gave; :func:`has_batch` says whether batch ``k`` exists (reading up to it).
+    """A pass's batches read from the sampler as they are issued (a few ahead of the loop), as torch
+    reads it: a sampler the loop steers during the epoch (a curriculum) is read when torch would.
+    ``len()``: the sampler's ``len()`` until it is exhausted, then the count it gave.
     """
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool, expected: int) -> None:
@@ -74,7 +70,7 @@ class SamplerBatches(Sequence[np.ndarray]):
         self._done = False
 
     def has(self, k: int) -> bool:
-        """Whether batch ``k`` exists: the sampler is read up to it."""
+        """Whether batch ``k`` exists (the sampler read up to it)."""
         while len(self._read) <= k and not self._done:
             chunk = np.fromiter(
                 (sample_index(i) for i in itertools.islice(self._it, self._batch_size)), dtype=np.int64
@@ -89,11 +85,7 @@ class SamplerBatches(Sequence[np.ndarray]):
     def __len__(self) -> int:
         return len(self._read) if self._done else max(self._expected, len(self._read))
 
-    @overload
-    def __getitem__(self, k: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
-    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+    def __getitem__(self, k: Any) -> Any:  # int: np.ndarray; slice: a list
         if isinstance(k, slice):
             self.has(2**62)  # all of it
             return self._read[k]
@@ -105,13 +97,10 @@ class SamplerBatches(Sequence[np.ndarray]):
 class SampleKeys:
     """The random streams' index for each sample a user's sampler gives, batch by batch.
 
-    A sample's augmentation is keyed by ``(seed, epoch, index)``; a sampler that gives a sample
-    twice in a pass (repeated augmentation, ``RASampler``; sampling with replacement) would give
-    each copy the same crop and flip, and so would the ranks of a job given the same sample. The
-    ``k``-th copy of sample ``i`` on this rank is keyed ``i + n * (k * replicas + rank)`` instead:
-    its own draws, the same whatever the workers (a function of the pass's order on this rank).
-    Only where a copy or another rank makes it differ from ``i`` (a sample once, one rank:
-    ``i``)."""
+    A sampler that gives a sample twice in a pass (``RASampler``, sampling with replacement), or
+    ranks given the same sample, would give each copy the same crop and flip: the ``k``-th copy of
+    sample ``i`` on this rank is keyed ``i + n * (k * replicas + rank)`` instead (``i`` for a
+    sample once on one rank), whatever the workers."""
 
     def __init__(self, n: int, rank: int, replicas: int) -> None:
         self.n, self.rank, self.replicas = n, rank, max(1, replicas)
@@ -120,8 +109,8 @@ class SampleKeys:
         self.next = 0  # the first batch not counted yet
 
     def of(self, k: int, batches: Sequence[np.ndarray]) -> np.ndarray | None:
-        """The keys of ``batches[k]`` (``None``: the indices themselves); the batches before it
-        are counted first (a pass resumed ``k`` batches in: the copies given before it count)."""
+        """The keys of ``batches[k]`` (``None``: the indices themselves), the batches before it counted
+        first (a resumed pass)."""
         while self.next <= k:
             self.done[self.next] = self._count(batches[self.next])
             self.next += 1
@@ -145,8 +134,7 @@ class SampleKeys:
 
 
 def _cuda_index(device: torch.device | None) -> int | None:
-    """The index of a CUDA ``device`` that names one (``None`` for the CPU, no device, or a plain
-    ``cuda``: the current device then)."""
+    """The index of a CUDA ``device`` that names one, else ``None``."""
     return device.index if device is not None and device.type == "cuda" else None
 
 
@@ -166,17 +154,11 @@ def predicted_order(sampler: Any, epoch: int) -> np.ndarray | None:
     return None
 
 
-# ------------------------------------------------------------------------------------ the engine
-
-
 @dataclass
 class Lookahead:
-    """Batches of the *next* epoch decoded while the current one drains (``epoch_lookahead``).
-
-    Made when every batch of a pass has been handed to the workers and slots are free. The next
-    pass adopts it when it is that epoch, from its start, with the same seed and exactly the same
-    batches; otherwise it is dropped (its slots come back as its tasks report).
-    """
+    """Batches of the *next* epoch decoded while the current one drains (``epoch_lookahead``),
+    once every batch of a pass is issued and slots are free. The next pass adopts it when it is
+    that epoch from its start with the same seed and batches; else its slots come back."""
 
     generation: int
     epoch: int
@@ -195,19 +177,17 @@ def dataset_state(dataset: Any) -> tuple[Any, ...]:
 
 
 class Engine:
-    """What lives across passes: the worker pool and its slot ring, the epoch lookahead, the
-    slots the consumer may still hold, and the torch thread cap. One per DataLoader; each pass
-    gets it explicitly. It keeps no reference to the loader (so a dropped loader is collected
-    at once and its workers stop)."""
+    """What lives across passes: the worker pool and its slot ring, the epoch lookahead and the torch
+    thread cap. One per DataLoader, given to each pass; no reference to the loader (a dropped loader
+    is collected at once and its workers stop)."""
 
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
         self.generation = 0
         self.lookahead: Lookahead | None = None
-        #: the generation of the newest fast pass: an older pass left alive (its iterator kept,
-        #: or a feeder thread still driving it) no longer takes the workers' reports
+        # the newest fast pass's generation: an older pass left alive no longer takes reports
         self.live_pass: int | None = None
-        #: reports of the newest pass that an older pass's thread received: (generation, batch) -> report
+        # reports of the newest pass an older pass's thread received: (generation, batch) -> report
         self.stashed: dict[tuple[int, int], Report] = {}
         self.threads = ThreadCap()  # its hold on torch's thread count while its workers live
         self.holds = 0  # passes that took the hold: only the newest one's end releases it
@@ -217,8 +197,7 @@ class Engine:
         return self.generation
 
     def get_pool(self, loader: Any, seed: int, dataset: Any) -> WorkerPool:
-        """The workers (made on first use) and their slot ring for ``dataset`` (the fast path's
-        dataset, or ``decode="hybrid"``'s view whose transform crops as the device does)."""
+        """The workers (made on first use) and their slot ring for ``dataset``."""
         if self.pool is None or self.pool.closed:
             self.lookahead = None
             slots = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + (
@@ -246,9 +225,8 @@ class Engine:
         return self.pool
 
     def limit_threads(self, busy: int) -> int:
-        """Caps torch's intra-op threads in the calling thread so that they and ``busy`` workers
-        fit this process's share of the CPUs (the smallest cap of every loader holding one there:
-        :mod:`fastload._threads`). Returns the pass's hold, for :meth:`end_hold`."""
+        """Caps torch's intra-op threads so that they and ``busy`` workers fit this process's CPUs
+        (:mod:`fastload._threads`); returns the pass's hold, for :meth:`end_hold`."""
         self.threads.hold(cpu_share() - busy)
         self.holds += 1
         return self.holds
@@ -292,28 +270,24 @@ class Engine:
         ahead, self.lookahead = self.lookahead, None
         if ahead is None:
             return None
-        if isinstance(batches, SamplerBatches):  # not an order known ahead (nor read ahead to compare)
-            for report in ahead.reports.values():
-                ahead.pool.release(report.slot)
-            return None
-        if ahead.pool is not self.pool or ahead.pool.closed:
-            return None  # its workers are gone (a dead worker closed the pool): nothing to free
-        if (
-            ahead.epoch == epoch
-            and start == 0
-            and ahead.seed == seed
-            and all(a is b for a, b in zip(ahead.dataset_state, dataset_state(dataset), strict=True))
-            and len(ahead.batches) == len(batches)
-            and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches, strict=True))
-        ):
-            return ahead
+        if not isinstance(batches, SamplerBatches):  # (whose order is not known ahead: dropped)
+            if ahead.pool is not self.pool or ahead.pool.closed:
+                return None  # its workers are gone (a dead worker closed the pool): nothing to free
+            if (
+                ahead.epoch == epoch
+                and start == 0
+                and ahead.seed == seed
+                and all(a is b for a, b in zip(ahead.dataset_state, dataset_state(dataset), strict=True))
+                and len(ahead.batches) == len(batches)
+                and all(np.array_equal(a, b) for a, b in zip(ahead.batches, batches, strict=True))
+            ):
+                return ahead
         for report in ahead.reports.values():
             ahead.pool.release(report.slot)
         return None
 
     def close(self) -> None:
-        """Stops the workers and ends the thread cap's hold (torch gets its count back when no
-        other loader holds one)."""
+        """Stops the workers and ends the thread cap's hold."""
         self.lookahead = None
         if self.pool is not None:
             self.pool.close()
@@ -321,17 +295,11 @@ class Engine:
         self.threads.release()
 
 
-# ------------------------------------------------------------------------------------ one pass
-
-
 class FastPass:
     """One pass of the fast path: the epoch's ``batches``, ``start`` batches in, through the engine.
 
-    ``loader`` is the ``fastload.DataLoader`` (its public settings: ``num_workers``, ``timeout``,
-    ``stats``, ...); what the pass needs of its state comes as arguments: ``batches``, the
-    ``dataset`` the workers decode from, each sample's random-stream ``keys`` (a sampler of the
-    user's, see :class:`SampleKeys`). ``lookahead=False`` (``decode="hybrid"``, whose workers get
-    a share of each batch, decided when issued): no epoch lookahead.
+    ``loader`` gives its public settings only; ``keys``: a user sampler's (:class:`SampleKeys`).
+    ``lookahead=False`` (``decode="hybrid"``, whose shares are decided when issued): none.
     """
 
     def __init__(
@@ -361,11 +329,7 @@ class FastPass:
         self.in_flight: dict[int, int] = {}  # batch -> slot
         self.reports: dict[int, Report] = {}  # batch -> report received before this pass began
         self.last_seconds = 0.0  # the worker time of the batch handed out last
-        ahead = (
-            engine.take_lookahead(loader.dataset, epoch, start, seed, self.batches)
-            if self.lookahead
-            else None
-        )
+        ahead = engine.take_lookahead(loader.dataset, epoch, start, seed, batches) if lookahead else None
         if ahead is not None:  # the workers already started on this epoch: carry on from there
             self.generation = ahead.generation
             self.issued = ahead.issued
@@ -380,8 +344,7 @@ class FastPass:
         self.skipped: set[int] = set()  # batches given up without their report (see skip)
         if pool.num_workers:
             pool.drain(keep=self.generation)  # tasks of an abandoned pass that no worker started
-        # Free: slots not written by a task of an earlier pass (those come back when their task
-        # reports), not holding an adopted lookahead batch, not held by the consumer.
+        # free: slots not written by an earlier pass's task, nor adopted, nor held by the consumer
         pool.reclaim({report.slot for report in self.reports.values()})
 
     def __len__(self) -> int:
@@ -393,9 +356,8 @@ class FastPass:
             raise RuntimeError(SUPERSEDED)
 
     def skip(self, k: int) -> None:
-        """Gives up batch ``k`` (the next one) without its report: an error not of its own (a
-        timeout) ended it for the consumer, who goes on with ``k + 1``; its slot is freed when
-        its report arrives."""
+        """Gives up batch ``k`` (the next one) without its report (a timeout ended it); its slot is
+        freed when its report arrives."""
         if self.next_batch == k:
             self.next_batch = k + 1
             self.skipped.add(k)
@@ -514,11 +476,7 @@ class SampleNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self.indices)
 
-    @overload
-    def __getitem__(self, k: int) -> str: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[str]: ...
-    def __getitem__(self, k: int | slice) -> str | Sequence[str]:
+    def __getitem__(self, k: Any) -> Any:  # int: str; slice: a list
         if isinstance(k, slice):
             return [describe_sample(self.dataset, int(i)) for i in self.indices[k]]
         return describe_sample(self.dataset, int(self.indices[k]))

@@ -1,7 +1,5 @@
-"""``IndexedBatch``: the ``(images, labels)`` pair every stage passes along, with the sample indices.
-
-Workers fill it, the loader yields it, the prefetcher moves it and hands ``indices`` to the batched
-device transforms (per-sample randomness is keyed by the dataset index, :mod:`fastload.rng`).
+"""``IndexedBatch``: the ``(images, labels)`` pair every stage passes along, with the sample indices
+the batched device transforms key their randomness by (the loader yields it, the prefetcher moves it).
 """
 
 from __future__ import annotations
@@ -20,12 +18,9 @@ _MISSING = object()
 class IndexedBatch(list[Any]):
     """An ``[images, labels]`` batch that also carries the dataset index of each sample.
 
-    A list, as torch's ``default_collate`` makes of ``(image, label)`` samples, so training loops
-    need no change (``images, labels = batch``, ``batch[0] = batch[0].to(device)``); ``.indices``
-    serves the per-sample random transforms. It survives pickling, ``pin_memory`` (with torch 2.1,
-    which rebuilds it from its items, the indices are then ``None``) and the frameworks' collection
-    utilities: torch's pytree maps ``images, labels, indices``; a utility that rebuilds it as
-    ``type(batch)(items)`` (Lightning, Accelerate) gets indices ``None``.
+    A list, as torch's ``default_collate`` makes; it survives pickling and torch's pytree. A utility
+    that rebuilds it as ``type(batch)(items)`` (Lightning, Accelerate; torch 2.1's ``pin_memory``)
+    gets indices ``None``.
 
     Example:
         >>> import torch
@@ -67,8 +62,7 @@ class IndexedBatch(list[Any]):
         return (IndexedBatch, (self[0], self[1], self.indices))
 
     def pin_memory(self) -> IndexedBatch:
-        """Returns a copy whose CPU tensors -- the indices too, which a prefetcher moves along with
-        the batch -- are in pinned memory (torch's ``pin_memory`` thread calls it)."""
+        """A copy whose CPU tensors, the indices too, are in pinned memory (torch's pin thread calls it)."""
 
         def pin(x: Any) -> Any:
             return x.pin_memory() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
@@ -99,8 +93,7 @@ else:  # torch 2.1: the private name, without serialization
 
 
 def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of a batch: a tensor, or inside tuples, lists, namedtuples, mappings and
-    :class:`IndexedBatch` (its indices too), depth first."""
+    """Every tensor of a batch (in tuples, lists, mappings; an :class:`IndexedBatch`'s indices too)."""
     if isinstance(batch, torch.Tensor):
         yield batch
     elif isinstance(batch, IndexedBatch):

@@ -1,18 +1,12 @@
-"""Optional NVIDIA DALI backend: DALI decodes, fastload decides what and in which order.
+"""Optional NVIDIA DALI backend: DALI decodes, fastload decides what and in which order
+(docs/dali.md; DALI's own reader rotates its shards and pads the last batch, DALI issues 1774,
+2849, 4319, 5827).
 
-DALI's reader (``fn.readers.file``) numbers classes per split, shuffles locally with a fixed seed,
-rotates and restarts its shards (DALI issues 1774, 2849, 4319, 5827) and pads the last batch with
-repeats that validation counts (table below). Usage: docs/dali.md.
-
-**Design.** :class:`DALILoader` feeds ``fn.external_source`` instead: each rank's order comes from
-:class:`fastload.sampler.DistributedSampler` (``seed + epoch``, strided shards, no padding), DALI
-gets one batch at a time (the file bytes and each sample's crop geometry) and does the pixel work,
-and the labels are the :class:`~fastload.folder.FolderIndex`'s targets. Sample ``i``'s crop and
-flip come from ``fastload.rng.SampleRNG(seed, e, i)`` as ``fastload.transforms`` draws them, never
-from DALI's seed (hence ``fn.decoders.image_slice`` with fastload's box). The loop's thread reads
-each file and its header (:func:`image_size`, PIL as the fallback).
-
-**Pipelines** (``S = size``; ``R = size * 256 // 224``, i.e. 256 for 224)::
+:class:`DALILoader` feeds ``fn.external_source`` one batch at a time from the loop's thread: each
+rank's order from :class:`~fastload.sampler.DistributedSampler`, the file bytes, and each sample's
+crop and flip from ``fastload.rng.SampleRNG(seed, epoch, i)`` as ``fastload.transforms`` draws them
+(never DALI's seed); the labels are the :class:`~fastload.folder.FolderIndex`'s targets.
+Pipelines (``S = size``; ``R = size * 256 // 224``)::
 
     train: bytes ── decoders.image_slice(box of RandomResizedCrop(S, (0.08, 1), (3/4, 4/3)))
                  ── resize to S x S (antialiased bilinear)
@@ -20,13 +14,9 @@ each file and its header (:func:`image_size`, PIL as the fallback).
     val:   bytes ── decoders.image ── resize(ROI = the source region of Resize(R) + CenterCrop(S))
                  ── crop_mirror_normalize(mean, std) -> float CHW
 
-The decoders give RGB, ignore EXIF (as torchvision's loader) and upsample chroma as PIL does
-(``jpeg_fancy_upsampling``). ``device=None``: the current CUDA device when there is one (DALI's
-``"mixed"`` decoder), else a CPU-only pipeline yielding CPU tensors.
-
-Last batch, worked example: 10 validation images on 4 ranks, ``batch_size=2``; for contrast,
-DALI 2.4's ``fn.readers.file(num_shards=4, pad_last_batch=True)`` with
-``DALIGenericIterator(reader_name=...)``::
+The decoders give RGB, ignore EXIF and upsample chroma as PIL does. Last batch, worked example: 10
+validation images on 4 ranks, ``batch_size=2``; for contrast, DALI 2.4's
+``fn.readers.file(num_shards=4, pad_last_batch=True)`` with ``DALIGenericIterator(reader_name=...)``::
 
     rank   DALILoader shard   DALILoader batches   reader, FILL         reader, PARTIAL
     0      [0, 4, 8]          [0, 4], [8]          [0, 1], [1, 1]       [0, 1], []
@@ -35,9 +25,8 @@ DALI 2.4's ``fn.readers.file(num_shards=4, pad_last_batch=True)`` with
     3      [3, 7]             [3, 7]               [7, 8], [9, 9]       [7, 8], [9]
     total                     10 samples, once     16 (6 duplicates)    10, with empty batches
 
-In training (``drop_last=True``, the default for ``train=True``) every rank gets ``floor(N / W)``
-samples and drops its incomplete last batch. ``import fastload.dali`` never imports DALI; a
-:class:`DALILoader` without it raises ``ImportError`` naming ``pip install 'fastload[dali]'``.
+In training (``drop_last=True``) every rank gets ``floor(N / W)`` samples and drops its incomplete
+last batch. ``import fastload.dali`` never imports DALI.
 """
 
 from __future__ import annotations
@@ -72,16 +61,9 @@ __all__ = [
     "image_size",
 ]
 
-#: How to install the optional dependency (named in every error about it).
 INSTALL_HINT = "pip install 'fastload[dali]'"
 
 _STATE_FORMAT = "fastload.DALILoader"
-_TRAIN_SCALE = (0.08, 1.0)
-_TRAIN_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-
-
-# --------------------------------------------------------------------------------------------
-# the optional import
 
 
 def dali_unavailable_reason() -> str | None:
@@ -106,10 +88,6 @@ def _import_dali() -> tuple[Any, Any, Any, Any]:
             "for CUDA 13 use pip install nvidia-dali-cuda130). The CPU-only pipeline works with either."
         ) from e
     return fn, types, Pipeline, feed_ndarray
-
-
-# --------------------------------------------------------------------------------------------
-# argument checks
 
 
 def _channel_values(value: Any, name: str, positive: bool) -> tuple[float, float, float]:
@@ -148,14 +126,8 @@ def _resolve_device(device: Any) -> tuple[torch.device, int | None]:
     return torch.device("cuda", index), index
 
 
-# --------------------------------------------------------------------------------------------
-# geometry: what fastload draws, what DALI is told
-
-
 def _val_box(height: int, width: int, resize: int, size: int) -> tuple[float, float, float, float]:
-    """``(y0, x0, y1, x1)``: the source region that ``Resize(resize)`` + ``CenterCrop(size)`` keeps,
-    by torchvision's rules (longer side ``int(resize * long / short)``, crop at ``round((H - size) / 2)``).
-    """
+    """``(y0, x0, y1, x1)``: the source region ``Resize(resize)`` + ``CenterCrop(size)`` keeps."""
     if width <= height:
         rw, rh = resize, int(resize * height / width)
     else:
@@ -171,11 +143,8 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a JPEG or PNG from its header, or ``None`` for anything else.
-
-    Reads only the markers before the JPEG frame header (or the PNG ``IHDR`` chunk); the result is
-    PIL's ``size`` swapped. ``None`` (the caller then asks PIL) for other formats, a truncated or
-    malformed header, or a JPEG whose height comes later in a DNL marker.
+    """``(height, width)`` of a JPEG or PNG from its header; ``None`` (ask PIL) for other formats, a
+    truncated or malformed header, or a JPEG whose height comes later in a DNL marker.
 
     Example:
         >>> import io; from PIL import Image
@@ -234,11 +203,8 @@ class _Draws(SampleRNG):
 
 
 class _Feed:
-    """The pipeline's external source: each call returns the pass's next batch (from ``pending``).
-
-    ``in_flight`` holds the indices of batches DALI took but has not returned; DALI returns
-    outputs in call order, so the consumer pops them from the front.
-    """
+    """The pipeline's external source: each call returns the pass's next batch (from ``pending``);
+    ``in_flight``: the batches DALI took, in call order (the order it returns them)."""
 
     def __init__(self, index: FolderIndex, train: bool, size: int, resize: int, seed: int) -> None:
         self.index = index
@@ -246,7 +212,7 @@ class _Feed:
         self.size = size
         self.resize = resize
         self.seed = seed
-        self.crop = T.RandomResizedCrop(size, scale=_TRAIN_SCALE, ratio=_TRAIN_RATIO)
+        self.crop = T.RandomResizedCrop(size)  # scale (0.08, 1), ratio (3/4, 4/3)
         self.flip = T.RandomHorizontalFlip(0.5)
         self.epoch = 0
         self.pending: deque[np.ndarray] = deque()
@@ -311,46 +277,26 @@ class _Feed:
         return data, start, end
 
 
-# --------------------------------------------------------------------------------------------
-# the loader
-
-
 class DALILoader:
-    """Batches of ``(images, labels)`` decoded by NVIDIA DALI, in fastload's order and shards.
-
-    Iterates like a ``DataLoader``: ``images`` is a float32 ``(N, 3, size, size)`` tensor,
-    normalized with ``mean``/``std``, on ``device``; ``labels`` is int64 ``(N,)`` on the same device.
+    """Batches of ``(images, labels)`` decoded by NVIDIA DALI, in fastload's order and shards:
+    float32 ``(N, 3, size, size)`` images normalized with ``mean``/``std`` (0..1 scale) and int64
+    labels (``index``'s targets), both fresh tensors on ``device``.
 
     Args:
-        index: The split's samples (e.g. ``scan_folder("imagenet/val", classes)``). Labels are its
-            ``targets``, numbered by its shared :class:`~fastload.folder.ClassIndex`.
-        batch_size: Samples per batch (the last one of an epoch may be shorter, see ``drop_last``).
-        train: ``True``: random-resized crop (scale ``(0.08, 1)``, ratio ``(3/4, 4/3)``), resize to
+        train: ``True``: random-resized crop (scale ``(0.08, 1)``, ratio ``(3/4, 4/3)``) to
             ``size``, random horizontal flip. ``False``: resize the shorter side to
             ``size * 256 // 224`` and center-crop ``size``.
-        size: Output height and width.
-        seed: Seed of the shuffle order and of the crops and flips; must be the same on all ranks.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``None``: the current CUDA device if CUDA is
-            available (GPU decoding), else the CPU (a CPU-only DALI pipeline).
-        num_threads: DALI's CPU threads. ``None``: as ``fastload.DataLoader(num_workers="auto")``.
-        num_replicas: Number of ranks. ``None``: ``fastload.distributed.get_world_size()``.
-        rank: This rank. ``None``: ``fastload.distributed.get_rank()``.
-        mean: Per-channel mean, on the 0..1 scale (as ``torchvision.transforms.Normalize``).
-        std: Per-channel standard deviation, on the 0..1 scale.
-        shuffle: Reshuffle every epoch. ``None``: the same as ``train``.
+        seed: Of the order, crops and flips; the same on all ranks.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; ``None``: the current CUDA device if there
+            is one (DALI's ``"mixed"`` decoder), else a CPU-only pipeline.
+        num_threads: DALI's CPU threads; ``None``: as ``fastload.DataLoader(num_workers="auto")``.
+        num_replicas, rank: ``None``: from :mod:`fastload.distributed`.
+        shuffle: ``None``: the same as ``train``.
         drop_last: ``True``: every rank takes ``floor(N / num_replicas)`` samples and drops its
-            incomplete last batch (equal steps); ``False``: every sample once over all ranks, the
-            last batch may be short. ``None``: the same as ``train``.
-        prefetch_queue_depth: Batches DALI prepares ahead of the consumer.
+            incomplete last batch; ``False``: every sample once over all ranks. ``None``: ``train``.
 
-    Raises:
-        ImportError: DALI is not installed (the message names ``pip install 'fastload[dali]'``).
-        TypeError: ``index`` is not a ``FolderIndex``, or an integer argument is not an integer.
-        ValueError: An argument is out of range (e.g. ``batch_size=0``, ``rank >= num_replicas``,
-            ``device="cuda"`` without CUDA).
-
-    A yielded batch is a fresh tensor. One pass runs at a time: a new ``for`` loop over the loader
-    ends the previous one, whose iterator then raises ``RuntimeError``.
+    Without DALI it raises ``ImportError`` naming the install command. One pass runs at a time: a
+    new ``for`` loop ends the previous one, whose iterator then raises ``RuntimeError``.
     """
 
     def __init__(
@@ -393,8 +339,6 @@ class DALILoader:
         self.num_threads = check_int(num_threads, "num_threads", low=1, type_error=True)
         num_replicas = get_world_size() if num_replicas is None else num_replicas
         rank = get_rank() if rank is None else rank
-        #: The order and shard of every epoch (``sampler.indices(epoch)``), e.g. for
-        #: ``fastload.distributed.gather_by_index``.
         self.sampler = DistributedSampler(
             index,
             num_replicas=num_replicas,
@@ -408,7 +352,6 @@ class DALILoader:
         self.device, self._device_id = _resolve_device(device)
         self._dali = _import_dali()  # after the argument checks: fail on the environment last
         self.resize_size = self.size * 256 // 224
-        #: Batches, samples and time blocked on data of the current (or last) pass.
         self.stats = LoaderStats()
         self._feed = _Feed(index, self.train, self.size, self.resize_size, self._epochs.seed)
         self._pipe: Any = None
@@ -416,8 +359,6 @@ class DALILoader:
         self._generation = 0  # bumped when a pass is ended from outside (new pass, close)
         self._active_epoch = 0
         self._active_pass: int | None = None  # the EpochState number of the active pass
-
-    # ---------------------------------------------------------------- torch-like surface
 
     @property
     def seed(self) -> int:
@@ -445,16 +386,11 @@ class DALILoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch of the next pass, which (with ``seed``) selects its order, crops and flips;
-        without it a pass takes the previous pass's epoch + 1 (from 0), as ``fastload.DataLoader``."""
+        """Sets the epoch of the next pass (else the previous pass's + 1, from 0), as ``DataLoader``."""
         self._epochs.set_epoch(check_int(epoch, "epoch", low=0, type_error=True))
 
     def indices(self, epoch: int | None = None) -> list[int]:
-        """This rank's dataset indices for an epoch, in the order the batches hold them.
-
-        Args:
-            epoch: Default: the epoch of the next (or current) pass.
-        """
+        """This rank's dataset indices for ``epoch`` (default: the next or current pass's), in batch order."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", low=0, type_error=True)
         order = self.sampler.indices(epoch)
         return order[: len(self) * self.batch_size] if self.drop_last else order
@@ -472,15 +408,12 @@ class DALILoader:
         )
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
-
-        The state may come from a ``DALILoader`` with any number of ranks and batch size: the
-        rest of the epoch's global order is sharded over this loader's ranks, the skipped samples
-        unread. A state saved at an epoch's end resumes at the start of the next one.
+        """Resumes from :meth:`state_dict` (of a ``DALILoader`` with any ranks and batch size): the
+        next pass yields the rest of the saved epoch's global order, sharded over this loader's ranks.
 
         Raises:
-            fastload.ResumeError: (a ``ValueError``) The state is not a ``DALILoader`` state, is for
-                another dataset size or order (``shuffle``), or has a field out of range.
+            fastload.ResumeError: The state is not a ``DALILoader`` state, is for another dataset
+                size or order, or has a field out of range.
         """
         self._epochs.load_state_dict(state, self._plan(), len(self))
         self.sampler.seed = self._epochs.seed
@@ -490,11 +423,9 @@ class DALILoader:
         """Releases the DALI pipeline and its threads (a later pass builds a new one)."""
         if self._active:
             self._generation += 1
-            self._finish_epoch(self._active_epoch)
+            self._epochs.end_pass(self._active_epoch, self._active_pass)
         self._active = False
         self._pipe = None
-
-    # ---------------------------------------------------------------- iteration
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self._run_pass()
@@ -505,11 +436,6 @@ class DALILoader:
         b = self.batch_size
         n = len(order) // b * b if self.drop_last else len(order)
         return [order[k : k + b] for k in range(0, n, b)]
-
-    def _finish_epoch(self, epoch: int) -> None:
-        # The next pass without set_epoch() is the next epoch (also after a partial pass); a
-        # set_epoch() or load_state_dict() since the pass began decides instead.
-        self._epochs.end_pass(epoch, self._active_pass)
 
     def _build(self) -> Any:
         fn, types, Pipeline, _ = self._dali
@@ -616,7 +542,7 @@ class DALILoader:
         if self._active:  # an earlier pass is unfinished: end it as if it had been closed
             self._generation += 1
             self._end_pass(complete=False)
-            self._finish_epoch(self._active_epoch)
+            self._epochs.end_pass(self._active_epoch, self._active_pass)
         epoch, resume = self._epochs.begin_pass()
         self._active_pass = pass_id = self._epochs.live_pass
         position = 0 if resume is None else resume.position
@@ -666,4 +592,4 @@ class DALILoader:
             if generation == self._generation:
                 if self._active:
                     self._end_pass(complete)
-                self._finish_epoch(epoch)
+                self._epochs.end_pass(epoch, self._active_pass)

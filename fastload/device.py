@@ -1,10 +1,6 @@
-"""The one place that knows the machine: CUDA, CPUs, ranks per node, worker counts.
-
-Every other module asks here instead of calling ``torch.cuda`` or ``os.cpu_count`` itself:
-"is this CUDA" without creating a CUDA context (:func:`device_is_cuda`, :func:`cuda_available`,
-:func:`default_device`), :func:`small_to_device`, :func:`gpu_experimental`, and the CPUs
-(:func:`available_cpus`, :func:`local_world_size`, :func:`auto_num_workers`). Streams and pinned
-host memory live in :mod:`fastload.gpu.streams` and :mod:`fastload.gpu.memory`.
+"""The one place that knows the machine: every other module asks here, not ``torch.cuda`` or
+``os.cpu_count``, whether a device is CUDA (without creating a CUDA context) and how many CPUs,
+ranks per node and workers there are. Streams and pinned memory: :mod:`fastload.gpu`.
 """
 
 from __future__ import annotations
@@ -73,18 +69,8 @@ GPU_EXPERIMENTAL = "FASTLOAD_GPU_EXPERIMENTAL"
 
 
 def gpu_experimental() -> bool:
-    """Whether the GPU code not yet measured on a GPU runs: ``FASTLOAD_GPU_EXPERIMENTAL=1``;
-    unset, empty or ``0``: off (the default). Read at each call (a decoder or split asks once).
-
-    It turns on, together (``docs/gpu.md``, "Experimental"): nvImageCodec's in-place region
-    decoding of a batch's crops into one buffer
-    (:meth:`fastload.gpu.nvimgcodec.RegionDecoder.decode_packed`) through its C interface, and
-    ``decode="hybrid"``'s split that follows the loop's demand
-    (:class:`fastload.gpu.hybrid.HybridSplit`) instead of the decoding rates.
-
-    Raises:
-        ValueError: If the variable holds anything other than ``1``, ``0`` or nothing.
-    """
+    """Whether the GPU code not yet measured on a GPU runs (``docs/gpu.md``, "Experimental"):
+    ``FASTLOAD_GPU_EXPERIMENTAL=1``; unset, empty or ``0``: off; anything else: ``ValueError``."""
     value = os.environ.get(GPU_EXPERIMENTAL, "").strip()
     if value not in ("", "0", "1"):
         raise ValueError(
@@ -116,15 +102,9 @@ def _positive_env(name: str) -> int | None:
 
 
 def local_world_size() -> int:
-    """The processes of this job on this machine (they share its CPUs).
-
-    The first of: ``LOCAL_WORLD_SIZE`` (torchrun, Lightning, Accelerate), ``SLURM_NTASKS_PER_NODE``,
-    the initialized process group's size, ``WORLD_SIZE`` (a job that gives only its total is
-    taken to run on one machine: never oversubscribes), else 1.
-
-    Raises:
-        ValueError: If one of those variables is set to something other than a positive integer.
-    """
+    """The processes of this job on this machine (they share its CPUs): the first of
+    ``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, the process group's size, ``WORLD_SIZE`` (a
+    job that gives only its total is taken to run on one machine: never oversubscribes), else 1."""
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = _positive_env(name)
         if value is not None:

@@ -1,18 +1,5 @@
-"""What this installation is: versions, the optional C extension, DALI, CPUs and load.
-
-One place answers "what am I running on", for ``python -m fastload info`` (the one-line set-up
-summary that ``make bench`` and ``make test`` end with) and for the run records of the benchmark
-(``bench/throughput.py`` writes :func:`environment` into every JSON record).
-
-Example:
-    >>> from fastload.info import environment, summary_line
-    >>> env = environment()
-    >>> env["c_extension"]  # doctest: +SKIP
-    'built'
-    >>> print(summary_line(env))  # doctest: +SKIP
-    fastload 0.1.0.dev0, torch 2.5.1 (CPU only), torchvision 0.20.1, Pillow 11.0.0, Python 3.11.9 | ...
-
-Never imports DALI: whether it is installed is read from the installed packages' metadata.
+"""What this installation is (versions, the C extensions, DALI, CPUs, load), for ``python -m
+fastload info`` and the benchmark's JSON records (:func:`environment`). Never imports DALI.
 """
 
 from __future__ import annotations
@@ -34,7 +21,6 @@ from .gpu.resample import plan_extension_built
 
 __all__ = ["C_EXTENSION_HINT", "C_RESAMPLE_HINT", "dali_version", "environment", "summary_line"]
 
-#: What the region-decoding C extension needs to build, and what its absence costs (setup.py).
 C_EXTENSION_HINT = (
     "the train pipeline is about 20% slower per core without it; to build it, install a C compiler "
     "and the libjpeg-turbo headers (Debian/Ubuntu: apt install gcc libjpeg-dev; Fedora: dnf install "
@@ -60,7 +46,6 @@ def _c_extension() -> str:
     return "built"
 
 
-#: What the device resize's taps cost without their C extension (``fastload._resample``), and the fix.
 C_RESAMPLE_HINT = (
     "the device paths' crop taps are made by numpy instead (more of the training thread's "
     "interpreter per batch); install a C compiler, then reinstall fastload"
@@ -75,15 +60,8 @@ def _load_average() -> list[float] | None:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, C extension, DALI, CPUs, CUDA and the load average now, as a JSON-ready dict.
-
-    Keys: ``python``, ``platform``, ``fastload``, ``torch``, ``torchvision``, ``pillow``,
-    ``dali`` (version or ``None``), ``c_extension`` (see :func:`summary_line`), ``c_resample``
-    (``"built"`` or ``"not built"``: the C extension of the device resize's taps), ``cpu_count``
-    (``os.cpu_count()``, the machine), ``available_cpus`` (this process's affinity), ``cuda``
-    (device name or ``None``), ``device_decoder`` (what ``decode="device"`` decodes JPEGs with
-    here), ``load_average`` (1, 5, 15 minutes; ``None`` where unknown).
-    """
+    """Versions, C extensions, DALI, CPUs (the machine's and this process's), CUDA, the device
+    paths' JPEG decoder and the load average now, as a JSON-ready dict."""
     cuda = None
     if cuda_available():
         cuda = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
@@ -106,14 +84,7 @@ def environment() -> dict[str, Any]:
 
 
 def summary_line(env: dict[str, Any] | None = None) -> str:
-    """One line: versions | region-decoding C extension (and, if missing, its cost and packages) | DALI.
-
-    Example (a machine without libjpeg headers)::
-
-        fastload 0.1.0.dev0, torch 2.5.1 (CPU only), torchvision 0.20.1, Pillow 11.0.0, Python 3.11.9 |
-        C extension (region JPEG decoding): not built: the train pipeline is about 20% slower ... |
-        DALI: not installed (optional: GPU JPEG decoding, the benchmark's dali row)
-    """
+    """One line: versions | C extensions (if missing, their cost and fix) | DALI | device decoder."""
     env = environment() if env is None else env
     device = f"CUDA: {env['cuda']}" if env["cuda"] else "CPU only"
     c_ext = env["c_extension"]

@@ -1,16 +1,5 @@
-"""Data-stall statistics: how much of the training time is spent waiting for data.
-
-A loader is fast enough when the training loop never waits for it. :class:`LoaderStats` measures
-exactly that, at the consumer: the wall time of an epoch, and how much of it was spent blocked in
-``next(loader)``. ``stall_fraction = wait / wall`` near 0 means the model is the bottleneck (good);
-near 1 means the GPU is starving.
-
-Example:
-    >>> stats = LoaderStats()
-    >>> stats.start()
-    >>> stats.record_batch(samples=256, wait_seconds=0.01)
-    >>> stats.summary()  # doctest: +SKIP
-    '1 batches, 256 samples, 12800.0 img/s, waited 0.010 s of 0.020 s (stall 50.0%)'
+"""Data-stall statistics, measured at the consumer: the wall time of an epoch and how much of it
+the loop spent blocked in ``next(loader)`` (``stall_fraction`` near 0: the model is the bottleneck).
 """
 
 from __future__ import annotations
@@ -26,10 +15,8 @@ class LoaderStats:
     """Counters of one epoch, measured where the batches are consumed.
 
     Attributes:
-        batches: Batches handed out.
-        samples: Samples in those batches.
         wait_seconds: Time the consumer was blocked waiting for a batch.
-        skipped: Samples skipped because they failed to decode (``on_error="skip"``).
+        skipped: Samples that failed to decode (``on_error="skip"``).
         decode_seconds: Per-worker time spent decoding and transforming (where measurable).
     """
 
@@ -89,7 +76,7 @@ class LoaderStats:
         return min(1.0, self.wait_seconds / wall) if wall > 0 else 0.0
 
     def summary(self) -> str:
-        """One readable line."""
+        """One line: ``'1 batches, 256 samples, 12800.0 img/s, waited 0.010 s of 0.020 s (stall 50.0%)'``."""
         line = (
             f"{self.batches} batches, {self.samples} samples, {self.images_per_s:.1f} img/s, "
             f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s (stall "

@@ -1,20 +1,11 @@
-"""What every batched transform shares: the images it takes, how it is called, how it draws.
+"""What every batched transform shares: the call ``transform(images, indices=None, epoch=0, seed=0)``
+on an ``(N, C, H, W)`` tensor (the resize-type ones also take a list of ``(C, H, W)`` tensors or
+:class:`PackedImages`, as device decoders give), and the draws.
 
-The first stage of the GPU side's transforms (geometry, colour, normalize, and the prefetcher and
-feeder that call them). Images are an ``(N, C, H, W)`` tensor, a list of ``(C, H, W)`` tensors of
-different sizes (what a device JPEG decoder returns), or :class:`PackedImages` (what a region
-decoder writes a batch's crops into; only the resize-type transforms take the last two).
-
-Call convention: every transform of :mod:`fastload.gpu` is a :class:`BatchTransform`, called as
-``out = transform(images, indices=None, epoch=0, seed=0)``.
-
-Per-sample randomness: with ``indices`` (each image's dataset index, as
-:class:`fastload.IndexedBatch` carries and :class:`fastload.CUDAPrefetcher` passes), image ``r``'s
-parameters come from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, with
-``stream`` a fixed id per class: the same augmentation whatever the batch and after a resume. Two
-instances of one class draw the same numbers unless one gets another ``stream``
-(``t.stream = 123``). With ``indices=None`` the draws come from torch's global generator. Each
-random transform's ``get_params(images, indices=..., epoch=..., seed=...)`` returns its draws.
+Per-sample randomness: with ``indices`` (each image's dataset index), image ``r``'s parameters come
+from ``fastload.rng.batch_uniform(seed, epoch, indices, stream, n)[r]``, ``stream`` a fixed id per
+class (``t.stream = 123`` gives an instance its own): the same augmentation whatever the batch and
+after a resume. With ``indices=None``, torch's global generator. ``get_params`` returns the draws.
 """
 
 from __future__ import annotations
@@ -33,15 +24,8 @@ __all__ = ["BatchTransform", "PackedImages", "apply_transform"]
 
 
 class PackedImages:
-    """Images of different sizes back to back in one flat buffer, each channels first (what a
-    region decoder writes a batch's crops into).
-
-    Args:
-        flat: The buffer, 1-D (it may hold more than the images, e.g. a refused image's space).
-        offsets: Where each image starts in ``flat`` (elements).
-        heights: Each image's height.
-        widths: Each image's width.
-        channels: Channels of every image.
+    """Images of different sizes back to back in one 1-D buffer ``flat``, each channels first
+    from ``offsets[k]`` (elements; ``flat`` may hold more, e.g. a refused image's space).
 
     Example:
         >>> flat = torch.arange(2 * 3 + 2 * 2 * 3, dtype=torch.uint8)
@@ -178,11 +162,7 @@ def randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
 
 
 class BatchTransform:
-    """Base class: a transform of a whole batch, called as ``t(images, indices=..., epoch=..., seed=...)``.
-
-    Attributes:
-        stream: The random-stream id this class draws from (0 for deterministic transforms).
-    """
+    """Base class: a transform of a whole batch; ``stream``: its random-stream id (0: deterministic)."""
 
     stream: int = 0
 
@@ -201,8 +181,7 @@ class BatchTransform:
 def apply_transform(
     transform: Callable[..., Any], images: Any, indices: Indices, epoch: int, seed: int
 ) -> Any:
-    """Calls a fastload transform with the per-sample keys, any other callable with the images only
-    (``apply_transform(torchvision_transform, x, ...)`` is ``torchvision_transform(x)``)."""
+    """Calls a fastload transform with the per-sample keys, any other callable with the images only."""
     if isinstance(transform, BatchTransform):
         return transform(images, indices=indices, epoch=epoch, seed=seed)
     return transform(images)

@@ -1,8 +1,5 @@
-"""The colour and pixel transforms of a batch: :class:`ColorJitter` and :class:`RandomErasing`.
-
-They run after the geometric transforms, on the one ``(N, C, H, W)`` batch those made, and before
-:class:`~fastload.gpu.normalize.Normalize`; each draws its parameters per sample and is
-bit-identical to torchvision's functional ops with the same parameters.
+"""The colour and pixel transforms of a batch, between the geometric ones and ``Normalize``: per
+sample parameters, bit-identical to torchvision's functional ops with the same parameters.
 """
 
 from __future__ import annotations
@@ -32,14 +29,9 @@ def _grayscale(images: torch.Tensor) -> torch.Tensor:
 class ColorJitter(BatchTransform):
     """Random brightness, contrast and saturation per sample, in a random order per sample.
 
-    Matches torchvision's ``ColorJitter`` (without hue): each enabled factor uniform in its range,
-    the adjustments in a random order, with ``torchvision.transforms.v2.functional.adjust_*``'s
-    arithmetic. Samples sharing an order run together: at most nine batched kernels per batch.
-
-    Args:
-        brightness: ``b`` for a factor in ``[max(0, 1 - b), 1 + b]``, or ``(min, max)``.
-        contrast: Same, for contrast.
-        saturation: Same, for saturation.
+    torchvision's ``ColorJitter`` without hue (each argument ``b``: a factor in
+    ``[max(0, 1 - b), 1 + b]``, or ``(min, max)``). Samples sharing an order run together: at most
+    nine batched kernels per batch.
 
     Example:
         >>> t = ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)
@@ -135,14 +127,8 @@ class ColorJitter(BatchTransform):
 class RandomErasing(BatchTransform):
     """Erases a random rectangle of each image with probability ``p`` (torchvision's ``RandomErasing``).
 
-    The rectangle follows torchvision's parameter search (10 attempts; none fits: unchanged).
-    ``value="random"`` is not supported (per-pixel noise has no cheap per-sample stream).
-
-    Args:
-        p: Probability of erasing an image.
-        scale: Range of the erased area as a fraction of the image's.
-        ratio: Range of the rectangle's aspect ratio (height / width, as in torchvision).
-        value: Fill value, one number or one per channel (cast to the image dtype).
+    torchvision's parameter search (10 attempts; none fits: unchanged); ``value``: one number or
+    one per channel (``"random"`` is not supported: per-pixel noise has no cheap per-sample stream).
 
     Example:
         >>> import torch

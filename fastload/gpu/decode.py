@@ -1,8 +1,7 @@
-"""Decoding on the device: :func:`decode_batch` (nvJPEG for the JPEGs it takes, through
-``torchvision.io.decode_jpeg``; the CPU's decoders for the rest, copied over through pinned
-memory), the header columns that say which decoder takes each sample and its size, subsampling
-and coding (:class:`Headers`; :func:`device_routes` for a bare routes column), and
-:func:`device_decoder`, which names the decoder in words.
+"""Decoding on the device for the device paths' decoder thread (:class:`BatchDecoder`):
+nvImageCodec where usable, else :func:`decode_batch` (nvJPEG through ``torchvision.io.decode_jpeg``);
+the CPU's decoders for the rest, copied over through pinned memory. :class:`Headers` says which
+decoder takes each sample; :func:`device_decoder` names the decoder in words.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import io
 import threading
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,10 +67,8 @@ def device_decoder(
     native: tuple[bool, str] | None = None,
 ) -> str:
     """Which decoder the device paths run on ``device`` for baseline JPEGs, in words (the loader's
-    log line, ``python -m fastload info``). ``nvimgcodec_usable=False``: a decoder that gave
-    nvImageCodec up; ``in_place`` and ``native`` (``None``: as
-    :func:`~fastload.gpu.nvimgcodec.decodes_in_place` and
-    :func:`~fastload.gpu.nvimgcodec.native_interface` say) how it decodes the crops."""
+    log line, ``python -m fastload info``). ``nvimgcodec_usable=False``: nvImageCodec given up;
+    ``in_place``, ``native``: how it decodes the crops (``None``: as :mod:`~fastload.gpu.nvimgcodec` says)."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if nvimgcodec_usable and nvimgcodec.available(device):
         if in_place is None:
@@ -112,36 +110,35 @@ def device_decoder(
     return "libjpeg-turbo on the CPU through torchvision.io.decode_jpeg (no GPU decoder on a CPU device)"
 
 
-#: :func:`device_routes` values: not known yet, the device's JPEG decoder, the CPU's decoders.
-ROUTE_UNKNOWN, ROUTE_DEVICE, ROUTE_CPU = 0, 1, 2
+ROUTE_UNKNOWN, ROUTE_DEVICE, ROUTE_CPU = 0, 1, 2  # not known yet, the device's decoder, the CPU's
 
 
 def _route(data: bytes | memoryview | np.ndarray) -> int:
-    """Where an image is decoded, from its header: a JPEG in YCbCr, RGB or grayscale by the
-    device's decoder, anything else (PNG, CMYK, a broken file) by the CPU's."""
+    """Where an image is decoded: a JPEG in YCbCr, RGB or grayscale by the device, else the CPU."""
     if not torchvision_jpeg_available():
         return ROUTE_CPU
-    if jpeg_extension_built():
-        return ROUTE_DEVICE if jpeg_header(data) is not None else ROUTE_CPU
-    try:  # no C extension: PIL reads the header (it does not decode either)
+    header = jpeg_header(data) if jpeg_extension_built() else _pil_header(data)
+    return ROUTE_DEVICE if header is not None else ROUTE_CPU
+
+
+def _pil_header(data: bytes | memoryview | np.ndarray) -> tuple[int, int, bool, str] | None:
+    """Without the C extension: PIL reads the header (it does not decode) of a JPEG in YCbCr, RGB or
+    grayscale, ``(width, height, progressive, subsampling)``; anything else: ``None``."""
+    try:
         img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
     except (OSError, ValueError, Image.DecompressionBombError):
-        return ROUTE_CPU
-    return ROUTE_DEVICE if img.format in JPEG_FORMATS and img.mode in ("RGB", "L") else ROUTE_CPU
+        return None
+    if img.format not in JPEG_FORMATS or img.mode not in ("RGB", "L"):
+        return None
+    sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(JpegImagePlugin.get_sampling(img), "other")
+    return *img.size, bool(img.info.get("progressive")), "gray" if img.mode == "L" else sampling
 
 
 class Headers:
-    """What the device path needs to know of each sample's file, read from its header the first
-    time the sample is seen and kept for the loader's life: numpy columns, one entry per sample,
-
-    - ``route``: :data:`ROUTE_UNKNOWN` (not seen yet), :data:`ROUTE_DEVICE` (a JPEG in YCbCr, RGB
-      or grayscale: the device's decoder) or :data:`ROUTE_CPU` (PNG, CMYK, anything else);
-    - ``width``, ``height``: the image's size (0 where the route is the CPU's: not read);
-    - ``progressive``: 1 baseline, 2 progressive (0: not known);
-    - ``subsampling``: an index into :attr:`SUBSAMPLING` (``"4:2:0"``, ...; 0: not known).
-
-    Args:
-        n: The number of samples.
+    """Each sample's header, read when first seen and kept for the loader's life, as numpy columns:
+    ``route`` (:data:`ROUTE_UNKNOWN`, :data:`ROUTE_DEVICE` or :data:`ROUTE_CPU`, as :func:`_route`),
+    ``width``, ``height`` (0 on the CPU's route), ``progressive`` (1 baseline, 2 progressive) and
+    ``subsampling`` (an index into :attr:`SUBSAMPLING`); 0: not known.
     """
 
     SUBSAMPLING = ("unknown", "4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "gray", "other")
@@ -168,27 +165,13 @@ class Headers:
     def _read(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
         if roi_decoder_available():
             info = jpeg_info(data)
-            if info is None:
-                self.route[i] = ROUTE_CPU
-                return
-            width, height, progressive, subsampling = (
-                info.width,
-                info.height,
-                info.progressive,
-                info.subsampling,
-            )
-        else:  # no C extension: PIL reads the header (it does not decode either)
-            try:
-                img = Image.open(io.BytesIO(data.tobytes() if isinstance(data, np.ndarray) else bytes(data)))
-            except (OSError, ValueError, Image.DecompressionBombError):
-                self.route[i] = ROUTE_CPU
-                return
-            if img.format not in JPEG_FORMATS or img.mode not in ("RGB", "L"):
-                self.route[i] = ROUTE_CPU
-                return
-            (width, height), progressive = img.size, bool(img.info.get("progressive"))
-            sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(JpegImagePlugin.get_sampling(img), "other")
-            subsampling = "gray" if img.mode == "L" else sampling
+            header = None if info is None else (info.width, info.height, info.progressive, info.subsampling)
+        else:
+            header = _pil_header(data)
+        if header is None:
+            self.route[i] = ROUTE_CPU
+            return
+        width, height, progressive, subsampling = header
         self.width[i], self.height[i] = width, height
         self.progressive[i] = 2 if progressive else 1
         self.subsampling[i] = self.SUBSAMPLING.index(subsampling)
@@ -199,29 +182,18 @@ class Headers:
         return (self.route[indices] == ROUTE_DEVICE).tolist()
 
 
+@dataclass(eq=False)
 class RegionBatch:
-    """A batch decoded for a device head that begins with ``gpu.RandomResizedCrop`` (its crop boxes
-    drawn before decoding; :meth:`BatchDecoder.decode_regions`): the images the device's decoder
-    wrote in place, each its box with a margin, in one buffer, and the others, each its own tensor.
-
-    Attributes:
-        n: The batch's images.
-        packed: The in-place images (:class:`~fastload.gpu.base.PackedImages`), or ``None``.
-        positions: Each packed image's position in the batch.
-        boxes: Each packed image's crop box in it, ``(len(packed), 4)``: top, left, height, width.
-        others: ``(position, image, is_box)`` for the rest: ``is_box``: the image is its crop box
-            (decoded by the CPU and cut to it), else the whole image (the head crops it).
+    """A batch of ``n`` decoded by :meth:`BatchDecoder.decode_regions`: the images ``packed`` in
+    place (each its crop box with a margin; at ``positions`` of the batch, their ``boxes`` in them)
+    and ``others``: ``(position, image, is_box)``, ``is_box``: cut to its crop box, else whole.
     """
 
-    def __init__(
-        self,
-        n: int,
-        packed: PackedImages | None,
-        positions: np.ndarray,
-        boxes: np.ndarray,
-        others: list[tuple[int, torch.Tensor, bool]],
-    ) -> None:
-        self.n, self.packed, self.positions, self.boxes, self.others = n, packed, positions, boxes, others
+    n: int
+    packed: PackedImages | None
+    positions: np.ndarray
+    boxes: np.ndarray
+    others: list[tuple[int, torch.Tensor, bool]]
 
     def __len__(self) -> int:
         return self.n
@@ -232,24 +204,18 @@ class RegionBatch:
         return out + [image for _, image, _ in self.others]
 
 
-#: nvImageCodec is given up when it has refused most of the first this many JPEGs or more.
-GIVE_UP_AFTER = 16
+GIVE_UP_AFTER = 16  # nvImageCodec is given up once it refused most of this many JPEGs or more
 
 
 class BatchDecoder:
     """What a device path's decoder thread decodes each batch with: nvImageCodec where it is
-    usable (:mod:`fastload.gpu.nvimgcodec`), else :func:`decode_batch`. Made in the thread that uses it.
-
-    Args:
-        device: Where the images are decoded.
-        cpu_threads: nvImageCodec's CPU threads (0: one per CPU).
-    """
+    usable, else :func:`decode_batch`. Made in the thread that uses it; ``cpu_threads``:
+    nvImageCodec's (0: one per CPU)."""
 
     def __init__(self, device: torch.device, cpu_threads: int = 0) -> None:
         self.device = device
         self.region_decoder: nvimgcodec.RegionDecoder | None = None
-        #: Valid JPEGs nvImageCodec returned nothing for (the CPU decoded them), of those it was given.
-        self.refused = self.asked = 0
+        self.refused = self.asked = 0  # valid JPEGs nvImageCodec returned nothing for, of those given
         self._count_lock = threading.Lock()
         if nvimgcodec.available(device):
             hw_load = nvimgcodec.hw_decoder_load()  # a bad FASTLOAD_HW_DECODER_LOAD is the user's to fix
@@ -284,10 +250,8 @@ class BatchDecoder:
         regions: Sequence[tuple[int, int, int, int] | None] | None = None,
         stream: Any = None,
     ) -> list[torch.Tensor]:
-        """The batch decoded: image ``k`` only in ``regions[k]`` where one is given (``regions``
-        needs :attr:`regions`), whole otherwise; the device's decoder for the images ``on_device``,
-        the CPU's for the others and for any the device's decoder could not decode.
-        """
+        """The batch decoded, image ``k`` only in ``regions[k]`` where given; the device decodes the
+        images ``on_device``, the CPU the others and any the device could not decode."""
         region_decoder = self.region_decoder
         if region_decoder is None:
             images = decode_batch(encoded, self.device, names, on_device=on_device)
@@ -341,11 +305,8 @@ class BatchDecoder:
         stream: Any = None,
         sizes: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> RegionBatch:
-        """:meth:`decode` for a batch whose crop boxes are known: the device's decoder writes its
-        images' boxes into one buffer where it can
-        (:meth:`~fastload.gpu.nvimgcodec.RegionDecoder.decode_packed`), the CPU decodes the rest.
-        ``sizes``: the images' heights and widths where known (the header columns).
-        """
+        """:meth:`decode` with every crop box known: the device writes its images' boxes into one
+        buffer where it can, the CPU decodes the rest. ``sizes``: heights and widths, where known."""
         n = len(encoded)
         region_decoder = self.region_decoder
         slots = [k for k in range(n) if on_device[k] and regions[k] is not None]
@@ -363,13 +324,8 @@ class BatchDecoder:
             result = region_decoder.decode_packed(chosen, wanted, stream, known)
         if result is None:  # no in-place decoding here: each image its own tensor
             images = self.decode(encoded, names, on_device, regions, stream)
-            return RegionBatch(
-                n,
-                None,
-                np.zeros(0, np.int64),
-                np.zeros((0, 4), np.int64),
-                [(k, image, regions[k] is not None) for k, image in enumerate(images)],
-            )
+            others = [(k, image, regions[k] is not None) for k, image in enumerate(images)]
+            return RegionBatch(n, None, np.zeros(0, np.int64), np.zeros((0, 4), np.int64), others)
         packed, boxes, ok = result
         done = np.flatnonzero(ok)
         positions = np.asarray(slots, dtype=np.int64)[done]
@@ -383,8 +339,8 @@ class BatchDecoder:
         return RegionBatch(n, packed.select(done) if len(done) else None, positions, boxes[done], others)
 
     def _count_refused(self, refused: int, asked: int) -> None:
-        """Counts refused JPEGs; once nvImageCodec has refused most of :data:`GIVE_UP_AFTER` or
-        more, it is given up with one warning (never a silent slow path)."""
+        """Counts refused JPEGs; nvImageCodec is given up, with one warning, once it refused most of
+        :data:`GIVE_UP_AFTER` or more."""
         with self._count_lock:  # a pass left behind may still decode in its own thread
             self.refused += refused
             self.asked += asked
@@ -411,8 +367,7 @@ class BatchDecoder:
 def device_routes(
     encoded: Sequence[bytes | memoryview | np.ndarray | torch.Tensor], indices: np.ndarray, routes: np.ndarray
 ) -> list[bool]:
-    """For :func:`decode_batch`'s ``on_device``: whether the device decodes each image, from the
-    column ``routes[indices[k]]``, filled in from the header for a sample not seen yet."""
+    """For :func:`decode_batch`'s ``on_device``, from the column ``routes`` (filled in where unseen)."""
     out = []
     for k, i in enumerate(indices):
         route = routes[i]
@@ -429,21 +384,12 @@ def decode_batch(
     names: Sequence[str] | None = None,
     on_device: Sequence[bool] | None = None,
 ) -> list[torch.Tensor]:
-    """Decodes a batch of encoded images to a list of uint8 RGB tensors ``(3, H, W)`` on ``device``.
-
-    With a CUDA device, baseline JPEGs are decoded together by one batched
-    ``torchvision.io.decode_jpeg(..., device="cuda")`` call; the rest (PNG, CMYK, ...) on the CPU,
-    copied over. On the CPU the same split runs with the CPU decoders.
+    """Decodes a batch to one uint8 RGB ``(3, H, W)`` tensor per image on ``device``: baseline JPEGs
+    by one batched ``torchvision.io.decode_jpeg`` call, the rest on the CPU, copied over.
 
     Args:
-        encoded: The encoded files (``bytes``, ``memoryview``, 1-D uint8 arrays or tensors).
-        device: Where the decoded images go.
-        names: How to name each sample in a :class:`DecodeError` (default ``"sample k of the batch"``).
-        on_device: Whether each image goes to the batched JPEG decoder (see :func:`device_routes`);
-            default: decided from each image's header, opened with PIL.
-
-    Returns:
-        One ``(3, H, W)`` uint8 tensor per input, in order; sizes may differ.
+        names: How a :class:`DecodeError` names each sample (default ``"sample k of the batch"``).
+        on_device: Whether each image goes to the batched JPEG decoder (default: from its header).
 
     Raises:
         DecodeError: Naming the first sample that cannot be decoded.
@@ -474,8 +420,7 @@ def decode_batch(
         tensors = [encoded_tensor(encoded[k]) for k in jpeg_slots]
         try:
             decoded = decode_jpegs(tensors, device)
-        except DECODE_ERRORS:
-            # Find the culprit one by one, so the error names it.
+        except DECODE_ERRORS:  # one by one: the error names the culprit
             decoded = [_to_device(decode_jpeg_tensor(raws[k], label(k)), device) for k in jpeg_slots]
         for k, image in zip(jpeg_slots, decoded, strict=False):
             out[k] = image

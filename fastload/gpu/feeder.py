@@ -1,9 +1,5 @@
-"""The device feeder: batches prepared on the device by a thread of their own, beside the model.
-
-A batch's device work (the copy and device transforms of the host paths, or ``decode="device"``'s
-crop and transforms) issued from the training thread would wait for the model's kernel launches
-and make the model wait for it. :class:`DeviceFeeder` runs it in a background thread on a CUDA
-stream of its own, ``depth`` batches ahead::
+"""The device feeder: a batch's device work in a thread and CUDA stream of its own, ``depth``
+batches ahead, not in the training thread, whose kernel launches it would wait for::
 
     feeder thread (stream S)                          training thread (stream C)
     for k in start..n-1:                              next():
@@ -12,12 +8,9 @@ stream of its own, ``depth`` batches ahead::
         queue.put(k, batch_k, event_k)  # blocks at depth  batch_k.record_stream(C)
                                                          return batch_k
 
-The consumer stream waits on the batch's event only (not on everything ``S`` queued since), and
-each tensor is recorded on it. Device memory: ``depth + 2`` batches at most (queued, being
-prepared, held by the consumer), plus the one a ``for`` loop's variables still name. An error
-preparing batch ``k`` is raised by the ``next()`` that would have returned it, and the next
-``next()`` returns batch ``k + 1`` (torch's contract). Stream operations go through a
-:class:`fastload.gpu.streams.StreamBackend` (no-ops without CUDA).
+Device memory: ``depth + 2`` batches at most, plus the one a ``for`` loop's variables still name.
+An error preparing batch ``k`` is raised by its ``next()``, and the next ``next()`` returns batch
+``k + 1`` (torch's contract).
 """
 
 from __future__ import annotations
@@ -45,19 +38,9 @@ class _Stop:
 
 
 class DeviceFeeder:
-    """Prepares batches ``start .. n - 1`` with ``prepare(k)`` on a background thread and hands them
-    out in order.
-
-    Args:
-        prepare: ``prepare(k)`` returns batch ``k`` (its device work queued on the current stream,
-            the feeder's own); ``StopIteration`` ends the pass early.
-        n: The pass's number of batches (``None``: until ``prepare`` raises ``StopIteration``).
-        start: The first batch (a resumed pass: the first one not handed out yet).
-        device: Where the batches are made.
-        depth: Finished batches kept ready (at least 1).
-        backend: Stream operations (default :func:`fastload.gpu.streams.stream_backend`).
-        timeout: Seconds ``next()`` waits for a batch before raising ``RuntimeError`` (0: forever).
-    """
+    """Prepares batches ``start .. n - 1`` (``n=None``: until ``StopIteration``) with ``prepare(k)``
+    (its device work queued on the current stream, the feeder's) in a thread; hands them out in
+    order. ``timeout``: seconds ``next()`` waits for a batch (0: forever)."""
 
     def __init__(
         self,
@@ -85,10 +68,8 @@ class DeviceFeeder:
         self._thread.start()
         stop_at_exit(self)  # a pass left open at exit: the thread stops before the interpreter ends
 
-    # -- the feeder thread -------------------------------------------------------------------
-
     def _put(self, item: Any) -> bool:
-        """Queues ``item`` unless the feeder is stopped meanwhile; whether it was queued."""
+        """Queues ``item`` unless stopped meanwhile; whether it was queued."""
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
@@ -120,8 +101,6 @@ class DeviceFeeder:
             self._put(_Stop(error))
             return
         self._put(_Stop())
-
-    # -- the consumer --------------------------------------------------------------------------
 
     def __iter__(self) -> DeviceFeeder:
         return self

@@ -1,15 +1,8 @@
-"""The geometric transforms: crops, resizes and flips of a batch, fused into one resampling pass.
-
-:class:`RandomResizedCrop`, :class:`Resize`, :class:`CenterCrop` and :class:`RandomHorizontalFlip`
-(torchvision's semantics, per sample), :class:`Compose` and :func:`crop_resize` (boxes drawn
-elsewhere: a region decoder's). They come first in a batch's device transforms and make the one
-``(N, C, H, W)`` batch the colour ops and :class:`~fastload.gpu.normalize.Normalize` take. Each
-adds its step to a :class:`~fastload.gpu.resample.GeometryPlan`, executed once per batch.
-
-Inside :class:`Compose`, consecutive geometric transforms fuse into one resampling pass:
-``Compose([Resize(256), CenterCrop(224)])`` computes only the 224x224 window (so it also batches
-images of different aspect ratios). The result equals applying them one after the other: bit for
-bit for crops and flips after the resize, within one uint8 level for a flip before it.
+"""Crops, resizes and flips of a batch (torchvision's semantics, per sample), first in its device
+transforms: each adds its step to a :class:`~fastload.gpu.resample.GeometryPlan`, and
+:class:`Compose` runs consecutive ones as one resampling pass (``Resize(256)`` + ``CenterCrop(224)``
+computes only the 224x224 window). The result equals applying them in turn: bit for bit for crops
+and flips after the resize, within one uint8 level for a flip before it.
 
 Example:
     >>> import torch
@@ -69,7 +62,7 @@ class _Geometric(BatchTransform):
     """A transform expressible as crops, resizes and flips; fusable with its neighbours."""
 
     def _update(self, plan: GeometryPlan, indices: Indices, epoch: int, seed: int) -> bool:
-        """Adds this transform to ``plan``; returns False if the plan must be executed first."""
+        """Adds this transform to ``plan``; False: the plan must be executed first."""
         raise NotImplementedError
 
     def __call__(
@@ -83,11 +76,7 @@ class _Geometric(BatchTransform):
 class Compose(BatchTransform):
     """Applies transforms in order, fusing consecutive geometric ones into one resampling pass.
 
-    Any callable may appear in the list; fastload transforms receive ``indices``, ``epoch`` and
-    ``seed``, other callables (e.g. a torchvision transform) get the images only.
-
-    Args:
-        transforms: The transforms, applied first to last.
+    Any callable may appear (see :func:`~fastload.gpu.base.apply_transform`).
 
     Example:
         >>> import torch
@@ -133,16 +122,8 @@ def crop_resize(
     size: tuple[int, int],
     antialias: bool = True,
 ) -> torch.Tensor:
-    """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size``, in one
-    resampling pass: :class:`RandomResizedCrop`'s resize (the same pixels) for boxes drawn elsewhere.
-
-    Returns:
-        An ``(N, C, size[0], size[1])`` tensor, of the images' dtype.
-
-    Raises:
-        ValueError: If a box argument has not one entry per image, or a box is empty or reaches
-            outside its image (naming the first such image).
-    """
+    """Image ``k``'s box ``(top[k], left[k], height[k], width[k])`` resized to ``size`` in one
+    pass: :class:`RandomResizedCrop`'s resize for boxes drawn elsewhere (a region decoder's)."""
     heights, widths = image_sizes(images)
     n = len(heights)
     box = []
@@ -171,21 +152,13 @@ def crop_resize(
 class RandomResizedCrop(_Geometric):
     """Crops a random box of each image and resizes it to ``size`` (torchvision's semantics, per sample).
 
-    The box of each image follows ``torchvision.transforms.RandomResizedCrop.get_params`` (10
-    attempts, then the central crop), the whole batch's attempts evaluated at once in numpy.
-
-    Args:
-        size: Output ``(h, w)``, or an int for a square.
-        scale: Range of the crop's area as a fraction of the image's.
-        ratio: Range of the crop's aspect ratio (width / height).
-        interpolation: Only bilinear is implemented.
-        antialias: Antialias downscales (torch's triangle filter), like torchvision's default.
+    The boxes follow ``torchvision.transforms.RandomResizedCrop.get_params`` (10 attempts, then
+    the central crop); only bilinear interpolation is implemented.
 
     Example:
         >>> import torch
         >>> t = RandomResizedCrop(64)
         >>> images = torch.randint(0, 256, (4, 3, 100, 80), dtype=torch.uint8)
-        >>> top, left, height, width = t.get_params(images, indices=[10, 11, 12, 13], epoch=1, seed=0)
         >>> t(images, indices=[10, 11, 12, 13], epoch=1).shape
         torch.Size([4, 3, 64, 64])
     """
@@ -254,8 +227,8 @@ class RandomResizedCrop(_Geometric):
     def boxes(
         self, heights: Any, widths: Any, *, indices: Indices = None, epoch: int = 0, seed: int = 0
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The crop boxes :meth:`get_params` draws for images of these sizes, without the images:
-        a sample's box depends only on its size and ``(seed, epoch, index)``.
+        """:meth:`get_params` from the images' sizes: a box depends only on its image's size and
+        ``(seed, epoch, index)``.
 
         Example:
             >>> t = RandomResizedCrop(224)
@@ -271,8 +244,8 @@ class RandomResizedCrop(_Geometric):
     def box(
         self, height: int, width: int, *, index: int, epoch: int = 0, seed: int = 0
     ) -> tuple[int, int, int, int]:
-        """:meth:`boxes` for one image of sample ``index``, in plain Python (the same draws and float
-        operations, so the same box): what ``decode="hybrid"``'s CPU workers crop with."""
+        """:meth:`boxes` for one image, in plain Python with the same float operations (the same
+        box): what ``decode="hybrid"``'s CPU workers crop with."""
         u = rng.SampleRNG(seed, epoch, index, self.stream).draw
         area = float(height) * float(width)
         (s0, s1), (r0, r1) = self.scale, self.ratio
@@ -307,17 +280,11 @@ class RandomResizedCrop(_Geometric):
 
 
 class Resize(_Geometric):
-    """Resizes every image (torchvision's ``Resize``: an int sets the shorter side).
+    """Resizes every image (torchvision's ``Resize``: an int sets the shorter side, the longer one
+    ``int(size * long / short)``; only bilinear interpolation).
 
     With an int ``size``, images of different aspect ratios get different sizes: follow it with
     :class:`CenterCrop` inside a :class:`Compose`, or pass ``(h, w)``, to make one batch.
-
-    Args:
-        size: ``(h, w)``, or an int for the shorter side (the longer one keeps the aspect ratio,
-            ``int(size * long / short)``, as in torchvision).
-        max_size: Caps the longer side when ``size`` is an int.
-        interpolation: Only bilinear is implemented.
-        antialias: Antialias downscales.
 
     Example:
         >>> import torch
@@ -348,7 +315,7 @@ class Resize(_Geometric):
         return f"size={size}, max_size={self.max_size}, antialias={self.antialias}"
 
     def output_sizes(self, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-image output ``(heights, widths)`` for input sizes (torchvision's rule, vectorised)."""
+        """Per-image output ``(heights, widths)`` for input sizes."""
         if not self.short:
             return np.full(len(heights), self.size[0]), np.full(len(heights), self.size[1])
         refuse_empty(heights, widths, "it cannot be resized")
@@ -374,12 +341,6 @@ class Resize(_Geometric):
 class CenterCrop(_Geometric):
     """Crops the centre of every image (torchvision's ``CenterCrop``, zero padding if the crop is larger).
 
-    Placement follows torchvision: start ``round((size - crop) / 2)`` (half to even); a larger
-    crop pads ``(crop - size) // 2`` zeros before.
-
-    Args:
-        size: ``(h, w)``, or an int for a square.
-
     Example:
         >>> import torch
         >>> CenterCrop(4)(torch.arange(36, dtype=torch.uint8).view(1, 1, 6, 6))[0, 0, 0].tolist()
@@ -396,8 +357,7 @@ class CenterCrop(_Geometric):
         heights, widths = plan.sizes()
         ch, cw = self.size
 
-        def anchor(size: np.ndarray, crop: int) -> np.ndarray:
-            # Padding case: torchvision pads (crop - size) // 2 before; else round((size - crop) / 2).
+        def anchor(size: np.ndarray, crop: int) -> np.ndarray:  # torchvision's placement
             return np.where(
                 crop > size, -((crop - size) // 2), np.round((size - crop) / 2.0).astype(np.int64)
             )
@@ -407,17 +367,7 @@ class CenterCrop(_Geometric):
 
 
 class RandomHorizontalFlip(_Geometric):
-    """Flips each image left-right with probability ``p``, decided per sample.
-
-    Args:
-        p: Probability of flipping an image.
-
-    Example:
-        >>> import torch
-        >>> t = RandomHorizontalFlip(p=1.0)
-        >>> t(torch.tensor([[[[1, 2, 3]]]], dtype=torch.uint8)).tolist()
-        [[[[3, 2, 1]]]]
-    """
+    """Flips each image left-right with probability ``p``, decided per sample."""
 
     stream = 0x47500002
 

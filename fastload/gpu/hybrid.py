@@ -9,22 +9,14 @@ A hybrid batch of ``n`` images::
     -> one uint8 batch on the device (the slot copied beside the model), then the rest of
        gpu_transforms on the whole batch
 
-The *head* is the leading crop/resize of ``gpu_transforms`` that brings every image to one size
-(:func:`split_head`); the CPU workers run it as :class:`DeviceHead`, which draws a sample's crop
-box from the same ``(seed, epoch, index)`` numbers as the device, so a batch does not depend on
-the split except for the decoders' pixels.
-
-:class:`HybridSplit` gives the CPU ``cpu_rate / (cpu_rate + device_rate)`` of each batch (the
-split at which neither side waits), from each worker's time per task and the decoder thread's
-time per batch; a side too slow for one image gets none, and one every
-:attr:`HybridSplit.probe_every` batches. Without workers every image goes to the device;
-``loader.hybrid.cpu_share = 0.5`` fixes the split (batches then repeat bit for bit).
-
-Experimental (``FASTLOAD_GPU_EXPERIMENTAL=1``, :func:`fastload.device.gpu_experimental`): the
-split that also follows the loop's demand, since device decoding takes the model's GPU time. The
-CPU's share is then the larger of ``cpu_rate / (demand * headroom)`` (``demand``: images per
-second of the loop's own time between ``next()`` calls over its last 32 batches; ``headroom``
-1.1) and the balanced split.
+The *head* (:func:`split_head`) brings every image to one size; the CPU workers run it as
+:class:`DeviceHead`, drawing each crop box from the same ``(seed, epoch, index)`` as the device.
+:class:`HybridSplit` gives the CPU ``cpu_rate / (cpu_rate + device_rate)`` of each batch (neither
+side waits); a side too slow for one image gets one every :attr:`HybridSplit.probe_every` batches.
+``loader.hybrid.cpu_share = 0.5`` fixes the split (batches then repeat bit for bit). Experimental
+(``FASTLOAD_GPU_EXPERIMENTAL=1``): the CPU's share is at least ``cpu_rate / (demand * headroom)``,
+``demand`` the images per second of the loop's own time over its last 32 batches, since device
+decoding takes the model's GPU time.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ import numpy as np
 import torch
 
 from .. import rng as _rng
-from ..device import gpu_experimental, small_to_device
+from ..device import gpu_experimental
 from ..fused import Plan
 from ..transforms import CenterCrop as _CpuCenterCrop
 from ..transforms import Transform
@@ -56,14 +48,11 @@ def _fixed_size(op: Any) -> bool:
 
 
 def split_head(transforms: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
-    """``gpu_transforms`` cut into the head the CPU workers can run (its leading crops and resizes,
-    up to the last one that gives every image one size) and the rest (run on whole batches).
+    """``gpu_transforms`` cut into the head (its leading crops and resizes, up to the last one that
+    gives every image one size) and the rest; ``ValueError`` if there is no such head.
 
     Example: ``Compose([RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(...)])`` ->
     ``([RandomResizedCrop(224)], [RandomHorizontalFlip(), Normalize(...)])``.
-
-    Raises:
-        ValueError: If ``transforms`` does not begin with a crop or resize to one size.
     """
     ops = list(transforms.transforms) if type(transforms) is Compose else [transforms]
     end = 0
@@ -82,8 +71,7 @@ def split_head(transforms: Callable[..., Any]) -> tuple[list[Any], list[Any]]:
 
 
 def region_crop(head: Sequence[Any]) -> RandomResizedCrop | None:
-    """The head's crop where a region decoder can decode just each image's box before the head
-    runs (a head that is one ``gpu.RandomResizedCrop``), else ``None``."""
+    """The head's crop where it is one ``gpu.RandomResizedCrop`` (a region decoder decodes its boxes)."""
     return head[0] if len(head) == 1 and type(head[0]) is RandomResizedCrop else None
 
 
@@ -95,38 +83,23 @@ def apply_head(
     seed: int,
     cropped: Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """``head`` (see :func:`split_head`) on a batch's decoded images, one ``(N, C, H, W)`` tensor.
-
-    A :class:`~fastload.gpu.decode.RegionBatch` has its in-place images' boxes resized in one pass
-    (:func:`~fastload.gpu.geometry.crop_resize`). ``cropped[k]``: image ``k`` was decoded as its
-    crop box only (:func:`region_crop`'s box), so it is only resized, as the crop resizes its box.
-    """
+    """``head`` on a batch's decoded images, as one ``(N, C, H, W)`` tensor. ``cropped[k]`` (and a
+    :class:`~fastload.gpu.decode.RegionBatch`'s boxes): image ``k`` is its crop box, only resized."""
+    if cropped is not None and any(cropped) and not isinstance(images, RegionBatch):
+        if region_crop(head) is None:
+            raise ValueError(
+                f"cropped images need a head that is one gpu.RandomResizedCrop, but got {list(head)!r}"
+            )
+        others = [(k, image, bool(c)) for k, (image, c) in enumerate(zip(images, cropped, strict=False))]
+        images = RegionBatch(len(images), None, np.zeros(0, np.int64), np.zeros((0, 4), np.int64), others)
     if isinstance(images, RegionBatch):
         return _head_on_regions(head, images, indices, epoch, seed)
-    compose = Compose(list(head))
-    if cropped is None or not any(cropped):
-        return apply_transform(compose, images, indices, epoch, seed)
-    crop = region_crop(head)
-    if crop is None:
-        raise ValueError(
-            f"cropped images need a head that is one gpu.RandomResizedCrop, but got {list(head)!r}"
-        )
-    boxes = [k for k, c in enumerate(cropped) if c]
-    whole = [k for k, c in enumerate(cropped) if not c]
-    resized = Resize(crop.size, antialias=crop.antialias)([images[k] for k in boxes])
-    if not whole:
-        return resized
-    out = resized.new_empty((len(images), *resized.shape[1:]))
-    out[small_to_device(np.array(boxes), out.device)] = resized  # (not a blocking pageable copy)
-    rest = apply_transform(compose, [images[k] for k in whole], indices[whole], epoch, seed)
-    out[small_to_device(np.array(whole), out.device)] = rest
-    return out
+    return apply_transform(Compose(list(head)), images, indices, epoch, seed)
 
 
 def _head_on_regions(
     head: Sequence[Any], batch: RegionBatch, indices: np.ndarray, epoch: int, seed: int
 ) -> torch.Tensor:
-    """:func:`apply_head` on a :class:`~fastload.gpu.decode.RegionBatch`."""
     crop = region_crop(head)
     if crop is None:
         raise ValueError(
@@ -160,14 +133,8 @@ def _head_on_regions(
 
 
 class DeviceHead(Transform):
-    """The head of ``gpu_transforms`` (see :func:`split_head`) as a CPU transform fused with decoding.
-
-    Draws what the device transforms draw for the sample, keyed by the current sample's ``(seed,
-    epoch, index)`` (:func:`fastload.rng.current_key`); resizes are bilinear, as on the device.
-
-    Args:
-        head: The leading ``gpu.RandomResizedCrop`` / ``gpu.Resize`` / ``gpu.CenterCrop`` ops.
-    """
+    """The head (:func:`split_head`) as a CPU transform fused with decoding: the device's draws for
+    the current sample's key (:func:`fastload.rng.current_key`), bilinear resizes as on the device."""
 
     def __init__(self, head: Sequence[Any]) -> None:
         self.head = list(head)
@@ -176,7 +143,6 @@ class DeviceHead(Transform):
         for op in self.head:
             size = tuple(op.size) if _fixed_size(op) else None
         self.size = size
-        # CenterCrop: the CPU transform's placement, torchvision's as on the device
         self._steps = [
             (op, _CpuCenterCrop(op.size) if isinstance(op, CenterCrop) else None) for op in self.head
         ]
@@ -209,22 +175,14 @@ class HybridSplit:
 
     Args:
         cpu_share: A fixed fraction of each batch for the CPU workers; ``None``: follow the rates.
-        follow_demand: Whether the adaptive split also follows the training loop's demand
-            (experimental); ``None``: ``FASTLOAD_GPU_EXPERIMENTAL=1``.
+        follow_demand: Follow the loop's demand too; ``None``: ``FASTLOAD_GPU_EXPERIMENTAL=1``.
 
-    Attributes:
-        cpu_rate, device_rate: Images per second all the CPU workers, and the device side, decode
-            (``None`` until measured).
-        demand: Images per second the loop takes over its last ``demand_window`` batches.
-        headroom: The CPU alone takes a batch when it supplies this many times the demand.
-        probe_every: A side that gets no image is given one every this many batches.
+    ``cpu_rate``, ``device_rate`` and ``demand`` are images per second (``None``: not measured).
     """
 
-    #: Weight of a new measurement in the running rates.
-    smoothing = 0.3
+    smoothing = 0.3  # weight of a new measurement in the running rates
     probe_every = 16
     headroom = 1.1
-    #: The loop's demand is measured over this many batches.
     demand_window = 32
 
     def __init__(self, cpu_share: float | None = None, follow_demand: bool | None = None) -> None:
@@ -303,9 +261,8 @@ class HybridSplit:
             self.device_rate = self._update(self.device_rate, images, seconds)
 
     def record_demand(self, images: int, seconds: float) -> None:
-        """The training loop spent ``seconds`` of its own on a batch of ``images`` between two
-        ``next()`` calls. The demand is total images over total seconds of the last
-        :attr:`demand_window` batches (not a mean of rates, which quick steps would rule)."""
+        """The loop spent ``seconds`` of its own on a batch of ``images`` between two ``next()`` calls;
+        the demand is total images over total seconds of the last :attr:`demand_window` batches."""
         if images <= 0 or seconds < 0:
             return
         with self._lock:

@@ -1,8 +1,6 @@
-"""Pinned (page-locked) host memory, the source an asynchronous host-to-device copy needs.
-
-:class:`HostMemory` and :func:`host_memory`: buffers page-locked in place (``cudaHostRegister``),
-pinned copies, "is this pinned"; :class:`PageLock`: a ring of buffers page-locked one by one in a
-background thread. Nothing here touches CUDA at import time.
+"""Pinned (page-locked) host memory, the source an asynchronous host-to-device copy needs:
+:func:`host_memory` (locks in place, pinned copies) and :class:`PageLock` (a ring of buffers locked
+one by one in a background thread). Nothing here touches CUDA at import time.
 """
 
 from __future__ import annotations
@@ -23,45 +21,26 @@ __all__ = ["HostMemory", "PageLock", "host_memory"]
 
 
 class HostMemory(Protocol):
-    """Pinned host memory; :func:`host_memory` gives the one in use (CUDA's, or a test's stand-in)."""
+    """Pinned host memory; :func:`host_memory` gives the one in use (CUDA's, or a test's stand-in).
 
-    def can_pin(self) -> bool:
-        """Whether memory can be pinned here (a CUDA device is available)."""
-        ...
+    ``register`` page-locks a contiguous tensor in place (``False``: it cannot); ``pin`` copies into
+    pinned memory with the same sizes and strides (also a pinned tensor); ``fence`` marks every copy
+    queued so far on each device's current stream (``None``: none can be pending), which ``done``
+    and ``wait`` ask about: memory locked in place is rewritten only after it.
+    """
 
-    def register(self, t: torch.Tensor) -> bool:
-        """Page-locks the memory of ``t`` (contiguous) in place; ``False`` if it cannot."""
-        ...
-
-    def unregister(self, t: torch.Tensor) -> None:
-        """Undoes :meth:`register` (only for a tensor it returned ``True`` for)."""
-        ...
-
-    def pin(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of ``t`` in pinned memory, with the same sizes and strides (a copy also when ``t``
-        is pinned already)."""
-        ...
-
-    def is_pinned(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` is in pinned memory."""
-        ...
-
-    def fence(self) -> Any:
-        """A mark after every copy queued so far on the current stream of each device this process
-        uses (``None``: none can be pending): memory locked in place is rewritten only after it."""
-        ...
-
-    def done(self, fence: Any) -> bool:
-        """Whether the copies before ``fence`` are done (without waiting)."""
-        ...
-
-    def wait(self, fence: Any) -> None:
-        """Waits until the copies before ``fence`` are done."""
-        ...
+    def can_pin(self) -> bool: ...
+    def register(self, t: torch.Tensor) -> bool: ...
+    def unregister(self, t: torch.Tensor) -> None: ...
+    def pin(self, t: torch.Tensor) -> torch.Tensor: ...
+    def is_pinned(self, t: torch.Tensor) -> bool: ...
+    def fence(self) -> Any: ...
+    def done(self, fence: Any) -> bool: ...
+    def wait(self, fence: Any) -> None: ...
 
 
 def _runtime() -> Any:
-    """CUDA's runtime API from the ``cuda-bindings`` package, or ``None`` (``torch.cuda.cudart()`` then)."""
+    """CUDA's runtime API from ``cuda-bindings``, or ``None`` (``torch.cuda.cudart()`` then)."""
     try:
         from cuda.bindings import runtime
     except ImportError:
@@ -75,8 +54,7 @@ def _status(result: Any) -> int:
     return int(getattr(code, "value", code))
 
 
-#: ``cudaHostRegisterPortable``: the memory is pinned for every CUDA context, not only the caller's.
-_REGISTER_PORTABLE = 1
+_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context, not only the caller's
 
 
 class _CudaHost:  # pragma: no cover - needs CUDA (the tests use a recording stand-in)
@@ -163,16 +141,13 @@ def host_memory() -> HostMemory:
 
 
 class PageLock:
-    """Page-locks the memory of each of ``tensors`` in place (:meth:`HostMemory.register`), in
-    order, in a background thread: a batch ring is locked while the workers start, and the
-    consumer waits only for the slot it hands out (:meth:`wait`), or copies where :meth:`ready`
-    says it is not locked yet.
+    """Page-locks each of ``tensors`` in place, in order, in a background thread on CUDA device
+    ``device``: a batch ring is locked while the workers start, and the consumer waits only for the
+    slot it hands out (:meth:`wait`), or copies where :meth:`ready` says it is not locked yet.
 
-    Each tensor must be contiguous and start on a page of its own. A tensor that cannot be locked
-    ends the locking there. The thread runs on CUDA device ``device`` (the loader's), the memory is
-    locked for every device. The locks are undone by :meth:`release` or when this object is
-    collected (never at exit, nor in a forked child), which also cancels those not made yet; the
-    tensors stay referenced until then.
+    Each tensor is contiguous and starts on a page of its own; one that cannot be locked ends the
+    locking there. :meth:`release`, or collection (never at exit, nor in a forked child), undoes
+    the locks and cancels those not made yet; the tensors stay referenced until then.
     """
 
     def __init__(

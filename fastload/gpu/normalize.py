@@ -1,9 +1,5 @@
-"""The last device transform: :class:`Normalize` (uint8 to normalised floats), and the pool of
-reused CPU output buffers it writes into (:class:`HostBufferPool`, :data:`host_pool`).
-
-It takes the batch the geometric and colour transforms made and hands the model its floats. On
-the CPU its outputs come from :data:`host_pool`, and uint8 channels-last batches are converted by
-a table lookup in the C extension.
+"""The last device transform, :class:`Normalize` (uint8 to the model's floats), and the reused CPU
+outputs it writes into (:data:`host_pool`; uint8 channels-last batches by a C table lookup there).
 """
 
 from __future__ import annotations
@@ -31,16 +27,11 @@ __all__ = ["HostBufferPool", "Normalize", "host_pool"]
 class HostBufferPool:
     """Recycles large CPU output tensors, never handing out memory that is still referenced.
 
-    A fresh 20-40 MB batch costs more than filling it (the kernel maps and zeroes every page on
-    first touch). Each buffer goes back to the pool only when the tensor's *storage* is gone (its
-    views, ``.numpy()`` arrays, autograd's saved references): a batch you keep stays yours. Free
-    buffers are kept newest first, at most ``max_idle`` and ``max_idle_bytes``; older ones go back
-    to the OS. Tensors made here cannot grow (``resize_``), and arrays exported before a
-    ``share_memory_()`` see recycled memory afterwards.
-
-    Args:
-        max_idle: Free buffers kept, over all shapes.
-        max_idle_bytes: Bytes of free buffers kept, over all shapes.
+    A fresh 20-40 MB batch costs more than filling it (page faults). A buffer goes back to the
+    pool only when the tensor's *storage* is gone (views, ``.numpy()`` arrays, autograd's saved
+    references); at most ``max_idle`` free buffers and ``max_idle_bytes`` are kept, newest first.
+    Tensors made here cannot grow (``resize_``), and arrays exported before a ``share_memory_()``
+    see recycled memory afterwards.
     """
 
     _NUMPY = {
@@ -90,7 +81,7 @@ class HostBufferPool:
                 self._free.popleft()  # the oldest goes back to the OS
 
     def idle(self) -> int:
-        """How many free buffers the pool holds (for tests and debugging)."""
+        """How many free buffers the pool holds."""
         with self._lock:
             return len(self._free)
 
@@ -107,21 +98,11 @@ host_pool = HostBufferPool()
 class Normalize(BatchTransform):
     """Converts to float (uint8 scaled to [0, 1]) and normalises per channel: ``(x / 255 - mean) / std``.
 
-    The arithmetic is torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, op for
-    op, so float32 results are bit-identical to it; float16/bfloat16 outputs are computed in
-    float32 and cast once (more accurate than doing the arithmetic in half precision).
-
-    Args:
-        mean: Per-channel means (in [0, 1] units), or one number. Values above 1 are taken as
-            0-255 units (``mean=(123.675, 116.28, 103.53)``, DALI's habit): mean and std are
-            then divided by 255, with a warning.
-        std: Per-channel standard deviations, non-zero (same units as ``mean``).
-        dtype: Output floating dtype.
-        channels_last: Return a ``torch.channels_last`` tensor.
-        buffers: 0 (default): every call returns a tensor of its own (on the CPU from
-            :data:`host_pool`). ``k > 0``: a ring of ``k`` reusable outputs, call ``t``'s
-            overwritten by call ``t + k`` (``buffers=2`` is safe with
-            :class:`fastload.CUDAPrefetcher` if you keep no batch beyond the next step).
+    torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, op for op (half precision:
+    computed in float32, cast once). ``mean``/``std`` above 1 are taken as 0-255 units (DALI's
+    habit) and divided by 255, with a warning. ``buffers=k > 0``: a ring of ``k`` reused outputs,
+    call ``t``'s overwritten by call ``t + k`` (2 is safe with :class:`fastload.CUDAPrefetcher` if
+    you keep no batch beyond the next step).
 
     Example:
         >>> import torch
@@ -143,7 +124,6 @@ class Normalize(BatchTransform):
         if any(s == 0 for s in self.std):
             raise ValueError(f"std should be non-zero, but got std={std!r}")
         if any(abs(v) > 1 for v in self.mean + self.std):
-            # 0-255 units (DALI's and OpenCV's habit): the inputs are scaled to [0, 1] first.
             warnings.warn(
                 f"Normalize got mean={mean!r}, std={std!r}: values above 1 are taken as 0-255 units and "
                 "divided by 255 (images are scaled to [0, 1] before normalizing); pass them in [0, 1] "
@@ -209,8 +189,8 @@ class Normalize(BatchTransform):
         return self._lut
 
     def _by_table(self, images: torch.Tensor, out: torch.Tensor) -> bool:
-        """A CPU uint8 RGB channels-last batch to a contiguous float32 ``out`` by :meth:`_table`
-        lookups in the C extension; ``False`` where it does not apply (nothing written)."""
+        """A CPU uint8 RGB channels-last batch into a float32 ``out`` by C table lookups; ``False``:
+        does not apply (nothing written)."""
         if not (
             images.device.type == "cpu"
             and images.dtype == torch.uint8

@@ -1,24 +1,15 @@
-"""Decoding with NVIDIA nvImageCodec (optional): the GPU's hardware JPEG decoder where it has one,
-nvJPEG on CUDA otherwise, and region-of-interest decoding (only a crop's region is decoded).
+"""Decoding with NVIDIA nvImageCodec (optional; docs/gpu.md, "Decoding on the GPU"): where it
+imports and the device is CUDA, the device paths decode their JPEGs with it instead of
+``torchvision.io.decode_jpeg`` (``FASTLOAD_NVIMGCODEC=0``: off).
 
-Where it imports (``pip install 'fastload[nvimgcodec-cu12]'``, or ``-cu13``) and the device is
-CUDA, ``decode="device"`` and ``"hybrid"`` decode their JPEGs with it instead of
-``torchvision.io.decode_jpeg`` (the fallback); ``FASTLOAD_NVIMGCODEC=0`` turns it off. Usage and
-measurements: docs/gpu.md, "Decoding on the GPU".
-
-What :class:`RegionDecoder` asks of it: the hardware decoder takes :func:`hw_decoder_load` of each
-batch, nvJPEG the rest; libjpeg-turbo's chroma upsampling (:data:`OPTIONS`), no EXIF rotation,
-RGB uint8; with a leading ``gpu.RandomResizedCrop``, only each crop box plus :data:`MARGIN` is
-decoded (nvJPEG before 13.2 may get a region's outermost pixels wrong with fancy upsampling), and
-the margin cut off. The decode is queued on the calling thread's stream; each image is copied
-into torch's memory there, nvImageCodec's buffers let go of a batch later.
-
-Experimental (``FASTLOAD_GPU_EXPERIMENTAL=1``, :func:`fastload.device.gpu_experimental`): from
-nvImageCodec 0.9 the crops decoded in place into one buffer per batch
-(:meth:`RegionDecoder.decode_packed`), and where ``fastload._nvimgcodec`` is built, by one call
-into nvImageCodec's C interface per batch (:data:`NATIVE`; ``FASTLOAD_NVIMGCODEC_NATIVE=0``: off).
-
-An image it cannot decode (``None`` in its output) is decoded by the CPU instead.
+:class:`RegionDecoder`: the hardware decoder takes :func:`hw_decoder_load` of each batch, nvJPEG
+the rest; libjpeg-turbo's chroma upsampling, RGB uint8, no EXIF rotation; with a leading
+``gpu.RandomResizedCrop`` only each crop box plus :data:`MARGIN` (nvJPEG before 13.2 may get a
+region's outermost pixels wrong) is decoded, on the calling thread's stream, and copied into
+torch's memory. Experimental (``FASTLOAD_GPU_EXPERIMENTAL=1``): the crops decoded in place into one
+buffer per batch (:meth:`RegionDecoder.decode_packed`), through the C interface where
+``fastload._nvimgcodec`` is built (``FASTLOAD_NVIMGCODEC_NATIVE=0``: off). An image it cannot
+decode (``None``) is decoded by the CPU.
 """
 
 from __future__ import annotations
@@ -59,23 +50,12 @@ __all__ = [
     "use_module",
 ]
 
-#: The decoder's options: libjpeg-turbo's chroma upsampling, also when decoding a region.
-OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"
-
-#: Pixels decoded around each region (where the image has them) and then cut off.
-MARGIN = 1
-
-#: Whether region decoding writes straight into one buffer per batch where nvImageCodec can.
-PACKED = True
-
-#: Whether an in-place batch is decoded by one call into nvImageCodec's C interface where it can be.
-NATIVE = True
-
-#: nvImageCodec's device id for a CPU-only decoder (its NVIMGCODEC_DEVICE_CPU_ONLY).
-CPU_ONLY_DEVICE = -99999
-
-#: The byte boundary each image of an in-place batch buffer starts on.
-ALIGN = 256
+OPTIONS = ":fancy_upsampling=1 :enable_roi_fancy_upsampling=1"  # libjpeg-turbo's upsampling, in regions too
+MARGIN = 1  # pixels decoded around each region (where the image has them), then cut off
+PACKED = True  # region decoding writes into one buffer per batch where nvImageCodec can
+NATIVE = True  # an in-place batch by one call into nvImageCodec's C interface where it can be
+CPU_ONLY_DEVICE = -99999  # nvImageCodec's NVIMGCODEC_DEVICE_CPU_ONLY
+ALIGN = 256  # the byte boundary each image of an in-place batch buffer starts on
 
 _injected: Any = None  # what _module() returns instead of nvidia.nvimgcodec (use_module)
 
@@ -96,8 +76,7 @@ def _module() -> Any:
 
 @contextlib.contextmanager
 def use_module(module: Any) -> Iterator[None]:
-    """Inside the block, ``module`` stands in for ``nvidia.nvimgcodec`` on any device (the tests'
-    CPU stand-in, which decodes with PIL)."""
+    """Inside the block, ``module`` stands in for ``nvidia.nvimgcodec`` on any device (tests)."""
     global _injected
     previous, _injected = _injected, module
     try:
@@ -107,8 +86,8 @@ def use_module(module: Any) -> Iterator[None]:
 
 
 def available(device: torch.device | str | None) -> bool:
-    """Whether ``decode="device"`` decodes with nvImageCodec on ``device``: it imports (not turned
-    off), it is 0.9 or later and the device is CUDA (any device under :func:`use_module`)."""
+    """Whether the device paths decode with nvImageCodec on ``device``: it imports, is 0.9 or later
+    and the device is CUDA (any device under :func:`use_module`)."""
     if _injected is not None:
         return True
     device = torch.device("cpu") if device is None else torch.device(device)
@@ -117,8 +96,7 @@ def available(device: torch.device | str | None) -> bool:
 
 
 def too_old() -> bool:
-    """Whether the nvImageCodec that imports is older than 0.9, whose decode parameters
-    (``sample_format``) and planar images fastload uses."""
+    """Whether the nvImageCodec that imports is older than 0.9 (fastload uses its ``sample_format``)."""
     module = _imported()
     return module is not None and not _version_at_least(module, (0, 9))
 
@@ -140,8 +118,7 @@ def _version_at_least(module: Any, wanted: tuple[int, int]) -> bool:
 
 
 def decodes_in_place() -> bool:
-    """Whether region decoding writes each batch's crops into one buffer (experimental: with
-    :data:`PACKED` and nvImageCodec 0.9's planar ``as_images``)."""
+    """Whether region decoding writes each batch's crops into one buffer (experimental)."""
     nv = _module()
     return (
         PACKED
@@ -160,8 +137,7 @@ def _library_path(module: Any) -> str | None:
 
 
 def native_interface() -> tuple[bool, str]:
-    """Whether in-place batches go through nvImageCodec's C interface in one call per batch
-    (``fastload._nvimgcodec``), and if not, why (in words)."""
+    """Whether in-place batches go through nvImageCodec's C interface, and if not, why (in words)."""
     nv = _module()
     if nv is None:
         return False, "nvImageCodec is not installed"
@@ -201,9 +177,8 @@ def hw_decoder_load() -> float:
 
 
 def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
-    """``image`` (anything with ``__dlpack__``) as a tensor sharing its memory, its capsule made
-    ready on the CUDA stream ``stream`` (``None``: a CPU image): ``torch.from_dlpack(image)``
-    without its per-call stream lookup and protocol-version retry."""
+    """``torch.from_dlpack(image)``, ready on CUDA stream ``stream`` (``None``: a CPU image), without
+    its per-call stream lookup and protocol-version retry."""
     if stream is None:  # on the CPU: torch's own negotiation (e.g. a read-only numpy array)
         try:
             return torch.from_dlpack(image)
@@ -214,8 +189,7 @@ def dlpack_tensor(image: Any, stream: int | None) -> torch.Tensor:
 
 
 class _Plane:
-    """A channels-first ``(3, H, W)`` uint8 image in fastload's buffer, as the array interface
-    nvImageCodec decodes into (``__cuda_array_interface__`` on a GPU, else ``__array_interface__``)."""
+    """A ``(3, H, W)`` uint8 image in fastload's buffer, as the array interface nvImageCodec decodes into."""
 
     __slots__ = ("ptr", "_interface", "_cuda")
 
@@ -244,12 +218,6 @@ class _Plane:
         return self._interface
 
 
-def _data_ptr(image: Any, cuda: bool) -> int:
-    """Where an nvImageCodec image's pixels are."""
-    interface = image.__cuda_array_interface__ if cuda else image.__array_interface__
-    return int(interface["data"][0])
-
-
 class DecoderUnavailable(RuntimeError):
     """nvImageCodec could not make its decoder when first needed (:attr:`RegionDecoder.decoder`)."""
 
@@ -262,8 +230,6 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _one_at_a_time(method: _Method) -> _Method:
-    """``method`` under its decoder's lock."""
-
     @functools.wraps(method)
     def locked(self: RegionDecoder, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -273,16 +239,8 @@ def _one_at_a_time(method: _Method) -> _Method:
 
 
 class RegionDecoder:
-    """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it.
-
-    Args:
-        device: The CUDA device the images are decoded on (``cuda`` without an index: the calling
-            thread's current device, as torch takes it).
-        hw_load: The share of each batch for the hardware JPEG decoder, where the GPU has one
-            (``None``: :func:`hw_decoder_load`).
-        cpu_threads: Its CPU threads (host-side parsing, the hybrid backend's Huffman decoding);
-            0: one per CPU.
-    """
+    """nvImageCodec's decoder for one device (see the module docs), made in the thread that uses it;
+    ``hw_load``: ``None``: :func:`hw_decoder_load`; ``cpu_threads``: 0: one per CPU."""
 
     def __init__(self, device: torch.device, hw_load: float | None = None, cpu_threads: int = 0) -> None:
         hw_load = hw_decoder_load() if hw_load is None else hw_load
@@ -314,28 +272,14 @@ class RegionDecoder:
         self._held: tuple[Any, Any] | None = None  # (event, the last decode's images)
         # one call at a time: a pass left behind may still be decoding when the next one starts
         self._lock = threading.RLock()
-        self.params = nv.DecodeParams(
-            apply_exif_orientation=False,
-            color_spec=nv.ColorSpec.SRGB,
-            allow_any_depth=False,
-            sample_format=nv.SampleFormat.I_RGB,
-        )
-        #: Whether :meth:`decode_packed` decodes into fastload's buffer (off, with a warning,
-        #: where a first try fails).
+        params = dict(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB, allow_any_depth=False)
+        self.params = nv.DecodeParams(**params, sample_format=nv.SampleFormat.I_RGB)
         self.packs = decodes_in_place()
         self._checked = False  # the first packed decode is checked to have landed in place
         self.planar_params = (
-            nv.DecodeParams(
-                apply_exif_orientation=False,
-                color_spec=nv.ColorSpec.SRGB,
-                allow_any_depth=False,
-                sample_format=nv.SampleFormat.P_RGB,
-            )
-            if self.packs
-            else None
+            nv.DecodeParams(**params, sample_format=nv.SampleFormat.P_RGB) if self.packs else None
         )
-        #: nvImageCodec's C interface for whole in-place batches (``fastload._nvimgcodec``), made
-        #: by the first batch that decodes in place, or ``None``; :attr:`native_reason` says why not.
+        # the C interface's session, made by the first in-place batch; native_reason: why not
         self.native: Any = None
         usable, self.native_reason = native_interface()
         self._native_args: tuple[Any, ...] | None = (
@@ -376,12 +320,8 @@ class RegionDecoder:
 
     @property
     def decoder(self) -> Any:
-        """nvImageCodec's Python decoder (made the first time it is needed where the C interface
-        decodes: each decoder has its own GPU state and CPU threads).
-
-        Raises:
-            DecoderUnavailable: nvImageCodec could not make it (the caller gives nvImageCodec up).
-        """
+        """nvImageCodec's Python decoder, made when first needed where the C interface decodes
+        (each has its own GPU state and threads); :class:`DecoderUnavailable` if it cannot be made."""
         if self._decoder is None:
             try:
                 self._decoder = self.nv.Decoder(**self._decoder_args)
@@ -396,8 +336,7 @@ class RegionDecoder:
         encoded: Sequence[bytes | memoryview | np.ndarray],
         regions: Sequence[tuple[int, int, int, int] | None],
     ) -> tuple[list[Any], list[tuple[int, int, int, int] | None]]:
-        """nvImageCodec's code streams of ``encoded``, each limited to its region and margin
-        (clipped to the image), and the regions asked for (``None``: the whole image)."""
+        """The code streams, each limited to its region and margin, and the regions asked for."""
         nv = self.nv
         sources = []
         asked: list[tuple[int, int, int, int] | None] = []
@@ -424,20 +363,15 @@ class RegionDecoder:
         regions: Sequence[tuple[int, int, int, int] | None],
         stream: Any = None,
     ) -> list[torch.Tensor | None]:
-        """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)``
-        (``None``: the whole image), on the current stream (``stream``: its CUDA stream object).
-
-        Returns:
-            One ``(3, H, W)`` uint8 tensor per image (the region's size), or ``None`` where
-            nvImageCodec could not decode the file (the caller decodes it on the CPU).
-        """
+        """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` or whole,
+        on the current stream (``stream``: its object): one ``(3, H, W)`` uint8 tensor per image,
+        ``None`` where nvImageCodec could not decode it."""
         sources, asked = self._sources(encoded, regions)
         self.release()
         handle = getattr(stream, "cuda_stream", 0) if stream is not None else 0
         decoded = self.decoder.decode(sources, params=self.params, cuda_stream=handle)
         cuda = self.device.type == "cuda"
-        # the stream torch.from_dlpack would ask the images' DLPack capsules to be ready on (the
-        # current one: the decoder thread's; 1 is DLPack's name for CUDA's legacy default stream)
+        # the capsules made ready on the current stream (1: DLPack's name for CUDA's legacy default)
         ready_on = (torch.cuda.current_stream(self.device).cuda_stream or 1) if cuda else None
         out: list[torch.Tensor | None] = []
         for image, region, outer in zip(decoded, regions, asked, strict=True):
@@ -482,45 +416,37 @@ class RegionDecoder:
         stream: Any = None,
         sizes: np.ndarray | Sequence[tuple[int, int]] | None = None,
     ) -> tuple[PackedImages, np.ndarray, list[bool] | np.ndarray] | None:
-        """Decodes ``encoded`` (JPEGs), each only in its region ``(top, left, height, width)`` and
-        :data:`MARGIN`, channels first into one buffer allocated here on the current stream
-        (``stream``: its CUDA stream object). ``sizes``: each image's ``(height, width)`` where
-        known (``(n, 2)``), else read from its code stream.
+        """:meth:`decode` with margins, channels first into one buffer made here on the current
+        stream. ``sizes``: each image's ``(height, width)`` where known.
 
         Returns:
-            The decoded regions (:class:`~fastload.gpu.base.PackedImages`), each region's box
-            within its decoded region (``(n, 4)``), and whether nvImageCodec decoded each image
-            (``False``: the caller decodes it on the CPU); ``None`` where decoding in place is
-            not available here (then :attr:`packs` is off and :meth:`decode` takes over).
+            The regions (:class:`~fastload.gpu.base.PackedImages`), each box within its region
+            (``(n, 4)``) and whether each image was decoded; ``None``: not in place here (then
+            :attr:`packs` is off and :meth:`decode` takes over).
         """
         nv = self.nv
         wanted = np.array(regions, dtype=np.int64).reshape(-1, 4)
-        native = None
-        if sizes is None:
-            sources, asked = self._sources(encoded, regions)
-            outer = np.array(asked, dtype=np.int64).reshape(-1, 4)  # y0, x0, height, width (with margin)
-        else:  # the margins for the whole batch in array steps; per image, only nvImageCodec's calls
+        native = sources = None
+        if sizes is not None:  # the margins in array steps (per image: only nvImageCodec's calls)
             full = np.array(sizes, dtype=np.int64).reshape(-1, 2)
             y0 = np.maximum(wanted[:, 0] - MARGIN, 0)
             x0 = np.maximum(wanted[:, 1] - MARGIN, 0)
             y1 = np.minimum(full[:, 0], wanted[:, 0] + wanted[:, 2] + MARGIN)
             x1 = np.minimum(full[:, 1], wanted[:, 1] + wanted[:, 3] + MARGIN)
-            code_stream, region = nv.CodeStream, nv.Region
+            outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)  # y0, x0, height, width (with margin)
             native = self._native_session()  # (read once: another pass's thread may drop it)
-            if native is not None:  # the C interface makes them, without the interpreter
-                sources, outer = None, np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
-            else:
-                try:
+            if native is None:  # (else the C interface makes the sources, without the interpreter)
+                code_stream, region = nv.CodeStream, nv.Region
+                with contextlib.suppress(Exception):  # e.g. a size nvImageCodec reads otherwise: its own
                     sources = [
                         code_stream(
                             data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
                         ).get_sub_code_stream(region=region(*r))
                         for data, r in zip(encoded, np.stack([y0, x0, y1, x1], axis=1).tolist(), strict=True)
                     ]
-                    outer = np.stack([y0, x0, y1 - y0, x1 - x0], axis=1)
-                except Exception:  # noqa: BLE001 - e.g. a size nvImageCodec reads otherwise: its own sizes
-                    sources, asked = self._sources(encoded, regions)
-                    outer = np.array(asked, dtype=np.int64).reshape(-1, 4)
+        if native is None and sources is None:
+            sources, asked = self._sources(encoded, regions)
+            outer = np.array(asked, dtype=np.int64).reshape(-1, 4)
         boxes = np.stack(
             [wanted[:, 0] - outer[:, 0], wanted[:, 1] - outer[:, 1], wanted[:, 2], wanted[:, 3]], axis=1
         )
@@ -562,11 +488,8 @@ class RegionDecoder:
                     stacklevel=4,
                 )
                 return self.decode_packed(encoded, regions, stream, sizes)
-            return (
-                PackedImages(flat, offsets, heights, widths, 3),
-                boxes,
-                np.frombuffer(done, dtype=np.bool_),  # (a column: no object per image)
-            )
+            done = np.frombuffer(done, dtype=np.bool_)  # (a column: no object per image)
+            return PackedImages(flat, offsets, heights, widths, 3), boxes, done
         planes = [
             _Plane(base + o, h, w, cuda, handle or None)
             for o, h, w in zip(offsets.tolist(), heights.tolist(), widths.tolist(), strict=True)
@@ -586,7 +509,8 @@ class RegionDecoder:
         for image, wrapper, plane in zip(decoded, images, planes, strict=True):
             if image is None or image is wrapper:
                 continue
-            if _data_ptr(image, cuda) != plane.ptr:
+            interface = image.__cuda_array_interface__ if cuda else image.__array_interface__
+            if int(interface["data"][0]) != plane.ptr:
                 self._give_up(NotInPlace("an image came back outside the buffer given"))
                 return None
         if not self._checked:

@@ -1,8 +1,5 @@
-"""Overlap host-to-device copies and device transforms with training: :class:`CUDAPrefetcher`.
-
-While the model trains on batch ``k``, batch ``k + 1`` is copied to the device (from pinned
-memory, ``non_blocking``) and transformed on a side stream; without CUDA the same code runs with
-a no-op stream context (:func:`~fastload.gpu.streams.stream_backend`; tests inject a fake).
+""":class:`CUDAPrefetcher`: while the model trains on batch ``k``, batch ``k + 1`` is copied to the
+device (from pinned memory) and transformed on a side stream (without CUDA: no-op streams).
 
 Stream protocol (``S`` the side stream, made once; ``C`` the consumer's current stream):
 
@@ -13,16 +10,6 @@ Stream protocol (``S`` the side stream, made once; ``C`` the consumer's current 
 2. Handing out batch ``k``: ``C.wait_stream(S)``, then ``t.record_stream(C)`` for its tensors.
 3. Before asking the loader for another batch, the host waits for the event of step 1 of the
    batch just handed out: the loader may then reuse its host memory, as with a synchronous consumer.
-
-Per-sample randomness: a :class:`fastload.gpu.BatchTransform` gets ``indices`` (``batch.indices``
-of an :class:`fastload.IndexedBatch`, ``batch["indices"]`` of a dict, else ``None``: torch's
-global RNG), ``seed`` (``loader.seed``, else ``loader.sampler.seed``, else 0) and ``epoch``
-(``loader.epoch``, else ``loader.sampler.epoch``, else :meth:`CUDAPrefetcher.set_epoch`'s, else
-0; read at the start of each epoch); any other callable gets the images only.
-
-Every tensor inside tuples, lists, dicts, namedtuples and :class:`~fastload.IndexedBatch` is
-moved; the transforms apply to the images only: element 0 of a tuple/list, the ``"images"`` (or
-``"image"``) entry of a dict, or the batch itself if it is a tensor.
 """
 
 from __future__ import annotations
@@ -132,28 +119,22 @@ def _int_attr(*owners_and_names: tuple[Any, str]) -> int | None:
 class CUDAPrefetcher:
     """Wraps a loader: copies and transforms batch ``k + 1`` on a side stream while ``k`` is used.
 
+    Every tensor of a batch (tuples, lists, dicts, namedtuples, :class:`~fastload.IndexedBatch`) is
+    moved; ``transforms`` apply to the images (element 0, the ``"images"``/``"image"`` entry, or
+    the tensor). A :class:`~fastload.gpu.BatchTransform` gets the batch's ``indices`` (``None``:
+    torch's global RNG), ``seed`` (``loader.seed``, ``loader.sampler.seed``, else 0) and ``epoch``
+    (``loader.epoch``, ``loader.sampler.epoch``, else :meth:`set_epoch`'s), read at each ``iter()``.
+
     Args:
-        loader: Any iterable of batches (``fastload.DataLoader``, ``torch.utils.data.DataLoader``,
-            a list ...). For asynchronous copies its CPU tensors should be in pinned memory
-            (``pin_memory=True``); pageable tensors still work, with a synchronous copy and a
-            one-time warning.
-        device: Target device; default: the current CUDA device if available, else the CPU.
-        transforms: Applied to the images on the device (see the module docs for the call).
-        channels_last: Hand the images out in ``torch.channels_last`` memory format.
-        dtype: Floating dtype of the handed-out images: integer images are converted and scaled
-            to [0, 1] (torchvision's ``ToDtype(dtype, scale=True)``); floating ones are cast.
-            ``None`` leaves whatever the transforms return (e.g. ``uint8``).
-        backend: Stream backend override (tests inject a fake one); default
-            ``stream_backend(device)``.
+        loader: Any iterable of batches; CPU tensors in pageable memory are copied synchronously,
+            with a one-time warning (``pin_memory=True`` makes the copies asynchronous).
+        device: Default: the current CUDA device if available, else the CPU.
+        dtype: Of the handed-out images: integer ones scaled to [0, 1] (torchvision's
+            ``ToDtype(dtype, scale=True)``), floating ones cast; ``None``: as the transforms return.
 
-    Attributes:
-        stats: :class:`fastload.LoaderStats` of the current or last epoch, measured at the consumer.
-
-    ``len()``, ``dataset``, ``sampler``, ``batch_size``, ``set_epoch`` and
-    ``state_dict``/``load_state_dict`` pass through to the loader; :meth:`state_dict` is the
-    loader's state when the consumer's last batch was handed out (the prefetcher is one ahead).
-    An error for batch ``k`` (loader or transforms) is raised by the ``next()`` that would have
-    returned it; the following ``next()`` goes on with batch ``k + 1`` if the loader does.
+    ``len()``, ``dataset``, ``sampler``, ``batch_size``, ``set_epoch`` and ``state_dict`` (as of
+    the last batch handed out) pass through to the loader; ``stats`` are measured at the consumer.
+    An error for batch ``k`` is raised by its ``next()``; the next goes on if the loader does.
 
     Example (CPU, ``indices`` from :class:`~fastload.IndexedBatch`):
         >>> import torch
@@ -216,8 +197,6 @@ class CUDAPrefetcher:
         while self._warnings:
             warnings.warn(self._warnings.pop(0), stacklevel=stacklevel + 1)
 
-    # -- pass-through ---------------------------------------------------------------------
-
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
@@ -259,8 +238,6 @@ class CUDAPrefetcher:
             raise AttributeError(f"the wrapped {type(self.loader).__name__} has no load_state_dict()")
         self._state = None
         self.loader.load_state_dict(state_dict)
-
-    # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
         iterator = _PrefetchIterator(self)
@@ -312,17 +289,11 @@ class CUDAPrefetcher:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
 
-    def _prepare(self, raw: Any, consumer: Any, side: Any, seed: int, epoch: int) -> tuple[Any, Any]:
-        with self._backend.stream_context(side):
-            return self.copy_and_transform(raw, side, seed, epoch, after=consumer)
-
     def copy_and_transform(
         self, raw: Any, stream: Any, seed: int, epoch: int, after: Any = None
     ) -> tuple[Any, Any]:
-        """One batch to the device and through the transforms, queued on ``stream`` (the current
-        one): step 1 of the stream protocol. Returns the batch and the event after which its host
-        memory has been read; the transforms wait for ``after``'s queued work.
-        """
+        """Step 1 of the stream protocol, queued on ``stream`` (the current one), the transforms after
+        ``after``'s queued work. Returns the batch and the event after which its host memory is read."""
         backend = self._backend
         indices = _get_indices(raw)
         batch = _map_tensors(raw, self._to_device)
@@ -351,7 +322,7 @@ class _PrefetchIterator:
         return self
 
     def _fetch(self, consumer: Any) -> None:
-        """Gets the next batch from the loader and issues its copy and transforms on the side stream."""
+        """Takes the next batch from the loader and issues step 1 for it."""
         owner = self._owner
         if self._it is None:
             return
@@ -359,7 +330,8 @@ class _PrefetchIterator:
             if self._snapshots:
                 owner._state = copy.deepcopy(owner.loader.state_dict())  # type: ignore[attr-defined]
             raw = next(self._it)
-            self._pending = owner._prepare(raw, consumer, self._side, self._seed, self._epoch)
+            with owner._backend.stream_context(self._side):
+                self._pending = owner.copy_and_transform(raw, self._side, self._seed, self._epoch, consumer)
         except StopIteration:
             self._it = None
         except Exception as error:  # noqa: BLE001 - re-raised where the batch would have been handed out

@@ -1,18 +1,10 @@
-"""The resampling plan: crops, resizes and flips of a whole batch, executed as one pass.
-
-Where it sits: the geometric transforms (:mod:`fastload.gpu.geometry`) describe what they do to
-each image as a :class:`GeometryPlan` (per axis, a window of the source, a resize, a flip), which
-:meth:`GeometryPlan.execute` runs once for the whole batch; region decoders feed it
-:class:`~fastload.gpu.base.PackedImages` (``crop_resize``).
-
-Bilinear resizing (``antialias=True``: torch's triangle filter, as ``interpolate(...,
-antialias=True)``) runs as two separable passes of :func:`torch.nn.functional.embedding_bag`, with
-per-image filter taps made on the host (the C extension ``fastload._resample``, else numpy) and
-sent with the rest of the batch's plan in two copies; any per-image box and scale, float32
-arithmetic, uint8 outputs rounded (within one level of torchvision's; ``tests/test_gpu.py``). A
-batch tensor with the same geometry for every image goes through torchvision's own batched resize.
-A ragged batch runs in a few groups of similar region width, each padded to its widest: the
-fewest groups whose padding costs at most 1.5 times the batch's own work.
+"""The resampling plan of the geometric transforms (per axis a window, a resize, a flip), run once
+per batch by :meth:`GeometryPlan.execute`. Bilinear resizing (``antialias=True``: torch's triangle
+filter) runs as two separable :func:`torch.nn.functional.embedding_bag` passes, the per-image taps
+made on the host (the C extension ``fastload._resample``, else numpy) and sent in two copies; uint8
+outputs within one level of torchvision's. One geometry for every image: torchvision's batched
+resize. A ragged batch runs in the fewest groups of similar width whose padding costs at most 1.5
+times its own work.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ import torch.nn.functional as nnf
 from ..device import small_to_device
 from .base import Images, Indices, PackedImages, image_sizes, refuse_empty, uniforms
 
-try:  # the plan of a batch's resize in a few calls without the interpreter (setup.py)
+try:
     from .. import _resample as _c_resample
 except ImportError:  # built without a C compiler: the same numbers from numpy
     _c_resample = None
@@ -37,12 +29,9 @@ __all__ = ["USE_C_TAPS", "GeometryPlan", "plan_extension_built"]
 
 
 class _Axis:
-    """The geometry of one axis (rows or columns) of every image of a batch.
-
-    The current virtual image ``V`` along this axis is ``V[k] = R[win0 + k]`` for
-    ``k < winlen``, zero where ``win0 + k`` is outside ``[lo, hi)``. ``R`` is the source ``S``
-    itself until a resize happens (``resampled`` False); afterwards it is ``S[src0 : src0 + srclen]``
-    (zero outside ``[m0, m1)``) resampled to ``reslen`` pixels.
+    """The geometry of one axis of every image of a batch: the current image is ``V[k] = R[win0 + k]``
+    for ``k < winlen``, zero outside ``[lo, hi)``; ``R`` is the source ``S`` until a resize, then
+    ``S[src0 : src0 + srclen]`` (zero outside ``[m0, m1)``) resampled to ``reslen`` pixels.
     """
 
     __slots__ = ("size", "src0", "srclen", "reslen", "win0", "winlen", "lo", "hi", "m0", "m1", "resampled")
@@ -131,12 +120,12 @@ class _Taps:
         raise NotImplementedError
 
     def width(self, rows: np.ndarray) -> int:
-        """How many taps the images ``rows`` need (the trailing ones weigh 0 for all of them)."""
+        """How many taps the images ``rows`` need."""
         raise NotImplementedError
 
     def fill(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
-        """Writes the taps of images ``rows`` into ``pos`` (int64, plus each image's ``shift``) and
-        ``weights``, each ``(n, L, K)`` with ``K >= width(rows)``."""
+        """The taps of images ``rows`` into ``pos`` (plus each image's ``shift``) and ``weights``,
+        each ``(n, L, K)`` with ``K >= width(rows)``."""
         raise NotImplementedError
 
 
@@ -164,12 +153,9 @@ class _HostTaps(_Taps):
 
 
 class _AntialiasTaps(_Taps):
-    """torch's antialiased bilinear taps, made on the host from per-pixel numbers.
-
-    Output ``o`` of image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` with weight
-    ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)`` normalised by their in-order sum: torch's
-    kernel setup's float64 operations. Taps past ``xsize`` weigh 0 and read the first tap's position.
-    """
+    """torch's antialiased bilinear taps (its kernel setup's float64 operations): output ``o`` of
+    image ``i`` reads taps ``k < xsize[i, o]`` at ``xmin[i, o] + k`` with weight
+    ``max(0, 1 - |(xmin + k - center + 0.5) * invscale|)`` normalised by their in-order sum."""
 
     def __init__(
         self,
@@ -183,24 +169,16 @@ class _AntialiasTaps(_Taps):
         def int64(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a, dtype=np.int64)
 
-        self.src0, self.m0, self.m1, self.size = (
-            int64(axis.src0),
-            int64(axis.m0),
-            int64(axis.m1),
-            int64(axis.size),
-        )
+        self.src0, self.m0, self.m1, self.size = (int64(a) for a in (axis.src0, axis.m0, axis.m1, axis.size))
         self.xmin, self.xsize = int64(xmin), int64(xsize)
         self.center = np.ascontiguousarray(center, dtype=np.float64)
         self.invscale = np.ascontiguousarray(invscale, dtype=np.float64)
         self.valid = np.ascontiguousarray(valid, dtype=bool)
 
-    def _clip(self, pos: np.ndarray) -> np.ndarray:
-        return np.clip(pos, 0, self.size - 1)
-
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         first = self.src0 + self.xmin.min(1)
         last = self.src0 + (self.xmin + np.maximum(self.xsize, 1) - 1).max(1)
-        return self._clip(first), self._clip(last)
+        return np.clip(first, 0, self.size - 1), np.clip(last, 0, self.size - 1)
 
     def width(self, rows: np.ndarray) -> int:
         return max(int(self.xsize[rows].max()), 1)
@@ -217,7 +195,7 @@ class _AntialiasTaps(_Taps):
             self._fill_numpy(rows, shift, pos, weights)
 
     def _fill_numpy(self, rows: np.ndarray, shift: np.ndarray, pos: np.ndarray, weights: np.ndarray) -> None:
-        """:meth:`fill` in numpy: the C extension's arithmetic, operation for operation."""
+        """:meth:`fill` in numpy, the C extension's arithmetic op for op."""
         k = np.arange(pos.shape[2], dtype=np.int64)
         used = k < self.xsize[rows][:, :, None]
         j = self.xmin[rows][:, :, None] + k
@@ -234,8 +212,7 @@ class _AntialiasTaps(_Taps):
         np.add(np.where(used, clipped, clipped[:, :, :1]), shift[:, None, None], out=pos)
 
 
-#: Whether the resize's plan comes from the C extension where it is built (tests compare both ways).
-USE_C_TAPS = True
+USE_C_TAPS = True  # the resize's plan from the C extension where it is built (tests compare both ways)
 
 
 def plan_extension_built() -> bool:
@@ -370,8 +347,7 @@ class GeometryPlan:
         elif isinstance(images, torch.Tensor):
             first, channels = images, images.shape[1]
         else:
-            first = images[0]
-            channels = first.shape[0]
+            first, channels = images[0], images[0].shape[0]
         device, dtype = first.device, first.dtype
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         taps_y = self.y.taps(None, self.antialias)
@@ -467,10 +443,9 @@ class GeometryPlan:
 def _group_by_extent(
     span_y: np.ndarray, span_x: np.ndarray, waste: float = 1.5, rows_out: int = 0
 ) -> list[np.ndarray]:
-    """Splits a batch into the fewest groups whose resampling buffers (each image's source rows plus
-    ``rows_out``, as wide as its group's widest region) cost at most ``waste`` times the batch's
-    own; of those splits, the cheapest. E.g. spans 300x300 (x63) and 3000x4000 (x1): two groups.
-    """
+    """The fewest groups whose resampling buffers (source rows plus ``rows_out``, as wide as the
+    group's widest) cost at most ``waste`` times the batch's own; of those, the cheapest split.
+    E.g. spans 300x300 (x63) and 3000x4000 (x1): two groups."""
     rows = (span_y + rows_out).astype(np.float64)
     order = np.argsort(-span_x, kind="stable")
     ys, xs = np.ascontiguousarray(rows[order]), np.ascontiguousarray(span_x[order], dtype=np.float64)
@@ -484,9 +459,8 @@ def _group_by_extent(
 
 
 def _fewest_groups(ys: np.ndarray, xs: np.ndarray, waste: float, starts: np.ndarray) -> int:
-    """:func:`_group_by_extent`'s split in numpy (images sorted widest first): each run's first image
-    into ``starts``, returns the number of runs. Dynamic programming over the runs' ends, exact in
-    float64, so the C extension's ``fewest_groups`` gives the same split."""
+    """:func:`_group_by_extent`'s split (images widest first): each run's first image into
+    ``starts``; returns the number of runs. Exact in float64, as the C extension's ``fewest_groups``."""
     n = len(ys)
     if n == 0:
         return 0
@@ -553,11 +527,8 @@ def _resample(
     out_h: int,
     out_w: int,
 ) -> torch.Tensor:
-    """Separable resampling of one group: ``(n, C, out_h, out_w)`` float, layout-permuted view.
-
-    ``picks`` (:func:`_region_rows`) make a table of ``C * rx`` values per region row; ``taps_y``
-    (bags, starts, weights) sum its rows, ``taps_x`` the columns of the transposed result.
-    """
+    """Separable resampling of one group to ``(n, C, out_h, out_w)`` floats: ``picks`` make a table
+    of ``C * rx`` values per region row, ``taps_y`` sum its rows, ``taps_x`` the transposed columns."""
     bags_y, starts_y, w_y = taps_y
     bags_x, starts_x, w_x = taps_x
     n = starts_y.shape[0] // out_h

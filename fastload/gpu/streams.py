@@ -39,42 +39,27 @@ class StreamBackend(Protocol):
 
 
 class _NoStreams:
-    """Devices without streams (CPU, ...): every stream operation is a no-op."""
+    """Devices without streams (CPU, ...): every stream operation is a no-op (``...``: ``None``)."""
 
     is_cuda = False
 
-    def new_stream(self, device: torch.device) -> None:
-        return None
-
-    def current_stream(self, device: torch.device) -> None:
-        return None
+    def new_stream(self, device: torch.device) -> None: ...
+    def current_stream(self, device: torch.device) -> None: ...
+    def wait_stream(self, waiter: Any, waitee: Any) -> None: ...
+    def wait_event(self, waiter: Any, event: Any) -> None: ...
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None: ...
+    def record_event(self, stream: Any) -> None: ...
+    def synchronize_event(self, event: Any) -> None: ...
+    def synchronize(self, device: torch.device) -> None: ...
 
     def stream_context(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
-
-    def wait_stream(self, waiter: Any, waitee: Any) -> None:
-        pass
-
-    def wait_event(self, waiter: Any, event: Any) -> None:
-        pass
-
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        pass
-
-    def record_event(self, stream: Any) -> None:
-        return None
-
-    def synchronize_event(self, event: Any) -> None:
-        pass
 
     def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor.to(device)
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return True  # irrelevant without asynchronous copies
-
-    def synchronize(self, device: torch.device) -> None:
-        pass
 
 
 class _CudaStreams:
@@ -121,8 +106,7 @@ class _CudaStreams:
 
 
 def stream_backend(device: torch.device | str | None) -> StreamBackend:
-    """The stream backend for ``device``: CUDA streams for a CUDA device, no-ops otherwise (or the
-    stand-ins a test installed with :func:`simulate_cuda`)."""
+    """CUDA streams for a CUDA device, no-ops otherwise (or :func:`simulate_cuda`'s stand-ins)."""
     if _simulated is not None:
         return _simulated[0]
     return _CudaStreams() if device_is_cuda(device) else _NoStreams()
@@ -130,8 +114,7 @@ def stream_backend(device: torch.device | str | None) -> StreamBackend:
 
 @contextlib.contextmanager
 def simulate_cuda(streams: StreamBackend, host: Any) -> Iterator[None]:
-    """For tests without a GPU: inside the block every prefetcher and loader made uses ``streams``
-    for its stream operations and ``host`` for pinned memory (a test sees each copy)."""
+    """For tests without a GPU: inside the block, ``streams`` and ``host`` (pinned memory) stand in."""
     global _simulated
     saved, _simulated = _simulated, (streams, host)
     try:
