@@ -316,15 +316,15 @@ def _decode_region_pil(
 
 def _pil_box_exact(plan: Plan) -> bool:
     """Whether one PIL resample of the plan's box gives the chain's pixels (within 1 level): crops,
-    flips and one bilinear resize, or one bicubic resize that only shrinks (an enlarging one is
-    not the crop of the enlarged image)."""
+    flips and one bilinear resize, a crop then any one resize (the crop is resampled whole), or one
+    bicubic resize that only shrinks (an enlarging one is not the crop of the enlarged image)."""
     if plan.resample is None:
         return plan.fusable
     if not plan.fusable:
         return False
     if _window(plan) is not None and not pil_resample_available():
         return False  # a resize then a crop: exactly only by the C extension's window (or op by op)
-    if plan.resample[0] == "bilinear":
+    if plan.resample[0] == "bilinear" or (_one_resample(plan) and _leading_crop(plan) is not None):
         return True
     x0, y0, x1, y1 = plan.pixel_box()
     return x1 - x0 >= plan.width and y1 - y0 >= plan.height

@@ -89,9 +89,12 @@ def natural_root(imagenet_root: Path, tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.parametrize("name", ["", "torch/image_folder"], ids=["ImageDataset", "torch-image-folder"])
 @pytest.mark.parametrize("prefetcher", [False, True], ids=["tensor", "prefetcher"])
-def test_eval_loader_runs_the_fast_path_with_torchs_batches(imagenet_root: Path, prefetcher: bool) -> None:
-    dataset = create_dataset("", root=str(imagenet_root / "val"), split="validation")
+def test_eval_loader_runs_the_fast_path_with_torchs_batches(
+    imagenet_root: Path, prefetcher: bool, name: str
+) -> None:
+    dataset = create_dataset(name, root=str(imagenet_root / "val"), split="validation")
     fast = _loader(fastload.DataLoader, dataset, False, prefetcher)
     assert _inner(fast).path == "fast", _inner(fast).fast_path_reason
     expected = _batches(_loader(TORCH_DATALOADER, dataset, False, prefetcher))
