@@ -84,12 +84,8 @@ def check_int(
     high: int | None = None,
     type_error: bool = False,
 ) -> int:
-    """``value`` (argument ``name``) as a Python int in ``[low, high]`` (``None``: unbounded).
-
-    Raises:
-        ValueError: Out of range, or not an integer (then ``TypeError`` with ``type_error``), e.g.
-            ``"num_workers should be a non-negative integer, but got num_workers=-1"``.
-    """
+    """``value`` (argument ``name``) as a Python int in ``[low, high]`` (``None``: unbounded); else
+    ``ValueError`` (``TypeError`` for a non-integer with ``type_error``)."""
     what = _describe(low, high)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise (TypeError if type_error else ValueError)(f"{name} should be {what}, but got {name}={value!r}")
@@ -119,10 +115,7 @@ def check_bool(value: Any, name: str) -> bool:
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
-    """``value`` if it is one of ``choices``, else ``ValueError`` listing them.
-
-    Example: ``worker_type should be one of 'process', 'thread', but got worker_type='fork'``.
-    """
+    """``value`` if it is one of ``choices``, else ``ValueError`` listing them."""
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} should be one of {listed}, but got {name}={value!r}")
@@ -130,10 +123,7 @@ def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
 
 
 def check_probability(value: Any, name: str = "p") -> float:
-    """A number in ``[0, 1]`` as a float.
-
-    Example: ``p should be a probability between 0 and 1, but got p=2``.
-    """
+    """A number in ``[0, 1]`` as a float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
         raise ValueError(f"{name} should be a probability between 0 and 1, but got {name}={value!r}")
     return float(value)

@@ -1,23 +1,12 @@
-"""Epochs, resume and the default seed: one implementation for every fastload loader.
+"""Epochs, resume and the default seed: :class:`EpochState`, shared by ``DataLoader`` and
+``DALILoader``.
 
-:class:`EpochState` is what ``DataLoader`` and ``DALILoader`` share (backends differ only in how
-a batch is produced): the epoch of the next pass, the batches handed out in the current one,
-``set_epoch``, and ``state_dict``/``load_state_dict``.
-
-Epoch rule: a pass uses the epoch given to ``set_epoch``; a pass without a ``set_epoch`` call
-uses the previous pass's epoch + 1 (starting at 0), also after a pass left early, so a loop
-that breaks after N steps does not see the same N batches every epoch.
-
-State rule: taken inside a pass, the state is that pass's epoch and how far the consumer got
-(a batch whose loading raised counts as received); taken between passes, it is what the next
-pass will do. Example: 10 batches of 5 per epoch on one rank, saved after receiving 4 batches
-of epoch 2 -> ``{"epoch": 2, "batches": 4, "position": 20, ...}``; a new loader that loads it
-yields batches 4..9 of epoch 2, then epoch 3 from its start.
-
-A loader whose sampler fastload knows records ``position``, the prefix of the epoch's global
-order every rank has handed out, with its sharding rule (:class:`Plan`), and resumes on any
-ranks and batch size (:mod:`fastload._position`; docs/how-it-works.md, "Determinism and
-resume"). Any other loader records batches only, and resumes only with the same sizes.
+A pass uses the epoch given to ``set_epoch``, else the previous pass's + 1 (also after a pass
+left early). A state taken inside a pass is that pass's epoch and the batches the consumer got
+(a batch whose loading raised counts); taken between passes, what the next pass will do. A
+loader whose sampler fastload knows also records ``position`` with its sharding rule
+(:class:`Plan`) and resumes on any ranks and batch size (:mod:`fastload._position`;
+docs/how-it-works.md, "Determinism and resume"); any other resumes only with the same sizes.
 """
 
 from __future__ import annotations
@@ -38,21 +27,14 @@ STATE_VERSION = 2
 
 
 class ResumeError(ValueError):
-    """A resume state this loader cannot continue exactly: another dataset, another order, a
-    malformed field, or ranks that stopped at points no single position describes. The message
-    names the field and both values. Nothing about the loader changed."""
+    """A resume state this loader cannot continue exactly; the message names the field and both
+    values. Nothing about the loader changed."""
 
 
 class DefaultSeed:
-    """The seed of a loader or sampler built with ``seed=None``.
-
-    In a distributed job (a process group, or ``WORLD_SIZE`` > 1, when first needed) it is 0, as
-    torch's ``DistributedSampler``: every rank must shuffle alike before the order is sharded.
-    Otherwise it is fixed at the loader's first pass from the base seed torch's iterator draws
-    then (read before that draw, and mixed so that the order's generator is no worker's stream),
-    so torch's RNG ends where torch's loader leaves it and ``torch.manual_seed`` makes runs
-    repeatable. Asked for before the first pass, it is fixed by a draw of its own.
-    """
+    """The seed of a loader or sampler built with ``seed=None``: 0 in a distributed job (every
+    rank shuffles alike), else fixed at the first pass from the base seed torch's iterator draws
+    then (read without drawing, and mixed), or by a draw of its own when asked for earlier."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
@@ -76,8 +58,7 @@ class DefaultSeed:
 
 def base_seed(generator: torch.Generator | None = None, consume: bool = True) -> int:
     """The base seed torch's DataLoader iterator draws as it starts: the next int64 of ``generator``
-    (torch's global RNG when ``None``); ``consume=False`` leaves the generator's state as it was.
-    Raises ``TypeError`` where ``generator`` is not a ``torch.Generator``, as torch's iterator."""
+    (torch's global RNG when ``None``); ``consume=False`` leaves the generator's state as it was."""
     if consume:
         return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -102,12 +83,7 @@ class Plan:
     """How a loader hands out an epoch: what its state records, and what a resume must agree with.
 
     Attributes:
-        num_samples: The dataset's size (``None``: an ``IterableDataset`` without one).
-        batch_size: Samples per batch (``None``: no batching).
-        drop_last: The loader drops each rank's last incomplete batch.
-        num_replicas, rank: The ranks sharing each epoch, and this one.
-        order: ``"shuffle"`` (``randperm`` seeded by ``seed + epoch``), ``"blocks"`` (blockwise),
-            ``"sequence"``, or ``None``: an order fastload cannot derive.
+        order: ``"shuffle"``, ``"blocks"``, ``"sequence"``, or ``None``: one fastload cannot derive.
         order_seed: The seed of a sampler the user built (``None``: the loader's own).
         pad, drop_tail: The sampler's sharding rule (:func:`fastload._position.rest_of_epoch`).
     """
@@ -166,13 +142,7 @@ _WORDS = {
 
 
 class EpochState:
-    """Where a loader is in its epochs.
-
-    Args:
-        kind: Names the loader class in the state (``"fastload.DataLoader"``); a state of another
-            kind is refused.
-        seed: An explicit seed, or a :class:`DefaultSeed`.
-    """
+    """Where a loader is in its epochs; ``kind`` names the loader class in the state."""
 
     def __init__(self, kind: str, seed: int | DefaultSeed) -> None:
         self.kind = kind
@@ -225,11 +195,8 @@ class EpochState:
         self.live_pass = None  # the pass in progress, if any, no longer decides the epoch
 
     def begin_pass(self) -> tuple[int, Resume | None]:
-        """Starts a pass; returns its epoch and where a loaded state resumes it (``None``: its start).
-
-        An earlier pass still unfinished (a batch peeked at before the loop) ends here, as after a
-        ``break``, so the new one is the next epoch unless ``set_epoch`` was called since.
-        """
+        """Starts a pass (an earlier one still unfinished ends here, as after a ``break``); returns
+        its epoch and where a loaded state resumes it (``None``: its start)."""
         if self.pass_epoch is not None:
             self.end_pass(self.pass_epoch, self.live_pass)
         epoch, resume = self.epoch, self.resume
@@ -252,11 +219,7 @@ class EpochState:
             self.done = done
 
     def end_pass(self, epoch: int, pass_id: int | None = None) -> None:
-        """The pass ``pass_id`` of ``epoch`` ended (all batches, a ``break``, or its iterator dropped).
-
-        A pass no longer in progress (a newer one began, or ``set_epoch`` / ``load_state_dict``
-        decided the next pass since) changes nothing: an old iterator dropped late ends nothing.
-        """
+        """The pass ``pass_id`` of ``epoch`` ended; one no longer in progress changes nothing."""
         if pass_id is not None:
             if pass_id != self.live_pass:
                 return
@@ -295,12 +258,8 @@ class EpochState:
     def load_state_dict(
         self, state: Any, plan: Plan, num_batches: int | None, sampler_epoch: int | None = None
     ) -> None:
-        """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
-
-        ``state``: one rank's state, or a list of every rank's. ``num_batches``: this loader's
-        batches per epoch (for a state without a position). ``sampler_epoch``: the epoch of a
-        user's ``DistributedSampler``. Raises :class:`ResumeError` naming what differs.
-        """
+        """Resumes from :meth:`state_dict` (one rank's, or a list of every rank's). ``num_batches``:
+        this loader's batches per epoch (for a state without a position)."""
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         if not states:
             raise ResumeError(f"state should come from {self.kind}.state_dict(), but got an empty list")
@@ -417,9 +376,8 @@ class EpochState:
                 "of ranks, build the loader with distributed=True (with Lightning: and "
                 "Trainer(use_distributed_sampler=False))"
             )
-        high = num_batches if num_batches is not None else None
-        done = _state_int(state, "batches", 0, high)
-        if high is not None and done == high:
+        done = _state_int(state, "batches", 0, num_batches)
+        if num_batches is not None and done == num_batches:
             return None
         return Resume(0, done, state.get("sampler_epoch"))
 

@@ -1,12 +1,8 @@
 """fastload's background threads stopped before the interpreter finalises.
 
-At interpreter exit, CPython ends a daemon thread the moment it next takes the interpreter's lock;
-one that is inside torch's C++ code then is unwound through frames that do not allow it, and the
-process aborts ("terminate called without an active exception", exit status 134) after the user's
-script ended well. So the threads fastload runs beside the user's loop register here, and one
-``atexit`` handler (which runs before daemon threads are ended) tells them all to stop, then waits
-for them together, at most :data:`EXIT_WAIT_SECONDS` in all; one blocked for good is left to the
-interpreter. A forked child forgets the parent's threads. Nothing here imports torch.
+A daemon thread ended at exit inside torch's C++ code aborts the process ("terminate called
+without an active exception"), so the threads fastload runs beside the loop register here, and
+one ``atexit`` handler stops them all and waits at most :data:`EXIT_WAIT_SECONDS` in all.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ _registered = False
 
 
 def stop_at_exit(owner: StoppedAtExit) -> None:
-    """Has ``owner``'s thread stopped and joined at interpreter exit while ``owner`` is alive (it
-    is held weakly: a garbage-collected owner stopped its thread itself). Call it once the thread
-    has started."""
+    """Has ``owner``'s thread stopped and joined at interpreter exit while ``owner`` (held weakly)
+    is alive. Call it once the thread has started."""
     global _registered
     with _lock:
         if not _registered:

@@ -98,14 +98,10 @@ def workers_live(loader: Any, engine: Any) -> bool:
 class DataLoaderIterator:
     """What ``iter(fastload.DataLoader)`` returns: one pass over the loader (torch's iterator contract).
 
-    - ``next()`` returns the next batch, or raises the error of loading it (a corrupt image, an
-      exception in the dataset) with the worker and the original traceback; the following
-      ``next()`` goes on with the batch after it, as torch's iterator does.
-    - It counts the batches handed to the consumer (``loader.state_dict()``), records
-      ``loader.stats``, and ends the pass (the next pass is the next epoch) when it is exhausted,
-      closed or dropped. Without persistent workers, the pass's workers stop at its end.
-    - It has the attributes of torch's iterator that tools and tests read, where torch's has
-      them: ``_workers``, ``_pin_memory_thread`` (torch's iterator only) and ``_shutdown_workers()``.
+    ``next()`` returns the next batch, or raises the error of loading it with the worker's
+    traceback, and the following ``next()`` goes on with the batch after it. The pass ends (the
+    next pass is the next epoch) when it is exhausted, closed or dropped. It has the attributes of
+    torch's iterator that tools read: ``_workers``, ``_pin_memory_thread``, ``_shutdown_workers()``.
 
     Attributes:
         epoch: The epoch of this pass.
@@ -391,8 +387,7 @@ def decode_headers(loader: Any) -> Headers:
 
 def feeds_beside(loader: Any, prefetcher: CUDAPrefetcher) -> bool:
     """Whether a pass's batches go to a CUDA device through a feeder thread (:class:`FedPass`)
-    rather than the in-thread prefetcher: not where the host pass draws from torch's global RNG
-    in this process, nor with transforms that reuse device memory. Logged once per loader."""
+    rather than the in-thread prefetcher; logged once per loader."""
     if not prefetcher._backend.is_cuda:
         return False
     reason = None

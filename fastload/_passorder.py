@@ -1,9 +1,8 @@
 """The pass order: which samples a pass of a ``fastload.DataLoader`` hands out, in which batches.
 
-A pass's order comes from the loader's sampler, or for a resumed epoch from the rest of the global
-order resharded over this job's ranks (:func:`resume_pass`); :func:`plan` is what a ``state_dict``
-records of it. The fast path takes it as batches (:func:`pass_batches`), torch's iterator through
-:class:`PassIndices`. Every function takes the loader as its first argument.
+The sampler's order, or a resumed epoch's rest resharded over this job's ranks (:func:`resume_pass`);
+:func:`plan` is what a ``state_dict`` records of it. The fast path takes it as batches
+(:func:`pass_batches`), torch's iterator through :class:`PassIndices`.
 """
 
 from __future__ import annotations
@@ -77,9 +76,8 @@ def set_sampler_epoch(sampler: Any, epoch: int) -> None:
 
 
 class PassIndex(int):
-    """A sample index tagged with its pass: ``pass_seed`` is ``(pass number, base seed)``, from
-    which a kept worker seeds itself at the pass's first index as torch's new worker of that pass
-    would be seeded (:class:`fastload._torchpath.PassSeeded`)."""
+    """A sample index tagged with its pass's ``(pass number, base seed)``, from which a kept worker
+    seeds itself (:class:`fastload._torchpath.PassSeeded`)."""
 
     pass_seed: tuple[int, int]
 
@@ -91,10 +89,8 @@ def _tagged(index: Any, pass_seed: tuple[int, int]) -> PassIndex:
 
 
 class PassIndices:
-    """torch's index sampler for a :class:`DataLoader` (its ``_index_sampler``): the rest of a
-    resumed epoch once, in batches, else the loader's own ``batch_sampler`` (or ``sampler``).
-    Where fastload's default keeps torch's workers, the indices of every pass after the first are
-    :class:`PassIndex` es carrying the pass's base seed (``loader._pass_seed``)."""
+    """torch's index sampler for a :class:`DataLoader` (its ``_index_sampler``): a resumed epoch's
+    rest once, else the loader's own; :class:`PassIndex` es where fastload's default keeps workers."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # no cycle: the loader is freed (and its workers stop) at once
@@ -127,9 +123,8 @@ class PassIndices:
 
 
 def take_sampler_epoch(loader: Any) -> None:
-    """A pass start: an epoch given to the sampler since the loader last set it
-    (``train_sampler.set_epoch(epoch)``, as torchvision's reference script) is the pass's epoch,
-    for fastload's sampler or a user's whose ``epoch`` attribute changed since the last pass."""
+    """A pass start: an epoch given to the sampler since the loader last set it (as torchvision's
+    reference script does) is the pass's epoch."""
     sampler: Any = loader.sampler
     if loader._own_sampler and getattr(sampler, "_told_epoch", False):
         sampler._told_epoch = False
@@ -193,12 +188,9 @@ def refuse_random_order(loader: Any, state: Any, plan: Plan) -> None:
 
 
 def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np.ndarray | None]:
-    """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``.
-
-    On torch's path a resume with the same ranks, batch size and sharding loads the skipped
-    batches again (torch's random draws go on as in an uninterrupted run); any other resume runs
-    this rank's share of the rest of the global order (``None``: the sampler's own order).
-    """
+    """Where a pass of ``epoch`` begins: ``(batches to skip, this rank's indices or None)``. On
+    torch's path a resume with the same sizes loads the skipped batches again (torch's draws go on
+    as in an uninterrupted run); any other runs this rank's share of the global order's rest."""
     sampler = loader.sampler
     if resume is None:
         start = sampler.resume_point() if isinstance(sampler, DistributedSampler) else None
@@ -225,10 +217,9 @@ def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np
 
 
 def pass_batches(loader: Any, epoch: int, cuda_feed: bool) -> Sequence[np.ndarray]:
-    """This pass's batches for the fast path: cut at once for a resumed epoch or a known order; any
-    other sampler read as batches are issued, as torch's iterator reads it -- except with
-    ``cuda_feed`` (a feeder thread), where it is read whole here so that its draws from torch's
-    global RNG are not interleaved with the loop's."""
+    """This pass's batches for the fast path: cut at once for a resumed epoch, a known order or
+    ``cuda_feed`` (a feeder thread must not interleave the sampler's draws with the loop's); any
+    other sampler is read as batches are issued, as torch's iterator reads it."""
     batch_size = loader.batch_size or 1
     if loader._rest is not None or cuda_feed or predicted_order(loader.sampler, epoch) is not None:
         return split_batches(pass_order(loader), batch_size, loader.drop_last)

@@ -1,9 +1,8 @@
 """Which path a ``fastload.DataLoader`` runs, and the defaults that follow from it.
 
 :func:`choose_path` picks the fast path, head acceleration or torch's iterator and says why not a
-faster one; :func:`apply_defaults` sets the arguments left to their default: torch's wherever the
-loader runs code of the user's (:func:`user_code`), fastload's only where it runs every op itself.
-At each pass start :func:`refresh_path` follows the dataset (:mod:`fastload._source`).
+faster one; :func:`apply_defaults` sets the defaults: torch's wherever the loader runs code of the
+user's (:func:`user_code`). At each pass start :func:`refresh_path` follows the dataset.
 """
 
 from __future__ import annotations
@@ -123,22 +122,6 @@ def user_code(loader: Any) -> str | None:
     if transform is not None and not type(transform).__module__.startswith("fastload."):
         return f"a transform of yours ({type(transform).__name__})"
     return None
-
-
-def torch_checks(
-    num_workers: int,
-    multiprocessing_context: Any,
-    prefetch_factor: int | None,
-    persistent_workers: bool | None,
-) -> None:
-    """torch's own checks of the arguments that depend on ``num_workers``, in its words."""
-    torch.utils.data.DataLoader(
-        [],  # type: ignore[arg-type]
-        num_workers=num_workers,
-        multiprocessing_context=multiprocessing_context,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=bool(persistent_workers),
-    )
 
 
 def refuse_reused_device_memory(decode: str, gpu_transforms: Any) -> None:
@@ -278,8 +261,14 @@ def apply_defaults(loader: Any, first: bool) -> None:
     if "num_workers" in defaulted:
         loader.num_workers = auto_num_workers() if own else 0
         asked = loader._asked
-        if first:
-            torch_checks(loader.num_workers, **asked)  # torch's errors, in its words
+        if first:  # torch's checks of the arguments that depend on num_workers, in its words
+            torch.utils.data.DataLoader(
+                [],  # type: ignore[arg-type]
+                num_workers=loader.num_workers,
+                multiprocessing_context=asked["multiprocessing_context"],
+                prefetch_factor=asked["prefetch_factor"],
+                persistent_workers=bool(asked["persistent_workers"]),
+            )
         loader.prefetch_factor = None if loader.num_workers == 0 else asked["prefetch_factor"] or 2
         context = asked["multiprocessing_context"]
         loader.__dict__["_persistent_workers"] = bool(asked["persistent_workers"]) and loader.num_workers > 0

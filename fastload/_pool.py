@@ -7,9 +7,7 @@ dataset at a spawn), hands each a :class:`~fastload._worker.Task` for a free slo
 slot out as tensors (:meth:`WorkerPool.hand_out`, in pinned memory for a CUDA device), reclaiming
 the slot once no tensor over it is left. The engine (:mod:`fastload._engine`) drives it.
 
-**Pools shut down** on :meth:`WorkerPool.close`, when their owner is garbage-collected, and at
-interpreter exit, within a bounded time: a stop message, then ``terminate()``, then ``kill()``.
-Thread workers get the stop message; they are daemon threads.
+Pools shut down on :meth:`WorkerPool.close`, when their owner is collected, and at exit.
 """
 
 from __future__ import annotations
@@ -37,8 +35,6 @@ from ._workerstart import frozen_heap, ship_dataset, start_method
 from .gpu.memory import PageLock, host_memory
 from .gpu.streams import current_cuda_device
 
-__all__ = ["CLOSED_MIDPASS", "WorkerPool"]
-
 POLL_SECONDS = 0.5
 JOIN_SECONDS = 5.0
 
@@ -62,35 +58,20 @@ def _close_live_pools() -> None:
 class WorkerPool:
     """Workers and the shared batch slots they write into.
 
-    Slot ownership: a slot is *free*, *busy* (a task writing into it, of whichever pass),
-    *pending* (issued and not yet handed out), or *out*: handed to the consumer, as tensors over
-    the slot's memory. An out slot becomes free only when no tensor, view, ``.numpy()`` array or
-    autograd reference to it is left (a finalizer on the storage of the handed-out tensors says
-    so), so a batch the consumer keeps is never overwritten. A consumer that keeps more than the
-    usual two batches (the loop variable and the batch before it) gets *extra* slots instead,
-    allocated one batch at a time and freed when released, so the decoding pipeline keeps its
-    depth. A pass only takes free slots, and a slot of an abandoned pass becomes free when its
-    task reports back, so no two tasks ever write into one slot.
+    A slot is *free*, *busy* (a task writing into it, of whichever pass), *pending* (issued, not
+    handed out yet), or *out*: handed to the consumer as tensors over its memory, free again only
+    when no tensor, view or array over it is left (a finalizer on their storage). A consumer that
+    keeps more than two batches gets *extra* slots, allocated one batch at a time, so the
+    pipeline keeps its depth. A slot of an abandoned pass is free once its task reports back.
 
     Args:
-        dataset: Serves ``get_bytes(i)``, ``targets`` and a ``transform`` with ``decode_into``.
-        sample_shape: The shape of one sample's slot: ``(H, W, 3)`` (handed out as channels-last
-            NCHW) or, with ``channels_first``, ``(3, H, W)`` (handed out as contiguous NCHW).
-        dtype: The slot's dtype (uint8, or float32 for a recognised torchvision pipeline).
-        batch_size: Samples per slot.
-        num_slots: Batch slots in the ring.
-        num_workers: 0: no workers (the caller decodes with :func:`fastload._worker.run_task`).
-        kind: ``"process"`` or ``"thread"``.
-        context: A multiprocessing context (process workers), or ``None`` for torch's default.
-        pin: Hand out every batch in pinned memory (where memory can be pinned: with CUDA): the
-            ring page-locked in place (process workers: its shared memory, locked while they start;
-            thread workers and ``num_workers=0``: allocated pinned), a pinned copy otherwise.
-        base_seed, skip, worker_init_fn: Passed to each worker.
-        preload: Imports what decoding needs (e.g. :func:`fastload.transforms.import_decode_modules`):
-            run here before process workers start (forked ones inherit the modules) and by each
-            spawn/forkserver worker as it starts.
-        cuda_device: The CUDA device the batches go to, where the loader knows it (the thread
-            page-locking the ring runs on it); ``None``: the calling thread's current device.
+        sample_shape: ``(H, W, 3)`` (handed out as channels-last NCHW) or, with
+            ``channels_first``, ``(3, H, W)``.
+        num_workers: 0: no workers (the caller decodes with :meth:`run_inline`).
+        pin: Hand out every batch in pinned memory (where memory can be pinned): the ring
+            page-locked in place, or a pinned copy.
+        preload: Imports what decoding needs, run here and by each spawn/forkserver worker.
+        cuda_device: The device the batches go to (``None``: the current one).
     """
 
     def __init__(
@@ -113,15 +94,9 @@ class WorkerPool:
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
-        #: ``dataset.will_need(indices)``, if it has one: a read-ahead hint for each issued batch
-        #: (e.g. a pack served from its map, see ``InMemoryImageFolder.will_need``).
         self.will_need: Callable[[np.ndarray], None] | None = getattr(dataset, "will_need", None)
-        host = host_memory()
-        self.host = host
-        #: every batch handed out is in pinned memory (for asynchronous copies to a CUDA device)
+        self.host = host = host_memory()
         self.pin = pin and host.can_pin()
-        #: process slots page-locked in place, slot by slot, while the workers start (``None``:
-        #: pinned as allocated, or not pinned); see :meth:`_in_place`
         self.page_lock: PageLock | None = None
         self.warned_lock = False
         self.hwc = not channels_first
@@ -130,8 +105,6 @@ class WorkerPool:
             self.images = shared_slots(num_slots, (batch_size, *sample_shape), dtype)  # a page each
             self.labels = shared_empty((num_slots, batch_size), torch.int64)
             if self.pin:  # cudaHostRegister: labels first, then the slots in the order they are used
-                # the lock thread's: the loader's device, else the current one (as torch's pin
-                # thread takes it)
                 device = cuda_device if cuda_device is not None else current_cuda_device()
                 self.page_lock = PageLock([self.labels, *self.images.unbind(0)], host, device)
         else:
@@ -221,9 +194,7 @@ class WorkerPool:
                 del self.extra[slot]  # extras are used once: their memory goes back to the OS
             elif slot not in self.busy and slot not in self.free_slots:
                 if self.pin:
-                    # An asynchronous copy out of it may still be queued on the device (the usual
-                    # `images.cuda(non_blocking=True)` returns at once, and the batch is dropped
-                    # right after): no worker writes into it before the copies queued so far are done
+                    # an asynchronous copy out of it may still be queued on the device
                     self.fences[slot] = self.host.fence()
                 self.free_slots.append(slot)
 
@@ -265,9 +236,7 @@ class WorkerPool:
         self, dataset: Any, task: Task, out: np.ndarray, lab: np.ndarray, skip: bool
     ) -> tuple[int, list[tuple[int, str]]]:
         """``num_workers=0``: decodes ``task`` in this process, split over ``torch.get_num_threads()``
-        threads as torch splits its own ops (intra-op parallelism; ``torch.set_num_threads(1)``
-        keeps it in this thread). Only for fastload's own readers and transforms (no user code runs
-        in those threads); the batch is the same for any number of threads."""
+        threads as torch splits its own ops; a user's ``get_bytes`` runs in this thread only."""
         parts = min(torch.get_num_threads(), len(task.indices))
         if parts < 2 or not own_reader(dataset):
             return run_task(dataset, task, out, lab, skip)
@@ -290,9 +259,8 @@ class WorkerPool:
         return images.permute(0, 3, 1, 2) if self.hwc else images
 
     def _in_place(self, slot: int) -> bool:
-        """Whether ``slot``'s memory is pinned as it is (else :meth:`hand_out` hands out pinned
-        copies): a ring slot once its page lock holds (while it is being locked, a copy), never an
-        extra slot (locking one costs more than copying it: about 3.4 ms per MB, measured)."""
+        """Whether ``slot``'s memory is pinned as it is: a ring slot once its page lock holds, never
+        an extra slot (locking one costs more than copying it: about 3.4 ms per MB, measured)."""
         if slot in self.extra:
             return False
         if self.page_lock is None:  # allocated pinned
@@ -314,10 +282,8 @@ class WorkerPool:
         return locked
 
     def hand_out(self, slot: int, filled: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``filled`` images (N, 3, H, W; channels-last memory for HWC slots) and labels of
-        ``slot``, as tensors whose storage tells the pool when they, and everything made from them,
-        are gone. With ``pin``, in pinned memory: the slot's own (page-locked), or a pinned copy
-        (an extra slot, or a ring that could not be locked; the slot is then free again at once)."""
+        """The first ``filled`` images (N, 3, H, W) and labels of ``slot``, as tensors whose storage
+        tells the pool when they are gone; with ``pin``, the slot's own pinned memory or a copy."""
         if self.pin and not self._in_place(slot):
             return self.copy_out(slot, filled)
         self.pending.discard(slot)
@@ -405,10 +371,8 @@ class WorkerPool:
         self.tasks.put(task)
 
     def drain(self, keep: int | None = None) -> None:
-        """Takes back the tasks no worker has started yet (best effort) and frees their slots.
-
-        Tasks of generation ``keep`` (an adopted epoch lookahead) are put back, in order.
-        """
+        """Takes back the tasks no worker has started yet (best effort) and frees their slots; tasks
+        of generation ``keep`` (an adopted epoch lookahead) are put back, in order."""
         kept: list[Task] = []
         while True:
             try:
@@ -427,12 +391,8 @@ class WorkerPool:
             self.tasks.put(task)
 
     def get(self, timeout: float) -> Report:
-        """The next finished task's report (its slot is then no longer busy); clear errors, no hang.
-
-        Raises:
-            RuntimeError: torch's ``"DataLoader timed out after N seconds"`` when ``timeout > 0``
-                passes without a report, or a worker died (named, with its exit code or signal).
-        """
+        """The next finished task's report; raises torch's timeout error after ``timeout > 0``
+        seconds without one, or an error naming a worker that died."""
         deadline = None if timeout <= 0 else time.monotonic() + timeout
         while True:
             self._check_open()

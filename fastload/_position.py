@@ -1,25 +1,12 @@
 """Where an epoch stands in its global order, for any number of ranks and any batch size.
 
-Every fastload sampler derives one *global order* of the epoch from ``(seed, epoch)`` and shards
-it by stride: rank ``r`` of ``W`` takes positions ``r, r + W, r + 2W, ...``. So when every rank
-has taken ``c`` samples, the samples handed out are exactly the first ``c * W`` positions of the
-global order: a prefix. That prefix's length (the *position*) is what a resume state records; a
-job with another number of ranks or batch size continues with the rest of the global order,
-sharded over its own ranks by the same rules (:func:`rest_of_epoch`).
-
-The sharding rules, for ``M`` samples on ``W`` ranks (``M`` is the epoch's size, or what is left
-of it after a resume):
-
-* **exact** (evaluation): rank ``r`` takes ``range(r, M, W)``; nothing repeated or dropped;
-* **pad** (training): every rank takes ``ceil(M / W)``; the ``W - M mod W`` positions past the
-  end repeat the epoch's order from its start, as torch's ``DistributedSampler`` pads;
-* **drop tail** (the sampler's ``drop_last``): the last ``M mod W`` positions are dropped.
-
-A loader with ``drop_last=True`` also drops each rank's last incomplete batch.
-
-Example (``M = 10`` on ``W = 4`` ranks, exact, batches of 1): after 2 steps every rank has taken
-2 samples and the position is 8; a restart on 3 ranks continues with positions 8 and 9, one on
-rank 0 and one on rank 1 (rank 2 gets none).
+Rank ``r`` of ``W`` takes positions ``r, r + W, ...`` of the epoch's global order, so when every
+rank has taken ``c`` samples, the first ``c * W`` positions are handed out: the *position* a
+resume state records. For ``M`` samples on ``W`` ranks the rules are **exact** (rank ``r`` takes
+``range(r, M, W)``), **pad** (every rank ``ceil(M / W)``, repeating the order's start, as torch's
+``DistributedSampler``) and **drop tail** (the last ``M mod W`` positions dropped). Example
+(``M = 10``, ``W = 4``, exact, batches of 1): after 2 steps the position is 8; a restart on 3
+ranks continues with positions 8 and 9 on ranks 0 and 1 (rank 2 gets none).
 """
 
 from __future__ import annotations
@@ -62,9 +49,8 @@ def consumed(
     drop_last: bool,
 ) -> tuple[int, bool, bool]:
     """``(position, finished, prefix)`` of a pass over ``remaining`` positions once each rank got
-    ``batches`` (one count, or one per rank): the length of the prefix every rank has handed out;
-    whether every rank got all its batches; whether what was handed out is exactly that prefix
-    (ranks that stopped at different points leave samples past it)."""
+    ``batches`` (one count, or one per rank): the prefix every rank has handed out, whether every
+    rank got all its batches, and whether exactly that prefix was handed out."""
     lengths = shard_lengths(remaining, num_replicas, pad, drop_tail)
     ranks = np.arange(num_replicas, dtype=np.int64)
     per_rank = lengths // batch_size if drop_last else -(-lengths // batch_size)

@@ -1,12 +1,9 @@
 """Shared memory that a container's small ``/dev/shm`` (64 MB unless told otherwise) does not limit.
 
-The memory fastload allocates for batches (the fast path's slots, torch's path's reused segments
-and tables, streamed batches, a ``collate_fn``'s output) is an anonymous ``memfd_create`` file on
-Linux, mapped through torch's own constructor for a storage shared by file descriptor, so torch
-sends it between processes exactly as its own and frees it with the last process that maps it.
-Elsewhere (no ``memfd_create``, or the ``file_system`` sharing strategy) it is torch's
-``share_memory_()``. :func:`shm_error` turns an allocation that still failed in ``/dev/shm`` into
-an error that says so, with the fixes.
+The memory fastload allocates for batches is an anonymous ``memfd_create`` file on Linux, made
+through torch's own constructor for a storage shared by file descriptor (sent and freed as
+torch's own); elsewhere torch's ``share_memory_()``. :func:`shm_error` turns an allocation that
+still failed in ``/dev/shm`` into an error that says so, with the fixes.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from typing import Any
 
 import torch
 
-_FD_CONSTRUCTOR = "_new_shared_fd_cpu"  # torch >= 2.0 (reductions.rebuild_storage_fd)
 _ok: bool | None = None
 
 
@@ -27,7 +23,7 @@ def memfd_available() -> bool:
     global _ok
     if _ok is None:
         _ok = False
-        if hasattr(os, "memfd_create") and hasattr(torch.UntypedStorage, _FD_CONSTRUCTOR):
+        if hasattr(os, "memfd_create"):
             try:
                 storage = _memfd_storage(4096)
                 _ok = storage.is_shared() and storage._get_shared_fd() >= 0  # type: ignore[attr-defined]
@@ -41,7 +37,7 @@ def _memfd_storage(nbytes: int) -> torch.UntypedStorage:
     try:
         os.ftruncate(fd, max(1, nbytes))
         # torch dups the descriptor and keeps its copy (for sending); ours is closed below
-        return getattr(torch.UntypedStorage, _FD_CONSTRUCTOR)(fd, max(1, nbytes))
+        return torch.UntypedStorage._new_shared_fd_cpu(fd, max(1, nbytes))  # type: ignore[attr-defined]
     finally:
         os.close(fd)
 
@@ -76,8 +72,7 @@ PAGE = mmap.PAGESIZE
 
 def shared_slots(num_slots: int, slot_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A ``(num_slots, *slot_shape)`` tensor in shared memory whose slots each start on a page of
-    their own, so that each can be page-locked on its own: slots of ``(5, 32, 32, 3)`` uint8
-    (15,360 bytes) lie 16,384 bytes apart."""
+    their own, so that each can be page-locked on its own."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
     inner = tuple(int(size) for size in slot_shape)
     stride = -(-max(1, math.prod(inner) * itemsize) // PAGE) * PAGE  # bytes between slot starts
@@ -128,9 +123,8 @@ def _shm_numbers() -> tuple[int, int] | None:
 
 
 def shm_error(error: BaseException, needed: int | None = None) -> RuntimeError | None:
-    """A clear error for ``error`` (or the errors it was raised from) when it is an allocation in
-    ``/dev/shm`` that did not fit, else ``None``: the mount's size and free space, what was needed
-    and the fixes."""
+    """A clear error (the mount's size, what was needed, the fixes) when ``error`` or its causes
+    is an allocation in ``/dev/shm`` that did not fit, else ``None``."""
     texts: list[str] = []
     cause: BaseException | None = error
     while cause is not None and len(texts) < 4:

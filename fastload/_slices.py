@@ -11,14 +11,8 @@ import numpy as np
 
 
 class ByteSlices(Sequence[np.ndarray]):
-    """A sequence of 1-D uint8 arrays (``slices[k]``: a view, no copy) whose columns code that
-    takes a whole batch reads, with no Python object per file.
-
-    Attributes:
-        data: The buffer (uint8).
-        starts: Where each file begins in it (int64).
-        ends: Where each ends (int64).
-    """
+    """A sequence of 1-D uint8 arrays (``slices[k]``: a view of ``data[starts[k]:ends[k]]``) whose
+    columns code that takes a whole batch reads, with no Python object per file."""
 
     __slots__ = ("data", "starts", "ends")
 

@@ -1,16 +1,11 @@
 """What a pass start compares of the dataset: what fastload reads of it itself.
 
-fastload's plans (the fast path's index and pipeline, the head-accelerated view, the workers' view
-of a torchvision folder) are made from :data:`SOURCE_ATTRIBUTES`. torch's loader reads the dataset
-anew each pass, so a change between epochs (a new transform, a size changed in place for
-progressive resizing, samples relabelled) reaches the next epoch: each pass start compares
-:func:`source_state` with the one the plans were made from and makes them again where it differs
-(:func:`fastload._path.refresh_path`). Nothing else of the dataset is read: a dataset of the
-user's runs on torch's path, with new workers each pass that see it as it is.
-
-The state holds numbers, strings and short tuples by value; lists, dicts and arrays by a shallow
-copy (one copy of a container two attributes share); tensors by identity and in-place version;
-transform objects by their public attributes, four levels deep; anything else by identity.
+fastload's plans are made from :data:`SOURCE_ATTRIBUTES`; torch's loader reads the dataset anew
+each pass, so each pass start compares :func:`source_state` with the one the plans were made from
+and makes them again where it differs (:func:`fastload._path.refresh_path`). The state holds
+numbers, strings and short tuples by value; lists, dicts and arrays by a shallow copy; tensors by
+identity and in-place version; transform objects by their public attributes, four levels deep;
+anything else by identity.
 """
 
 from __future__ import annotations

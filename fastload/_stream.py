@@ -9,11 +9,9 @@ Outside such a worker :func:`fetch` is ``[dataset[i] for i in indices]`` and :fu
 ``default_collate``.
 
 A worker with a ring table (:func:`ring_table`) builds a streamed batch of at least
-:data:`RING_MIN_BYTES` in one of its own segments (:class:`WorkerRing`); the main process keeps
-each segment mapped and frees it once nothing there refers to it (:class:`MainRing`).
-:class:`RingedCollate` does the same for a user's ``collate_fn``. The rules (a kept batch is never
-written over, a batch sent on is never reused, a pass left early) are in docs/how-it-works.md,
-"Worker memory and start-up at ImageNet scale".
+:data:`RING_MIN_BYTES` in one of its own segments (:class:`WorkerRing`), which the main process
+frees once nothing refers to it (:class:`MainRing`); :class:`RingedCollate` does the same for a
+user's ``collate_fn``. The rules: docs/how-it-works.md, "Worker memory and start-up at ImageNet scale".
 """
 
 from __future__ import annotations
@@ -26,26 +24,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import default_collate
+from torch.multiprocessing.reductions import shared_cache as _shared_cache  # by (inode, device)
+from torch.utils.data._utils.collate import collate as _torch_collate  # extends default_collate
+from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
 from ._shm import contiguous_strides, shared_empty, shared_storage
-
-try:  # torch's documented way to extend default_collate (torch >= 1.13)
-    from torch.utils.data._utils.collate import collate as _torch_collate
-    from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
-
-    _CAN_STREAM = True
-except ImportError:  # pragma: no cover - an older or reorganised torch: no streaming
-    _CAN_STREAM = False
 
 # A weak reference to a storage may be kept from torch 2.2 on: torch 2.1 leaves one set past the
 # storage's last reference, which crashes the garbage collector at interpreter exit.
 _STORAGE_WEAKREFS = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 2)
-
-try:  # torch's cache of the shared storages this process received or sent, by (inode, device)
-    from torch.multiprocessing.reductions import shared_cache as _shared_cache
-except ImportError:  # pragma: no cover - a reorganised torch: no ring (a resend could not be seen)
-    _shared_cache = None  # type: ignore[assignment]
 
 _ENABLED = False
 
@@ -54,11 +41,6 @@ RING_MIN_BYTES = 1 << 20  # a smaller streamed batch is not put into a ring segm
 # A ring table's columns, one row per segment; the last worker row's first cell is the pass number.
 _INODE, _SENT, _PASS, _FREED = range(4)
 _ABANDONED = -1  # the free count of a segment the main process sent on: its worker drops it
-
-
-def ring_supported() -> bool:
-    """Whether this torch lets the main process see everything the ring needs."""
-    return _CAN_STREAM and _shared_cache is not None
 
 
 def ring_table(num_workers: int, capacity: int) -> torch.Tensor:
@@ -153,7 +135,7 @@ def drop_idle_ring() -> None:
 def _sent_on(key: Any, cached: Any) -> bool:
     """Whether this process sent the storage on since it arrived: torch puts a new entry into its
     shared-storage cache each time it pickles a shared storage."""
-    return _shared_cache is not None and _shared_cache.get(key) is not cached
+    return _shared_cache.get(key) is not cached
 
 
 class MainRing:
@@ -183,7 +165,7 @@ class MainRing:
         seg = (int(found[0][0]), int(found[1][0]))
         self._drop(seg)  # a mapping of it kept from before (or of the segment it replaced)
         key = (stat.st_ino, stat.st_dev)  # torch's key (reductions.fd_id)
-        cached = _shared_cache.get(key) if _shared_cache is not None else None
+        cached = _shared_cache.get(key)
         self.held[seg] = [storage, 0, inode, key, cached]
         self.by_storage[storage._cdata] = seg
         return seg
@@ -280,7 +262,7 @@ def enable(ring: torch.Tensor | None = None, worker_id: int = 0) -> None:
     """Streams the batches of fastload datasets in this process (a worker's start calls it),
     into the segments of row ``worker_id`` of the ring table ``ring``, if given."""
     global _ENABLED
-    _ENABLED = _CAN_STREAM
+    _ENABLED = True
     enable_ring(ring, worker_id)
 
 
@@ -290,7 +272,7 @@ def enable_ring(ring: torch.Tensor | None, worker_id: int = 0) -> None:
     global _RING, _IN_WORKER
     _IN_WORKER = True
     shared_fd = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
-    _RING = WorkerRing(ring, worker_id) if _CAN_STREAM and ring is not None and shared_fd else None
+    _RING = WorkerRing(ring, worker_id) if ring is not None and shared_fd else None
 
 
 def enabled() -> bool:
@@ -393,8 +375,6 @@ def _collate_tensor(
 
 def collate(batch: list[Any]) -> Any:
     """``default_collate``, returning a streamed batch tensor itself instead of stacking its rows."""
-    if not _CAN_STREAM:  # pragma: no cover - see the import
-        return default_collate(batch)
     wholes: list[torch.Tensor] = []
     tensor_fn = functools.partial(_collate_tensor, wholes=wholes)
     out = _torch_collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: tensor_fn})
@@ -450,12 +430,9 @@ def _into_ring(out: Any, ring: WorkerRing) -> Any:
 
 
 class RingedCollate:
-    """A user's ``collate_fn`` in the workers ``fastload.DataLoader`` starts on torch's path.
-
-    The batch is the function's own. In a worker (:func:`enable_ring`), ``default_collate`` called
-    inside it stacks into this process's memory instead of a new shared segment per batch, and each
-    large top-level tensor it returns is copied into one of the worker's reused segments.
-    """
+    """A user's ``collate_fn`` in torch's workers: ``default_collate`` called inside it stacks into
+    this process's memory, and each large top-level tensor it returns is copied into one of the
+    worker's reused segments (:func:`enable_ring`)."""
 
     def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
         self.fn = fn

@@ -1,11 +1,9 @@
 """torch's intra-op thread count, shared by every loader that caps it (``limit_threads``).
 
 Each loader whose workers are alive holds a cap (:class:`ThreadCap`) in the thread that iterates
-it; that thread runs with the smallest cap held there and gets the user's count back (the count
-before its first hold, or one the user set since) when the last hold there ends, in any order.
-Counts are per thread (torch's OpenMP count can be a thread's own) and set only from the
-iterating thread: a hold ended on another thread (the garbage collector, ``close()``) takes
-effect at its own thread's next pass start or release.
+it; that thread runs with the smallest cap held there and gets the user's count back when the
+last hold there ends, in any order. Counts are set only from the iterating thread: a hold ended
+on another thread (the garbage collector, ``close()``) takes effect at that thread's next call.
 """
 
 from __future__ import annotations
@@ -75,16 +73,6 @@ def _settle() -> None:
         torch.set_num_threads(target)
 
 
-def _hold(key: int, cap: int) -> None:
-    me = threading.current_thread()
-    with _locked():
-        held = _holds.get(key)
-        if held is not None and held[0]() is not me:
-            _release_locked(key)  # the loader is iterated from another thread now
-        _holds[key] = (weakref.ref(me), max(1, int(cap)))
-        _settle()
-
-
 def _release_locked(key: int) -> None:
     held = _holds.pop(key, None)
     if held is not None and held[0]() is threading.current_thread():
@@ -115,16 +103,17 @@ class ThreadCap:
 
     def hold(self, cap: int) -> None:
         """Holds (or changes this hold to) ``cap`` threads at most, in the calling thread."""
-        _hold(self._key, cap)
+        me = threading.current_thread()
+        with _locked():
+            held = _holds.get(self._key)
+            if held is not None and held[0]() is not me:
+                _release_locked(self._key)  # the loader is iterated from another thread now
+            _holds[self._key] = (weakref.ref(me), max(1, int(cap)))
+            _settle()
 
     def release(self) -> None:
         """Ends this hold, if any."""
         _release(self._key)
-
-    @property
-    def held(self) -> bool:
-        with _locked():
-            return self._key in _holds
 
 
 def _forget_in_child() -> None:

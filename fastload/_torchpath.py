@@ -1,15 +1,9 @@
 """torch's path: torch's own iterator and workers for what the fast path does not serve, with the
-measured additions fastload makes to it.
-
-What is added, each measured (``docs/how-it-works.md``): a torchvision folder served to the workers
-from fastload's numpy index (flat worker memory at 1.28M samples), batches sent through memfd and
-reused segments (a 64 MB ``/dev/shm``), a dataset pickled once for spawn/forkserver workers, a
-resumed epoch's rest (:class:`fastload._passorder.PassIndices`), a batch a worker cannot send
-named instead of a hang. Where the workers run no code of the user's (head acceleration of
-torchvision's ops only) fastload's defaults keep them between passes and seed them at each pass
-as torch's new workers would be (:func:`torch_iter`); and the draws torch's loader makes from the
-global RNG are made where fastload's code replaces torch's (:func:`draw_as_torch`), so that a
-training loop's random numbers are those it gets with torch's loader.
+additions fastload makes to it (each measured, ``docs/how-it-works.md``): a torchvision folder
+served from fastload's numpy index, batches sent through memfd and reused segments, a dataset
+pickled once for spawn/forkserver workers, a resumed epoch's rest, an unsendable batch named
+instead of a hang, kept workers reseeded at each pass (:class:`PassSeeded`), and the global RNG
+draws torch's loader makes, made where fastload's code replaces torch's (:func:`draw_as_torch`).
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from torch.utils.data import (
 from ._checks import caller_stacklevel
 from ._epoch import base_seed
 from ._shm import shm_error
-from ._stream import MainRing, RingedCollate, ring_supported, ring_table
+from ._stream import MainRing, RingedCollate, ring_table
 from ._stream import collate as stream_collate
 from ._torchworkers import TorchWorkerInit, seed_as_torch
 from ._workerstart import frozen_heap, ship_dataset
@@ -52,13 +46,8 @@ TORCH_DATALOADER = torch_dataloader_module.DataLoader
 
 
 class TorchPass:
-    """Any other dataset / collate_fn / batch_sampler: torch's own iterator, ``start`` batches in.
-
-    torch's iterator goes on after a batch whose loading raised, and so does this one. With a
-    ring (:class:`fastload._stream.MainRing`), each ``next()`` first frees the batch segments
-    nothing refers to any more, then notes the segments the new batch came in; the end of the
-    pass lets go of the ring's mappings (persistent workers) or of the ring (workers that stop).
-    """
+    """torch's own iterator, ``start`` batches in; with a ring (:class:`fastload._stream.MainRing`)
+    each ``next()`` frees the batch segments nothing refers to and notes the new batch's."""
 
     def __init__(
         self,
@@ -112,13 +101,10 @@ class TorchPass:
 
 
 class SamplerDraws:
-    """One pass's draws of the ``RandomSampler`` torch's loader makes for ``shuffle=True``, where
-    :class:`EpochRandomSampler` stands in for it (else none): its seed before its first index
-    (without ``generator``), or a ``torch.randperm`` of ``generator`` there and another once its
-    indices run out. torch's iterator takes indices a batch at a time ("fetches"): the first one
-    draws, and the one after the last batch (the last batch itself, when it is short and kept)
-    runs out. Workers fetch ``prefetch_factor * num_workers`` batches as they start and one more
-    per batch handed out; without workers, each ``next()`` fetches its own batch."""
+    """One pass's draws of the ``RandomSampler`` that :class:`EpochRandomSampler` stands in for
+    (:func:`draw_as_torch`), at the index fetches torch's iterator would make them: the first
+    fetch draws, the one after the last batch (or a short kept last batch) runs out. Workers
+    fetch ``prefetch_factor * num_workers`` batches as they start, then one per batch handed out."""
 
     def __init__(self, loader: Any, length: int | None) -> None:
         self._loader = loader
@@ -150,9 +136,8 @@ class SamplerDraws:
 
 @functools.lru_cache(maxsize=1)
 def _torch_pin_memory_warning() -> str | None:
-    """What torch's iterator says of ``pin_memory=True`` where no accelerator is found (recent
-    torch warns; older torch said nothing): asked of torch's own loader once, with a generator of
-    its own (torch's global RNG is not drawn from)."""
+    """What torch's iterator says of ``pin_memory=True`` without an accelerator (older torch:
+    nothing), asked of torch's own loader once with a generator of its own."""
     torch_loader = TORCH_DATALOADER
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -171,9 +156,7 @@ def warn_as_torch_of_pin_memory(loader: Any) -> None:
 
 
 def _accelerator_available() -> bool:
-    """Whether fastload can pin memory (CUDA, or a test's stand-in for it: see
-    :func:`fastload.gpu.streams.simulate_cuda`), or torch finds another accelerator
-    (``torch.accelerator``, torch >= 2.6)."""
+    """Whether fastload can pin memory, or torch finds another accelerator (torch >= 2.6)."""
     if host_memory().can_pin():
         return True
     accelerator = getattr(torch, "accelerator", None)
@@ -184,12 +167,8 @@ def _accelerator_available() -> bool:
 
 @contextlib.contextmanager
 def served(loader: Any, view: Any) -> Iterator[None]:
-    """``loader.dataset`` is ``view`` inside the block (while torch's iterator starts its workers).
-
-    torch's iterator takes the dataset its workers serve from ``loader.dataset`` when it is made,
-    and torch's ``DataLoader`` refuses to reassign that attribute after construction, so it is
-    swapped directly in the instance and restored at once, also when starting a worker raises.
-    """
+    """``loader.dataset`` is ``view`` inside the block (while torch's iterator starts its workers),
+    set past torch's refusal to reassign it."""
     if view is None:
         yield
         return
@@ -211,15 +190,13 @@ def torch_pins(loader: Any) -> bool:
 
 
 def streams(loader: Any) -> bool:
-    """Whether torch's workers of ``loader`` stream the batches of fastload datasets: it batches
-    and collates with ``default_collate`` (see :func:`_worker_init`)."""
+    """Whether torch's workers stream the batches of fastload datasets (``default_collate``)."""
     return loader.batch_sampler is not None and loader.collate_fn is default_collate
 
 
 def rings_collate(loader: Any) -> bool:
-    """Whether torch's workers of ``loader`` run its ``collate_fn`` (the user's, given at
-    construction) as :class:`fastload._stream.RingedCollate`: it batches with another collate
-    than ``default_collate``."""
+    """Whether torch's workers run the user's ``collate_fn`` (given at construction) as
+    :class:`fastload._stream.RingedCollate`."""
     return (
         loader.batch_sampler is not None
         and loader._given_collate
@@ -230,20 +207,10 @@ def rings_collate(loader: Any) -> bool:
 
 @contextlib.contextmanager
 def worker_init(loader: Any, ring: torch.Tensor | None) -> Iterator[None]:
-    """``loader.worker_init_fn`` is :class:`fastload._torchworkers.TorchWorkerInit` around the user's inside
-    the block (while torch's iterator starts its process workers), and the user's again after.
-
-    When the loader collates batches with torch's ``default_collate`` (no ``collate_fn`` given, or
-    that one; not one assigned later; not without batching: with ``batch_size=None`` torch converts
-    each sample with ``default_convert``, which a collate must not replace),
-    ``loader.collate_fn`` is :func:`fastload._stream.collate` inside the block too
-    (``default_collate``'s batches, taking a streamed batch tensor as it is), and the workers stream
-    the batches of fastload datasets (see :mod:`fastload._stream`), into the reused segments of
-    the ring table ``ring``, if given. When it batches with the user's own ``collate_fn`` (given
-    at construction) and ``ring`` is given, ``loader.collate_fn`` is
-    :class:`fastload._stream.RingedCollate` around it inside the block: the same batches, sent in
-    the workers' reused segments.
-    """
+    """Inside the block (while torch's iterator starts its workers), ``loader.worker_init_fn`` is
+    :class:`fastload._torchworkers.TorchWorkerInit` around the user's, and ``collate_fn`` is
+    :func:`fastload._stream.collate` (:func:`streams`) or :class:`fastload._stream.RingedCollate`
+    around the user's (:func:`rings_collate`, with a ``ring``)."""
     user_fn, user_collate = loader.worker_init_fn, loader.collate_fn
     stream = streams(loader)
     ringed = not stream and rings_collate(loader)
@@ -271,9 +238,7 @@ _TORCH_TAKES_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoa
 
 
 def in_order_argument(in_order: bool) -> dict[str, bool]:
-    """``in_order`` for torch's ``DataLoader.__init__``: given where torch takes it; before torch
-    2.6 only its default (an order it always keeps), and anything else is refused as that torch
-    refuses an unknown argument."""
+    """``in_order`` for torch's ``DataLoader.__init__``; before torch 2.6 only its default."""
     if _TORCH_TAKES_IN_ORDER:
         return {"in_order": in_order}
     if in_order is not True:
@@ -284,29 +249,10 @@ def in_order_argument(in_order: bool) -> dict[str, bool]:
     return {}
 
 
-def check_as_torch_iterator(loader: Any) -> None:
-    """What torch's iterator checks and says as a pass starts, in its words, on every path
-    (torch's own path would say it a little later, inside torch's iterator). Its warning of
-    ``pin_memory=True`` without an accelerator is given where the pass starts
-    (:func:`warn_as_torch_of_pin_memory`).
-
-    Raises:
-        AssertionError: ``timeout`` without workers, or ``prefetch_factor=0`` with workers, as
-            torch's iterators raise (the loader itself accepts both, as torch's does).
-    """
-    if loader.num_workers == 0 and loader.timeout != 0:
-        raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
-    if loader.num_workers > 0 and loader.prefetch_factor is not None and loader.prefetch_factor <= 0:
-        raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-
-
 class PassSeeded(torch.utils.data.Dataset[Any]):
-    """What workers kept by fastload's default on torch's iterator serve (head acceleration of
-    torchvision's ops only): ``dataset``, and at the first index of each later pass (a
-    :class:`fastload._passorder.PassIndex`) the worker seeds Python's, torch's and numpy's global
-    RNGs as torch's new worker of that pass would be seeded (its base seed + the worker's id), so
-    that the random ops draw torch's numbers pass after pass. Tasks of a pass left early that a
-    worker still runs carry their own pass's seed: they do not seed it early."""
+    """What workers kept by fastload's default on torch's iterator serve: ``dataset``, seeding the
+    worker's global RNGs at the first index of each later pass (a
+    :class:`fastload._passorder.PassIndex`) as torch's new worker of that pass would be seeded."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -334,39 +280,18 @@ class PassSeeded(torch.utils.data.Dataset[Any]):
 
 
 def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
-    """torch's own iterator for this loader (the path for everything the fast path does not serve).
-
-    When it starts process workers (each pass, or the first one with persistent workers), two
-    things keep their memory flat. The parent's heap is frozen for the garbage collector while
-    they fork (:func:`fastload._workerstart.frozen_heap`). And a torchvision ``ImageFolder`` or
-    ``DatasetFolder`` (not a subclass with its own ``__getitem__``, nor a custom loader) is
-    served to them by :func:`fastload.tvfolder.worker_view`: the same ``__getitem__`` over
-    fastload's numpy index, built from ``dataset.samples`` when the loader chose its path
-    (at construction, and again at a pass after ``samples`` was replaced, or when workers
-    start after its length changed), so the workers neither copy nor, with spawn, unpickle
-    its Python list. Inside them,
-    ``torch.utils.data.get_worker_info().dataset`` is that view (a ``fastload.ImageFolder``
-    with the same ``classes``, ``class_to_idx``, ``loader``, ``transform`` and
-    ``target_transform``; ``samples`` and ``targets`` read from the index).
-
-    Spawn/forkserver workers get the dataset (the view, or the user's) through
-    :func:`fastload._workerstart.ship_dataset` when it pickles large: pickled once here, so that
-    each worker's start does not wait until the previous one imported torch. And each worker
-    runs :class:`fastload._torchworkers.TorchWorkerInit` before the user's ``worker_init_fn``: what
-    its heap keeps of the last batch's per-sample tensors goes back to the system while it idles.
-
-    ``own_workers``: an iterator with workers of its own, which stop with it (no ring of reused
-    batch segments), for a pass beside the loop's on persistent workers.
-    """
+    """torch's own iterator for this loader. Process workers start with the parent's heap frozen
+    (:func:`fastload._workerstart.frozen_heap`), a torchvision folder served from fastload's index
+    (:func:`fastload.tvfolder.worker_view`), a large dataset shipped once
+    (:func:`fastload._workerstart.ship_dataset`) and :class:`fastload._torchworkers.TorchWorkerInit`.
+    ``own_workers``: workers that stop with the iterator, for a pass beside the loop's."""
     if loader.num_workers == 0:
         with served(loader, loader._head_dataset):
             return TORCH_DATALOADER.__iter__(loader)
     if loader.persistent_workers and loader._torch_workers_started and not own_workers:  # no worker starts
         if loader._pass_seed is not None:
-            # torch's default (new workers every pass) makes a new iterator: it calls
-            # iter(index sampler) (a sampler may draw there), draws the base seed its new
-            # workers are seeded from, then calls iter() again as it primes the workers; the
-            # pass's indices carry that seed to the kept workers (PassIndices, PassSeeded)
+            # as torch's new iterator: iter(index sampler), then the base seed its new workers
+            # would be seeded from, which the pass's indices carry to the kept workers
             iter(loader._index_sampler)
             loader._pass_seed = (loader._pass_seed[0] + 1, base_seed(loader.generator))
         ring = loader._torch_ring
@@ -403,7 +328,6 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
         and (streams(loader) or rings_collate(loader))
         and get_sharing_strategy() == "file_descriptor"
         and not torch_pins(loader)
-        and ring_supported()
     ):
         table = ring_table(loader.num_workers, (loader.prefetch_factor or 2) + 2)
     if not own_workers:
@@ -431,17 +355,11 @@ def torch_iter(loader: Any, own_workers: bool = False) -> Iterator[Any]:
 
 def draw_as_torch(loader: Any, what: str) -> None:
     """The draws from torch's global RNG (or ``generator``) that torch's loader makes where
-    fastload's own code replaces torch's, so that a training loop's random numbers (dropout,
-    a dataset drawing in the main process) are those it gets with torch's loader.
-
-    ``"iterator"``: the base seed torch's iterator draws as it starts (every pass; with
-    persistent workers asked for, at the first pass after the workers started), on the paths
-    that do not run torch's iterator (on torch's, :func:`torch_iter` draws it for fastload's
-    default persistent workers). ``"sampler"`` / ``"sampler end"``: the draws of the
-    ``RandomSampler`` torch makes for ``shuffle=True`` (:class:`EpochRandomSampler` stands in
-    for it): its seed before its first index (without ``generator``), or a
-    ``torch.randperm`` of ``generator`` before its first index and another after its last.
-    """
+    fastload's code replaces torch's, so that a loop's random numbers are those it gets with
+    torch's loader. ``"iterator"``: the base seed torch's iterator draws as it starts.
+    ``"sampler"`` / ``"sampler end"``: the ``RandomSampler``'s (:class:`EpochRandomSampler` stands
+    in for it): its seed (without ``generator``), or a ``torch.randperm`` of ``generator`` before
+    its first index and another after its last."""
     if what == "iterator":
         # torch's default (not persistent) draws at every pass: so does fastload's default
         persistent = (

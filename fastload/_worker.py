@@ -8,20 +8,9 @@ The shape of torch's ``torch/utils/data/_utils/worker.py``, for fastload's share
 
 The pool that starts these workers and owns the slots is :mod:`fastload._pool`; with
 ``num_workers=0`` it runs :func:`run_task` (or :func:`run_task_split`) in the calling process.
-
-Lifecycle guarantees (each tested):
-
-- **A worker never outlives the process that started it.** On Linux a process worker asks the
-  kernel for ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``, when it was started
-  from the main thread), checks once that the parent is still there (the race before the
-  ``prctl``), and, on every platform, a watchdog in its task loop (like torch's
-  ``ManagerWatchdog``) notices within ``WATCHDOG_SECONDS`` that the main process is gone.
-- **Workers own their signal handling.** A process worker resets every Python signal handler it
-  inherited (a framework's SIGTERM handler that only logs would make it unkillable by
-  ``terminate()``), restores the default ``SIGTERM`` action and ignores ``SIGINT``: a Ctrl-C in a
-  terminal reaches every process of the group, and only the main process decides what it means
-  (a persistent worker that exited on it would fail the next pass; one that is no longer needed
-  dies with its parent or is stopped at exit).
+A process worker never outlives the process that started it (``PR_SET_PDEATHSIG`` on Linux, and a
+watchdog within ``WATCHDOG_SECONDS``), resets the Python signal handlers it inherited and ignores
+``SIGINT``: a Ctrl-C reaches every process of the group, and only the main process decides.
 """
 
 from __future__ import annotations
@@ -32,7 +21,6 @@ import ctypes
 import os
 import pickle
 import queue
-import random
 import signal
 import sys
 import time
@@ -46,29 +34,10 @@ import numpy as np
 import torch
 
 from . import rng
-from ._torchworkers import numpy_seed
+from ._torchworkers import seed_as_torch
 from .decode import DecodeError
 
-__all__ = [
-    "WATCHDOG_SECONDS",
-    "BatchDone",
-    "BatchFailed",
-    "Report",
-    "Task",
-    "WorkerArgs",
-    "describe_sample",
-    "own_reader",
-    "run_task",
-    "run_task_split",
-    "worker_loop",
-]
-
 WATCHDOG_SECONDS = 2.0
-
-
-# --------------------------------------------------------------------------------------------
-# Messages
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -131,11 +100,6 @@ class BatchFailed:
 Report = BatchDone | BatchFailed
 
 
-# --------------------------------------------------------------------------------------------
-# One task
-# --------------------------------------------------------------------------------------------
-
-
 def describe_sample(dataset: Any, i: int) -> str:
     """How error messages name sample ``i``: the dataset's ``describe(i)`` (its file), else its index."""
     describe = getattr(dataset, "describe", None)
@@ -145,12 +109,8 @@ def describe_sample(dataset: Any, i: int) -> str:
 def run_task(
     dataset: Any, task: Task, out: np.ndarray, lab: np.ndarray, skip: bool
 ) -> tuple[int, list[tuple[int, str]]]:
-    """Decodes the samples of ``task`` into its slot's arrays ``out`` (N, H, W, 3) and ``lab`` (N,).
-
-    Returns:
-        ``(filled, skipped)``: how many samples were written, and ``(index, reason)`` of those
-        left out (only with ``skip``, for unreadable images).
-    """
+    """Decodes the samples of ``task`` into its slot's arrays ``out`` (N, H, W, 3) and ``lab`` (N,);
+    returns ``(filled, skipped)``: ``(index, reason)`` of those left out (``skip``)."""
     transform = dataset.transform
     targets = dataset.targets
     target_transform = getattr(dataset, "target_transform", None)
@@ -188,13 +148,9 @@ def run_task_split(
     threads: ThreadPoolExecutor,
     parts: int,
 ) -> tuple[int, list[tuple[int, str]]]:
-    """:func:`run_task` with the samples decoded by ``parts`` threads of ``threads``: the same result.
-
-    Each sample is decoded into its own position (its random stream is its own), so the pixels do
-    not depend on the split. Errors are raised as the serial loop raises them: the first failing
-    sample's, in batch order; with ``skip`` the unreadable samples are left out and the others moved
-    up in order. The labels (and a user's ``target_transform``) are computed in the calling thread.
-    """
+    """:func:`run_task` with the samples decoded by ``parts`` threads of ``threads``: the same result,
+    errors raised in batch order as the serial loop raises them; the labels (and a user's
+    ``target_transform``) computed in the calling thread."""
     transform = dataset.transform
     indices = task.indices.tolist()
     keys = task.key_list()
@@ -259,19 +215,12 @@ def _portable_error(error: BaseException) -> BaseException | str:
     return error
 
 
-# --------------------------------------------------------------------------------------------
-# The worker loop
-# --------------------------------------------------------------------------------------------
-
 _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """Linux: the kernel sends SIGKILL to this process when the thread that forked it ends.
-
-    Only set when the pool was started from the main thread: a worker started from a thread
-    that later ends would otherwise die with that thread. The watchdog covers the rest.
-    """
+    """Linux: the kernel sends SIGKILL to this process when the thread that forked it ends (set
+    only when the pool was started from the main thread; the watchdog covers the rest)."""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
@@ -280,10 +229,8 @@ def _die_with_parent() -> None:
 
 
 def _reset_signal_handlers() -> None:
-    """Drops the Python signal handlers inherited from the parent (fork) and the ignored SIGTERM.
-
-    ``SIGINT`` is ignored: Ctrl-C is for the main process (see the module docstring).
-    """
+    """Drops the Python signal handlers inherited from the parent (fork) and the ignored SIGTERM;
+    ignores ``SIGINT`` (Ctrl-C is for the main process)."""
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
@@ -308,9 +255,7 @@ class _Watchdog:
             return False  # re-parented: our parent (main process or forkserver) is gone
         try:
             os.kill(self.main_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # pragma: no cover - a pid reused by another user's process
+        except (ProcessLookupError, PermissionError):  # gone, or its pid reused by another user
             return False
         return True
 
@@ -350,9 +295,7 @@ def worker_loop(args: WorkerArgs) -> None:
             args.preload()
         # Like torch's workers: distinct global RNG states (fastload's own randomness never uses them),
         # numpy's too: forked workers would otherwise share the parent's (a worker_init_fn's draws)
-        random.seed(args.base_seed + args.worker_id)
-        torch.manual_seed(args.base_seed + args.worker_id)
-        np.random.seed(numpy_seed(args.base_seed, args.worker_id))
+        seed_as_torch(args.base_seed, args.worker_id)
         # torch.utils.data.get_worker_info() in a worker_init_fn (it shards or seeds by worker id)
         from torch.utils.data._utils import worker as torch_worker
 

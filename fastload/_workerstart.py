@@ -1,6 +1,5 @@
-"""Starting worker processes cheaply, for fastload's pool and for torch's workers alike.
-
-Two costs of a process start, and what this module does about each:
+"""Starting worker processes cheaply, for :class:`fastload._pool.WorkerPool` and for torch's
+workers (:func:`fastload._torchpath.torch_iter`) alike.
 
 - **fork**: a forked worker's garbage collections write to every object it inherited, so the
   parent's heap is copied page by page into each worker; :func:`frozen_heap` freezes it first.
@@ -8,9 +7,6 @@ Two costs of a process start, and what this module does about each:
   waits for the previous worker's imports; :func:`ship_dataset` pickles the dataset once into an
   anonymous file every worker reads (:class:`ShippedDataset`), and :func:`preload_forkserver` has
   the forkserver import the libraries the workers need before it forks them.
-
-Used by :class:`fastload._pool.WorkerPool` around its workers' start, and by the loader around
-torch's iterator's (``fastload.DataLoader._torch_iter``).
 """
 
 from __future__ import annotations
@@ -34,24 +30,6 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 import torch
-
-__all__ = [
-    "ENVIRONMENT_FROZEN_LIMIT",
-    "FROZEN_AT_IMPORT",
-    "PRELOADABLE",
-    "SHIP_MIN_BYTES",
-    "ShippedDataset",
-    "frozen_heap",
-    "main_module_packages",
-    "preload_forkserver",
-    "ship_dataset",
-    "start_method",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# Forking without copying the parent's heap
-# --------------------------------------------------------------------------------------------
 
 
 def start_method(context: Any) -> str:
@@ -80,41 +58,17 @@ def _frozen_by_environment() -> int:
 @contextlib.contextmanager
 def frozen_heap(context: Any, freeze: bool = True) -> Iterator[None]:
     """Process workers forked inside this block never run the garbage collector over the objects
-    they inherit.
-
-    ``gc.freeze()`` before the fork moves every object the collector tracks into its permanent
-    generation, which it never examines: a forked worker's collections then leave the inherited
-    objects' headers alone, and their memory pages stay shared with the parent instead of being
-    copied one by one (CPython's own advice for fork-based servers). ``gc.unfreeze()`` afterwards,
-    in the parent (also when starting a worker raises), puts them back in the collector's oldest
-    generation; the workers keep them frozen.
-
-    Nothing else changes in the parent, with one effect on timing: objects that were in a young
-    generation when the workers started are examined from then on by full collections only
-    (as objects that survived two collections are), so a reference cycle among them that becomes
-    garbage later is freed by the next full collection rather than by the next young one.
-
-    Not done when ``context`` does not fork (spawn and forkserver workers start from a fresh
-    interpreter), and not when the program froze objects itself (``gc.get_freeze_count() > 0``,
-    before or after fastload's import): a program that freezes its own heap keeps managing it,
-    and ``gc.unfreeze()`` would undo that. A few objects frozen before fastload's import (at most
-    :data:`ENVIRONMENT_FROZEN_LIMIT`; seen: 375 frozen at the start of every Python process of one
-    GPU machine's environment) are the environment's and do not turn the freeze off; they are
-    unfrozen with the rest after the fork, which changes nothing but when the collector looks at
-    them.
-
-    Where CUDA is initialised, a full collection runs before the fork (with or without the
-    freeze, and with ``freeze=False``: workers that run code of the user's, which gets torch's
-    heap as it is): a forked worker must never finalise the parent's CUDA objects.
-    """
+    they inherit: ``gc.freeze()`` before the fork (their pages stay shared with the parent),
+    ``gc.unfreeze()`` after it in the parent, whose young objects are then examined by full
+    collections only. Not done without a fork, with ``freeze=False``, nor where the program froze
+    objects itself (more than the environment's :data:`ENVIRONMENT_FROZEN_LIMIT`): it keeps
+    managing its heap. Where CUDA is initialised, a full collection runs before any fork: a forked
+    worker must never finalise the parent's CUDA objects."""
     if start_method(context) != "fork":
         yield
         return
     if torch.cuda.is_initialized():
-        # Garbage the parent has not collected yet (reference cycles) would be collected in the
-        # forked workers too, where finalising a CUDA object (an event, a stream, a tensor's
-        # memory) aborts the worker ("CUDA error: initialization error"): collect it here first.
-        gc.collect()
+        gc.collect()  # finalising a CUDA object in a forked worker aborts it
     if not freeze or gc.get_freeze_count() > _frozen_by_environment():
         yield
         return
@@ -124,10 +78,6 @@ def frozen_heap(context: Any, freeze: bool = True) -> Iterator[None]:
     finally:
         gc.unfreeze()
 
-
-# --------------------------------------------------------------------------------------------
-# Spawn and forkserver: the dataset pickled once, read by every worker from an anonymous file
-# --------------------------------------------------------------------------------------------
 
 #: A dataset whose pickle is at least this large is shipped (:func:`ship_dataset`); a smaller one
 #: is pickled into each worker's start as usual (it fits the 64 KiB pipe with room to spare).
@@ -170,10 +120,8 @@ class _NotingPickler(pickle.Pickler):
 
 def _portable_pickle(obj: Any, packages: set[str] | None = None) -> bytes | None:
     """``obj`` pickled as multiprocessing's ``ForkingPickler`` would, if any number of processes can
-    load that one pickle; ``None`` otherwise (a tensor, queue, lock, socket, connection inside, or
-    anything that does not pickle outside a process start: it is then sent as usual, where any
-    real error is reported). The top-level packages of the classes and functions in it are added
-    to ``packages``, if given."""
+    load that one pickle, else ``None`` (then sent as usual, where any real error is reported).
+    Adds the top-level packages of its classes and functions to ``packages``, if given."""
     buf = io.BytesIO()
     table = dict(multiprocessing.reduction.ForkingPickler(io.BytesIO()).dispatch_table)
     for cls, reducer in table.items():
@@ -210,19 +158,9 @@ def main_module_packages() -> set[str]:
 
 def preload_forkserver(context: Any, packages: set[str]) -> list[str] | None:
     """Before the first forkserver worker starts: has the forkserver import ``torch``, ``fastload``
-    and those of :data:`PRELOADABLE` that ``packages`` or the main module refer to and that are
-    imported here, besides what it preloads already. Each worker then forks from a process that
-    has them instead of importing them itself (``import torch`` and ``import torchvision`` take
-    seconds each).
-
-    Why the main module's: a forkserver worker runs the main module again as it starts, as a
-    spawned one does (Python 3.11's forkserver does not preload ``__main__``, although its default
-    preload list names it: the start data it reads lacks the main module's path), so a script
-    that imports torch and torchvision at the top has each worker import them again, unless the
-    forkserver has them already.
-
-    Returns the new preload list, or ``None`` when nothing changed (another start method, or the
-    forkserver runs already: it reads the list once, when it starts)."""
+    and those of :data:`PRELOADABLE` that ``packages`` or the main module (which each worker runs
+    again) refer to and that are imported here, so that workers do not import them each.
+    Returns the new preload list, or ``None`` when nothing changed."""
     if start_method(context) != "forkserver":
         return None
     from multiprocessing import forkserver
@@ -240,8 +178,7 @@ def preload_forkserver(context: Any, packages: set[str]) -> list[str] | None:
 
 
 def _anonymous_file(data: bytes) -> int:
-    """A file descriptor of a new file holding ``data`` that has no name (a memfd on Linux, else an
-    unlinked temporary file): the kernel frees it when the last descriptor to it is closed."""
+    """A descriptor of a new nameless file holding ``data`` (memfd, else an unlinked temporary)."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("fastload-dataset", os.MFD_CLOEXEC)
     else:  # pragma: no cover - macOS and other POSIX systems
@@ -274,21 +211,12 @@ def _receive_dataset(inherited: Any, size: int) -> Any:
 class ShippedDataset:
     """A dataset pickled once, for the spawn/forkserver workers started while this object is open.
 
-    A spawned worker receives its process object (target, arguments, the dataset among them)
-    through a pipe. ``Process.start()`` writes it in one go, and a pipe holds 64 KiB: with a larger
-    dataset the write returns only once the new interpreter has read nearly all of it, which it
-    does after importing the main module and, while unpickling, torch (the worker function comes
-    first). So each ``start()`` waits for that worker's imports and the workers start one after
-    another: 2 workers with a 1.28M-sample index took 5 s each. Pickled as this object, a worker's
-    process object is a few hundred bytes, ``start()`` returns at once, and the workers' imports
-    run side by side. In each worker it unpickles to the dataset itself (the same as sending
-    the dataset: every worker gets its own copy, ``get_worker_info().dataset`` is the dataset).
-
-    The pickle lives in an anonymous file (:func:`_anonymous_file`) whose descriptor each worker
-    inherits when it starts and closes once it has read it: :meth:`close` it right after the
-    workers started. The kernel frees the file when the last of them has read it (or exited):
-    nothing is left in ``/dev/shm`` or elsewhere, not even after a ``SIGKILL``. Pickled outside a
-    process start, or after :meth:`close`, it pickles as the dataset.
+    A pipe holds 64 KiB, so ``Process.start()`` with a larger dataset waits until the new worker
+    has imported torch and read it: workers start one after another (2 workers with a
+    1.28M-sample index took 5 s each). Pickled as this object, the process object is a few hundred
+    bytes and unpickles, in the worker, to the dataset read from an anonymous file whose
+    descriptor it inherits. :meth:`close` it right after the workers started; outside a process
+    start, or after :meth:`close`, it pickles as the dataset.
     """
 
     def __init__(self, dataset: Any, data: bytes) -> None:
@@ -317,14 +245,10 @@ class ShippedDataset:
 
 
 def ship_dataset(dataset: Any, context: Any, *also_sent: Any) -> ShippedDataset | None:
-    """The dataset to hand to the workers about to start with ``context``: a
-    :class:`ShippedDataset` when they are spawned or forkserver-started (on POSIX) and the dataset
-    pickles to at least :data:`SHIP_MIN_BYTES` in one pickle any number of workers can load, else
-    ``None`` (hand them ``dataset`` itself). The caller closes it once the workers started.
-
-    Forkserver workers: the libraries the dataset and ``also_sent`` (e.g. a ``worker_init_fn``)
-    refer to are preloaded by the forkserver, if it has not started yet (:func:`preload_forkserver`).
-    """
+    """A :class:`ShippedDataset` for spawn/forkserver workers (on POSIX) where the dataset pickles
+    portably to at least :data:`SHIP_MIN_BYTES`, else ``None`` (hand them ``dataset``); the caller
+    closes it once they started. Forkserver: preloads what the dataset and ``also_sent`` (e.g. a
+    ``worker_init_fn``) refer to (:func:`preload_forkserver`)."""
     method = start_method(context)
     if os.name != "posix" or method not in ("spawn", "forkserver"):
         return None  # forked workers inherit the dataset; Windows passes handles differently

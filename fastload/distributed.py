@@ -1,42 +1,12 @@
-"""Rank helpers and exact metrics across ranks.
+"""Rank helpers and exact metrics across ranks (docs/distributed.md has the worked examples).
 
-**Rank and world.** :func:`get_rank`, :func:`get_world_size`, :func:`get_local_rank`,
-:func:`get_local_world_size` and :func:`is_main_process` read the process group once it is
-initialized, else the ``torchrun`` environment, else answer for a single process (rank 0 of 1).
-
-**Exact evaluation.** With :class:`fastload.DistributedSampler` (no padding) every validation
-sample is on exactly one rank: :class:`Accumulator` and :func:`reduce_sum` add per-rank sums up
-with one ``all_reduce``, :func:`gather_by_index` puts per-sample outputs back in dataset order::
-
-    sampler = DistributedSampler(val_set, shuffle=False)
-    loader = DataLoader(val_set, batch_size=250, sampler=sampler)
-    acc = Accumulator("correct", "total")
-    outputs = []
-    with torch.no_grad():
-        for images, labels in loader:
-            logits = model(images)
-            acc.update(correct=(logits.argmax(1) == labels).sum(), total=labels.numel())
-            outputs.append(logits)
-    totals = acc.reduce()                      # on every rank, e.g. {"correct": 38153, "total": 50000}
-    top1 = totals["correct"] / totals["total"]  # exactly the single-process accuracy
-    logits = gather_by_index(outputs, sampler.indices(), len(val_set), dst=0)  # on rank 0
-
-Worked example: 50,000 validation images on 3 ranks. torch's padded sampler gives every rank
-16,667 samples, so the first image of the order is evaluated twice and the "accuracy" is computed
-over 50,001 samples (on 64 ranks: 48 images twice, 50,048 samples). fastload gives ranks 0 and 1
-16,667 samples and rank 2 16,666; ``total`` is 50,000.
-
-**Training with uneven shards** (``pad=False``): DDP needs every rank in every gradient
-all-reduce, or the ranks with more batches hang at the epoch's end. Either use
-``DistributedSampler(train_set, drop_last=True)`` (``floor(N / W)`` samples each; the dropped
-ones change with the epoch), or run the loop inside ``torch.distributed.algorithms.Join``::
-
-    with Join([model]):  # model: a DistributedDataParallel
-        for images, labels in loader:
-            ...
-
-The collectives work with ``gloo`` (CPU tensors) and ``nccl`` (the current CUDA device: call
-``torch.cuda.set_device(get_local_rank())`` first); results come back on the inputs' device.
+:func:`get_rank`, :func:`get_world_size`, :func:`get_local_rank`, :func:`get_local_world_size`
+and :func:`is_main_process` read the process group once it is initialized, else the ``torchrun``
+environment, else answer for a single process. With :class:`fastload.DistributedSampler` (no
+padding) every validation sample is on exactly one rank: :class:`Accumulator` and
+:func:`reduce_sum` add per-rank sums up in one ``all_reduce``, and :func:`gather_by_index` puts
+per-sample outputs back in dataset order. The collectives work with ``gloo`` (CPU tensors) and
+``nccl`` (the current CUDA device: call ``torch.cuda.set_device(get_local_rank())`` first).
 """
 
 from __future__ import annotations
@@ -87,7 +57,7 @@ def _env_int(name: str) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} should be a non-negative integer, but got {name}={raw!r}") from None
+        value = -1
     if value < 0:
         raise ValueError(f"{name} should be a non-negative integer, but got {name}={raw!r}")
     return value
@@ -151,15 +121,9 @@ def _comm_device(group: Any) -> torch.device:
 
 
 def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
-    """Sums numbers and tensors over all ranks with a single ``all_reduce``.
-
-    The sums are computed in float64, so integer counts are exact (up to ``2**53``). Every rank
-    must pass the same number of values and shapes, ranks with an empty shard too (zeros).
-    Without a process group the values come back converted like reduced ones.
-
-    Args:
-        *values: Python/numpy numbers, or tensors of any shape and device.
-        group: The process group. Default: the default group.
+    """Sums numbers and tensors over all ranks with a single ``all_reduce``, in float64 (integer
+    counts exact up to ``2**53``). Every rank passes the same number of values and shapes, ranks
+    with an empty shard too (zeros).
 
     Returns:
         One result per value (a tuple for several): an ``int`` or ``float`` for numbers, a tensor
@@ -167,8 +131,6 @@ def reduce_sum(*values: Number | torch.Tensor, group: Any = None) -> Any:
         a float wherever any rank passed a float.
 
     Raises:
-        TypeError: A value is not a number or a real tensor.
-        ValueError: An integer is too large to be summed exactly.
         RuntimeError: ``WORLD_SIZE`` > 1 but no process group is initialized.
 
     Example:
@@ -241,14 +203,6 @@ class Accumulator:
     Names are declared up front so that a rank with an empty shard still takes part in
     :meth:`reduce` with zeros. Tensors are summed on their device without synchronising.
 
-    Args:
-        *names: The quantities to sum.
-        group: The process group. Default: the default group.
-
-    Raises:
-        ValueError: No names, or a name repeated.
-        TypeError: A name is not a string.
-
     Example:
         >>> acc = Accumulator("correct", "total")
         >>> acc.update(correct=3, total=4)
@@ -278,12 +232,7 @@ class Accumulator:
         self._sums = {name: 0 for name in self.names}
 
     def update(self, **values: Number | torch.Tensor) -> None:
-        """Adds this rank's values, e.g. ``update(correct=(pred == y).sum(), total=len(y))``.
-
-        Raises:
-            ValueError: An unknown name, or a tensor with more than one element.
-            TypeError: A value is not a number or a tensor.
-        """
+        """Adds this rank's values, e.g. ``update(correct=(pred == y).sum(), total=len(y))``."""
         for name, value in values.items():
             if name not in self._sums:
                 raise ValueError(f"unknown name {name!r}: this Accumulator sums {list(self.names)}")
@@ -377,28 +326,16 @@ def gather_by_index(
 ) -> torch.Tensor | None:
     """Collects per-sample outputs from all ranks into one tensor in dataset order.
 
-    Each rank passes its shard's outputs (``values[k]`` for dataset index ``indices[k]``; any
-    number, also none); row ``i`` of the result is sample ``i``'s. The indices are checked on every
-    rank before any data moves, so a duplicate or missing index raises on every rank alike.
+    Row ``i`` of the result is sample ``i``'s. The indices are checked on every rank before any
+    data moves, so a duplicate or missing index raises ``ValueError`` on every rank alike.
 
     Args:
         values: Outputs of this rank's samples, shape ``(len(indices), ...)``, or a list of
-            per-batch output tensors to concatenate (empty on a rank with no samples: its
-            shape is taken from the other ranks).
+            per-batch output tensors (empty on a rank with no samples).
         indices: Dataset index of each row of ``values`` (e.g. ``sampler.indices()``).
-        dataset_size: The dataset size; every index in ``range(dataset_size)`` must be present.
-            Default: the total number of rows over ranks.
+        dataset_size: Every index in ``range(dataset_size)`` must be present. Default: the total
+            number of rows over ranks.
         dst: If given, only this (global) rank receives the result; the others return ``None``.
-            Default: every rank receives it.
-        group: The process group. Default: the default group.
-
-    Returns:
-        A tensor of shape ``(dataset_size, ...)`` with the dtype of ``values``, on the device of
-        ``values``; ``None`` on ranks other than ``dst``.
-
-    Raises:
-        ValueError: Lengths disagree, an index is out of range, repeated or missing, or ranks
-            pass values with different per-sample shapes or dtypes.
 
     Example:
         Dataset ``[0..6]`` on 3 ranks with ``shuffle=False``: rank 0 passes rows for indices
@@ -506,22 +443,9 @@ def gather_by_index(
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
-    """Sends a picklable object from rank ``src`` to every rank and returns it.
-
-    E.g. ``index = broadcast_object(scan_folder(root) if is_main_process() else None)``.
-
-    Args:
-        obj: The object (only used on ``src``).
-        src: The (global) rank that sends.
-        group: The process group. Default: the default group.
-
-    Returns:
-        ``src``'s object, on every rank. Without a process group, ``obj`` itself.
-
-    Raises:
-        ValueError: ``src`` is not a valid rank.
-        RuntimeError: ``WORLD_SIZE`` > 1 but no process group is initialized.
-    """
+    """Sends a picklable object from (global) rank ``src`` to every rank and returns it
+    (without a process group: ``obj``), e.g.
+    ``index = broadcast_object(scan_folder(root) if is_main_process() else None)``."""
     if not _require_group("broadcast_object"):
         if src != 0:
             raise ValueError(f"Invalid src {src}, src should be in the interval [0, 0]")

@@ -1,8 +1,7 @@
 """``fastload.DataLoader``: torch's DataLoader, with uint8 batches decoded straight into reusable buffers.
 
-A subclass of :class:`torch.utils.data.DataLoader` with the same arguments and semantics. Given a
-dataset that serves encoded images (``fastload.ImageFolder``, ``fastload.InMemoryImageFolder``)
-and a fastload transform with a fixed output size, it runs its own *fast path*::
+The fast path (any other dataset, ``collate_fn`` or ``batch_sampler`` goes through torch's
+iterator, :mod:`fastload._torchpath`)::
 
     main process                                      worker (process or thread)
     sampler order = f(seed, epoch) ─ batch k ─task─>  for i in batch: bytes = dataset.get_bytes(i)
@@ -10,24 +9,9 @@ and a fastload transform with a fixed output size, it runs its own *fast path*::
                                                           transform.decode_into(bytes, slot[k][j])
     yield slot[k] as uint8 NCHW  <────── done ─────   labels[k][j] = targets[i]
 
-The slots are allocated once in memory shared with the workers and go back to them when nothing
-refers to the batch any more: no per-sample tensors, no collate, no pickling of pixels. Images
-are uint8 ``(N, 3, H, W)`` in channels-last memory, labels int64 ``(N,)``; float conversion and
-normalization happen per batch on the device (``fastload.gpu``). With persistent workers, free
-slots go to the next epoch's first batches (``epoch_lookahead``). See docs/datasets.md.
-
-The order is a function of ``(seed, epoch)`` and each augmentation of sample ``i`` of
-``(seed, epoch, i)`` (:mod:`fastload.rng`): the same batches for any ``num_workers`` or worker
-type, and after a mid-epoch resume:
-
-    >>> state = loader.state_dict()                 # doctest: +SKIP
-    >>> loader2.load_state_dict(state)              # in a new process: the rest of the epoch,
-    >>> rest = list(loader2)                        # then the next epochs, as if never stopped
-
-Any other dataset, ``collate_fn`` or ``batch_sampler`` goes through torch's own iterator: a
-torchvision pipeline that begins with a crop or resize gets that head fused with decoding
-(:mod:`fastload.head`, ``loader.path == "head-accelerated"``), anything else runs unchanged
-(``"torch"``).
+The loader holds the arguments, the path (:mod:`fastload._path`), the epoch state
+(:mod:`fastload._epoch`) and one engine (:mod:`fastload._engine`, the slots reused across
+passes); ``iter()`` makes a :class:`fastload._iterator.DataLoaderIterator`.
 """
 
 from __future__ import annotations
@@ -55,7 +39,7 @@ from ._iterator import DataLoaderIterator
 from ._passorder import PassIndices, pass_length, plan, refuse_random_order, sampler_epoch, set_sampler_epoch
 from ._path import check_device_decode, choose_path
 from ._stream import MainRing
-from ._torchpath import check_as_torch_iterator, in_order_argument, stop_workers
+from ._torchpath import in_order_argument, stop_workers
 from ._torchworkers import reporting_context
 from .device import auto_num_workers, cuda_available
 from .distributed import get_rank, get_world_size, ranks_known
@@ -88,8 +72,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     classes involved; values passed explicitly are always honoured.
 
     Args:
-        dataset: Any map-style or iterable dataset.
-        batch_size: As in torch, and so are ``shuffle``, ``sampler``, ``batch_sampler``,
+        batch_size: As in torch, and so are ``dataset``, ``shuffle``, ``sampler``, ``batch_sampler``,
             ``collate_fn``, ``drop_last``, ``timeout``, ``worker_init_fn``,
             ``multiprocessing_context``, ``generator``, ``prefetch_factor``, ``pin_memory_device``
             and ``in_order``.
@@ -110,40 +93,29 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         device: Move batches to this device (through :class:`fastload.CUDAPrefetcher`).
         gpu_transforms: Batched transforms (``fastload.gpu``) applied on ``device``.
         worker_type: ``"process"`` (default) or ``"thread"``; both give identical batches.
-        distributed: Build a :class:`fastload.DistributedSampler` for this rank (from the process
-            group, else torchrun's ``WORLD_SIZE``/``RANK``, else one process) with its rule:
-            training (``shuffle=True``) pads as torch's does, evaluation (``shuffle=False``) has
-            every sample exactly once (see its worked example). The loader's ``drop_last`` drops
-            short *batches*, as torch's; for shards without repeats pass your own
-            ``DistributedSampler(..., drop_last=True)`` as ``sampler``.
-        on_error: ``"raise"`` (default): a corrupt image raises an error naming it. ``"skip"``:
-            the sample is left out of its (shorter) batch, counted in ``stats.skipped``, and named
-            in a warning.
+        distributed: Build a :class:`fastload.DistributedSampler` for this rank with its rule:
+            training (``shuffle=True``) pads as torch's does, evaluation has every sample exactly
+            once. The loader's ``drop_last`` drops short *batches*, as torch's.
+        on_error: ``"raise"`` (default), or ``"skip"``: a corrupt image is left out of its
+            (shorter) batch, counted in ``stats.skipped``, and named in a warning.
         reuse_buffers: Hand out views of the reusable batch buffers, recycled once nothing refers to
             a batch; ``False``: a copy of every batch.
         progress: Show a tqdm bar per epoch.
         limit_threads: Cap ``torch.get_num_threads()`` in the iterating thread at this process's
             share of the CPUs less ``num_workers`` (at least 1) while the workers are alive; never
-            raises the user's count, and with several loaders the smallest cap holds. Default:
-            ``True`` where fastload runs every op, else ``False``.
+            raises the user's count, and with several loaders the smallest cap holds.
         decode: ``"cpu"`` (default): workers decode. ``"device"``: workers only read the encoded
-            bytes, :func:`fastload.decode.decode_batch` decodes each batch on ``device`` and
-            ``gpu_transforms`` (required, starting with a resize-type transform) bring it to one
-            size; the dataset's ``transform`` must be ``None``. ``"hybrid"``: each batch split
-            between the device's decoder and ``num_workers`` CPU workers by their measured rates,
-            the same crop box on either side (``loader.hybrid``; :mod:`fastload.gpu.hybrid`).
-        fast_path: ``False``: torch's iterator on the dataset as it is (no fast path, no head
-            acceleration).
-        exact_pixels: Decode at full size and resize exactly as torchvision does, so that a
-            torchvision pipeline gives batches bit-identical to torch's loader's: a pipeline with
-            random ops then takes head acceleration (torch's draws) rather than the fast path.
-            Slower: no reduced-size JPEG decoding.
+            bytes, each batch is decoded on ``device`` and ``gpu_transforms`` (required, starting
+            with a resize-type transform) bring it to one size; the dataset's ``transform`` must
+            be ``None``. ``"hybrid"``: each batch split between the device's decoder and
+            ``num_workers`` CPU workers by their measured rates (:mod:`fastload.gpu.hybrid`).
+        fast_path: ``False``: torch's iterator on the dataset as it is.
+        exact_pixels: Decode at full size and resize exactly as torchvision does (batches
+            bit-identical to torch's loader's; a pipeline with random ops then takes head
+            acceleration). Slower: no reduced-size JPEG decoding.
         epoch_lookahead: With persistent workers and an order that is a function of the epoch,
-            idle workers start on the next epoch's first batches (at most the batch ring), used
-            only if the next pass is exactly that epoch from its start.
-
-    Raises:
-        ValueError / TypeError: Naming the argument, for invalid values.
+            idle workers start on the next epoch's first batches, used only if the next pass is
+            exactly that epoch from its start.
     """
 
     def __init__(
@@ -212,7 +184,6 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers,
         }
-        # batch_size and every torch argument: torch's own checks (in super().__init__ below)
         check_choice(worker_type, "worker_type", ("process", "thread"))
         check_choice(decode, "decode", ("cpu", "device", "hybrid"))
         check_choice(on_error, "on_error", ("raise", "skip"))
@@ -385,9 +356,7 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     @property
     def path(self) -> str:
-        """Which path runs: ``"fast"`` (fastload's engine runs the whole pipeline),
-        ``"head-accelerated"`` (torch's iterator; decoding fused with the crop/resize/flip head,
-        :mod:`fastload.head`), ``"torch"`` (torch's iterator, the dataset as it is),
+        """Which path runs: ``"fast"``, ``"head-accelerated"`` (:mod:`fastload.head`), ``"torch"``,
         ``"device-decode"`` or ``"hybrid"`` (``decode=``)."""
         return self._path
 
@@ -408,12 +377,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: seed, epoch, and how far the consumer got in that epoch.
 
-        Taken inside a pass: that pass's epoch and the batches the consumer received (not those a
-        prefetcher holds ahead). Taken between passes: what the next pass will do. With a sampler
-        fastload knows (``shuffle``, ``distributed=True``, a fastload or torch
-        ``DistributedSampler``) it also holds ``position``, the prefix of the epoch's global order
-        every rank has handed out (the ranks stepping together, as in DDP), from which a loader
-        with any number of ranks and batch size continues exactly, and the sharding it was made with.
+        Taken inside a pass: that pass's epoch and the batches the consumer received. Taken
+        between passes: what the next pass will do. With a sampler fastload knows it also holds
+        ``position``, the prefix of the epoch's global order every rank has handed out, from which
+        a loader with any number of ranks and batch size continues exactly.
 
         Example: 64 samples, 4 ranks, batches of 4, each rank received 2 batches:
         ``{"epoch": 0, "position": 32, "batches": 2, "num_replicas": 4, "batch_size": 4, ...}``.
@@ -421,22 +388,12 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return self._epochs.state_dict(plan(self), sampler_epoch(self))
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Resumes from :meth:`state_dict`: the next pass yields the rest of the saved epoch.
-
-        A state with a ``position`` continues on any number of ranks and batch size: the rest of
-        the epoch's global order, sharded by this loader's rule, each sample with the augmentation
-        it would have had. The loop's ``set_epoch(epoch)`` for the resumed epoch keeps the resume;
-        a state saved at the end of an epoch resumes at the start of the next one.
-
-        Args:
-            state: The state of one rank (every rank steps together, as in DDP), or a list of the
-                states of every rank of the saving job.
+        """Resumes from :meth:`state_dict` (one rank's, or a list of every rank's): the next pass
+        yields the rest of the saved epoch, also after the loop's ``set_epoch(epoch)``.
 
         Raises:
-            fastload.ResumeError: (a ``ValueError``) The state is not a loader state or is for
-                another dataset size or order, a field is out of range, the ranks stopped at
-                different points, or (where fastload cannot derive the order) the batch size or
-                number of ranks differs.
+            fastload.ResumeError: (a ``ValueError``) The state cannot be continued exactly here;
+                the message names the field and both values.
         """
         the_plan = plan(self)
         n = None if isinstance(self.dataset, IterableDataset) and pass_length(self) is None else len(self)
@@ -458,9 +415,8 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
         return indices
 
     def close(self) -> None:
-        """Stops the workers now and ends the cap on torch's thread count (also done when the loader
-        is collected, and at exit). A device pass still iterating ends too: its ``next()`` then
-        raises. The next pass starts new workers."""
+        """Stops the workers now (also done when the loader is collected, and at exit) and ends the
+        cap on torch's thread count and a device pass; the next pass starts new workers."""
         live = self.__dict__.get("_device_pass")
         live = live() if live is not None else None
         if live is not None:
@@ -503,7 +459,11 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
             pass
 
     def __iter__(self) -> DataLoaderIterator:  # type: ignore[override]
-        check_as_torch_iterator(self)
+        # what torch's iterators refuse as a pass starts, in their words, on every path
+        if self.num_workers == 0 and self.timeout != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        if self.num_workers > 0 and self.prefetch_factor is not None and self.prefetch_factor <= 0:
+            raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._needs_own_workers():
             # a pass beside a live one (a peek inside the loop): workers of its own, as with torch
             return DataLoaderIterator(self, Engine(), own_engine=True)
@@ -511,21 +471,10 @@ class DataLoader(torch.utils.data.DataLoader, Generic[T_co]):
 
     def _needs_own_workers(self) -> bool:
         """Whether a new pass runs beside a live one, on workers (and a thread cap) of its own."""
-        if self.decode != "cpu":
-            return False
-        if not self.fast_path:
-            return self._torch_pass_beside()
-        if self.persistent_workers and not self._persistent_by_default:
+        if self.decode != "cpu" or (self.persistent_workers and not self._persistent_by_default):
             return False  # asked for: one set of workers, as torch's (a newer pass takes them over)
-        live = self.__dict__.get("_fast_pass")
-        live = live() if live is not None else None
-        return live is not None and not live._ended
-
-    def _torch_pass_beside(self) -> bool:
-        """Whether a new pass of torch's iterator with workers starts while the loop's iterates: it
-        then needs workers and a thread cap of its own (the loop's would be reset, or ended)."""
-        if not self.num_workers or (self.persistent_workers and not self._persistent_by_default):
-            return False  # asked for: one set of workers, as torch's (iter() resets its iterator)
-        live = self.__dict__.get("_torch_pass")
+        if not self.fast_path and not self.num_workers:
+            return False
+        live = self.__dict__.get("_fast_pass" if self.fast_path else "_torch_pass")
         live = live() if live is not None else None
         return live is not None and not live._ended

@@ -1,10 +1,6 @@
-"""Distributed sampling that hands out every sample exactly once.
-
-:class:`DistributedSampler` takes torch's arguments and order, but by default it neither pads
-nor drops: the ranks' shards are disjoint and together are exactly ``range(len(dataset))``, so
-metrics summed over ranks (see :mod:`fastload.distributed`) are the single-process metrics.
-:func:`shard_indices` is the same split without a sampler object, for evaluation code that
-builds a ``torch.utils.data.Subset``.
+"""Distributed sampling that hands out every sample exactly once (:class:`DistributedSampler`),
+so that metrics summed over ranks (:mod:`fastload.distributed`) are the single-process metrics;
+:func:`shard_indices` is the same split for a ``torch.utils.data.Subset``.
 
 Example:
     >>> from fastload.sampler import DistributedSampler, shard_indices
@@ -49,18 +45,12 @@ _BLOCKWISE_STREAM = 0x626C6F636B  # b"block": keeps this stream apart from any o
 def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
     """A permutation of ``range(n)`` that reads storage block by block: FFCV's "quasi-random" order.
 
-    The blocks of consecutive samples are shuffled and taken ``window`` at a time; the samples of
-    each window are shuffled together. An epoch thus reads a bounded working set at a time, every
-    sample once, in an order that is a pure function of ``(block_starts, window, seed, epoch)``.
+    The blocks are shuffled and taken ``window`` at a time; the samples of each window are
+    shuffled together, so an epoch reads a bounded working set at a time.
 
     Args:
         block_starts: ``int64[m + 1]``, increasing, from 0 to ``n``.
         window: Blocks shuffled together (at least 1).
-        seed: The shuffling seed.
-        epoch: The epoch.
-
-    Returns:
-        ``int64[n]``.
 
     Example:
         8 samples in 4 blocks of 2 (``block_starts = [0, 2, 4, 6, 8]``) and ``window=2``: if the
@@ -101,12 +91,8 @@ def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
 
 
 def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
-    """The shuffled order of ``range(n)`` for an epoch, as every fastload sampler makes it.
-
-    :func:`fastload.rng.epoch_permutation` (torch's ``randperm`` seeded by ``seed + epoch``), or
-    :func:`blockwise_permutation` where the dataset's ``shuffle_blocks`` is not ``None`` (a pack
-    larger than RAM: ``InMemoryImageFolder.from_pack(shuffle_order=...)``).
-    """
+    """The shuffled order of ``range(n)`` for an epoch: :func:`fastload.rng.epoch_permutation`, or
+    :func:`blockwise_permutation` where the dataset's ``shuffle_blocks`` is not ``None``."""
     blocks = _shuffle_blocks(dataset, n)
     if blocks is None:
         return epoch_permutation(n, seed, epoch).numpy()
@@ -114,8 +100,7 @@ def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 class NoProcessGroupError(ValueError, RuntimeError):
-    """No process group is initialized and ``num_replicas`` or ``rank`` was not given (torch's
-    words; a ``ValueError`` and a ``RuntimeError``, as torch raised either across versions)."""
+    """No process group and no ``num_replicas``/``rank`` (both types: torch raised either)."""
 
 
 def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -132,7 +117,6 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
             if dist.is_initialized():
                 raise
             raise NoProcessGroupError(f"{e} (or pass num_replicas and rank explicitly)") from None
-    # Not an integer: TypeError ("should be an integer"); an integer out of range: ValueError.
     num_replicas = check_int(num_replicas, "num_replicas", type_error=True)
     num_replicas = check_int(num_replicas, "num_replicas", low=1)
     rank = check_int(rank, "rank", type_error=True)
@@ -144,21 +128,12 @@ def _resolve_replicas_and_rank(num_replicas: int | None, rank: int | None) -> tu
 def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = None) -> range:
     """The dataset indices of one rank's evaluation shard: ``range(rank, n, num_replicas)``.
 
-    :class:`DistributedSampler`'s split with ``shuffle=False``: every index on exactly one rank,
-    shard lengths differing by at most one (ranks past a small dataset's end get nothing).
-
-    Args:
-        n: Dataset size.
-        num_replicas: Number of ranks. Default: the world size of the default process group.
-        rank: This rank. Default: the rank in the default process group.
-
-    Returns:
-        A ``range`` (usable with ``torch.utils.data.Subset``).
+    :class:`DistributedSampler`'s split with ``shuffle=False``; ``num_replicas`` and ``rank``
+    default to the process group's.
 
     Raises:
         NoProcessGroupError: ``num_replicas`` or ``rank`` is missing and no process group is
-            initialized (a ``ValueError`` and a ``RuntimeError``, in torch's words).
-        ValueError: ``n`` is negative, ``num_replicas`` is not positive or ``rank`` is out of range.
+            initialized.
 
     Example:
         ``n=7`` on 3 ranks, then ``n=2`` on 3 ranks (rank 2 gets nothing):
@@ -173,19 +148,27 @@ def shard_indices(n: int, num_replicas: int | None = None, rank: int | None = No
     return range(rank, n, num_replicas)
 
 
-class EpochRandomSampler(RandomSampler):
-    """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only.
+class _Seeded:
+    """``seed``: an int, or a :class:`fastload._epoch.DefaultSeed` (the loader's ``seed=None``)
+    fixed at first use."""
 
-    A ``RandomSampler``, as torch's loader makes for ``shuffle=True``, so that frameworks that tell
-    a shuffled loader by its sampler's class (Lightning) see one; its ``generator`` is not used.
-    The order is :func:`epoch_order`'s: the permutation torch's ``DistributedSampler`` uses for
-    one replica.
+    _seed: int | DefaultSeed
 
-    Args:
-        data_source: The dataset (only its length is used).
-        seed: The shuffling seed, or a :class:`fastload._epoch.DefaultSeed` resolved at the first
-            iteration (0 in a distributed job, so that every rank shuffles alike).
-    """
+    @property
+    def seed(self) -> int:
+        """The shuffling seed."""
+        self._seed = resolve_seed(self._seed)
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int | DefaultSeed) -> None:
+        self._seed = value if isinstance(value, DefaultSeed) else int(value)
+
+
+class EpochRandomSampler(_Seeded, RandomSampler):
+    """Random order of ``range(len(data_source))`` that is a function of ``(seed, epoch)`` only
+    (:func:`epoch_order`). A ``RandomSampler`` for frameworks that tell a shuffled loader by its
+    sampler's class (Lightning); its ``generator`` is not used."""
 
     def __init__(self, data_source: Any, seed: int | DefaultSeed = 0) -> None:
         # RandomSampler's attributes without its checks (an empty dataset is an empty order here)
@@ -195,16 +178,6 @@ class EpochRandomSampler(RandomSampler):
         self.generator = None
         self._seed = seed
         self.epoch = 0
-
-    @property
-    def seed(self) -> int:
-        """The shuffling seed."""
-        self._seed = resolve_seed(self._seed)
-        return self._seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self._seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch the next iteration yields (a loader that made this sampler takes it too)."""
@@ -222,22 +195,19 @@ class EpochRandomSampler(RandomSampler):
         return len(self.data_source)
 
 
-class DistributedSampler(_TorchDistributedSampler[int]):
+class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
     """Sampler that gives each rank a shard of the dataset: torch's for training, exact for evaluation.
 
-    A subclass of :class:`torch.utils.data.DistributedSampler` with torch's arguments, per-epoch
-    order (``torch.randperm`` seeded by ``seed + epoch``) and strided assignment (rank ``r`` takes
-    positions ``r, r + W, r + 2W, ...``). For ``N`` samples on ``W`` ranks:
+    torch's arguments, order (``randperm`` seeded by ``seed + epoch``) and strided assignment
+    (rank ``r`` takes positions ``r, r + W, ...``). For ``N`` samples on ``W`` ranks:
 
     * **shuffling (training) pads like torch**: every rank gets ``ceil(N / W)`` samples (the
       order's first ``W - N mod W`` entries repeated), so DDP takes the same steps on every rank;
     * **not shuffling (evaluation) is exact**: every sample on exactly one rank, so metrics summed
       over ranks (:class:`fastload.distributed.Accumulator`) are exact.
 
-    ``pad`` overrides the rule; ``drop_last=True`` drops the last ``N mod W`` positions so every
-    rank gets ``floor(N / W)`` samples, as torch's. A rank's indices are always a prefix of
-    torch's for the same seed and epoch (a dataset asking for blockwise shuffling is shuffled by
-    :func:`blockwise_permutation` first), never depending on global RNG state.
+    ``pad`` overrides the rule; ``drop_last=True`` drops the last ``N mod W`` positions, as torch's.
+    A rank's indices are always a prefix of torch's for the same seed and epoch.
 
     Worked example, dataset ``[0, 1, 2, 3, 4, 5, 6]`` (``N = 7``) on ``W = 3`` ranks::
 
@@ -257,28 +227,18 @@ class DistributedSampler(_TorchDistributedSampler[int]):
     ``drop_last=True`` every rank ``[]``, like torch, with a warning.
 
     Args:
-        dataset: Dataset used for sampling (only ``len(dataset)``, which must not change).
-        num_replicas: Number of ranks. Default: the world size of the default process group.
-        rank: This process's rank. Default: its rank in the default process group.
-        shuffle: If ``True`` (default), the order is a permutation that changes with the epoch.
-        seed: Random seed of the shuffle; must be identical on all ranks. Default: ``0``.
-        drop_last: If ``True``, drop the tail of the epoch's order so that every rank gets
-            ``floor(N / W)`` samples. Default: ``False``.
-        pad: If ``True`` (and ``drop_last=False``), repeat samples as torch does so that every
-            rank gets ``ceil(N / W)`` samples; if ``False``, never. Default ``None``: pad when
-            shuffling (training), not otherwise (evaluation).
+        dataset: Only ``len(dataset)`` is used, and it must not change.
+        num_replicas, rank: Default: the default process group's.
+        seed: Must be identical on all ranks.
+        pad: Repeat samples as torch does (``ceil(N / W)`` each) or never. Default ``None``: pad
+            when shuffling (training), not otherwise (evaluation).
 
     Raises:
         NoProcessGroupError: ``num_replicas`` or ``rank`` is not given and no process group is
-            initialized (a ``ValueError`` and a ``RuntimeError``, in torch's words).
-        ValueError: ``num_replicas`` is not positive or ``rank`` is outside
-            ``[0, num_replicas - 1]``.
-        TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, or ``dataset`` has no
-            ``len()``.
+            initialized.
 
-    .. warning::
-        As with torch, call :meth:`set_epoch` at the start of every epoch, **before** creating
-        the DataLoader iterator; otherwise every epoch uses the same order (a warning says so).
+    As with torch, call :meth:`set_epoch` at the start of every epoch, before iterating the
+    loader; otherwise every epoch uses the same order (a warning says so).
     """
 
     def __init__(
@@ -301,7 +261,6 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 "dataset should be a map-style dataset with __len__, "
                 f"but got an object of type {type(dataset).__name__}"
             ) from None
-        # torch's padded num_samples/total_size are replaced below unless pad=True
         super().__init__(
             cast("Dataset[Any]", dataset),  # torch annotates Dataset but only takes len(dataset)
             num_replicas=num_replicas,
@@ -319,9 +278,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
                 "sample (as with torch's DistributedSampler). Use drop_last=False or fewer ranks.",
                 stacklevel=2,
             )
-        if not self.drop_last and not self.pad:
-            self.num_samples = len(range(rank, n, num_replicas))
-            self.total_size = n
+        self._size()
         self._set_epoch_called = False
         self._last_iter_epoch: int | None = None
         self._warned = False
@@ -329,9 +286,18 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
         self._follows_job = False  # made by DataLoader(distributed=True) before the ranks were known
 
+    def _size(self) -> None:
+        """``num_samples`` and ``total_size``: torch's rule, or the exact shard without padding."""
+        n, w = self._len, self.num_replicas
+        if not self.drop_last and not self.pad:
+            self.num_samples, self.total_size = len(range(self.rank, n, w)), n
+            return
+        self.num_samples = math.ceil((n - w) / w) if self.drop_last and n % w else math.ceil(n / w)
+        self.total_size = self.num_samples * w
+
     def _follow(self) -> None:
         """A sampler made before the ranks were known (:func:`fastload.distributed.ranks_known`)
-        takes the job's ``num_replicas`` and ``rank`` at each use, cutting its shards again."""
+        takes the job's ``num_replicas`` and ``rank`` at each use."""
         if not self._follows_job:
             return
         from .distributed import get_rank, get_world_size  # the sampler module is imported first
@@ -339,28 +305,8 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         num_replicas, rank = get_world_size(), get_rank()
         if (num_replicas, rank) == (self.num_replicas, self.rank) or not 0 <= rank < num_replicas:
             return
-        n = self._len
         self.num_replicas, self.rank = num_replicas, rank
-        if self.drop_last and n % num_replicas != 0:  # torch's DistributedSampler's rule
-            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
-        else:
-            self.num_samples = math.ceil(n / num_replicas)
-        self.total_size = self.num_samples * num_replicas
-        if not self.drop_last and not self.pad:
-            self.num_samples = len(range(rank, n, num_replicas))
-            self.total_size = n
-
-    _seed: int | DefaultSeed
-
-    @property  # torch's plain attribute; a DefaultSeed (the loader's seed=None) is fixed at first use
-    def seed(self) -> int:
-        """The shuffling seed."""
-        self._seed = resolve_seed(self._seed)
-        return self._seed
-
-    @seed.setter
-    def seed(self, value: int | DefaultSeed) -> None:
-        self._seed = value if isinstance(value, DefaultSeed) else int(value)
+        self._size()
 
     def __repr__(self) -> str:
         seed = "fixed at the first pass" if isinstance(self._seed, DefaultSeed) else self._seed
@@ -371,19 +317,10 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         )
 
     def indices(self, epoch: int | None = None, start: int = 0) -> list[int]:
-        """This rank's indices for an epoch, in order (what iterating the sampler yields).
-
-        Unlike iterating, this draws no :meth:`set_epoch` warning: call it to pair per-sample
-        outputs with their indices (:func:`fastload.distributed.gather_by_index`).
-
-        Args:
-            epoch: The epoch. Default: the current one (``self.epoch``).
-            start: Positions of the epoch's global order already handed out on every rank (by any
-                number of ranks): this rank's share of the rest. Default ``0``: the whole epoch.
-
-        Returns:
-            A list of ints (``len(self)`` of them for the whole epoch).
-        """
+        """This rank's indices for ``epoch`` (default: the current one), as iterating yields them
+        but without the :meth:`set_epoch` warning (to pair outputs with indices:
+        :func:`fastload.distributed.gather_by_index`). ``start``: positions of the global order
+        already handed out on every rank; this rank's share of the rest."""
         self._follow()
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
         start = check_int(start, "start", low=0, high=self._len)
@@ -439,11 +376,7 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         return self.num_samples if start is None else len(self.indices(start=start))
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch, which (with ``seed``) selects the order when ``shuffle=True``.
-
-        Args:
-            epoch: Epoch number.
-        """
+        """Sets the epoch, which (with ``seed``) selects the order when ``shuffle=True``."""
         self.epoch = check_int(epoch, "epoch", type_error=True)
         self._set_epoch_called = True
         self._told_epoch = True  # a loader that made this sampler takes it (as loader.set_epoch)
@@ -460,16 +393,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         self._resume = None
 
     def state_dict(self, taken: int = 0) -> dict[str, Any]:
-        """The sampler's state: its epoch and seed, and how far the epoch has gone.
-
-        Args:
-            taken: Indices each rank has taken from the current epoch's iteration (with a
-                ``DataLoader``: ``batches * batch_size``). The state records the global position
-                this means, from which a sampler with any ``num_replicas`` continues exactly.
-
-        Returns:
-            ``{"epoch", "seed", "position", "num_samples", "shuffle"}``.
-        """
+        """``{"epoch", "seed", "position", "num_samples", "shuffle"}``: ``position`` is the global
+        position after each rank took ``taken`` indices of this epoch (with a ``DataLoader``:
+        ``batches * batch_size``), from which a sampler with any ``num_replicas`` continues."""
         pending = self.resume_point()
         if pending is not None:
             start = pending  # not iterated yet
@@ -489,15 +415,9 @@ class DistributedSampler(_TorchDistributedSampler[int]):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`: the epoch, the seed, and the rest of the epoch.
+        """Restores :meth:`state_dict`: the next iteration of that epoch yields this rank's share
+        of the global order after ``position``. Counts as calling :meth:`set_epoch`."""
 
-        The next iteration of that epoch yields this rank's share of the global order after
-        ``position`` (saved with any ``num_replicas``). Counts as calling :meth:`set_epoch`.
-
-        Raises:
-            ValueError: A key is missing, or the state is for another dataset size or shuffle.
-            TypeError: A value is not an integer.
-        """
         missing = [k for k in ("epoch", "seed") if k not in state_dict]
         if missing:
             raise ValueError(
