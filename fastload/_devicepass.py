@@ -54,6 +54,10 @@ def _labels(dataset: Any, indices: np.ndarray) -> torch.Tensor:
     return torch.tensor(picked, dtype=torch.int64)
 
 
+def _read_chunk(get_bytes: Any, indices: list[int]) -> list[Any]:
+    return [get_bytes(i) for i in indices]
+
+
 class EncodedPass:
     """decode='device': reader threads (``num_workers``) fetch batch ``k + 2``'s bytes, a decoder
     thread (a stream of its own) decodes batch ``k + 1``, the feeder thread transforms batch ``k``
@@ -127,7 +131,7 @@ class EncodedPass:
             size = max(1, -(-len(indices) // tasks))  # no sample: no task
             wanted = indices.tolist()
             self.reads[k] = [
-                self.readers.submit(list, map(dataset.get_bytes, wanted[a : a + size]))  # read there
+                self.readers.submit(_read_chunk, dataset.get_bytes, wanted[a : a + size])
                 for a in range(0, len(wanted), size)
             ]
 
