@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from ._jitter import Jitter, is_jitter
 from .decode import DecodeError, decode_jpeg_region, decode_pil, jpeg_header, open_image
 from .fused import Plan, decode_plan, reduced_scale
 from .imagefolder import EncodedImageDataset
@@ -186,7 +187,9 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
                 stages.append(run)
                 i, state, wrapped = nxt, new_state, new_wrap
                 continue
-        stages.append(ops[i])  # the user's op; it is planned to keep the image's kind (checked at run time)
+        # the user's op (planned to keep the image's kind, checked at run time); a ColorJitter on PIL
+        # images: its own draws and Pillow's blends on the array (fastload._jitter)
+        stages.append(Jitter(ops[i]) if state == "pil" and is_jitter(ops[i]) else ops[i])
         i += 1
     random = any(h.kind in ("RandomResizedCrop", "RandomHorizontalFlip") for h in head)
     return HeadPipeline(
@@ -282,12 +285,14 @@ class HeadPipeline:
         for stage in self.stages:
             if isinstance(stage, _Convert):
                 names += [type(op).__name__ for op in stage.ops]
+            elif isinstance(stage, Jitter):
+                names.append(type(stage.op).__name__)
         return names
 
     @property
     def user_ops(self) -> list[str]:
         """The names of the ops that run as the user's objects."""
-        return [type(stage).__name__ for stage in self.stages if not isinstance(stage, _Convert)]
+        return [type(stage).__name__ for stage in self.stages if not isinstance(stage, (_Convert, Jitter))]
 
     @property
     def foreign_ops(self) -> list[str]:
@@ -295,7 +300,7 @@ class HeadPipeline:
         return [
             type(stage).__name__
             for stage in self.stages
-            if not isinstance(stage, _Convert) and not library_op(stage)
+            if not isinstance(stage, (_Convert, Jitter)) and not library_op(stage)
         ]
 
     def describe(self) -> str:
@@ -305,6 +310,8 @@ class HeadPipeline:
         for stage in self.stages:
             if isinstance(stage, _Convert):
                 parts.append(" -> ".join(type(op).__name__ for op in stage.ops) + " in one pass")
+            elif isinstance(stage, Jitter):
+                parts.append("ColorJitter on the decoded pixels")
             else:
                 parts.append(f"{type(stage).__name__} as written")
         return "; ".join(parts)
@@ -322,11 +329,19 @@ class HeadPipeline:
         except DecodeError:
             torch.set_rng_state(rng_state)  # the reference decode then draws what torchvision draws
             return self.transform(self._reference(data, name))
-        if isinstance(image, torch.Tensor) or not (self.stages and isinstance(self.stages[0], _Convert)):
-            image = self._materialize(image)  # a fused conversion takes the head's HWC array as it is
+        raw = isinstance(image, np.ndarray)  # the head's HWC array: fused stages take it as it is
+        if not raw:
+            image = self._materialize(image)
         for stage in self.stages:
-            image = self._convert(stage, image) if isinstance(stage, _Convert) else stage(image)
-        return image
+            if isinstance(stage, Jitter):
+                image = stage(image)  # an array stays an array, a PIL image a PIL image
+                continue
+            if isinstance(stage, _Convert):
+                image = self._convert(stage, image)
+            else:
+                image = stage(self._materialize(image) if raw else image)
+            raw = False
+        return self._materialize(image) if raw else image
 
     def _reference(self, data: bytes | memoryview | np.ndarray, name: str) -> Image.Image:
         """The image as the user's loader reads it (PIL, RGB)."""

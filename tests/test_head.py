@@ -9,11 +9,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import PIL
 import pytest
 import torch
 import torchvision
-from PIL import ImageFile
+from PIL import Image, ImageFile
 from torch.utils.data import default_collate
 from torchvision import transforms as v1
 from torchvision.transforms import v2
@@ -543,3 +544,30 @@ def test_the_types_torchvision_returns(imagenet_root: Path, ops: list[Any]) -> N
     got = [image for image, _ in loader]
     for a, b in zip(want, got, strict=True):
         assert type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_color_jitter_after_the_head_gives_pillows_bytes() -> None:
+    """A ColorJitter after a fused head runs on the decoded array (fastload._jitter): its own draws
+    from torch's RNG, Pillow's blends, the same bytes as torchvision's on the PIL image."""
+    from fastload._jitter import Jitter, is_jitter, reproduces_pillow
+
+    assert reproduces_pillow()  # the C extension matches the installed Pillow
+    jitter = v1.ColorJitter(0.4, 0.4, 0.4)
+    assert is_jitter(jitter) and not is_jitter(v1.ColorJitter(0.4, hue=0.1))
+    rng = np.random.default_rng(3)
+    for seed in range(20):
+        pixels = rng.integers(0, 256, (23 + seed, 31, 3), dtype=np.uint8)
+        torch.manual_seed(seed)
+        expected = np.asarray(jitter(Image.fromarray(pixels)))
+        torch.manual_seed(seed)
+        assert np.array_equal(Jitter(jitter)(pixels.copy()), expected)
+        torch.manual_seed(seed)
+        as_pil = Jitter(jitter)(Image.fromarray(pixels))
+        assert isinstance(as_pil, Image.Image) and np.array_equal(np.asarray(as_pil), expected)
+    grey = Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8))  # not RGB: the op as written
+    torch.manual_seed(0)
+    expected_grey = np.asarray(jitter(grey))
+    torch.manual_seed(0)
+    assert np.array_equal(np.asarray(Jitter(jitter)(grey)), expected_grey)
+    head = split_pipeline(v1.Compose([v1.RandomResizedCrop(16), jitter, v1.ToTensor()]))
+    assert "ColorJitter on the decoded pixels" in head.describe() and head.foreign_ops == []
