@@ -39,6 +39,8 @@ def install() -> None:
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        # once the script configures logging, its own handlers show the line
+        handler.addFilter(lambda record: not logging.getLogger().handlers)
         log.addHandler(handler)
     if log.level == logging.NOTSET or log.level > logging.INFO:
         log.setLevel(logging.INFO)
