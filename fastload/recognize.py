@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import transforms as T
+from ._jitter import is_jitter
 from .decode import pil_resample_available
 from .imagefolder import EncodedImageDataset
 from .tvfolder import NotReproducible, folder_source, is_image_folder
@@ -325,12 +326,19 @@ def _convert(transform: Any) -> TorchvisionPipeline:
     geometry: list[T.Transform] = []
     on_pil: set[bool] = set()
     random = False
+    jitter: tuple[Any, Any, Any] | None = None
     steps: list[tuple[Any, ...]] = []
     ops = pipeline_ops(transform)
     for op in ops:
         kind = op_kind(op)
         label = type(op).__name__
-        if kind in _GEOMETRY_KINDS:
+        if kind in _GEOMETRY_KINDS and jitter is not None:
+            raise NotReproducible(
+                f"{label} after ColorJitter: fastload reproduces crops, resizes and flips before it"
+            )
+        if is_jitter(op) and state == "pil" and jitter is None:
+            jitter, random = (op.brightness, op.contrast, op.saturation), True
+        elif kind in _GEOMETRY_KINDS:
             if state == "float":
                 raise NotReproducible(
                     f"{label} runs on a float tensor (after the conversion to float): fastload reproduces "
@@ -363,6 +371,7 @@ def _convert(transform: Any) -> TorchvisionPipeline:
         resampler="pil" if pil and (not random or pil_resample_available()) else "torch",
         reduce=random,
         description=" -> ".join(type(op).__name__ for op in ops),
+        jitter=jitter,
     )
 
 

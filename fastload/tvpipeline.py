@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import rng as _rng
 from . import transforms as T
+from ._jitter import draw_jitter, jitter_pixels
 from .decode import affine_for_table, to_chw_by_table
 from .device import small_to_device
 
@@ -104,7 +106,9 @@ class Conversion:
 class TorchvisionPipeline:
     """A recognised torchvision pipeline: fused decode + geometry, then the user's conversion steps.
 
-    ``geometry``: fastload transforms of the crops, resizes and flips; ``steps``: as in
+    ``geometry``: fastload transforms of the crops, resizes and flips; ``jitter``: a ``ColorJitter``
+    after them (brightness, contrast, saturation ranges; its order and factors drawn from the
+    sample's ``(seed, epoch, index)`` stream, :func:`fastload._jitter.draw_jitter`); ``steps``: as in
     :class:`Conversion`; ``resampler``: ``"pil"`` or ``"torch"``; ``description``: how ``repr``
     names the user's pipeline. :meth:`decode_into` writes one sample's slot: ``(3, H, W)`` of
     :attr:`dtype`, or ``(H, W, 3)`` uint8 with ``channels_first=False`` (converted on the device).
@@ -117,8 +121,10 @@ class TorchvisionPipeline:
         resampler: str,
         reduce: bool,
         description: str = "",
+        jitter: tuple[Any, Any, Any] | None = None,
     ) -> None:
         self.geometry = geometry
+        self.jitter = jitter  # a ColorJitter's (brightness, contrast, saturation) ranges, after the geometry
         self.conversion = Conversion(steps)
         self.resampler = resampler
         self.reduce = reduce
@@ -174,6 +180,8 @@ class TorchvisionPipeline:
         self.geometry.decode_into(
             data, slot, name, resampler=self.resampler, reduce=self.reduce, exact=self.exact
         )
+        if self.jitter is not None:
+            jitter_pixels(slot, *draw_jitter(self.jitter, _rng.current()))
         if self.channels_first:
             self.convert_sample(slot, out)
 

@@ -70,7 +70,7 @@ def main() -> None:
     norm = v1.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     fast = v1.Compose([v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ToTensor(), norm])
     head = v1.Compose(
-        [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3), v1.ToTensor(), norm]
+        [v1.Resize(size + size // 8), v1.CenterCrop(size), v1.ColorJitter(0.3, hue=0.1), v1.ToTensor(), norm]
     )
     if sys.argv[5:] == ["torch"]:
         loader: Any = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(train, fast), **common)

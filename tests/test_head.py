@@ -109,7 +109,7 @@ def _image_v2(size: int = 40) -> Any:  # tv_tensors.Image through the tail, no T
 
 
 def _val_jitter_v1() -> Any:
-    return v1.Compose([v1.Resize(44), v1.CenterCrop(40), v1.ColorJitter(0.4, 0.4, 0.4), v1.ToTensor()])
+    return v1.Compose([v1.Resize(44), v1.CenterCrop(40), v1.ColorJitter(0.4, 0.4, 0.4, 0.1), v1.ToTensor()])
 
 
 RECIPES = {"new v1": _new_v1, "new v2": _new_v2, "tensor v2": _tensor_v2, "image v2": _image_v2}
@@ -287,7 +287,9 @@ def test_paths_and_the_info_line_for_each_blocker(
             "loader",
         ),
         (
-            torchvision.datasets.ImageFolder(val, transform=v1.Compose([v1.ColorJitter(0.1), v1.ToTensor()])),
+            torchvision.datasets.ImageFolder(
+                val, transform=v1.Compose([v1.ColorJitter(0.1, hue=0.1), v1.ToTensor()])
+            ),
             {},
             "torch",
             "begin with a crop",

@@ -227,7 +227,7 @@ def _custom_loader(path: str) -> Any:
 FALLBACKS = {
     "ColorJitter": (
         lambda root: torchvision.datasets.ImageFolder(
-            root, transform=v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2), v1.ToTensor()])
+            root, transform=v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2, hue=0.1), v1.ToTensor()])
         ),
         "ColorJitter",
     ),
@@ -335,7 +335,7 @@ def test_a_replaced_transform_is_followed_between_epochs(imagenet_root: Path) ->
     dataset.transform = _val_v1()
     second = next(iter(loader))[0]
     assert second.dtype == torch.float32 and loader.fast_path
-    dataset.transform = v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2), v1.ToTensor()])
+    dataset.transform = v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2, hue=0.1), v1.ToTensor()])
     third = next(iter(loader))[0]
     assert not loader.fast_path and "ColorJitter" in (loader.fast_path_reason or "")
     assert third.shape == (4, 3, 32, 32)
@@ -366,7 +366,7 @@ def test_the_log_follows_a_transform_set_after_the_loader_was_made(
         dataset.transform = _val_uint8_v1()  # another pipeline on the same path
         next(iter(loader))
         assert loader.path == "fast" and not said()
-        dataset.transform = v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2), v1.ToTensor()])
+        dataset.transform = v1.Compose([v1.CenterCrop(32), v1.ColorJitter(0.2, hue=0.1), v1.ToTensor()])
         next(iter(loader))
         [back] = said()
         assert loader.path != "fast" and back.levelno == logging.WARNING
@@ -535,3 +535,33 @@ def test_exact_pixels_on_the_fast_path_is_torchvisions_batches_bit_for_bit(image
         got = torch.cat([x for x, _ in loader])
         difference = (got.int() - want.int()).abs().max().item()
         assert difference == 0 if exact else difference <= 1
+
+
+def test_color_jitter_after_the_geometry_is_fused(imagenet_root: Path) -> None:
+    """A ColorJitter (no hue) on the PIL image after the crops and flips runs on the fast path, its
+    factors and order drawn per sample from (seed, epoch, index): the same batches for any
+    num_workers, Pillow's blends (a factor range of exactly 1 changes nothing); a crop after it is
+    not fused."""
+    jitter = v1.Compose([v1.RandomResizedCrop(24), v1.RandomHorizontalFlip(), v1.ColorJitter(0.4, 0.4, 0.4)])
+    dataset = torchvision.datasets.ImageFolder(
+        imagenet_root / "train", transform=v1.Compose([jitter, v1.PILToTensor()])
+    )
+    loaders = [fastload.DataLoader(dataset, batch_size=8, seed=1, num_workers=n) for n in (0, 2)]
+    assert [loader.path for loader in loaders] == ["fast", "fast"]
+    batches = [[b[0] for b in loader] for loader in loaders]
+    assert all(torch.equal(a, b) for a, b in zip(*batches, strict=True))
+
+    def first_batch(ops: list[Any]) -> torch.Tensor:
+        folder = torchvision.datasets.ImageFolder(
+            imagenet_root / "train", transform=v1.Compose([*ops, v1.PILToTensor()])
+        )
+        return next(iter(fastload.DataLoader(folder, batch_size=8, seed=1, num_workers=0)))[0]
+
+    plain = first_batch([v1.RandomResizedCrop(24), v1.RandomHorizontalFlip()])
+    assert not torch.equal(batches[0][0], plain)  # jittered
+    ones = v1.ColorJitter((1, 1), (1, 1), (1, 1))  # no factor (torchvision: None); crops drawn first, unmoved
+    assert torch.equal(first_batch([v1.RandomResizedCrop(24), v1.RandomHorizontalFlip(), ones]), plain)
+    after = v1.Compose([v1.ColorJitter(0.4), v1.CenterCrop(16), v1.ToTensor()])
+    dataset = torchvision.datasets.ImageFolder(imagenet_root / "val", transform=after)
+    loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+    assert loader.path != "fast" and "CenterCrop after ColorJitter" in (loader.fast_path_reason or "")

@@ -5,6 +5,7 @@ Needs timm (a test extra: ``pip install -e '.[test]'``, or ``pip install timm``)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -125,29 +126,37 @@ def _in_order(loader_class: Any, dataset: Any, **kwargs: Any) -> Any:
     return loader_class(dataset, batch_size=8, sampler=order, num_workers=2, **kwargs)
 
 
-def test_train_loader_fuses_timms_head(imagenet_root: Path) -> None:
-    """RandomResizedCropAndInterpolation (random interpolation) and the flip fused with decoding,
-    ColorJitter as written; with exact_pixels, torch's batches bit for bit (timm's own draws)."""
+def test_train_loader_runs_timms_pipeline_on_the_fast_path(imagenet_root: Path) -> None:
+    """RandomResizedCropAndInterpolation (random interpolation), the flip and ColorJitter fused with
+    decoding, their draws from fastload's (seed, epoch, index) streams: the same batches for any
+    num_workers; with exact_pixels, head acceleration and torch's batches bit for bit (timm's draws)."""
     dataset = create_dataset("", root=str(imagenet_root / "train"), split="train", is_training=True)
     loader = _loader(fastload.DataLoader, dataset, True, False)
-    assert loader.path == "head-accelerated"
+    assert loader.path == "fast", loader.fast_path_reason
     assert loader._runs_user_code == "a worker_init_fn"  # timm's seeding function; its ops are library ops
     labels = torch.cat([y for _, y in _batches(loader)])
     assert torch.bincount(labels).tolist() == [8, 8, 8, 8]  # each sample once in the pass
+    seeded = functools.partial(fastload.DataLoader, seed=5)
+    one = _batches(_loader(seeded, dataset, True, False, workers=0))
+    assert _same(one, _batches(_loader(seeded, dataset, True, False, workers=2)))
+    other = functools.partial(fastload.DataLoader, seed=6)
+    assert not _same(one, _batches(_loader(other, dataset, True, False, workers=0)))
     seeding = loader.worker_init_fn
     expected = _batches(_in_order(TORCH_DATALOADER, dataset, worker_init_fn=seeding))
-    exact = _batches(_in_order(fastload.DataLoader, dataset, worker_init_fn=seeding, exact_pixels=True))
-    assert _same(expected, exact)
-    reduced = _batches(_in_order(fastload.DataLoader, dataset, worker_init_fn=seeding))
-    assert [b[1].tolist() for b in reduced] == [b[1].tolist() for b in expected]
-    assert all(a[0].shape == b[0].shape for a, b in zip(reduced, expected, strict=True))
+    exact_loader = _in_order(fastload.DataLoader, dataset, worker_init_fn=seeding, exact_pixels=True)
+    assert exact_loader.path == "head-accelerated"
+    assert "ColorJitter on the decoded pixels" in exact_loader._head_dataset.transform.describe()
+    assert _same(expected, _batches(exact_loader))
+    fast = _batches(_in_order(fastload.DataLoader, dataset, worker_init_fn=seeding))
+    assert [b[1].tolist() for b in fast] == [b[1].tolist() for b in expected]
+    assert all(a[0].shape == b[0].shape for a, b in zip(fast, expected, strict=True))
 
 
 def test_prefetcher_route_gets_uint8_batches_from_fast_collate(imagenet_root: Path) -> None:
     """fast_collate + PrefetchLoader: the fast path for a uint8 pipeline (the format fast_collate
     makes); fast_collate given float images runs as written (it casts them to uint8)."""
     dataset = create_dataset("", root=str(imagenet_root / "train"), split="train", is_training=True)
-    loader = _loader(fastload.DataLoader, dataset, True, True, color_jitter=None)  # head with no jitter
+    loader = _loader(fastload.DataLoader, dataset, True, True)
     assert isinstance(loader, PrefetchLoader) and loader.loader.path == "fast"
     images, labels = next(iter(loader.loader))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32) and labels.dtype == torch.int64

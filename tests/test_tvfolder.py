@@ -63,7 +63,7 @@ class _WatchedList(list):  # type: ignore[type-arg]
 
 
 def _jitter() -> Any:  # not reproduced by the fast path: torch's iterator runs it
-    return v1.Compose([v1.RandomResizedCrop(32), v1.ColorJitter(0.3), v1.ToTensor()])
+    return v1.Compose([v1.RandomResizedCrop(32), v1.ColorJitter(0.3, hue=0.1), v1.ToTensor()])
 
 
 def _watched(root: Path, transform: Any, marker: Path) -> Any:

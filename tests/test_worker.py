@@ -383,7 +383,7 @@ def test_spawned_workers_start_without_waiting_for_each_other(
 
     ops = [v1.Resize(16), v1.CenterCrop(16), v1.PILToTensor()]
     if path == "torch":
-        ops.append(v1.ColorJitter(0.3))  # an op fastload does not reproduce
+        ops.append(v1.ColorJitter(0.3, hue=0.1))  # an op fastload does not reproduce
     dataset = _large_folder(imagenet_root / "val", _LARGE, v1.Compose(ops))
     written: list[int] = []
     dump = multiprocessing.reduction.dump
