@@ -221,6 +221,7 @@ class Engine:
                 bool(getattr(transform, "channels_first", False)),
                 preload=import_decode_modules,
                 cuda_device=_cuda_index(loader.device),
+                freeze=loader._runs_user_code is None,  # no gc.freeze where workers run code of yours
             )
         return self.pool
 

@@ -91,6 +91,7 @@ class WorkerPool:
         channels_first: bool = False,
         preload: Callable[[], None] | None = None,
         cuda_device: int | None = None,
+        freeze: bool = True,
     ) -> None:
         self.num_workers = num_workers
         self.kind = kind
@@ -154,7 +155,7 @@ class WorkerPool:
         # spawn/forkserver: a large dataset is pickled once, so each start() returns at once
         shipped = ship_dataset(dataset, method) if is_process else None
         closing: Any = contextlib.closing(shipped) if shipped is not None else contextlib.nullcontext()
-        with frozen_heap(method), closing:
+        with frozen_heap(method, freeze=freeze), closing:
             for wid in range(num_workers):
                 args = WorkerArgs(
                     wid,
