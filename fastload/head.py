@@ -50,7 +50,7 @@ from .tvpipeline import Conversion
 
 __all__ = ["HeadPipeline", "head_view", "split_pipeline", "library_op"]
 
-_CROPS = ("RandomResizedCrop", "Resize", "CenterCrop")
+_CROPS = ("RandomResizedCrop", "Resize", "CenterCrop", "ResizeKeepRatio")
 
 
 #: How fastload's datasets name a sample in errors (``fastload.ImageFolder.describe``).
@@ -99,7 +99,7 @@ class _Convert:
 def _head_op(op: Any, kind: str, on_pil: bool) -> _HeadOp:
     interpolation: str | tuple[str, ...] = "bilinear"
     antialias = True
-    if kind in ("RandomResizedCrop", "Resize"):
+    if kind in ("RandomResizedCrop", "Resize", "ResizeKeepRatio"):
         interpolation = resize_mode(op)  # raises for modes fastload does not resample
         antialias = tensor_antialias(op, on_pil)
     if kind == "Resize" and getattr(op, "size", None) is None and getattr(op, "max_size", None) is None:
@@ -158,7 +158,7 @@ def split_pipeline(transform: Any, *, reduce: bool | None = None, exact: bool = 
     blocker: str | None = None
     while i < len(ops):
         kind = op_kind(ops[i])
-        if kind not in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"):
+        if kind not in (*_CROPS, "RandomHorizontalFlip"):
             break
         if wrapped and not is_v2(ops[i]):
             blocker = f"a v1 {type(ops[i]).__name__} on a tv_tensors.Image"
@@ -381,6 +381,17 @@ class HeadPipeline:
                 rh, rw = resized_output_size(plan.height, plan.width, target, h.op.max_size)
                 plan.resize(rh, rw, str(h.interpolation), h.antialias)
                 drawn.append((h, None))
+            elif h.kind == "ResizeKeepRatio":  # timm's: its own size (and draws) for this image
+                op = h.op
+                image = _STAND_IN.expand(3, plan.height, plan.width)
+                randoms = (op.random_scale_prob, op.random_scale_range, op.random_scale_area)
+                aspects = (op.random_aspect_prob, op.random_aspect_range)
+                size = [int(v) for v in type(op).get_params(image, op.size, op.longest, *randoms, *aspects)]
+                mode = h.interpolation
+                if isinstance(mode, tuple):
+                    mode = str(resize_mode(_Chosen(random.choice(op.interpolation))))
+                plan.resize(size[0], size[1], mode, h.antialias)
+                drawn.append((h, (size, mode)))
             else:  # CenterCrop
                 ch, cw = _size_list(h.op.size)
                 if ch > plan.height or cw > plan.width:
@@ -439,6 +450,8 @@ class HeadPipeline:
                 t = F.resize(
                     t, op.size, interpolation=op.interpolation, max_size=op.max_size, antialias=op.antialias
                 )
+            elif h.kind == "ResizeKeepRatio":
+                t = F.resize(t, params[0], interpolation=_mode(params[1]), antialias=h.antialias)
             elif h.kind == "CenterCrop":
                 t = F.center_crop(t, op.size)
             elif params:

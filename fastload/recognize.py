@@ -90,6 +90,7 @@ _KINDS: dict[str, str] = {
     _V2_MISC + "Normalize": "Normalize",
     _V2_CONVERSION + "ToPureTensor": "ToPureTensor",
     _TIMM + "RandomResizedCropAndInterpolation": "RandomResizedCrop",
+    _TIMM + "ResizeKeepRatio": "ResizeKeepRatio",  # head acceleration only (its size per image)
     _TIMM + "MaybeToTensor": "MaybeToTensor",
     _TIMM + "MaybePILToTensor": "MaybePILToTensor",
 }

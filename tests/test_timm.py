@@ -207,10 +207,10 @@ def test_every_loader_off_the_fast_path_says_why(imagenet_root: Path, caplog: An
             return iter(range(8))
 
     jitter = torchvision.transforms.Compose([torchvision.transforms.ColorJitter(0.4)])
-    timm_rkr = create_transform(32, is_training=True, train_crop_mode="rkrc")  # begins with ResizeKeepRatio
+    timm_grey = create_transform(32)
     kinds = {
         "ImageFolder": torchvision.datasets.ImageFolder(str(imagenet_root / "val"), transform=jitter),
-        "ImageDataset": ImageDataset(str(imagenet_root / "val"), transform=timm_rkr),
+        "ImageDataset": ImageDataset(str(imagenet_root / "val"), transform=timm_grey, input_img_mode="L"),
         "Mine": Mine(),
         "Stream": Stream(),
     }
@@ -270,3 +270,15 @@ def test_run_without_a_script_says_how() -> None:
     command = [sys.executable, "-m", "fastload", "run"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "usage: python -m fastload run SCRIPT" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["non-square", "border"])
+def test_resize_keep_ratio_is_fused_under_head_acceleration(imagenet_root: Path, how: str) -> None:
+    """timm's ResizeKeepRatio (a non-square eval size; crop_mode="border") fused with decoding, its
+    size computed per image by its own code: torch's batches bit for bit (eval: no random op)."""
+    options = {"non-square": dict(input_size=(3, 32, 40)), "border": dict(crop_mode="border")}[how]
+    dataset = create_dataset("", root=str(imagenet_root / "val"), split="validation")
+    fast = _loader(fastload.DataLoader, dataset, False, False, **options)
+    assert fast.path == "head-accelerated", fast.fast_path_reason
+    assert "ResizeKeepRatio" in fast._head_dataset.transform.describe().split(" fused")[0]
+    assert _same(_batches(_loader(TORCH_DATALOADER, dataset, False, False, **options)), _batches(fast))
