@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import pickle
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -354,6 +356,9 @@ def test_a_torchvision_pipeline_runs_the_fast_path(imagenet_root, train_shards):
     b = fastload.DataLoader(folder, batch_size=8, num_workers=0)
     assert a.path == "fast", a.fast_path_reason
     assert same(collect(a), collect(b))
+    shards.transform = v1.Compose([v1.RandomResizedCrop(32), v1.ColorJitter(hue=0.1), v1.PILToTensor()])
+    head = fastload.DataLoader(shards, batch_size=8, num_workers=0)
+    assert head.path == "head-accelerated" and next(iter(head))[0].shape == (8, 3, 32, 32)
 
 
 def test_pickling_and_copying_keep_the_arrays_and_no_open_file(train_shards):
@@ -375,3 +380,19 @@ def test_pickling_and_copying_keep_the_arrays_and_no_open_file(train_shards):
     assert is_image_folder(ds) and type(folder_source(ds)) is TarShards
     image, target = view[0]
     assert image.mode == "RGB" and target == int(ds.targets[0])
+
+
+def test_the_bench_runs_and_gives_its_verdict(imagenet_root, tmp_path):
+    bench = Path(__file__).resolve().parent.parent / "bench" / "shards.py"
+    out = tmp_path / "shards.json"
+    run = subprocess.run(
+        [sys.executable, str(bench), "--data", str(imagenet_root), "--epochs", "1", "--cpu-epochs", "1"]
+        + ["--workers", "1", "--batch-size", "8", "--shard-size", "1MB", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1].startswith("verdict: the fast path over local tar shards runs at ")
+    record = json.loads(out.read_text())
+    assert record["images"] == 32 and set(record["ratio"]) == {"wall", "cpu"}
