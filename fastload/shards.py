@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import sample_index
+from ._checks import check_optional_int, sample_index
 from .folder import ClassIndex, FolderIndex
 from .imagefolder import EncodedImageDataset
 from .pack import CorruptSampleError
@@ -301,6 +301,7 @@ class TarShards(EncodedImageDataset):
         num_threads: int | None = None,
     ) -> None:
         self.check_transforms(transform, target_transform)
+        check_optional_int(num_threads, "num_threads", low=0)
         if not isinstance(label, str) or not label.strip("."):
             raise ValueError(
                 f"label should be a member extension such as 'cls' or 'txt', but got label={label!r}"

@@ -1,6 +1,7 @@
 """Tar shards: the converter, shards written by GNU tar and by Python's tarfile (pax, GNU, long
-names), brace patterns and folders, labels, the loader's batches against an ImageFolder's, the
-start methods, truncated, missing and rewritten shards, the index sidecars, pickling."""
+names, hard links), brace patterns and folders, labels, the loader's batches against an
+ImageFolder's, the start methods and worker kinds, resume and two ranks, truncated, missing and
+rewritten shards, the index sidecars and cache, pickling, the bench."""
 
 from __future__ import annotations
 
@@ -396,3 +397,23 @@ def test_the_bench_runs_and_gives_its_verdict(imagenet_root, tmp_path):
     assert run.stdout.splitlines()[-1].startswith("verdict: the fast path over local tar shards runs at ")
     record = json.loads(out.read_text())
     assert record["images"] == 32 and set(record["ratio"]) == {"wall", "cpu"}
+
+
+def test_resume_mid_epoch_and_two_ranks_cover_each_sample_once(train_shards):
+    shards = _shards(train_shards, transform=_train_tf())
+    kwargs = dict(batch_size=4, shuffle=True, seed=7, num_workers=0)
+    whole = collect(fastload.DataLoader(shards, **kwargs))
+    first = fastload.DataLoader(shards, **kwargs)
+    it = iter(first)
+    next(it), next(it), next(it)
+    state = first.state_dict()
+    resumed = fastload.DataLoader(shards, **kwargs)
+    resumed.load_state_dict(state)
+    assert same(whole[3:], collect(resumed))
+    seen = []
+    for rank in range(2):
+        sampler = fastload.DistributedSampler(shards, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        loader = fastload.DataLoader(shards, batch_size=4, sampler=sampler, num_workers=0)
+        assert loader.path == "fast"
+        seen += [int(i) for batch in loader for i in batch.indices]
+    assert sorted(seen) == list(range(len(shards)))
