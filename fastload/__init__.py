@@ -32,6 +32,8 @@ _LAZY = {
     "PackFile": ("fastload.pack", "PackFile"),
     "PackError": ("fastload.pack", "PackError"),
     "CorruptSampleError": ("fastload.pack", "CorruptSampleError"),
+    "TarShards": ("fastload.shards", "TarShards"),
+    "write_shards": ("fastload.shardwrite", "write_shards"),
     "CUDAPrefetcher": ("fastload.gpu.prefetch", "CUDAPrefetcher"),
     "DALILoader": ("fastload.dali", "DALILoader"),
     "IndexedBatch": ("fastload.batch", "IndexedBatch"),

@@ -1,4 +1,4 @@
-"""Command line: ``python -m fastload {synth,scan,pack,info,run} ...`` (also installed as ``fastload``)."""
+"""Command line: ``python -m fastload {synth,scan,pack,shards,info,run} ...`` (also ``fastload ...``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 from . import __version__
 from .folder import ClassIndex, scan_folder
 from .pack import add_pack_parser
+from .shardwrite import add_shards_parser
 from .synthetic import make_imagenet_like
 
 # written by synth first: a folder holding an earlier run of the same command is completed
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_scan)
 
     add_pack_parser(sub)
+    add_shards_parser(sub)
 
     p = sub.add_parser(
         "info", help="one line: versions, whether the C extension is built, whether DALI is installed"

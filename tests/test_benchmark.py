@@ -309,7 +309,9 @@ def test_the_commands_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> 
     """``python -m fastload --help`` in a terminal: no reST markup (it showed raw double backticks)."""
     text = _cli(capsys, "--help")
     assert text.startswith("usage: python -m fastload ")
-    assert "``" not in text and "python -m fastload {synth,scan,pack,info,run}" in " ".join(text.split())
+    assert "``" not in text and "python -m fastload {synth,scan,pack,shards,info,run}" in " ".join(
+        text.split()
+    )
 
 
 def test_help_names_the_command_and_lists_backends_pipelines_defaults_and_columns(

@@ -1,0 +1,471 @@
+"""``TarShards``: a dataset over WebDataset-layout tar shards, read by byte range.
+
+A shard holds samples as consecutive members sharing a key (WebDataset's layout): ``000017.jpg`` and
+``000017.cls`` are one sample, its image and its label. The shards are named by a list, a brace
+pattern (``train-{0000..0146}.tar``) or a folder (:func:`shard_paths`). Each shard's
+:class:`~fastload.tarindex.TarIndex` (built from its headers once, then kept in a sidecar) gives
+every member's byte range; grouping the members by key gives, per sample, numpy arrays of shard
+number, offset, size and label, and the image member's name for messages (a
+:class:`~fastload.folder.FolderIndex` of ``<shard>/<member>`` names). ``get_bytes(i)`` is one read of
+that range through the shard's :class:`~fastload.shardsource.ShardSource`, so the order is fastload's
+own and the fast path, head acceleration, resume and ``distributed=True`` work as on a folder.
+
+Data flow: shards --:mod:`fastload.tarindex`--> byte ranges --``get_bytes``--> the loader's workers.
+
+Example:
+    >>> from fastload import TarShards, transforms as T
+    >>> train = TarShards("shards/train-{000000..000146}.tar", classes="shards/train-classes.json",
+    ...                   transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+    ...                                                                  # doctest: +SKIP
+    >>> image, target = train[0]    # a uint8 (3, 224, 224) tensor and an int   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._checks import check_optional_int, sample_index
+from .folder import ClassIndex, FolderIndex
+from .imagefolder import EncodedImageDataset
+from .pack import CorruptSampleError
+from .shardsource import LocalShard, ShardSource
+from .tarindex import BLOCK, TarIndex, header_size, load_indexes
+
+__all__ = ["IMAGE_EXTENSIONS", "TarShards", "expand_braces", "shard_paths"]
+
+#: Member extensions read as the sample's image (case-insensitive; the first such member counts).
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
+
+_USTAR_MAX_SIZE = 8**11 - 1  # the largest size a ustar header's size field holds
+_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's shard notation: ``{a..b}`` a range of integers (zero-padded to the wider bound
+    when a bound has a leading zero), ``{x,y}`` a list, several braces and nesting allowed.
+
+    Example:
+        >>> expand_braces("train-{00..02}.tar")
+        ['train-00.tar', 'train-01.tar', 'train-02.tar']
+        >>> expand_braces("{a,b}-{1..2}")
+        ['a-1', 'a-2', 'b-1', 'b-2']
+    """
+    depth, start = 0, -1
+    for k, c in enumerate(pattern):
+        if c == "{":
+            if depth == 0:
+                start = k
+            depth += 1
+        elif c == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                break
+    else:
+        if depth:
+            raise ValueError(f"the shard pattern {pattern!r} has a '{{' without its '}}'")
+        return [pattern]
+    head, body, tail = pattern[:start], pattern[start + 1 : k], pattern[k + 1 :]
+    m = _RANGE.fullmatch(body)
+    if m:
+        a, b = int(m[1]), int(m[2])
+        padded = any(len(x.lstrip("-")) > 1 and x.lstrip("-").startswith("0") for x in (m[1], m[2]))
+        width = max(len(m[1]), len(m[2])) if padded else 0
+        step = 1 if b >= a else -1
+        choices = [f"{v:0{width}d}" for v in range(a, b + step, step)]
+    else:
+        choices, depth, piece = [], 0, ""
+        for c in body:
+            if c == "," and depth == 0:
+                choices.append(piece)
+                piece = ""
+                continue
+            depth += (c == "{") - (c == "}")
+            piece += c
+        choices.append(piece)
+        if len(choices) == 1:
+            raise ValueError(
+                f"{{{body}}} in the shard pattern {pattern!r} should be a range such as {{0000..0146}} "
+                "or a list such as {a,b}"
+            )
+    rest = expand_braces(tail)
+    return [head + c + r for choice in choices for c in expand_braces(choice) for r in rest]
+
+
+def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The shard files that ``shards`` names: a list of paths, a brace pattern (see
+    :func:`expand_braces`) or a folder (its ``*.tar`` files, sorted by name)."""
+    if isinstance(shards, (str, os.PathLike)):
+        text = os.fspath(shards)
+        if "://" in text:
+            raise ValueError(
+                f"shards={text!r} is a URL: TarShards reads shards from the local file system for now "
+                "(object stores are coming); copy the shards to a local or mounted folder"
+            )
+        if os.path.isdir(text):
+            with os.scandir(text) as it:
+                paths = sorted(
+                    e.path
+                    for e in it
+                    if e.name.lower().endswith(".tar") and not e.name.startswith(".") and e.is_file()
+                )
+            if not paths:
+                raise FileNotFoundError(
+                    f"the folder {text!r} holds no .tar shard; write shards with: "
+                    f"python -m fastload shards SRC {text}"
+                )
+            return paths
+        return expand_braces(text) if "{" in text else [text]
+    if isinstance(shards, (list, tuple)):
+        paths = []
+        for k, p in enumerate(shards):
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"shards[{k}] should be a path, but got {type(p).__name__}")
+            paths.append(os.fspath(p))
+        if not paths:
+            raise ValueError("shards should name at least one shard, but got an empty list")
+        seen: set[str] = set()
+        for p in paths:
+            key = os.path.abspath(p)
+            if key in seen:
+                raise ValueError(f"the shard {p!r} is listed twice in shards: list each shard once")
+            seen.add(key)
+        return paths
+    raise TypeError(
+        "shards should be a path, a brace pattern, a folder or a list of paths, "
+        f"but got {type(shards).__name__}"
+    )
+
+
+def _class_index(classes: Any) -> ClassIndex | None:
+    if classes is None or isinstance(classes, ClassIndex):
+        return classes
+    if isinstance(classes, (str, os.PathLike)):
+        return ClassIndex.load(classes)
+    if isinstance(classes, (list, tuple)):
+        return ClassIndex(classes)
+    raise TypeError(
+        "classes should be a ClassIndex, a list of names or a class list's path, "
+        f"but got {type(classes).__name__}"
+    )
+
+
+class _Shard:
+    """One shard's samples while they are gathered: its image members and label contents."""
+
+    def __init__(self, number: int, source: ShardSource, index: TarIndex) -> None:
+        self.number, self.source, self.index = number, source, index
+        self.names = index.name_list()
+        self.images: list[int] = []
+        self.labels: list[int] = []
+
+    def where(self, j: int) -> str:
+        return f"member {self.names[j]!r} of shard {self.source.name!r}"
+
+    def group(self, label: str) -> None:
+        """Groups the members by key (WebDataset's rule: the name up to the first dot of its file
+        name, with its folder), checking each key's members are consecutive and complete."""
+        names = self.names
+        done: set[str] = set()
+        key: str | None = None
+        image = lab = -1
+        exts: list[str] = []
+        for j in range(len(names) + 1):
+            if j < len(names):
+                name = names[j]
+                slash = name.rfind("/") + 1
+                dot = name.find(".", slash)
+                if dot <= slash:
+                    continue  # no extension (or a hidden name): not a part of a sample, as for webdataset
+                k, ext = name[:dot], name[dot + 1 :]
+            else:
+                k, ext = None, ""
+            if k != key:
+                if key is not None:
+                    self._close(key, image, lab, exts, label, j)
+                    done.add(key)
+                if k is not None and k in done:
+                    raise self._pieces(k, j)
+                key, image, lab, exts = k, -1, -1, []
+            exts.append(ext)
+            low = ext.lower()
+            if low in IMAGE_EXTENSIONS:
+                if image < 0:
+                    image = j
+            elif low == label:
+                if lab >= 0:
+                    raise ValueError(f"sample {key!r} of shard {self.source.name!r} has two .{label} members")
+                lab = j
+
+    def _pieces(self, key: str, j: int) -> ValueError:
+        return ValueError(
+            f"the members of sample {key!r} of shard {self.source.name!r} are not consecutive "
+            f"({self.where(j)} comes after other samples' members): webdataset reads a sample's "
+            "members as one run. Write the shard with each sample's files next to each other "
+            "(e.g. tar --sort=name, or python -m fastload shards)"
+        )
+
+    def _close(self, key: str, image: int, lab: int, exts: list[str], label: str, j: int) -> None:
+        """Takes the sample ``key`` (whose members end before member ``j``), or says what it lacks."""
+        if image >= 0 and lab >= 0:
+            self.images.append(image)
+            self.labels.append(lab)
+            return
+        for later in range(j, len(self.names)):  # its missing member further on: a split sample
+            if self.names[later].startswith(key + ".") and "/" not in self.names[later][len(key) :]:
+                raise self._pieces(key, later)
+        what = "image (.jpg, .jpeg or .png)" if image < 0 else f"label (.{label})"
+        index = self.index
+        last = self.names[-1] if self.names else ""
+        if not index.complete and last.startswith(key + "."):
+            raise CorruptSampleError(
+                f"shard {self.source.name!r} is cut short: it stops at byte {index.end} with no "
+                f"end-of-archive block, inside sample {key!r} (no {what} member; the last member is "
+                f"{last!r}). "
+                "Copy the shard again, or write it again (python -m fastload shards SRC OUT)"
+            )
+        raise ValueError(
+            f"sample {key!r} of shard {self.source.name!r} has no {what} member (its members: "
+            f"{', '.join('.' + e for e in exts)}): a sample needs an image (.jpg, .jpeg or .png) and a "
+            f"label (.{label}). Write the shard with both, or pass label='<ext>' naming the member that "
+            "holds the label"
+        )
+
+    def content(self, j: int) -> bytes:
+        """The data of a (small) member: kept in the index, else read."""
+        data = self.index.small(j)
+        if data is None:
+            size = int(self.index.sizes[j])
+            data = self.source.read(int(self.index.offsets[j]), size)
+            if len(data) < size:
+                raise CorruptSampleError(f"{self.where(j)} is cut short: the shard ends inside it")
+        return data
+
+
+class TarShards(EncodedImageDataset):
+    """A dataset over WebDataset-layout tar shards on the local file system, read by byte range.
+
+    ``dataset[i]`` is ``(transform(image), target_transform(target))`` as for
+    :class:`fastload.ImageFolder` (same attributes: ``targets``, ``classes``, ``class_to_idx``,
+    ``samples`` with ``<shard>/<member>`` names); samples in shard order, then member order. A
+    ``fastload.DataLoader`` runs its fast path, head acceleration, resume and ``distributed=True``
+    on it as on a folder, with every worker kind.
+
+    Args:
+        shards: A list of shard paths, a brace pattern (``"/data/train-{0000..0146}.tar"``; several
+            braces and ``{a,b}`` lists too) or a folder (its ``*.tar`` files, sorted by name).
+        classes: The class list (a :class:`~fastload.folder.ClassIndex`, a list of names or a saved
+            class list's path, such as the ``<prefix>-classes.json`` the converter writes). With
+            ``label="cls"`` it names the integer labels (``None``: the names ``"0"``, ``"1"``, ...
+            up to the largest label); with a class-name member it maps the names to labels
+            (``None``: the names found, sorted).
+        label: The extension of each sample's label member: ``"cls"`` (an integer as text, as
+            webdataset writes it) or another (e.g. ``"txt"``) holding the class *name*.
+        num_threads: Threads indexing shards whose index is not kept yet (default: CPUs + 4, at most 32).
+
+    Every sample needs an image member (``.jpg``, ``.jpeg`` or ``.png``, the first found,
+    case-insensitive) and its label member; the members of a sample are consecutive in its shard, as
+    webdataset requires. Anything else is an error naming the shard and the sample (nothing is left
+    out silently); members without an extension are not a part of any sample.
+
+    Raises:
+        FileNotFoundError: Naming a shard that does not exist (also when read later).
+        ValueError: A sample without image or label, a sample whose members are not consecutive, an
+            unknown class name, a label that is not an integer or not below ``len(classes)``.
+        fastload.pack.CorruptSampleError: From ``get_bytes``, naming shard and member, where a
+            member's bytes are cut short (a truncated shard) or the shard changed since indexed.
+
+    Each process opens the shard files it reads itself (a pickled dataset holds the index arrays
+    and shard paths, no open file).
+
+    Example:
+        >>> ds = TarShards("shards/", classes="shards/train-classes.json")     # doctest: +SKIP
+        >>> len(ds), ds.classes[:2]                                            # doctest: +SKIP
+        (1281167, ['n01440764', 'n01443537'])
+        >>> ds.describe(0)                                                     # doctest: +SKIP
+        "sample 0 (member '000000.jpg' of shard 'shards/train-000000.tar')"
+    """
+
+    def __init__(
+        self,
+        shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        classes: ClassIndex | Sequence[str] | str | os.PathLike[str] | None = None,
+        label: str = "cls",
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        self.check_transforms(transform, target_transform)
+        check_optional_int(num_threads, "num_threads", low=0)
+        if not isinstance(label, str) or not label.strip("."):
+            raise ValueError(
+                f"label should be a member extension such as 'cls' or 'txt', but got label={label!r}"
+            )
+        label = label.lstrip(".").lower()
+        if label in IMAGE_EXTENSIONS:
+            raise ValueError(f"label={label!r} is an image extension: name the member that holds the label")
+        class_index = _class_index(classes)
+        paths = shard_paths(shards)
+        sources = [LocalShard(p) for p in paths]
+        indexes = load_indexes(sources, num_threads)
+        parts = [
+            _Shard(s, source, index) for s, (source, index) in enumerate(zip(sources, indexes, strict=True))
+        ]
+        for part in parts:
+            part.group(label)
+        n = sum(len(p.images) for p in parts)
+        if n == 0:
+            raise ValueError(
+                f"the {len(paths)} shard(s) ({paths[0]!r}, ...) hold no sample (no image member with "
+                f"a .{label} member): write shards with python -m fastload shards SRC OUT"
+            )
+        targets, class_index = _targets(parts, label, class_index)
+        self._sources: list[ShardSource] = list(sources)
+        self._stamps = np.array([ix.stamp for ix in indexes], dtype=np.int64).reshape(-1, 2)
+        self._shard = np.concatenate([np.full(len(p.images), p.number, dtype=np.int32) for p in parts])
+        self._offset = np.concatenate([p.index.offsets[p.images] for p in parts]).astype(np.int64)
+        self._size = np.concatenate([p.index.sizes[p.images] for p in parts]).astype(np.int64)
+        root = os.path.commonpath([os.path.dirname(s.key) for s in sources])
+        rels = [os.path.relpath(s.key, root) + "/" for s in sources]
+        encoded = [
+            (rels[p.number] + p.names[j]).encode("utf-8", "surrogateescape") for p in parts for j in p.images
+        ]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        names = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self._index = FolderIndex.from_buffers(root, names, offsets, targets, class_index)
+        self._rels = rels  # each sample's name is its shard's, then its member's
+        super().__init__(root, transform, target_transform)
+
+    @property
+    def index(self) -> FolderIndex:
+        """The samples' ``<shard>/<member>`` names (relative to :attr:`root`), int64 targets and classes."""
+        return self._index
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard paths, in sample order (as listed or expanded)."""
+        return [s.name for s in self._sources]
+
+    @property
+    def shard_of(self) -> np.ndarray:
+        """``int32[n]``: the shard of each sample (an index into :attr:`shards`)."""
+        return self._shard
+
+    def member(self, i: int) -> tuple[str, str]:
+        """``(shard path, image member name)`` of sample ``i``."""
+        i = self._position(i)
+        s = int(self._shard[i])
+        return self._sources[s].name, self._index.relpath(i)[len(self._rels[s]) :]
+
+    def describe(self, i: int) -> str:
+        """How errors name sample ``i``: its index, image member and shard."""
+        i = self._position(i)
+        shard, member = self.member(i)
+        return f"sample {i} (member {member!r} of shard {shard!r})"
+
+    def _position(self, i: int) -> int:
+        n = len(self._shard)
+        j = sample_index(i)
+        j = j + n if j < 0 else j
+        if not 0 <= j < n:
+            raise IndexError(f"sample index {i} is out of range for a dataset of {n} samples")
+        return j
+
+    def get_bytes(self, i: int) -> memoryview:
+        """The encoded image of sample ``i``: one read of its member (with the tar header before it,
+        checked to describe it); :class:`~fastload.pack.CorruptSampleError` naming shard and member
+        where the shard ends before the member does or the header does not match (the shard changed
+        since it was indexed)."""
+        i = self._position(i)
+        s = int(self._shard[i])
+        offset, size = int(self._offset[i]), int(self._size[i])
+        data = self._sources[s].read(offset - BLOCK, size + BLOCK)
+        if len(data) < size + BLOCK:
+            raise self._corrupt(i, short=True)
+        found = header_size(data[:BLOCK])
+        if found != size and (found is None or size <= _USTAR_MAX_SIZE):  # (a larger size is in a pax header)
+            raise self._corrupt(i, short=False)
+        return memoryview(data)[BLOCK:]
+
+    def _corrupt(self, i: int, short: bool) -> CorruptSampleError:
+        shard, member = self.member(i)
+        offset, size = int(self._offset[i]), int(self._size[i])
+        indexed = int(self._stamps[int(self._shard[i]), 0])
+        if short:
+            try:
+                now = f"{self._sources[int(self._shard[i])].stamp()[0]} bytes"
+            except OSError:
+                now = "no bytes"
+            return CorruptSampleError(
+                f"member {member!r} of shard {shard!r} (sample {i}) is cut short: its {size} bytes start at "
+                f"byte {offset}, but the shard now has {now} ({indexed} when indexed): it was truncated, "
+                "or written again since it was indexed. Copy it again, or create the dataset again "
+                "to index it anew"
+            )
+        return CorruptSampleError(
+            f"member {member!r} of shard {shard!r} (sample {i}) is not where the index says: the tar header "
+            f"before byte {offset} does not describe a {size}-byte member, so the shard changed since it was "
+            "indexed. Create the dataset again (its index is rebuilt), or copy the shard again"
+        )
+
+    def extra_repr(self) -> str:
+        first = self._sources[0].name
+        return f"Classes: {len(self._index.classes)}\nShards: {len(self._sources)} ({first!r}, ...)"
+
+
+def _targets(parts: list[_Shard], label: str, classes: ClassIndex | None) -> tuple[np.ndarray, ClassIndex]:
+    """The samples' int64 labels and the class list, from their label members."""
+    if label == "cls":
+        values: list[int] = []
+        for p in parts:
+            for j in p.labels:
+                text = p.content(j)
+                try:
+                    value = int(text)
+                except ValueError:
+                    raise ValueError(
+                        f"{p.where(j)} should hold a class index as text (such as b'3'), but holds "
+                        f"{text[:40]!r}: pass label='<ext>' if the label members hold class names"
+                    ) from None
+                limit = len(classes) if classes is not None else None
+                if value < 0 or (limit is not None and value >= limit):
+                    bound = f"below the {limit} classes given" if limit is not None else "non-negative"
+                    raise ValueError(
+                        f"{p.where(j)} holds the label {value}, which should be {bound}: pass the class "
+                        "list these shards were written with (classes=...)"
+                    )
+                values.append(value)
+        targets = np.asarray(values, dtype=np.int64)
+        if classes is None:
+            classes = ClassIndex(str(k) for k in range(int(targets.max()) + 1))
+        return targets, classes
+    names: list[str] = []
+    for p in parts:
+        for j in p.labels:
+            try:
+                names.append(p.content(j).decode("utf-8").strip())
+            except UnicodeDecodeError:
+                raise ValueError(f"{p.where(j)} should hold a class name in UTF-8") from None
+    if classes is None:
+        classes = ClassIndex(sorted(set(names)))
+    mapping = classes.class_to_idx
+    targets = np.empty(len(names), dtype=np.int64)
+    k = 0
+    for p in parts:
+        for j in p.labels:
+            label_of = mapping.get(names[k])
+            if label_of is None:
+                raise ValueError(
+                    f"{p.where(j)} names the class {names[k]!r}, which is not one of the {len(classes)} "
+                    "classes given: pass the class list that includes it (e.g. the training split's "
+                    "classes, or classes=None for the names found, sorted)"
+                )
+            targets[k] = label_of
+            k += 1
+    return targets, classes
