@@ -33,6 +33,8 @@ from ._checks import check_optional_int, sample_index
 from .folder import ClassIndex, FolderIndex
 from .imagefolder import EncodedImageDataset
 from .pack import CorruptSampleError
+from .s3shards import RETRY_TIMEOUT, is_s3_url, s3_sources, start_prefetch
+from .shardcache import ShardCache, cache_limit_bytes, default_cache_dir
 from .shardsource import LocalShard, ShardSource
 from .tarindex import BLOCK, TarIndex, header_size, load_indexes
 
@@ -103,8 +105,8 @@ def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         text = os.fspath(shards)
         if "://" in text:
             raise ValueError(
-                f"shards={text!r} is a URL: TarShards reads shards from the local file system for now "
-                "(object stores are coming); copy the shards to a local or mounted folder"
+                f"shards={text!r} is a URL that TarShards does not read: shards are local paths or "
+                "s3:// URLs (http(s):// is not read yet: copy the shards to a local folder or a bucket)"
             )
         if os.path.isdir(text):
             with os.scandir(text) as it:
@@ -299,6 +301,9 @@ class TarShards(EncodedImageDataset):
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         num_threads: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        retry_timeout: float = RETRY_TIMEOUT,
     ) -> None:
         self.check_transforms(transform, target_transform)
         check_optional_int(num_threads, "num_threads", low=0)
@@ -310,9 +315,10 @@ class TarShards(EncodedImageDataset):
         if label in IMAGE_EXTENSIONS:
             raise ValueError(f"label={label!r} is an image extension: name the member that holds the label")
         class_index = _class_index(classes)
-        paths = shard_paths(shards)
-        sources = [LocalShard(p) for p in paths]
+        sources = _sources(shards, cache_dir, cache_limit, retry_timeout, num_threads)
+        paths = [s.name for s in sources]
         indexes = load_indexes(sources, num_threads)
+        start_prefetch(sources)
         parts = [
             _Shard(s, source, index) for s, (source, index) in enumerate(zip(sources, indexes, strict=True))
         ]
@@ -330,8 +336,7 @@ class TarShards(EncodedImageDataset):
         self._shard = np.concatenate([np.full(len(p.images), p.number, dtype=np.int32) for p in parts])
         self._offset = np.concatenate([p.index.offsets[p.images] for p in parts]).astype(np.int64)
         self._size = np.concatenate([p.index.sizes[p.images] for p in parts]).astype(np.int64)
-        root = os.path.commonpath([os.path.dirname(s.key) for s in sources])
-        rels = [os.path.relpath(s.key, root) + "/" for s in sources]
+        root, rels = _root([s.key for s in sources])
         encoded = [
             (rels[p.number] + p.names[j]).encode("utf-8", "surrogateescape") for p in parts for j in p.images
         ]
@@ -417,6 +422,60 @@ class TarShards(EncodedImageDataset):
     def extra_repr(self) -> str:
         first = self._sources[0].name
         return f"Classes: {len(self._index.classes)}\nShards: {len(self._sources)} ({first!r}, ...)"
+
+
+def _sources(
+    shards: Any,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | str | None,
+    retry_timeout: float,
+    num_threads: int | None,
+) -> list[ShardSource]:
+    """The shards named: local files, or objects on an S3-compatible store behind the shard cache."""
+    first = (
+        shards
+        if isinstance(shards, str)
+        else (shards[0] if isinstance(shards, (list, tuple)) and shards else None)
+    )
+    if not is_s3_url(first):
+        if cache_dir is not None or cache_limit is not None:
+            raise ValueError(
+                "cache_dir and cache_limit are for shards on an object store (s3:// URLs), but the "
+                "shards named are local files: leave them out"
+            )
+        return [LocalShard(p) for p in shard_paths(shards)]
+    if not isinstance(retry_timeout, (int, float)) or isinstance(retry_timeout, bool) or retry_timeout < 0:
+        raise ValueError(
+            "retry_timeout should be a non-negative number of seconds, but got "
+            f"retry_timeout={retry_timeout!r}"
+        )
+    folder = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache = ShardCache(folder, cache_limit_bytes(cache_limit, folder))
+    return list(
+        s3_sources(
+            shards,
+            cache,
+            expand=expand_braces,
+            retry_timeout=float(retry_timeout),
+            num_threads=num_threads or 16,
+        )
+    )
+
+
+def _root(keys: list[str]) -> tuple[str, list[str]]:
+    """The folder (or URL prefix) common to the shards, and each shard's name below it plus ``/``."""
+    if not is_s3_url(keys[0]):
+        root = os.path.commonpath([os.path.dirname(k) for k in keys])
+        return root, [os.path.relpath(k, root) + "/" for k in keys]
+    parts = [k.split("/") for k in keys]
+    common = parts[0][:-1]
+    for p in parts[1:]:
+        n = 0
+        while n < min(len(common), len(p) - 1) and common[n] == p[n]:
+            n += 1
+        common = common[:n]
+    root = "/".join(common)
+    return root, [k[len(root) + 1 :] + "/" for k in keys]
 
 
 def _targets(parts: list[_Shard], label: str, classes: ClassIndex | None) -> tuple[np.ndarray, ClassIndex]:

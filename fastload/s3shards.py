@@ -1,0 +1,431 @@
+"""Shards on an S3-compatible object store: :class:`S3Shard`, read from the node-local shard cache.
+
+``s3://bucket/prefix/train-{0000..0146}.tar`` (a brace pattern), a list of such URLs, or
+``s3://bucket/prefix/`` (every ``*.tar`` object under the prefix, listed, sorted by key) name the
+shards. :func:`s3_sources` looks each one up when the dataset is made (its size and ETag, so a
+missing shard or bucket is an error then, naming it), and each :class:`S3Shard` reads from a whole
+copy of its object in a :class:`~fastload.shardcache.ShardCache`, downloaded on first use (once per
+node) and, in a background thread, the next shards of the listing ahead of the readers.
+
+The client is botocore's (``pip install 'fastload[s3]'``), one per process (made again after
+``fork``), configured only by the standard AWS environment and files: ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` (or ``AWS_PROFILE`` and ``~/.aws/credentials``, SSO, instance roles),
+``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for an S3-compatible store, ``AWS_REGION`` /
+``AWS_DEFAULT_REGION`` or ``~/.aws/config``. fastload takes no credential argument and never
+writes one into a message.
+
+Transient failures (connection refused or reset, timeouts, 5xx answers, throttling) are retried
+with exponential backoff (0.25 s doubling to 8 s, with jitter) for ``retry_timeout`` seconds in
+all, then :class:`ObjectStoreError` names the shard, the endpoint and the last error.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, TypeVar
+
+from .shardcache import ShardCache
+
+__all__ = ["ObjectStoreError", "S3Shard", "is_s3_url", "s3_sources", "start_prefetch"]
+
+#: Seconds of retries (in all, per download or lookup) before a transient failure is an error.
+RETRY_TIMEOUT = 60.0
+_FIRST_DELAY, _MAX_DELAY = 0.25, 8.0
+_CHUNK = 1 << 20
+_THROTTLED = {
+    "Throttling",
+    "ThrottlingException",
+    "SlowDown",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+}
+_DENIED = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "InvalidToken",
+    "ExpiredToken",
+    "403",
+    "Forbidden",
+}
+_T = TypeVar("_T")
+
+
+class ObjectStoreError(OSError):
+    """The object store did not answer (or kept failing) for longer than ``retry_timeout``."""
+
+
+def is_s3_url(text: object) -> bool:
+    return isinstance(text, str) and text.startswith("s3://")
+
+
+def _split(url: str) -> tuple[str, str]:
+    bucket, _, key = url[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"the shard URL {url!r} names no bucket: write s3://bucket/path/shard.tar")
+    return bucket, key
+
+
+# ----------------------------------------------------------------------------------------- client
+
+_clients: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _botocore() -> Any:
+    try:
+        import botocore.config
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        raise ImportError(
+            "reading shards from s3:// needs botocore, which is not installed: pip install 'fastload[s3]'"
+        ) from None
+    return botocore
+
+
+def client() -> Any:
+    """This process's S3 client for the AWS environment as it is now (a new one after ``fork``: a
+    client's connections are not shared with another process). Its retries are fastload's own
+    (:func:`retrying`), so botocore's are off."""
+    # (one per process and AWS environment: a process that sets AWS_PROFILE gets a client for it)
+    pid = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    made = _clients.get(pid)
+    if made is not None:
+        return made
+    botocore = _botocore()
+    with _clients_lock:
+        made = _clients.get(pid)
+        if made is None:
+            config = botocore.config.Config(
+                retries={"total_max_attempts": 1},
+                connect_timeout=10,
+                read_timeout=60,
+                max_pool_connections=32,
+            )
+            made = botocore.session.get_session().create_client("s3", config=config)
+            _clients.clear()  # (a parent's client, in a forked process, is never used)
+            _clients[pid] = made
+    return made
+
+
+def _endpoint() -> str:
+    try:
+        return str(client().meta.endpoint_url)
+    except Exception:  # noqa: BLE001 - only for messages
+        return "the configured endpoint"
+
+
+def _code(error: BaseException) -> tuple[str, int]:
+    response = getattr(error, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def _transient(error: BaseException) -> bool:
+    botocore = _botocore()
+    ex = botocore.exceptions
+    if isinstance(error, ex.ClientError):
+        code, status = _code(error)
+        return status >= 500 or status == 429 or code in _THROTTLED
+    transient = (
+        ex.EndpointConnectionError,
+        ex.ConnectionError,
+        ex.ConnectTimeoutError,
+        ex.ReadTimeoutError,
+        ex.ResponseStreamingError,
+        ex.IncompleteReadError,
+        ConnectionError,
+        TimeoutError,
+    )
+    if isinstance(error, transient):
+        return True
+    return type(error).__module__.startswith("urllib3") or (
+        isinstance(error, OSError) and error.errno in (errno.ECONNRESET, errno.ECONNREFUSED, errno.EPIPE)
+    )
+
+
+def _final(error: BaseException, what: str, bucket: str, url: str) -> BaseException | None:
+    """The error to raise for a failure that retrying does not mend (``None``: not one of those)."""
+    botocore = _botocore()
+    if isinstance(error, botocore.exceptions.NoCredentialsError):
+        return PermissionError(
+            errno.EACCES,
+            "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+            "with ~/.aws/credentials",
+            url,
+        )
+    if not isinstance(error, botocore.exceptions.ClientError):
+        return None
+    code, status = _code(error)
+    if code == "NoSuchBucket":
+        return _no_bucket(bucket)
+    if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+        return FileNotFoundError(
+            errno.ENOENT, f"shard not found in the object store at {_endpoint()} (check the name)", url
+        )
+    if code in _DENIED or status == 403:
+        return PermissionError(
+            errno.EACCES,
+            f"the object store at {_endpoint()} refused to {what} ({code or status}): check the "
+            "credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and "
+            "~/.aws/credentials) and that they may read the bucket",
+            url,
+        )
+    if code == "PreconditionFailed" or status == 412:
+        return OSError(
+            errno.ESTALE,
+            "the shard was written again since the dataset was made: create the dataset again",
+            url,
+        )
+    return None
+
+
+def _no_bucket(bucket: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        errno.ENOENT,
+        f"the bucket does not exist at {_endpoint()}: check the URL, and AWS_ENDPOINT_URL for an "
+        "S3-compatible store",
+        f"s3://{bucket}",
+    )
+
+
+def retrying(fn: Callable[[], _T], what: str, bucket: str, url: str, retry_timeout: float) -> _T:
+    """``fn()``, again after transient failures (exponential backoff with jitter) for at most
+    ``retry_timeout`` seconds; then :class:`ObjectStoreError` naming ``url`` and the last error."""
+    start = time.monotonic()
+    delay, attempts = _FIRST_DELAY, 0
+    while True:
+        attempts += 1
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - sorted into final, transient and unexpected below
+            final = _final(e, what, bucket, url)
+            if final is not None:
+                raise final from None
+            if not _transient(e):
+                raise
+            elapsed = time.monotonic() - start
+            if elapsed + delay > retry_timeout:
+                raise ObjectStoreError(
+                    errno.EIO,
+                    f"could not {what} after {attempts} attempt(s) in {elapsed:.1f} s: the object store "
+                    f"at {_endpoint()} kept failing (last error: {type(e).__name__}: {e}). Check that it "
+                    "runs and can be reached; the next read tries again",
+                    url,
+                ) from None
+            time.sleep(delay * random.uniform(0.75, 1.25))
+            delay = min(2 * delay, _MAX_DELAY)
+
+
+# ----------------------------------------------------------------------------------------- shards
+
+
+class _Listing:
+    """The shards of one dataset, in order (a shard prefetches the next ones of it)."""
+
+    def __init__(self, cache: ShardCache, retry_timeout: float) -> None:
+        self.cache, self.retry_timeout = cache, retry_timeout
+        self.shards: list[S3Shard] = []
+        self.prefetching = False  # (off while the dataset is made: indexing reads every shard)
+
+
+class S3Shard:
+    """A shard on an S3-compatible store, read from its copy in the node-local cache.
+
+    ``stamp()`` is ``(size, a number from the ETag)`` as listed when the dataset was made, so an
+    index kept beside the copy is valid for exactly that object. The first read in a process opens
+    the copy (downloading it where the cache lacks it) and queues the next shards of the listing
+    for download ahead, as many as fit in half the cache (at most ``cache.prefetch``).
+    """
+
+    def __init__(self, bucket: str, key: str, size: int, etag: str, listing: _Listing, number: int) -> None:
+        self.bucket, self.object_key, self.size, self.etag = bucket, key, int(size), etag
+        self.name = self.key = f"s3://{bucket}/{key}"
+        self._listing, self._number = listing, number
+        identity = f"{_endpoint()}\0{self.name}\0{etag}\0{self.size}"
+        self.copy = listing.cache.path(identity, os.path.basename(key))
+        self.sidecar: str | None = listing.cache.index_path(self.copy)
+        self._etag_number = int.from_bytes(hashlib.sha256(etag.encode()).digest()[:7], "big")
+        self._opened_in = 0
+
+    def stamp(self) -> tuple[int, int]:
+        return self.size, self._etag_number
+
+    def _download(self, f: BinaryIO) -> None:
+        def attempt() -> None:
+            f.seek(0)
+            body = client().get_object(Bucket=self.bucket, Key=self.object_key, IfMatch=self.etag)["Body"]
+            try:
+                for chunk in body.iter_chunks(_CHUNK):
+                    f.write(chunk)
+            finally:
+                body.close()
+            if f.tell() != self.size:  # (a connection closed early: retried)
+                raise ConnectionError(f"the download stopped at byte {f.tell()} of {self.size}")
+
+        retrying(attempt, "download the shard", self.bucket, self.name, self._listing.retry_timeout)
+
+    def fetch(self) -> None:
+        """Makes sure the copy is in the cache (downloading it if need be)."""
+        cache = self._listing.cache
+        os.close(cache.ensure(self.copy, self.size, self.name, self._download))
+
+    def read(self, offset: int, length: int) -> bytes:
+        cache = self._listing.cache
+        handle = cache.open(self.copy, self.size, self.name, self._download)  # (held while read)
+        fd = handle.fd
+        if self._opened_in != os.getpid() and self._listing.prefetching:
+            self._opened_in = os.getpid()
+            self._prefetch()
+        data = os.pread(fd, length, offset)
+        got = len(data)
+        if 0 < got < length:
+            parts = [data]
+            while got < length:
+                more = os.pread(fd, length - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        del handle
+        return data
+
+    def _prefetch(self) -> None:
+        listing = self._listing
+        budget = listing.cache.limit // 2
+        after = []
+        for shard in listing.shards[self._number + 1 : self._number + 1 + listing.cache.prefetch]:
+            budget -= shard.size
+            if budget < 0:
+                break
+            after.append(shard)
+        if after:
+            listing.cache.prefetch_after([s.fetch for s in after], [s.copy for s in after])
+
+    def __repr__(self) -> str:
+        return f"S3Shard({self.name!r})"
+
+
+def start_prefetch(shards: Sequence[object]) -> None:
+    """From now on, the first read of an :class:`S3Shard` in a process downloads the next ones ahead
+    (and the copies opened to index the shards are closed: indexing read every one)."""
+    for shard in shards:
+        if isinstance(shard, S3Shard):
+            shard._listing.prefetching = True
+            shard._listing.cache.close()
+            shard._opened_in = 0
+
+
+def _urls(shards: str | Sequence[str], expand: Callable[[str], list[str]]) -> list[str] | tuple[str, str]:
+    """The shard URLs named, or ``(bucket, prefix)`` for a prefix to list."""
+    if isinstance(shards, str):
+        if shards.endswith("/"):
+            return _split(shards)
+        return expand(shards) if "{" in shards else [shards]
+    urls = list(shards)
+    bad = [u for u in urls if not is_s3_url(u)]
+    if bad:
+        raise ValueError(
+            f"shards mixes s3:// URLs with other paths ({bad[0]!r}): list shards of one place, or copy "
+            "them to one place"
+        )
+    if len(set(urls)) != len(urls):
+        twice = next(u for u in urls if urls.count(u) > 1)
+        raise ValueError(f"the shard {twice!r} is listed twice in shards: list each shard once")
+    return urls
+
+
+def s3_sources(
+    shards: str | Sequence[str],
+    cache: ShardCache,
+    *,
+    expand: Callable[[str], list[str]],
+    retry_timeout: float = RETRY_TIMEOUT,
+    num_threads: int = 16,
+) -> list[S3Shard]:
+    """The :class:`S3Shard` of each shard named (see the module's description), looked up now.
+
+    Raises:
+        FileNotFoundError: Naming a missing shard, or a missing bucket, or a prefix without shards.
+        PermissionError: Credentials refused (the message names neither key nor secret).
+        ObjectStoreError: The store did not answer within ``retry_timeout`` seconds.
+        ImportError: botocore is not installed (``pip install 'fastload[s3]'``).
+    """
+    c = client()
+    listing = _Listing(cache, retry_timeout)
+    named = _urls(shards, expand)
+    found: list[tuple[str, str, int, str]] = []
+    if isinstance(named, tuple):
+        bucket, prefix = named
+
+        def pages() -> list[dict[str, Any]]:
+            return list(c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))
+
+        url = f"s3://{bucket}/{prefix}"
+        for page in retrying(pages, "list the shards", bucket, url, retry_timeout):
+            for item in page.get("Contents", ()):
+                if item["Key"].lower().endswith(".tar"):
+                    found.append((bucket, item["Key"], int(item["Size"]), str(item["ETag"])))
+        if not found:
+            raise FileNotFoundError(
+                errno.ENOENT,
+                "no .tar object under this prefix: upload the shards (python -m fastload shards SRC OUT "
+                "writes them) or check the prefix",
+                url,
+            )
+        found.sort(key=lambda t: t[1])
+    else:
+
+        def head(url: str) -> tuple[str, str, int, str]:
+            bucket, key = _split(url)
+
+            def one() -> tuple[str, str, int, str]:
+                try:
+                    meta = c.head_object(Bucket=bucket, Key=key)
+                except Exception as e:  # noqa: BLE001 - a 404 may be the bucket's
+                    if _code(e)[1] == 404:
+                        try:
+                            c.head_bucket(Bucket=bucket)
+                        except Exception as b:  # noqa: BLE001
+                            if _code(b)[1] == 404:
+                                raise _no_bucket(bucket) from None
+                    raise
+                return bucket, key, int(meta["ContentLength"]), str(meta["ETag"])
+
+            return retrying(one, "look the shard up", bucket, url, retry_timeout)
+
+        def look(url: str) -> tuple[str, str, int, str] | FileNotFoundError:
+            try:
+                return head(url)
+            except FileNotFoundError as e:
+                return e
+
+        threads = max(1, min(num_threads, len(named)))
+        with ThreadPoolExecutor(threads, thread_name_prefix="fastload-s3") as pool:
+            looked = list(pool.map(look, named))
+        missing = [r for r in looked if isinstance(r, FileNotFoundError)]
+        if missing:
+            first = missing[0]
+            if len(missing) > 1 and first.filename != missing[1].filename:  # (not a missing bucket)
+                what = (
+                    f"{len(missing)} of the {len(named)} shards named are not in the object store, the first"
+                )
+                raise FileNotFoundError(first.errno, what, first.filename)
+            raise first
+        found = [r for r in looked if not isinstance(r, FileNotFoundError)]
+    listing.shards = [S3Shard(*f, listing=listing, number=k) for k, f in enumerate(found)]
+    return listing.shards

