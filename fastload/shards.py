@@ -249,7 +249,8 @@ class _Shard:
 
 
 class TarShards(EncodedImageDataset):
-    """A dataset over WebDataset-layout tar shards on the local file system, read by byte range.
+    """A dataset over WebDataset-layout tar shards on the local file system or an S3-compatible
+    object store, read by byte range.
 
     ``dataset[i]`` is ``(transform(image), target_transform(target))`` as for
     :class:`fastload.ImageFolder` (same attributes: ``targets``, ``classes``, ``class_to_idx``,
@@ -268,6 +269,22 @@ class TarShards(EncodedImageDataset):
         label: The extension of each sample's label member: ``"cls"`` (an integer as text, as
             webdataset writes it) or another (e.g. ``"txt"``) holding the class *name*.
         num_threads: Threads indexing shards whose index is not kept yet (default: CPUs + 4, at most 32).
+        cache_dir: For ``s3://`` shards: the node-local shard cache (default
+            ``$XDG_CACHE_HOME/fastload/shards``, else ``~/.cache/fastload/shards``), shared by the
+            ranks and workers of the machine; see :mod:`fastload.shardcache`.
+        cache_limit: For ``s3://`` shards: the most bytes the cache holds, as an int or a size such
+            as ``"50GB"`` (default: a tenth of the free space where the cache is, at least 1 GB);
+            the least recently used shards are removed to stay within it.
+        retry_timeout: For ``s3://`` shards: seconds of retries (exponential backoff) after
+            transient failures of the store before :class:`~fastload.s3shards.ObjectStoreError`.
+
+    Shards on an object store are named by ``s3://bucket/prefix/train-{0000..0146}.tar``, a list
+    of ``s3://`` URLs, or ``s3://bucket/prefix/`` (every ``*.tar`` object under it, sorted by key);
+    each is looked up when the dataset is made and read from a whole copy in the cache, downloaded
+    once per node (:mod:`fastload.s3shards`; ``pip install 'fastload[s3]'``). The endpoint and
+    credentials come only from the standard AWS environment and files (``AWS_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``~/.aws/config``, ...). Making the dataset indexes
+    every shard whose index is not in the cache yet, which downloads it.
 
     Every sample needs an image member (``.jpg``, ``.jpeg`` or ``.png``, the first found,
     case-insensitive) and its label member; the members of a sample are consecutive in its shard, as
@@ -275,7 +292,9 @@ class TarShards(EncodedImageDataset):
     out silently); members without an extension are not a part of any sample.
 
     Raises:
-        FileNotFoundError: Naming a shard that does not exist (also when read later).
+        FileNotFoundError: Naming a shard that does not exist (also when read later), or a bucket.
+        PermissionError: Credentials an object store refused (the message holds no key or secret).
+        fastload.s3shards.ObjectStoreError: An object store that kept failing for ``retry_timeout``.
         ValueError: A sample without image or label, a sample whose members are not consecutive, an
             unknown class name, a label that is not an integer or not below ``len(classes)``.
         fastload.pack.CorruptSampleError: From ``get_bytes``, naming shard and member, where a
