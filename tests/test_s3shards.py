@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import signal
@@ -384,3 +385,21 @@ def test_two_processes_download_a_shard_once(server, local_shards, tmp_path):
     copies = _copies(cache)
     assert any(c.name.endswith("train-000000.tar") for c in copies)
     assert server.gets("once") - before == len(copies), "a shard was downloaded more than once"
+
+
+def test_a_download_left_by_a_killed_job_is_removed_not_read(tmp_path):
+    cache = ShardCache(str(tmp_path), limit=3000)
+    copy = cache.path("s3://b/a.tar\0etag\01000", "a.tar")
+    with open(f"{copy}.4242.77.part", "wb") as f:  # a job killed while downloading: nobody holds the lock
+        f.truncate(1000)
+    assert cache.used() == 1000
+
+    def download(f: Any) -> None:
+        f.write(b"x" * 1000)
+
+    other = cache.path("s3://b/c.tar\0etag\02500", "c.tar")
+    handle = cache.open(other, 2500, "s3://b/c.tar", lambda f: f.write(b"y" * 2500))
+    assert os.pread(handle.fd, 3, 0) == b"yyy" and cache.used() == 2500  # the .part made room
+    assert not list(tmp_path.glob("*.part"))
+    assert os.pread(cache.open(copy, 1000, "s3://b/a.tar", download).fd, 2, 998) == b"xx"
+    assert [p.name for p in _copies(tmp_path)] == [Path(copy).name]  # c.tar, least recently used, went
