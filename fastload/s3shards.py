@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar
 
 from .shardcache import ShardCache
+from .shardsource import read_fully
 
 __all__ = ["ObjectStoreError", "S3Shard", "is_s3_url", "s3_sources", "start_prefetch"]
 
@@ -290,17 +291,7 @@ class S3Shard:
         if self._opened_in != os.getpid() and self._listing.prefetching:
             self._opened_in = os.getpid()
             self._prefetch()
-        data = os.pread(fd, length, offset)
-        got = len(data)
-        if 0 < got < length:
-            parts = [data]
-            while got < length:
-                more = os.pread(fd, length - got, offset + got)
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            data = b"".join(parts)
+        data = read_fully(fd, offset, length)
         del handle
         return data
 

@@ -19,10 +19,27 @@ import threading
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MAX_OPEN_FILES", "LocalShard", "ShardSource"]
+__all__ = ["MAX_OPEN_FILES", "LocalShard", "ShardSource", "read_fully"]
 
 #: Shard files one process keeps open (with 1,000 shards a worker does not reach the file limit).
 MAX_OPEN_FILES = 64
+
+
+def read_fully(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` (fewer only at the end of the file): a network file system
+    may return less than asked before the end."""
+    data = os.pread(fd, length, offset)
+    if 0 < len(data) < length:
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(fd, length - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
 
 
 @runtime_checkable
@@ -138,18 +155,7 @@ class LocalShard:
 
     def read(self, offset: int, length: int) -> bytes:
         handle = _files().get(self.key)
-        data = os.pread(handle.fd, length, offset)
-        if 0 < len(data) < length:  # (a network file system may return less than asked before the end)
-            parts = [data]
-            got = len(data)
-            while got < length:
-                more = os.pread(handle.fd, length - got, offset + got)
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            data = b"".join(parts)
-        return data
+        return read_fully(handle.fd, offset, length)
 
     def __repr__(self) -> str:
         return f"LocalShard({self.name!r})"
