@@ -277,6 +277,10 @@ class TarShards(EncodedImageDataset):
             the least recently used shards are removed to stay within it.
         retry_timeout: For ``s3://`` shards: seconds of retries (exponential backoff) after
             transient failures of the store before :class:`~fastload.s3shards.ObjectStoreError`.
+        shuffle_window: ``None`` (default): ``shuffle=True`` permutes all samples; ``N``: the
+            shard-aware order: the shards in a random order, ``N`` at a time, the samples of those
+            ``N`` shuffled together, so a pass reads ``N`` shards at a time (an object store's
+            cache holds them), as a pack's blockwise order does (docs/shards.md).
 
     Shards on an object store are named by ``s3://bucket/prefix/train-{0000..0146}.tar``, a list
     of ``s3://`` URLs, or ``s3://bucket/prefix/`` (every ``*.tar`` object under it, sorted by key);
@@ -323,8 +327,10 @@ class TarShards(EncodedImageDataset):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         retry_timeout: float = RETRY_TIMEOUT,
+        shuffle_window: int | None = None,
     ) -> None:
         self.check_transforms(transform, target_transform)
+        self.shuffle_window = check_optional_int(shuffle_window, "shuffle_window", low=1)
         check_optional_int(num_threads, "num_threads", low=0)
         if not isinstance(label, str) or not label.strip("."):
             raise ValueError(
@@ -370,6 +376,14 @@ class TarShards(EncodedImageDataset):
     def index(self) -> FolderIndex:
         """The samples' ``<shard>/<member>`` names (relative to :attr:`root`), int64 targets and classes."""
         return self._index
+
+    @property
+    def shuffle_blocks(self) -> np.ndarray | None:
+        """With ``shuffle_window``: ``int64[m + 1]``, the first sample of each shard then ``n``, for
+        fastload's samplers' shard-aware order (:func:`fastload.sampler.blockwise_permutation`)."""
+        if self.shuffle_window is None:
+            return None
+        return np.concatenate([[0], np.flatnonzero(np.diff(self._shard)) + 1, [len(self._shard)]])
 
     @property
     def shards(self) -> list[str]:

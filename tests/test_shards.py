@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torchvision
 from _batches import collect, same
 from torchvision import transforms as v1
@@ -417,3 +418,33 @@ def test_resume_mid_epoch_and_two_ranks_cover_each_sample_once(train_shards):
         assert loader.path == "fast"
         seen += [int(i) for batch in loader for i in batch.indices]
     assert sorted(seen) == list(range(len(shards)))
+
+
+def test_the_shard_aware_order_reads_a_window_of_shards_at_a_time(train_shards):
+    """shuffle_window=2: the shards in a random order, two at a time, their samples shuffled
+    together; the loader's order is that one, a permutation of every sample."""
+    from fastload.sampler import epoch_order
+
+    uniform = _shards(train_shards)
+    assert uniform.shuffle_blocks is None
+    dataset = _shards(train_shards, shuffle_window=2, transform=_train_tf())
+    n, shards = len(dataset), len(set(dataset.shard_of.tolist()))
+    assert shards >= 3 and dataset.shuffle_blocks.tolist()[-1] == n
+
+    def windows(order: np.ndarray) -> int:  # runs of at most two shards, greedily
+        count, seen = 0, set()
+        for s in dataset.shard_of[order].tolist():
+            if s not in seen and len(seen) == 2:
+                seen = set()
+            if not seen:
+                count += 1
+            seen.add(s)
+        return count
+
+    order = epoch_order(dataset, n, 3, 0)
+    assert sorted(order.tolist()) == list(range(n))
+    assert windows(order) == -(-shards // 2) < windows(epoch_order(uniform, n, 3, 0))
+    loader = fastload.DataLoader(dataset, batch_size=4, shuffle=True, seed=3, num_workers=0)
+    assert torch.cat([b.indices for b in loader]).tolist() == order.tolist()
+    with pytest.raises(ValueError, match="shuffle_window"):
+        _shards(train_shards, shuffle_window=0)
