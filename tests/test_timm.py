@@ -282,3 +282,17 @@ def test_resize_keep_ratio_is_fused_under_head_acceleration(imagenet_root: Path,
     assert fast.path == "head-accelerated", fast.fast_path_reason
     assert "ResizeKeepRatio" in fast._head_dataset.transform.describe().split(" fused")[0]
     assert _same(_batches(_loader(TORCH_DATALOADER, dataset, False, False, **options)), _batches(fast))
+
+
+def test_timm_samples_relabelled_between_epochs_are_followed(imagenet_root: Path) -> None:
+    """What fastload reads of a timm dataset (its reader's samples) is compared at each pass start:
+    a sample relabelled in place reaches the next pass, as torch's loader would see it."""
+    dataset = ImageDataset(str(imagenet_root / "val"), transform=create_transform(32, is_training=False))
+    loader = fastload.DataLoader(dataset, batch_size=4, num_workers=0)
+    assert loader.path == "fast"
+    first = torch.cat([y for _, y in loader])
+    path, target = dataset.reader.samples[0]
+    dataset.reader.samples[0] = (path, (target + 1) % 4)
+    second = torch.cat([y for _, y in loader])
+    assert second[0] == (first[0] + 1) % 4 and torch.equal(second[1:], first[1:])
+    assert second.tolist() == [target for _, target in dataset.reader.samples]
