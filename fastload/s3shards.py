@@ -1,11 +1,15 @@
-"""Shards on an S3-compatible object store: :class:`S3Shard`, read from the node-local shard cache.
+"""Remote shards behind the node cache: :class:`RemoteShard`, and the S3 store (:data:`S3`).
 
-``s3://bucket/prefix/train-{0000..0146}.tar`` (a brace pattern), a list of such URLs, or
-``s3://bucket/prefix/`` (every ``*.tar`` object under the prefix, listed, sorted by key) name the
-shards. :func:`s3_sources` looks each one up when the dataset is made (its size and ETag, so a
-missing shard or bucket is an error then, naming it), and each :class:`S3Shard` reads from a whole
-copy of its object in a :class:`~fastload.shardcache.ShardCache`, downloaded on first use (once per
-node) and, in a background thread, the next shards of the listing ahead of the readers.
+A remote shard is an object on a store (:class:`Store`: an S3-compatible object store here, an
+http(s) server in :mod:`fastload.httpshards`) read from a whole copy in a
+:class:`~fastload.shardcache.ShardCache`. ``s3://bucket/prefix/train-{0000..0146}.tar`` (a brace
+pattern), a list of such URLs, or ``s3://bucket/prefix/`` (every ``*.tar`` object under the prefix,
+listed, sorted by key) name the shards. :func:`remote_sources` looks each one up when the dataset is
+made (its size and ETag, so a missing shard or bucket is an error then, naming it) and fetches the
+``<shard>.idx`` object beside it where there is one (its index, checked against the shard's size
+and ETag before use); each :class:`RemoteShard` reads from a whole copy of its object in the cache,
+downloaded on first use (once per node) and, in a background thread, the next shards of the
+listing ahead of the readers.
 
 The client is botocore's (``pip install 'fastload[s3]'``), one per process (made again after
 ``fork``), configured only by the standard AWS environment and files: ``AWS_ACCESS_KEY_ID`` /
@@ -21,6 +25,7 @@ all, then :class:`ObjectStoreError` names the shard, the endpoint and the last e
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -29,12 +34,23 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from .shardcache import ShardCache
 from .shardsource import read_fully
 
-__all__ = ["ObjectStoreError", "S3Shard", "is_s3_url", "s3_sources", "start_prefetch"]
+__all__ = [
+    "S3",
+    "ObjectStoreError",
+    "RemoteShard",
+    "Store",
+    "is_remote_url",
+    "remote_sources",
+    "retrying",
+    "start_prefetch",
+    "tag_number",
+    "upload",
+]
 
 #: Seconds of retries (in all, per download or lookup) before a transient failure is an error.
 RETRY_TIMEOUT = 60.0
@@ -67,8 +83,46 @@ class ObjectStoreError(OSError):
     """The object store did not answer (or kept failing) for longer than ``retry_timeout``."""
 
 
-def is_s3_url(text: object) -> bool:
-    return isinstance(text, str) and text.startswith("s3://")
+def is_remote_url(text: object) -> bool:
+    """Whether ``text`` names shards on an object store or a server (``s3://``, ``http(s)://``)."""
+    return isinstance(text, str) and text.startswith(("s3://", "http://", "https://"))
+
+
+def tag_number(tag: str) -> int:
+    """A shard's version tag (its ETag) as the number in its stamp: an index holds it."""
+    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "big")
+
+
+class Store(Protocol):
+    """Where remote shards are: each method is one attempt (:func:`retrying` repeats it)."""
+
+    def where(self, url: str) -> str:
+        """How messages name the store of ``url`` (e.g. ``the object store at http://...``)."""
+        ...
+
+    def identity(self, url: str) -> str:
+        """What, with the version tag and size, names the cache's copy of ``url``."""
+        ...
+
+    def lookup(self, url: str) -> tuple[int, str]:
+        """``(size, version tag)`` of the object ``url`` now."""
+        ...
+
+    def listing(self, url: str) -> list[tuple[str, int, str]]:
+        """``(url, size, tag)`` of every object under the prefix ``url`` (ending in ``/``)."""
+        ...
+
+    def get(self, url: str, f: BinaryIO, tag: str | None) -> None:
+        """Writes the object into ``f``; ``tag``: the version it must still be (else ``ESTALE``)."""
+        ...
+
+    def final(self, error: BaseException, what: str, url: str) -> BaseException | None:
+        """The error to raise for a failure that retrying does not mend (``None``: not one)."""
+        ...
+
+    def transient(self, error: BaseException) -> bool:
+        """Whether ``error`` may pass (a connection refused or reset, a timeout, a 5xx answer)."""
+        ...
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -158,7 +212,7 @@ def _transient(error: BaseException) -> bool:
     )
 
 
-def _final(error: BaseException, what: str, bucket: str, url: str) -> BaseException | None:
+def _final(error: BaseException, what: str, url: str) -> BaseException | None:
     """The error to raise for a failure that retrying does not mend (``None``: not one of those)."""
     botocore = _botocore()
     if isinstance(error, botocore.exceptions.NoCredentialsError):
@@ -172,7 +226,7 @@ def _final(error: BaseException, what: str, bucket: str, url: str) -> BaseExcept
         return None
     code, status = _code(error)
     if code == "NoSuchBucket":
-        return _no_bucket(bucket)
+        return _no_bucket(_split(url)[0])
     if code in ("NoSuchKey", "NotFound", "404") or status == 404:
         return FileNotFoundError(
             errno.ENOENT, f"shard not found in the object store at {_endpoint()} (check the name)", url
@@ -203,9 +257,13 @@ def _no_bucket(bucket: str) -> FileNotFoundError:
     )
 
 
-def retrying(fn: Callable[[], _T], what: str, bucket: str, url: str, retry_timeout: float) -> _T:
-    """``fn()``, again after transient failures (exponential backoff with jitter) for at most
-    ``retry_timeout`` seconds; then :class:`ObjectStoreError` naming ``url`` and the last error."""
+def retrying(
+    fn: Callable[[], _T], what: str, url: str, retry_timeout: float, store: Store | None = None
+) -> _T:
+    """``fn()``, again after transient failures of ``store`` (default: :data:`S3`; exponential
+    backoff with jitter) for at most ``retry_timeout`` seconds; then :class:`ObjectStoreError`
+    naming ``url`` and the last error."""
+    store = S3 if store is None else store
     start = time.monotonic()
     delay, attempts = _FIRST_DELAY, 0
     while True:
@@ -213,22 +271,86 @@ def retrying(fn: Callable[[], _T], what: str, bucket: str, url: str, retry_timeo
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - sorted into final, transient and unexpected below
-            final = _final(e, what, bucket, url)
+            final = store.final(e, what, url)
             if final is not None:
                 raise final from None
-            if not _transient(e):
+            if not store.transient(e):
                 raise
             elapsed = time.monotonic() - start
             if elapsed + delay > retry_timeout:
                 raise ObjectStoreError(
                     errno.EIO,
-                    f"could not {what} after {attempts} attempt(s) in {elapsed:.1f} s: the object store "
-                    f"at {_endpoint()} kept failing (last error: {type(e).__name__}: {e}). Check that it "
-                    "runs and can be reached; the next read tries again",
+                    f"could not {what} after {attempts} attempt(s) in {elapsed:.1f} s: {store.where(url)} "
+                    f"kept failing (last error: {type(e).__name__}: {e}). Check that it runs and can be "
+                    "reached; the next read tries again",
                     url,
                 ) from None
             time.sleep(delay * random.uniform(0.75, 1.25))
             delay = min(2 * delay, _MAX_DELAY)
+
+
+class _S3Store:
+    """An S3-compatible object store, through botocore (see the module's description)."""
+
+    def where(self, url: str) -> str:
+        return f"the object store at {_endpoint()}"
+
+    def identity(self, url: str) -> str:
+        return f"{_endpoint()}\0{url}"
+
+    def lookup(self, url: str) -> tuple[int, str]:
+        bucket, key = _split(url)
+        c = client()
+        try:
+            meta = c.head_object(Bucket=bucket, Key=key)
+        except Exception as e:  # noqa: BLE001 - a 404 may be the bucket's
+            if _code(e)[1] == 404:
+                try:
+                    c.head_bucket(Bucket=bucket)
+                except Exception as b:  # noqa: BLE001
+                    if _code(b)[1] == 404:
+                        raise _no_bucket(bucket) from None
+            raise
+        return int(meta["ContentLength"]), str(meta["ETag"])
+
+    def listing(self, url: str) -> list[tuple[str, int, str]]:
+        bucket, prefix = _split(url)
+        pages = client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [
+            (f"s3://{bucket}/{item['Key']}", int(item["Size"]), str(item["ETag"]))
+            for page in pages
+            for item in page.get("Contents", ())
+        ]
+
+    def get(self, url: str, f: BinaryIO, tag: str | None) -> None:
+        bucket, key = _split(url)
+        body = client().get_object(Bucket=bucket, Key=key, **({"IfMatch": tag} if tag else {}))["Body"]
+        try:
+            for chunk in body.iter_chunks(_CHUNK):
+                f.write(chunk)
+        finally:
+            body.close()
+
+    def final(self, error: BaseException, what: str, url: str) -> BaseException | None:
+        return _final(error, what, url)
+
+    def transient(self, error: BaseException) -> bool:
+        return _transient(error)
+
+
+#: The S3-compatible object store of the AWS environment.
+S3: Store = _S3Store()
+
+
+def upload(path: str, url: str, retry_timeout: float = RETRY_TIMEOUT) -> str:
+    """Writes the file ``path`` as the object ``url`` (one PUT, retried); returns its ETag."""
+    bucket, key = _split(url)
+
+    def put() -> str:
+        with open(path, "rb") as f:
+            return str(client().put_object(Bucket=bucket, Key=key, Body=f)["ETag"])
+
+    return retrying(put, "upload the file", url, retry_timeout)
 
 
 # ----------------------------------------------------------------------------------------- shards
@@ -239,45 +361,66 @@ class _Listing:
 
     def __init__(self, cache: ShardCache, retry_timeout: float) -> None:
         self.cache, self.retry_timeout = cache, retry_timeout
-        self.shards: list[S3Shard] = []
+        self.shards: list[RemoteShard] = []
         self.prefetching = False  # (off while the dataset is made: indexing reads every shard)
 
 
-class S3Shard:
-    """A shard on an S3-compatible store, read from its copy in the node-local cache.
+class RemoteShard:
+    """A shard on a :class:`Store` (an object store, an http(s) server), read from its copy in
+    the node-local cache.
 
-    ``stamp()`` is ``(size, a number from the ETag)`` as listed when the dataset was made, so an
-    index kept beside the copy is valid for exactly that object. The first read in a process opens
-    the copy (downloading it where the cache lacks it) and queues the next shards of the listing
-    for download ahead, as many as fit in half the cache (at most ``cache.prefetch``).
+    ``stamp()`` is ``(size, a number from the version tag)`` as looked up when the dataset was
+    made (the ETag, or for a server without one its ``Last-Modified``), so an index kept beside the
+    copy is valid for exactly that object. The first read in a process opens the copy (downloading
+    it where the cache lacks it) and queues the next shards of the listing for download ahead, as
+    many as fit in half the cache (at most ``cache.prefetch``).
     """
 
-    def __init__(self, bucket: str, key: str, size: int, etag: str, listing: _Listing, number: int) -> None:
-        self.bucket, self.object_key, self.size, self.etag = bucket, key, int(size), etag
-        self.name = self.key = f"s3://{bucket}/{key}"
+    def __init__(self, store: Store, url: str, size: int, tag: str, listing: _Listing, number: int) -> None:
+        self.store, self.size, self.tag = store, int(size), tag
+        self.name = self.key = url
         self._listing, self._number = listing, number
-        identity = f"{_endpoint()}\0{self.name}\0{etag}\0{self.size}"
-        self.copy = listing.cache.path(identity, os.path.basename(key))
+        identity = f"{store.identity(url)}\0{tag}\0{self.size}"
+        self.copy = listing.cache.path(identity, url.rsplit("/", 1)[-1])
         self.sidecar: str | None = listing.cache.index_path(self.copy)
-        self._etag_number = int.from_bytes(hashlib.sha256(etag.encode()).digest()[:7], "big")
+        self._tag_number = tag_number(tag)
         self._opened_in = 0
 
     def stamp(self) -> tuple[int, int]:
-        return self.size, self._etag_number
+        return self.size, self._tag_number
 
     def _download(self, f: BinaryIO) -> None:
         def attempt() -> None:
             f.seek(0)
-            body = client().get_object(Bucket=self.bucket, Key=self.object_key, IfMatch=self.etag)["Body"]
-            try:
-                for chunk in body.iter_chunks(_CHUNK):
-                    f.write(chunk)
-            finally:
-                body.close()
+            self.store.get(self.name, f, self.tag)
             if f.tell() != self.size:  # (a connection closed early: retried)
                 raise ConnectionError(f"the download stopped at byte {f.tell()} of {self.size}")
 
-        retrying(attempt, "download the shard", self.bucket, self.name, self._listing.retry_timeout)
+        retrying(attempt, "download the shard", self.name, self._listing.retry_timeout, self.store)
+
+    def fetch_index(self) -> None:
+        """Copies the ``<shard>.idx`` object beside the shard into the cache, where the cache has
+        no index of this shard yet (:func:`~fastload.tarindex.load_indexes` checks it against
+        :meth:`stamp`, and builds it again where it does not match); none there: nothing."""
+        path = self._listing.cache.index_path(self.copy)
+        if os.path.exists(path):
+            return
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+
+        def attempt() -> None:
+            with open(tmp, "wb") as f:
+                self.store.get(self.name + ".idx", f, None)
+
+        try:
+            retrying(
+                attempt, "read the shard's index", self.name + ".idx", self._listing.retry_timeout, self.store
+            )
+            os.replace(tmp, path)
+        except (FileNotFoundError, PermissionError):
+            pass  # (none beside the shard, or S3's 403 for a missing key: built from the shard)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def fetch(self) -> None:
         """Makes sure the copy is in the cache (downloading it if need be)."""
@@ -308,31 +451,38 @@ class S3Shard:
             listing.cache.prefetch_after([s.fetch for s in after], [s.copy for s in after])
 
     def __repr__(self) -> str:
-        return f"S3Shard({self.name!r})"
+        return f"RemoteShard({self.name!r})"
 
 
 def start_prefetch(shards: Sequence[object]) -> None:
-    """From now on, the first read of an :class:`S3Shard` in a process downloads the next ones ahead
-    (and the copies opened to index the shards are closed: indexing read every one)."""
+    """From now on, the first read of a :class:`RemoteShard` in a process downloads the next ones
+    ahead (and the copies opened to index the shards are closed: indexing read every one)."""
     for shard in shards:
-        if isinstance(shard, S3Shard):
+        if isinstance(shard, RemoteShard):
             shard._listing.prefetching = True
             shard._listing.cache.close()
             shard._opened_in = 0
 
 
-def _urls(shards: str | Sequence[str], expand: Callable[[str], list[str]]) -> list[str] | tuple[str, str]:
-    """The shard URLs named, or ``(bucket, prefix)`` for a prefix to list."""
+def _scheme(url: object) -> str:
+    return "http(s)://" if isinstance(url, str) and url.startswith(("http://", "https://")) else "s3://"
+
+
+def _urls(shards: str | Sequence[str], expand: Callable[[str], list[str]]) -> list[str] | str:
+    """The shard URLs named, or a prefix to list (ending in ``/``)."""
     if isinstance(shards, str):
         if shards.endswith("/"):
-            return _split(shards)
+            if _scheme(shards) == "s3://":
+                _split(shards)
+            return shards
         return expand(shards) if "{" in shards else [shards]
     urls = list(shards)
-    bad = [u for u in urls if not is_s3_url(u)]
+    scheme = _scheme(urls[0])
+    bad = [u for u in urls if not is_remote_url(u) or _scheme(u) != scheme]
     if bad:
         raise ValueError(
-            f"shards mixes s3:// URLs with other paths ({bad[0]!r}): list shards of one place, or copy "
-            "them to one place"
+            f"shards mixes {scheme} URLs with other paths ({bad[0]!r}): list shards of one place, or "
+            "copy them to one place"
         )
     if len(set(urls)) != len(urls):
         twice = next(u for u in urls if urls.count(u) > 1)
@@ -340,15 +490,17 @@ def _urls(shards: str | Sequence[str], expand: Callable[[str], list[str]]) -> li
     return urls
 
 
-def s3_sources(
+def remote_sources(
     shards: str | Sequence[str],
+    store: Store,
     cache: ShardCache,
     *,
     expand: Callable[[str], list[str]],
     retry_timeout: float = RETRY_TIMEOUT,
     num_threads: int = 16,
-) -> list[S3Shard]:
-    """The :class:`S3Shard` of each shard named (see the module's description), looked up now.
+) -> list[RemoteShard]:
+    """The :class:`RemoteShard` of each shard named on ``store`` (see the module's description),
+    looked up now, with the index objects beside them copied into the cache.
 
     Raises:
         FileNotFoundError: Naming a missing shard, or a missing bucket, or a prefix without shards.
@@ -356,67 +508,41 @@ def s3_sources(
         ObjectStoreError: The store did not answer within ``retry_timeout`` seconds.
         ImportError: botocore is not installed (``pip install 'fastload[s3]'``).
     """
-    c = client()
     listing = _Listing(cache, retry_timeout)
     named = _urls(shards, expand)
-    found: list[tuple[str, str, int, str]] = []
-    if isinstance(named, tuple):
-        bucket, prefix = named
+    indexed: set[str] | None = None  # the shards with an index beside them (None: not known)
 
-        def pages() -> list[dict[str, Any]]:
-            return list(c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))
+    def look(url: str) -> tuple[str, int, str] | FileNotFoundError:
+        try:
+            return (url, *retrying(lambda: store.lookup(url), "look the shard up", url, retry_timeout, store))
+        except FileNotFoundError as e:
+            return e
 
-        url = f"s3://{bucket}/{prefix}"
-        for page in retrying(pages, "list the shards", bucket, url, retry_timeout):
-            for item in page.get("Contents", ()):
-                if item["Key"].lower().endswith(".tar"):
-                    found.append((bucket, item["Key"], int(item["Size"]), str(item["ETag"])))
-        if not found:
-            raise FileNotFoundError(
-                errno.ENOENT,
-                "no .tar object under this prefix: upload the shards (python -m fastload shards SRC OUT "
-                "writes them) or check the prefix",
-                url,
-            )
-        found.sort(key=lambda t: t[1])
-    else:
-
-        def head(url: str) -> tuple[str, str, int, str]:
-            bucket, key = _split(url)
-
-            def one() -> tuple[str, str, int, str]:
-                try:
-                    meta = c.head_object(Bucket=bucket, Key=key)
-                except Exception as e:  # noqa: BLE001 - a 404 may be the bucket's
-                    if _code(e)[1] == 404:
-                        try:
-                            c.head_bucket(Bucket=bucket)
-                        except Exception as b:  # noqa: BLE001
-                            if _code(b)[1] == 404:
-                                raise _no_bucket(bucket) from None
-                    raise
-                return bucket, key, int(meta["ContentLength"]), str(meta["ETag"])
-
-            return retrying(one, "look the shard up", bucket, url, retry_timeout)
-
-        def look(url: str) -> tuple[str, str, int, str] | FileNotFoundError:
-            try:
-                return head(url)
-            except FileNotFoundError as e:
-                return e
-
-        threads = max(1, min(num_threads, len(named)))
-        with ThreadPoolExecutor(threads, thread_name_prefix="fastload-s3") as pool:
-            looked = list(pool.map(look, named))
-        missing = [r for r in looked if isinstance(r, FileNotFoundError)]
-        if missing:
-            first = missing[0]
-            if len(missing) > 1 and first.filename != missing[1].filename:  # (not a missing bucket)
-                what = (
-                    f"{len(missing)} of the {len(named)} shards named are not in the object store, the first"
+    with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="fastload-shards") as pool:
+        if isinstance(named, str):
+            objects = retrying(lambda: store.listing(named), "list the shards", named, retry_timeout, store)
+            found = sorted(o for o in objects if o[0].lower().endswith(".tar"))
+            indexed = {o[0][: -len(".idx")] for o in objects if o[0].lower().endswith(".tar.idx")}
+            if not found:
+                raise FileNotFoundError(
+                    errno.ENOENT,
+                    "no .tar object under this prefix: upload the shards (python -m fastload shards SRC "
+                    "s3://bucket/prefix/ writes them) or check the prefix",
+                    named,
                 )
-                raise FileNotFoundError(first.errno, what, first.filename)
-            raise first
-        found = [r for r in looked if not isinstance(r, FileNotFoundError)]
-    listing.shards = [S3Shard(*f, listing=listing, number=k) for k, f in enumerate(found)]
+        else:
+            looked = list(pool.map(look, named))
+            missing = [r for r in looked if isinstance(r, FileNotFoundError)]
+            if missing:
+                first = missing[0]
+                if len(missing) > 1 and first.filename != missing[1].filename:  # (not a missing bucket)
+                    what = (
+                        f"{len(missing)} of the {len(named)} shards named are not in {store.where(named[0])}"
+                    )
+                    raise FileNotFoundError(first.errno, f"{what}, the first", first.filename)
+                raise first
+            found = [r for r in looked if not isinstance(r, FileNotFoundError)]
+        listing.shards = [RemoteShard(store, *f, listing=listing, number=k) for k, f in enumerate(found)]
+        wanted = [s for s in listing.shards if indexed is None or s.name in indexed]
+        list(pool.map(RemoteShard.fetch_index, wanted))
     return listing.shards

@@ -31,9 +31,10 @@ import numpy as np
 
 from ._checks import check_optional_int, sample_index
 from .folder import ClassIndex, FolderIndex
+from .httpshards import HTTP
 from .imagefolder import EncodedImageDataset
 from .pack import CorruptSampleError
-from .s3shards import RETRY_TIMEOUT, is_s3_url, s3_sources, start_prefetch
+from .s3shards import RETRY_TIMEOUT, S3, is_remote_url, remote_sources, start_prefetch
 from .shardcache import ShardCache, cache_limit_bytes, default_cache_dir
 from .shardsource import LocalShard, ShardSource
 from .tarindex import BLOCK, TarIndex, header_size, load_indexes
@@ -105,8 +106,8 @@ def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         text = os.fspath(shards)
         if "://" in text:
             raise ValueError(
-                f"shards={text!r} is a URL that TarShards does not read: shards are local paths or "
-                "s3:// URLs (http(s):// is not read yet: copy the shards to a local folder or a bucket)"
+                f"shards={text!r} is a URL that TarShards does not read: shards are local paths, "
+                "s3:// or http(s):// URLs (copy the shards to a local folder, a bucket or a web server)"
             )
         if os.path.isdir(text):
             with os.scandir(text) as it:
@@ -127,6 +128,11 @@ def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         for k, p in enumerate(shards):
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"shards[{k}] should be a path, but got {type(p).__name__}")
+            if "://" in os.fspath(p):
+                raise ValueError(
+                    f"shards mixes local paths with URLs ({os.fspath(p)!r}): list shards of one place, "
+                    "or copy them to one place"
+                )
             paths.append(os.fspath(p))
         if not paths:
             raise ValueError("shards should name at least one shard, but got an empty list")
@@ -249,8 +255,8 @@ class _Shard:
 
 
 class TarShards(EncodedImageDataset):
-    """A dataset over WebDataset-layout tar shards on the local file system or an S3-compatible
-    object store, read by byte range.
+    """A dataset over WebDataset-layout tar shards on the local file system, an S3-compatible
+    object store or an http(s) server, read by byte range.
 
     ``dataset[i]`` is ``(transform(image), target_transform(target))`` as for
     :class:`fastload.ImageFolder` (same attributes: ``targets``, ``classes``, ``class_to_idx``,
@@ -269,14 +275,14 @@ class TarShards(EncodedImageDataset):
         label: The extension of each sample's label member: ``"cls"`` (an integer as text, as
             webdataset writes it) or another (e.g. ``"txt"``) holding the class *name*.
         num_threads: Threads indexing shards whose index is not kept yet (default: CPUs + 4, at most 32).
-        cache_dir: For ``s3://`` shards: the node-local shard cache (default
+        cache_dir: For ``s3://`` and ``http(s)://`` shards: the node-local shard cache (default
             ``$XDG_CACHE_HOME/fastload/shards``, else ``~/.cache/fastload/shards``), shared by the
             ranks and workers of the machine; see :mod:`fastload.shardcache`.
-        cache_limit: For ``s3://`` shards: the most bytes the cache holds, as an int or a size such
+        cache_limit: For remote shards: the most bytes the cache holds, as an int or a size such
             as ``"50GB"`` (default: a tenth of the free space where the cache is, at least 1 GB);
             the least recently used shards are removed to stay within it.
-        retry_timeout: For ``s3://`` shards: seconds of retries (exponential backoff) after
-            transient failures of the store before :class:`~fastload.s3shards.ObjectStoreError`.
+        retry_timeout: For remote shards: seconds of retries (exponential backoff) after
+            transient failures of the store or server before :class:`~fastload.s3shards.ObjectStoreError`.
         shuffle_window: ``None`` (default): ``shuffle=True`` permutes all samples; ``N``: the
             shard-aware order: the shards in a random order, ``N`` at a time, the samples of those
             ``N`` shuffled together, so a pass reads ``N`` shards at a time (an object store's
@@ -287,8 +293,11 @@ class TarShards(EncodedImageDataset):
     each is looked up when the dataset is made and read from a whole copy in the cache, downloaded
     once per node (:mod:`fastload.s3shards`; ``pip install 'fastload[s3]'``). The endpoint and
     credentials come only from the standard AWS environment and files (``AWS_ENDPOINT_URL``,
-    ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``~/.aws/config``, ...). Making the dataset indexes
-    every shard whose index is not in the cache yet, which downloads it.
+    ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``~/.aws/config``, ...). Shards on an http(s) server
+    are named by a brace pattern or a list of URLs and read the same way
+    (:mod:`fastload.httpshards`). Making the dataset uses the ``<shard>.idx`` object beside each
+    shard where it matches the shard's size and ETag (the converter uploads them), and indexes
+    every other shard whose index is not in the cache yet, which downloads it.
 
     Every sample needs an image member (``.jpg``, ``.jpeg`` or ``.png``, the first found,
     case-insensitive) and its label member; the members of a sample are consecutive in its shard, as
@@ -464,16 +473,18 @@ def _sources(
     retry_timeout: float,
     num_threads: int | None,
 ) -> list[ShardSource]:
-    """The shards named: local files, or objects on an S3-compatible store behind the shard cache."""
+    """The shards named: local files, or objects on an S3-compatible store or an http(s) server
+    behind the shard cache."""
     first = (
         shards
         if isinstance(shards, str)
         else (shards[0] if isinstance(shards, (list, tuple)) and shards else None)
     )
-    if not is_s3_url(first):
+    if not is_remote_url(first):
         if cache_dir is not None or cache_limit is not None:
             raise ValueError(
-                "cache_dir and cache_limit are for shards on an object store (s3:// URLs), but the "
+                "cache_dir and cache_limit are for shards on an object store or a server (s3:// or "
+                "http(s):// URLs), but the "
                 "shards named are local files: leave them out"
             )
         return [LocalShard(p) for p in shard_paths(shards)]
@@ -485,8 +496,9 @@ def _sources(
     folder = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
     cache = ShardCache(folder, cache_limit_bytes(cache_limit, folder))
     return list(
-        s3_sources(
+        remote_sources(
             shards,
+            HTTP if str(first).startswith(("http://", "https://")) else S3,
             cache,
             expand=expand_braces,
             retry_timeout=float(retry_timeout),
@@ -497,7 +509,7 @@ def _sources(
 
 def _root(keys: list[str]) -> tuple[str, list[str]]:
     """The folder (or URL prefix) common to the shards, and each shard's name below it plus ``/``."""
-    if not is_s3_url(keys[0]):
+    if not is_remote_url(keys[0]):
         root = os.path.commonpath([os.path.dirname(k) for k in keys])
         return root, [os.path.relpath(k, root) + "/" for k in keys]
     parts = [k.split("/") for k in keys]

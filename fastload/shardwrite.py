@@ -9,6 +9,11 @@ temporary name and renamed when complete, then indexed (its ``<shard>.idx`` side
 :mod:`fastload.tarindex`); the class list goes to ``<prefix>-classes.json``, so that
 ``TarShards(out, classes=out + "/train-classes.json")`` labels and names the samples as the split did.
 
+``out`` may be ``s3://bucket/prefix/``: each shard is then written to a temporary local file (one
+at a time), uploaded (one PUT, retried as reads are, :func:`fastload.s3shards.retrying`), then its
+sidecar, stamped with the size and ETag of the uploaded object so that ``TarShards`` uses it instead
+of downloading the shard to index it, and last the class list.
+
 Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]``.
 """
 
@@ -20,6 +25,7 @@ import io
 import os
 import re
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,10 +68,10 @@ def parse_size(text: str) -> int:
 class ShardsSummary:
     """What :func:`write_shards` wrote."""
 
-    shards: list[Path]
+    shards: list[Path] | list[str]  # (``s3://`` URLs where written to a bucket)
     num_samples: int
     shard_bytes: int
-    classes_path: Path
+    classes_path: Path | str
 
 
 def _kind(data: bytes | memoryview) -> str | None:
@@ -135,6 +141,8 @@ def write_shards(
     Args:
         source: A :class:`~fastload.folder.FolderIndex` (from ``scan_folder`` or ``scan_list``) or an
             open :class:`~fastload.pack.PackFile`.
+        out: A folder, or ``s3://bucket/prefix/`` (uploaded one shard at a time, with its sidecar;
+            ``pip install 'fastload[s3]'``, the endpoint and credentials from the AWS environment).
         shard_size: About how many bytes each shard holds (a shard closes before the sample that
             would take it past this; a sample larger than it gets a shard of its own).
         prefix: The shards' names: ``<prefix>-000000.tar``, ...
@@ -144,8 +152,9 @@ def write_shards(
     Raises:
         ValueError: Where ``out`` already holds ``<prefix>-*.tar`` shards (shards of two runs would
             mix), or a sample is neither JPEG nor PNG (``TarShards`` reads those).
-        OSError: Naming a sample that cannot be read, or the shard that cannot be written (what
-            this call wrote is then removed).
+        OSError: Naming a sample that cannot be read, or the shard that cannot be written or
+            uploaded (what this call wrote is then removed), e.g.
+            :class:`~fastload.s3shards.ObjectStoreError`.
 
     Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (the
     first 14 samples, 14 x (512 + 3072 + 512 + 512) bytes < 50 kB) to ``train-000002.tar``.
@@ -159,13 +168,24 @@ def write_shards(
     check_optional_int(num_workers, "num_workers", low=0)
     if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
         raise ValueError(f"prefix should be a file name prefix such as 'train', but got prefix={prefix!r}")
-    folder = os.path.abspath(os.fspath(out))
-    os.makedirs(folder, exist_ok=True)
-    earlier = sorted(n for n in os.listdir(folder) if n.startswith(f"{prefix}-") and n.endswith(".tar"))
+    bucket = os.fspath(out) if os.fspath(out).startswith("s3://") else None
+    if bucket is not None:
+        from .s3shards import RETRY_TIMEOUT, S3, retrying, tag_number, upload  # (botocore: for a bucket)
+
+        bucket = bucket.rstrip("/") + "/"
+        objects = retrying(lambda: S3.listing(f"{bucket}{prefix}-"), "list the bucket", bucket, RETRY_TIMEOUT)
+        earlier = sorted(u.rsplit("/", 1)[-1] for u, _, _ in objects if u.endswith(".tar"))
+        temporary = tempfile.TemporaryDirectory(prefix="fastload-shards-")
+        folder = temporary.name
+    else:
+        folder = os.path.abspath(os.fspath(out))
+        os.makedirs(folder, exist_ok=True)
+        earlier = sorted(n for n in os.listdir(folder) if n.startswith(f"{prefix}-") and n.endswith(".tar"))
     if earlier:
         raise ValueError(
-            f"{folder!r} already holds {len(earlier)} shard(s) named {prefix}-*.tar (e.g. {earlier[0]!r}): "
-            "new shards would mix with them. Write to an empty folder, choose another prefix, or remove them"
+            f"{bucket or folder!r} already holds {len(earlier)} shard(s) named {prefix}-*.tar (e.g. "
+            f"{earlier[0]!r}): new shards would mix with them. Write to an empty folder, choose another "
+            "prefix, or remove them"
         )
     index = source if isinstance(source, FolderIndex) else source.index
     n = len(index)
@@ -173,7 +193,7 @@ def write_shards(
         raise ValueError("source holds no sample: there is nothing to write as shards")
     width = max(6, len(str(max(n - 1, 0))))
     workers = available_cpus() if num_workers is None else num_workers
-    written: list[Path] = []
+    written: list[str] = []  # (paths, or the URLs uploaded)
     current: tuple[Any, tarfile.TarFile, str, str] | None = None  # (file, tar, temporary, final)
     filled = total = 0
 
@@ -188,11 +208,19 @@ def write_shards(
         os.fsync(f.fileno())
         f.close()
         os.replace(tmp, final)
-        written.append(Path(final))
+        url = final if bucket is None else bucket + os.path.basename(final)
+        written.append(url)
         shard = LocalShard(final)
         shard_index = index_tar(shard)
-        shard_index.save(final + ".idx", shard.key)
         total += shard_index.stamp[0]
+        if bucket is None:
+            shard_index.save(final + ".idx", shard.key)
+            return
+        shard_index.stamp = (shard_index.stamp[0], tag_number(upload(final, url)))  # as TarShards sees it
+        shard_index.save(final + ".idx", url)
+        upload(final + ".idx", url + ".idx")
+        for p in (final, final + ".idx"):
+            os.unlink(p)
 
     bar = progress_bar(n, f"shards {prefix}", "img", progress)
     try:
@@ -219,21 +247,39 @@ def write_shards(
             filled += need
             bar.update(1)
         finish()
-        classes_path = Path(folder) / f"{prefix}-classes.json"
+        classes_path = os.path.join(folder, f"{prefix}-classes.json")
         index.classes.save(classes_path)
+        if bucket is not None:
+            classes_path = bucket + os.path.basename(classes_path)
+            upload(os.path.join(folder, os.path.basename(classes_path)), classes_path)
     except BaseException:
         if current is not None:
             current[0].close()
             with contextlib.suppress(OSError):
                 os.unlink(current[2])
         for path in written:
-            for p in (path, Path(f"{path}.idx")):
-                with contextlib.suppress(OSError):
-                    p.unlink()
+            for p in (path, f"{path}.idx"):
+                with contextlib.suppress(Exception):
+                    if bucket is None:
+                        os.unlink(p)
+                    else:
+                        _delete(p)
         raise
     finally:
         bar.close()
-    return ShardsSummary(written, n, total, classes_path)
+        if bucket is not None:
+            temporary.cleanup()
+    if bucket is not None:
+        return ShardsSummary(written, n, total, classes_path)
+    return ShardsSummary([Path(p) for p in written], n, total, Path(classes_path))
+
+
+def _delete(url: str) -> None:
+    """Removes the object ``url`` (what a failed conversion uploaded)."""
+    from .s3shards import client
+
+    b, _, key = url[len("s3://") :].partition("/")
+    client().delete_object(Bucket=b, Key=key)
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -263,7 +309,7 @@ def add_shards_parser(subparsers: Any) -> argparse.ArgumentParser:
         "src",
         help="an image folder (SRC/<class>/...), a split list ('relative/path label' lines) or a pack file",
     )
-    p.add_argument("out", help="the folder to write the shards into")
+    p.add_argument("out", help="the folder to write the shards into, or s3://bucket/prefix/ to upload them")
     p.add_argument(
         "--shard-size",
         type=_size_argument,
@@ -331,11 +377,12 @@ def shards_command(args: argparse.Namespace) -> int:
     finally:
         if pack is not None:
             pack.close()
-    first, last = summary.shards[0].name, summary.shards[-1].name
+    where, _, first = str(summary.shards[0]).rpartition("/")
+    last = str(summary.shards[-1]).rpartition("/")[2]
     names = first if first == last else f"{first} .. {last}"
     print(
         f"wrote {summary.num_samples} samples in {len(summary.shards)} shard(s) "
-        f"({summary.shard_bytes / 1e6:.1f} MB) to {summary.shards[0].parent}: {names}, each with its "
+        f"({summary.shard_bytes / 1e6:.1f} MB) to {where}: {names}, each with its "
         f".idx index; class list: {summary.classes_path}"
     )
     return 0

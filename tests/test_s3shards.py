@@ -32,10 +32,12 @@ from _batches import collect, same
 import fastload
 from fastload import transforms as T
 from fastload.__main__ import main
+from fastload.folder import scan_folder
 from fastload.pack import CorruptSampleError
 from fastload.s3shards import ObjectStoreError
 from fastload.shardcache import ShardCache
 from fastload.shards import TarShards
+from fastload.shardwrite import write_shards
 
 botocore_session = pytest.importorskip("botocore.session", reason="pip install 'fastload[s3]'")
 botocore_config = pytest.importorskip("botocore.config", reason="pip install 'fastload[s3]'")
@@ -406,3 +408,64 @@ def test_a_download_left_by_a_killed_job_is_removed_not_read(tmp_path):
     assert not list(tmp_path.glob("*.part"))
     assert os.pread(cache.open(copy, 1000, "s3://b/a.tar", download).fd, 2, 998) == b"xx"
     assert [p.name for p in _copies(tmp_path)] == [Path(copy).name]  # c.tar, least recently used, went
+
+
+# ------------------------------------------------------------------- the converter and the sidecars
+
+
+@pytest.fixture(scope="module")
+def converted(server, imagenet_root: Path) -> str:
+    """The training split written by the converter straight into the bucket ``conv``."""
+    server.client().create_bucket(Bucket="conv")
+    url = "s3://conv/train/"
+    assert main(["shards", str(imagenet_root / "train"), url, "--shard-size", str(SHARD_SIZE)]) == 0
+    return url
+
+
+def test_the_converter_writes_to_a_bucket_whose_sidecars_spare_the_downloads(
+    server, converted, local_shards, imagenet_root, tmp_path
+):
+    client = server.client()
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="conv", Prefix="train/")["Contents"])
+    tars = sorted(p.name for p in local_shards.glob("*.tar"))
+    assert keys == sorted(
+        [f"train/{t}" for t in tars] + [f"train/{t}.idx" for t in tars] + ["train/train-classes.json"]
+    )
+    for name in (tars[0], "train-classes.json"):  # the same bytes as written to a folder
+        assert (
+            client.get_object(Bucket="conv", Key=f"train/{name}")["Body"].read()
+            == (local_shards / name).read_bytes()
+        )
+    local = TarShards(local_shards, classes=_classes(local_shards), transform=_tf())
+    kwargs = dict(batch_size=8, shuffle=True, seed=5, num_workers=0)
+    n = len(tars)
+    for k, url in enumerate(
+        (converted, f"s3://conv/train/train-{{000000..{n - 1:06d}}}.tar")
+    ):  # listed, GET tried
+        cache = tmp_path / f"cache{k}"
+        remote = _s3(local_shards, cache, url)
+        assert _copies(cache) == [], "a shard was downloaded to make the dataset"
+    assert same(collect(fastload.DataLoader(local, **kwargs)), collect(fastload.DataLoader(remote, **kwargs)))
+    with pytest.raises(
+        ValueError, match=r"'s3://conv/train/' already holds 5 shard\(s\) named train-\*\.tar"
+    ):
+        write_shards(scan_folder(imagenet_root / "train"), converted)
+
+
+def test_a_stale_or_damaged_sidecar_in_the_bucket_is_not_used(server, converted, local_shards, tmp_path):
+    client = server.client()
+    other = (local_shards / "train-000001.tar").read_bytes()
+    client.put_object(Bucket="conv", Key="stale/a.tar", Body=(local_shards / "train-000000.tar").read_bytes())
+    sidecar = client.get_object(Bucket="conv", Key="train/train-000000.tar.idx")["Body"].read()
+    client.put_object(Bucket="conv", Key="stale/a.tar.idx", Body=sidecar)  # of the shard's first version
+    client.put_object(Bucket="conv", Key="stale/a.tar", Body=other)  # written again: another ETag
+    client.put_object(Bucket="conv", Key="stale/b.tar", Body=other)
+    client.put_object(Bucket="conv", Key="stale/b.tar.idx", Body=b"not an index")
+    want = TarShards(local_shards / "train-000001.tar")
+    for name in ("a", "b"):
+        ds = TarShards(f"s3://conv/stale/{name}.tar", cache_dir=tmp_path / name)
+        assert len(_copies(tmp_path / name)) == 1  # downloaded to be indexed
+        assert list(ds.targets) == list(want.targets)
+        assert [bytes(ds.get_bytes(i)) for i in range(len(ds))] == [
+            bytes(want.get_bytes(i)) for i in range(len(want))
+        ]

@@ -238,7 +238,7 @@ def test_brace_patterns_folders_and_lists_name_the_same_shards(train_shards, tmp
     with pytest.raises(FileNotFoundError, match=rf"train-{len(tars):06d}\.tar"):
         TarShards(missing)
     with pytest.raises(ValueError, match="is a URL that TarShards does not read"):
-        TarShards("https://example.com/train-{0..3}.tar")
+        TarShards("gs://bucket/train-{0..3}.tar")
     with pytest.raises(FileNotFoundError, match="holds no .tar shard"):
         TarShards(tmp_path)
     with pytest.raises(ValueError, match="listed twice"):
