@@ -80,7 +80,8 @@ _T = TypeVar("_T")
 
 
 class ObjectStoreError(OSError):
-    """The object store did not answer (or kept failing) for longer than ``retry_timeout``."""
+    """The object store (or http(s) server) did not answer, or kept failing, for longer than
+    ``retry_timeout``."""
 
 
 def is_remote_url(text: object) -> bool:

@@ -16,8 +16,9 @@ every rank and worker of the machine:
   under way and the new shard fit ``limit`` bytes. Each read of a copy (at most once a second per
   process) sets its modification time, which is its last use. Removing a copy that a process is
   reading does not disturb it: the process keeps its open file (Linux frees the blocks after).
-- **Named by content.** A copy is named after the bucket, key, ETag and size of its object, so an
-  object written again is a new copy (the old one ages out).
+- **Named by content.** A copy is named after the URL (with the endpoint), ETag (or, from an
+  http(s) server without one, ``Last-Modified``) and size of its object, so an object written
+  again is a new copy (the old one ages out).
 
 Data flow: object store --download (the store's own client)--> cache folder --pread--> TarShards.
 """

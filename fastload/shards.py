@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from .folder import ClassIndex, FolderIndex
 from .httpshards import HTTP
 from .imagefolder import EncodedImageDataset
 from .pack import CorruptSampleError
-from .s3shards import RETRY_TIMEOUT, S3, is_remote_url, remote_sources, start_prefetch
+from .s3shards import RETRY_TIMEOUT, S3, Store, is_remote_url, remote_sources, retrying, start_prefetch
 from .shardcache import ShardCache, cache_limit_bytes, default_cache_dir
 from .shardsource import LocalShard, ShardSource
 from .tarindex import BLOCK, TarIndex, header_size, load_indexes
@@ -149,9 +150,25 @@ def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     )
 
 
-def _class_index(classes: Any) -> ClassIndex | None:
+def _store(url: str) -> Store:
+    return HTTP if url.startswith(("http://", "https://")) else S3
+
+
+def _class_index(classes: Any, retry_timeout: float) -> ClassIndex | None:
     if classes is None or isinstance(classes, ClassIndex):
         return classes
+    if is_remote_url(classes):  # (the converter uploads it beside the shards)
+        with tempfile.TemporaryDirectory(prefix="fastload-classes-") as folder:
+            path = os.path.join(folder, classes.rsplit("/", 1)[-1])
+            with open(path, "wb") as f:
+
+                def get() -> None:
+                    f.seek(0)
+                    f.truncate()
+                    _store(classes).get(classes, f, None)
+
+                retrying(get, "read the class list", classes, retry_timeout, _store(classes))
+            return ClassIndex.load(path)
     if isinstance(classes, (str, os.PathLike)):
         return ClassIndex.load(classes)
     if isinstance(classes, (list, tuple)):
@@ -268,7 +285,8 @@ class TarShards(EncodedImageDataset):
         shards: A list of shard paths, a brace pattern (``"/data/train-{0000..0146}.tar"``; several
             braces and ``{a,b}`` lists too) or a folder (its ``*.tar`` files, sorted by name).
         classes: The class list (a :class:`~fastload.folder.ClassIndex`, a list of names or a saved
-            class list's path, such as the ``<prefix>-classes.json`` the converter writes). With
+            class list's path or ``s3://`` / ``http(s)://`` URL, such as the
+            ``<prefix>-classes.json`` the converter writes). With
             ``label="cls"`` it names the integer labels (``None``: the names ``"0"``, ``"1"``, ...
             up to the largest label); with a class-name member it maps the names to labels
             (``None``: the names found, sorted).
@@ -348,7 +366,7 @@ class TarShards(EncodedImageDataset):
         label = label.lstrip(".").lower()
         if label in IMAGE_EXTENSIONS:
             raise ValueError(f"label={label!r} is an image extension: name the member that holds the label")
-        class_index = _class_index(classes)
+        class_index = _class_index(classes, retry_timeout)
         sources = _sources(shards, cache_dir, cache_limit, retry_timeout, num_threads)
         paths = [s.name for s in sources]
         indexes = load_indexes(sources, num_threads)
@@ -498,7 +516,7 @@ def _sources(
     return list(
         remote_sources(
             shards,
-            HTTP if str(first).startswith(("http://", "https://")) else S3,
+            _store(str(first)),
             cache,
             expand=expand_braces,
             retry_timeout=float(retry_timeout),

@@ -90,7 +90,8 @@ def test_the_same_batches_as_the_shards_on_disk_each_downloaded_once(web, shards
     pattern = f"{web.url}/train-{{000000..{n - 1:06d}}}.tar"
     remote = TarShards(pattern, classes=classes, transform=_tf(), cache_dir=tmp_path)
     assert remote.shards == [f"{web.url}/train-{k:06d}.tar" for k in range(n)]
-    assert TarShards(remote.shards, classes=classes, cache_dir=tmp_path).shards == remote.shards  # a list
+    listed = TarShards(remote.shards, classes=f"{web.url}/train-classes.json", cache_dir=tmp_path)
+    assert listed.shards == remote.shards and listed.classes == local.classes
     kwargs = dict(batch_size=8, shuffle=True, seed=3)
     want = collect(fastload.DataLoader(local, num_workers=0, **kwargs))
     for workers in (0, 2):

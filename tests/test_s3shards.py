@@ -445,6 +445,10 @@ def test_the_converter_writes_to_a_bucket_whose_sidecars_spare_the_downloads(
         cache = tmp_path / f"cache{k}"
         remote = _s3(local_shards, cache, url)
         assert _copies(cache) == [], "a shard was downloaded to make the dataset"
+    assert (
+        TarShards(converted, classes=converted + "train-classes.json", cache_dir=cache).classes
+        == local.classes
+    )
     assert same(collect(fastload.DataLoader(local, **kwargs)), collect(fastload.DataLoader(remote, **kwargs)))
     with pytest.raises(
         ValueError, match=r"'s3://conv/train/' already holds 5 shard\(s\) named train-\*\.tar"
