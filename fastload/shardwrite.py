@@ -169,6 +169,11 @@ def write_shards(
     if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
         raise ValueError(f"prefix should be a file name prefix such as 'train', but got prefix={prefix!r}")
     bucket = os.fspath(out) if os.fspath(out).startswith("s3://") else None
+    if bucket is None and "://" in os.fspath(out):
+        raise ValueError(
+            f"out={os.fspath(out)!r} is a URL the converter does not write to: write to a folder or to "
+            "s3://bucket/prefix/ (then copy the folder to a web server)"
+        )
     if bucket is not None:
         from .s3shards import RETRY_TIMEOUT, S3, retrying, tag_number, upload  # (botocore: for a bucket)
 

@@ -454,6 +454,8 @@ def test_the_converter_writes_to_a_bucket_whose_sidecars_spare_the_downloads(
         ValueError, match=r"'s3://conv/train/' already holds 5 shard\(s\) named train-\*\.tar"
     ):
         write_shards(scan_folder(imagenet_root / "train"), converted)
+    with pytest.raises(ValueError, match="is a URL the converter does not write to"):
+        write_shards(scan_folder(imagenet_root / "train"), "https://example.com/shards/")
 
 
 def test_a_stale_or_damaged_sidecar_in_the_bucket_is_not_used(server, converted, local_shards, tmp_path):
