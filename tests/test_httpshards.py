@@ -1,13 +1,16 @@
 """Tar shards on an http(s) server, against a real one: the standard library's
 ``ThreadingHTTPServer`` serving a folder of shards on a loopback port. The same batches as from the
 folder, each shard downloaded once into the node cache; a missing shard named; a folder URL refused;
-the server stopped, then started again within ``retry_timeout``: the read goes on."""
+the server stopped, then started again within ``retry_timeout``: the read goes on; a shard written
+again since the dataset was made is not read."""
 
 from __future__ import annotations
 
 import collections
 import functools
 import http.server
+import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -45,8 +48,12 @@ class Web:
             def log_message(self, *args: Any) -> None:
                 pass
 
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # (a client that stopped reading: the connection reset)
+
         handler = functools.partial(Handler, directory=str(self.folder))
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        self.server = Server(("127.0.0.1", self.port), handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -128,3 +135,16 @@ def test_the_server_stopped_then_started_again_within_retry_timeout(web, shards,
         assert time.monotonic() - start >= 0.9
     finally:
         restart.join()
+
+
+def test_a_shard_written_again_since_the_dataset_was_made_is_not_read(web, shards, tmp_path):
+    (shards / "again").mkdir()
+    shard = shards / "again" / "a.tar"
+    shutil.copyfile(shards / "train-000001.tar", shard)
+    ds = TarShards(f"{web.url}/again/a.tar", cache_dir=tmp_path)
+    for copy in _copies(tmp_path):
+        copy.unlink()
+    later = shard.stat().st_mtime + 10
+    os.utime(shard, (later, later))  # a new Last-Modified, the same size
+    with pytest.raises(OSError, match=r"written again since the dataset was made.*again/a\.tar'"):
+        ds.get_bytes(0)
