@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -158,6 +159,7 @@ def _class_index(classes: Any, retry_timeout: float) -> ClassIndex | None:
     if classes is None or isinstance(classes, ClassIndex):
         return classes
     if is_remote_url(classes):  # (the converter uploads it beside the shards)
+        store = _store(classes)
         with tempfile.TemporaryDirectory(prefix="fastload-classes-") as folder:
             path = os.path.join(folder, classes.rsplit("/", 1)[-1])
             with open(path, "wb") as f:
@@ -165,9 +167,17 @@ def _class_index(classes: Any, retry_timeout: float) -> ClassIndex | None:
                 def get() -> None:
                     f.seek(0)
                     f.truncate()
-                    _store(classes).get(classes, f, None)
+                    store.get(classes, f, None)
 
-                retrying(get, "read the class list", classes, retry_timeout, _store(classes))
+                try:
+                    retrying(get, "read the class list", classes, retry_timeout, store)
+                except FileNotFoundError:
+                    raise FileNotFoundError(
+                        errno.ENOENT,
+                        f"class list not found on {store.where(classes)}: check the URL (the converter "
+                        "writes <prefix>-classes.json beside the shards)",
+                        classes,
+                    ) from None
             return ClassIndex.load(path)
     if isinstance(classes, (str, os.PathLike)):
         return ClassIndex.load(classes)

@@ -119,6 +119,8 @@ def test_a_missing_shard_is_named_and_a_folder_url_refused(web, shards, tmp_path
         )
     with pytest.raises(ValueError, match="cannot be listed: name the shards"):
         TarShards(f"{web.url}/", cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"class list not found on the server at .*/classes\.json'"):
+        TarShards(f"{web.url}/train-000000.tar", classes=f"{web.url}/classes.json", cache_dir=tmp_path)
 
 
 def test_the_server_stopped_then_started_again_within_retry_timeout(web, shards, tmp_path):
