@@ -5,7 +5,8 @@ truncated shard, wrong credentials (the secret in no message); the server stoppe
 (retries, then an error naming the shard) and restarted (the loader continues from its state,
 nothing lost or repeated); the node cache never above its limit; a shard downloaded once for two
 processes (counted by the server's own request metrics); the converter writing into a bucket,
-whose sidecars make the dataset without downloading a shard; stale or damaged sidecars rebuilt."""
+whose sidecars make the dataset without downloading a shard, and removing what it uploaded when it
+fails; stale or damaged sidecars rebuilt."""
 
 from __future__ import annotations
 
@@ -475,3 +476,16 @@ def test_a_stale_or_damaged_sidecar_in_the_bucket_is_not_used(server, converted,
         assert [bytes(ds.get_bytes(i)) for i in range(len(ds))] == [
             bytes(want.get_bytes(i)) for i in range(len(want))
         ]
+
+
+def test_a_failed_conversion_removes_what_it_uploaded(server, imagenet_root, tmp_path):
+    client = server.client()
+    client.create_bucket(Bucket="failed")
+    good = sorted((imagenet_root / "train").rglob("*.JPEG"))[:2]
+    (tmp_path / "a").mkdir()
+    for k, f in enumerate(good):
+        shutil.copyfile(f, tmp_path / "a" / f"{k}.jpg")
+    (tmp_path / "a" / "9.jpg").write_bytes(b"not an image")  # the third sample, after two shards uploaded
+    with pytest.raises(ValueError, match=r"sample 2 .* is neither JPEG nor PNG"):
+        write_shards(scan_folder(tmp_path), "s3://failed/p/", shard_size=1)
+    assert "Contents" not in client.list_objects_v2(Bucket="failed", Prefix="p/")
