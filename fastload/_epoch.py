@@ -371,7 +371,8 @@ class EpochState:
         own = same and state["pass_start"] == 0 and state["batches"] is not None
         batches = state["batches"] if own else None
         epoch_of = order_epoch if sampler_epoch is not None else None
-        return Resume(state["position"], batches, epoch_of, state["order_replicas"])
+        replicas = state["order_replicas"] if state["position"] else None  # nothing taken: this job's order
+        return Resume(state["position"], batches, epoch_of, replicas)
 
     def _batch_resume(self, state: dict[str, Any], plan: Plan, num_batches: int | None) -> Resume | None:
         """The resume of a loader (or a state) without a global order: the same sizes, batches skipped."""

@@ -1,15 +1,17 @@
 """Writing tar shards: an image split (a folder, a split list or a pack) as WebDataset-layout shards.
 
 :func:`write_shards` writes the samples of a :class:`~fastload.folder.FolderIndex` or a
-:class:`~fastload.pack.PackFile`, in their order, as ``<prefix>-000000.tar``, ``<prefix>-000001.tar``,
-... of about ``shard_size`` bytes each: per sample ``<key>.jpg`` (or ``.png``, by content) and
-``<key>.cls`` (the label as text), ``key`` the sample's number zero-padded, in plain GNU tar with
-fixed owners, modes and times (the same input gives the same bytes). Each shard is written under a
-temporary name and renamed when complete, then indexed (its ``<shard>.idx`` sidecar, see
-:mod:`fastload.tarindex`); the class list goes to ``<prefix>-classes.json``, so that
-``TarShards(out, classes=out + "/train-classes.json")`` labels and names the samples as the split did.
+:class:`~fastload.pack.PackFile`, in a seeded random order (or in theirs), as ``<prefix>-000000.tar``,
+``<prefix>-000001.tar``, ... of about ``shard_size`` bytes each: per sample ``<key>.jpg`` (or ``.png``,
+by content) and ``<key>.cls`` (the label as text), ``key`` the sample's number in the source
+zero-padded, in plain GNU tar with fixed owners, modes and times (the same input gives the same
+bytes). Each shard is written under a temporary name and renamed when complete, then indexed (its
+``<shard>.idx`` sidecar, see :mod:`fastload.tarindex`); the class list goes to
+``<prefix>-classes.json``, so that ``TarShards(out, classes=out + "/train-classes.json")`` labels and
+names the samples as the split did.
 
-Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]``.
+Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]
+[--seed 0 | --no-shuffle]``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ._checks import check_int, check_optional_int, read_error
 from .device import available_cpus
@@ -88,14 +92,16 @@ def _read_files(paths: list[str]) -> list[bytes | OSError]:
     return out
 
 
-def _samples(source: FolderIndex | PackFile, num_workers: int) -> Iterator[bytes | memoryview]:
-    """Each sample's encoded bytes, in order (a folder's files read by ``num_workers`` threads)."""
+def _samples(
+    source: FolderIndex | PackFile, order: list[int], num_workers: int
+) -> Iterator[bytes | memoryview]:
+    """The encoded bytes of samples ``order`` (a folder's files read by ``num_workers`` threads)."""
     if isinstance(source, PackFile):
-        for i in range(len(source)):
+        for i in order:
             yield source.get_bytes(i)
         return
-    paths = source.paths
-    n, chunk = len(source), 64
+    paths = [source.paths[i] for i in order]
+    n, chunk = len(paths), 64
     chunks = (paths[a : min(a + chunk, n)] for a in range(0, n, chunk))
     executor = ThreadPoolExecutor(num_workers) if num_workers > 0 and n > chunk else None
     try:
@@ -129,6 +135,8 @@ def write_shards(
     prefix: str = "train",
     num_workers: int | None = None,
     progress: bool | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
 ) -> ShardsSummary:
     """Writes the samples of ``source`` as WebDataset-layout tar shards in the folder ``out``.
 
@@ -140,6 +148,10 @@ def write_shards(
         prefix: The shards' names: ``<prefix>-000000.tar``, ...
         num_workers: Threads reading a folder's files (default: the available CPUs).
         progress: Show a tqdm bar (default: for more than 500 samples when stderr is a terminal).
+        shuffle: Write the samples in a random order drawn from ``seed`` (the keys stay their
+            numbers in ``source``), so that each shard holds every class; ``False``: in
+            ``source``'s order (a folder's is class by class, whose shards give batches of a few
+            classes with ``TarShards(shuffle_window=N)``: docs/shards.md, "Shuffle quality").
 
     Raises:
         ValueError: Where ``out`` already holds ``<prefix>-*.tar`` shards (shards of two runs would
@@ -147,8 +159,8 @@ def write_shards(
         OSError: Naming a sample that cannot be read, or the shard that cannot be written (what
             this call wrote is then removed).
 
-    Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (the
-    first 14 samples, 14 x (512 + 3072 + 512 + 512) bytes < 50 kB) to ``train-000002.tar``.
+    Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (14
+    samples, 14 x (512 + 3072 + 512 + 512) bytes < 50 kB) to ``train-000002.tar``.
     """
     if not isinstance(source, (FolderIndex, PackFile)):
         raise TypeError(
@@ -173,6 +185,9 @@ def write_shards(
         raise ValueError("source holds no sample: there is nothing to write as shards")
     width = max(6, len(str(max(n - 1, 0))))
     workers = available_cpus() if num_workers is None else num_workers
+    order = (
+        np.random.default_rng(check_int(seed, "seed")).permutation(n).tolist() if shuffle else list(range(n))
+    )
     written: list[Path] = []
     current: tuple[Any, tarfile.TarFile, str, str] | None = None  # (file, tar, temporary, final)
     filled = total = 0
@@ -196,7 +211,7 @@ def write_shards(
 
     bar = progress_bar(n, f"shards {prefix}", "img", progress)
     try:
-        for i, data in enumerate(_samples(source, workers)):
+        for i, data in zip(order, _samples(source, order, workers), strict=True):
             kind = _kind(data)
             if kind is None:
                 raise ValueError(
@@ -289,6 +304,16 @@ def add_shards_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workers", type=int, metavar="N", help="threads reading files (default: the available CPUs)"
     )
     p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random order the samples are written in (default: 0)"
+    )
+    p.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the samples in a random order, so that each shard holds every class (default); "
+        "--no-shuffle: in SRC's order (a folder's is class by class)",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         help="show a progress bar (default: on a terminal)",
@@ -327,6 +352,8 @@ def shards_command(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             num_workers=args.workers,
             progress=args.progress,
+            shuffle=args.shuffle,
+            seed=args.seed,
         )
     finally:
         if pack is not None:

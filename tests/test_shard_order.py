@@ -1,5 +1,6 @@
-"""The shard-aware order on several ranks: each rank reads its own shards (``TarShards`` with
-``shuffle_window``), in a real gloo group of 4 ranks, then 2 of them continuing its epoch.
+"""The shard-aware order: on several ranks each rank reads its own shards (``TarShards`` with
+``shuffle_window``), in a real gloo group of 4 ranks, then 2 of them continuing its epoch; the
+converter's random order (its shards hold every class); the shuffle-quality bench.
 
 12 shards of 10 samples, ``shuffle_window=2``: 6 windows on 4 ranks, so ranks 0 and 1 have two
 windows and ranks 2 and 3 one. Each rank's first 20 samples (windows 0-3) come from its own two
@@ -9,8 +10,11 @@ shards; the last 40 (windows 4 and 5) are split over every rank.
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing
 import pickle
+import subprocess
+import sys
 import tarfile
 import traceback
 from datetime import timedelta
@@ -23,6 +27,8 @@ import torch.distributed as dist
 
 import fastload
 from fastload import transforms as T
+from fastload.__main__ import main
+from fastload.folder import scan_folder
 from fastload.sampler import blockwise_permutation
 from fastload.synthetic import render_image
 
@@ -174,3 +180,53 @@ def test_four_ranks_to_two_continue_the_epoch_exactly(ranks) -> None:
     order = blockwise_permutation(data.shuffle_blocks, WINDOW, SEED, EPOCH + 1, num_replicas=2)
     assert [r["next_epoch"] for r in results[:2]] == [order[0::2].tolist(), order[1::2].tolist()]
     assert not np.array_equal(order, blockwise_permutation(data.shuffle_blocks, WINDOW, SEED, EPOCH + 1))
+
+
+def test_the_converter_writes_a_seeded_random_order_by_default(imagenet_root: Path, tmp_path: Path) -> None:
+    folder = scan_folder(imagenet_root / "train")
+    files = [folder.read_bytes(i) for i in range(len(folder))]
+
+    def write(name: str, *args: str) -> fastload.TarShards:
+        out = tmp_path / name
+        assert main(["shards", str(imagenet_root / "train"), str(out), "--shard-size", "1MB", *args]) == 0
+        return fastload.TarShards(out, classes=out / "train-classes.json")
+
+    def keys_of(d: fastload.TarShards) -> list[int]:  # each key: the folder's sample number
+        return [int(d.member(i)[1].split(".")[0]) for i in range(len(d))]
+
+    ds, other, ordered = write("a"), write("c", "--seed", "1"), write("d", "--no-shuffle")
+    write("b", "--seed", "0")
+    keys = keys_of(ds)
+    assert sorted(keys) == list(range(32)) and keys != sorted(keys)
+    assert [bytes(ds.get_bytes(i)) for i in range(32)] == [files[k] for k in keys]
+    assert ds.targets.tolist() == [int(folder.targets[k]) for k in keys]
+    assert ds.classes == folder.classes.classes
+    for t in sorted((tmp_path / "a").glob("*.tar")):  # the same seed gives the same bytes
+        assert t.read_bytes() == (tmp_path / "b" / t.name).read_bytes()
+    assert keys_of(other) != keys and keys_of(ordered) == list(range(32))
+
+    def classes_per_shard(d: fastload.TarShards) -> float:
+        return float(
+            np.mean([len(set(d.targets[d.shard_of == s].tolist())) for s in set(d.shard_of.tolist())])
+        )
+
+    assert classes_per_shard(ds) > classes_per_shard(ordered)
+
+
+def test_the_shuffle_quality_bench(tmp_path: Path) -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench" / "shuffle_quality.py"
+    args = ["--samples", "20000", "--classes", "40", "--shard-samples", "250", "--batch-size", "64"]
+    run = subprocess.run(
+        [sys.executable, str(bench), *args, "--epochs", "1", "--json", str(tmp_path / "q.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1].startswith("verdict: shards in a random order keep at least 9")
+    rows = {(r["layout"], r["window"]): r for r in json.loads((tmp_path / "q.json").read_text())["rows"]}
+    assert rows[("class order", 1)]["classes"] < 4 < 30 < rows[("class order", None)]["classes"]
+    assert rows[("random order", 1)]["classes_vs_full"] > 0.95
+    assert (
+        rows[("class order", 1)]["tv"] > rows[("class order", 16)]["tv"] > rows[("class order", None)]["tv"]
+    )
