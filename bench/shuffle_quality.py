@@ -3,12 +3,13 @@
 Usage: ``python bench/shuffle_quality.py [--samples N] [--classes C] [--shard-samples S] [--batch-size B]
 [--epochs E] [--json PATH]``.
 
-Labels only (no images): an ImageNet-like split (1,281,167 samples, 1,000 classes of 732 to 1,300
-samples) cut into shards of 1,250 samples, written either in class order (a folder's order) or in
-a random order (what ``python -m fastload shards`` writes by default). For ``shuffle_window`` 1, 2,
-4, 8, 16 and a full permutation, every batch of 256 consecutive samples of the epoch's order
-(fastload's :func:`~fastload.sampler.blockwise_permutation`, what one rank reads; on ``W`` ranks
-each rank's batches come from its own windows alike) is measured by
+Labels only (no images): an ImageNet-like split (1,281,167 samples, 1,000 classes of 1,301
+samples, a seventh of them about 10 % smaller) cut into shards of 1,250 samples, written either in
+class order (a folder's order) or in a random order (what ``python -m fastload shards`` writes by
+default). For ``shuffle_window`` 1, 2, 4, 8, 16 and a full permutation, every batch of 256
+consecutive samples of the epoch's order (fastload's :func:`~fastload.sampler.blockwise_permutation`,
+what one rank reads; on ``W`` ranks each rank's batches come from its own windows alike) is
+measured by
 
 * ``classes``: the number of distinct classes in the batch (mean over the epoch's batches);
 * ``tv``: the total-variation distance of the batch's class histogram from the dataset's
@@ -35,10 +36,10 @@ WINDOWS = (1, 2, 4, 8, 16)
 
 
 def class_sizes(samples: int, classes: int, seed: int = 0) -> np.ndarray:
-    """ImageNet-like class sizes: at most 1,300 (``samples / classes * 1.015``), a seventh of the
-    classes smaller (down to about 56 % of it), summing to ``samples``."""
+    """ImageNet-like class sizes: ``1.015 * samples / classes`` (1,301 for ImageNet), a seventh of
+    the classes smaller, summing to ``samples``."""
     rng = np.random.default_rng(seed)
-    top = min(-(-samples * 1015 // (1000 * classes)), samples // classes + 100)
+    top = -(-samples * 1015 // (1000 * classes))
     sizes = np.full(classes, top, dtype=np.int64)
     short = rng.choice(classes, max(1, classes // 7), replace=False)
     sizes[short] -= rng.multinomial(int(sizes.sum()) - samples, np.full(len(short), 1 / len(short)))
@@ -87,6 +88,7 @@ def run(samples: int, classes: int, shard_samples: int, batch_size: int, epochs:
     return {
         "samples": samples,
         "classes": classes,
+        "class_sizes": f"{int(sizes.min())}-{int(sizes.max())}",
         "shards": len(starts) - 1,
         "batch_size": batch_size,
         "epochs": epochs,
@@ -106,7 +108,8 @@ def main() -> None:
     t0 = time.perf_counter()
     record = run(args.samples, args.classes, args.shard_samples, args.batch_size, args.epochs)
     print(
-        f"{record['samples']:,} samples, {record['classes']} classes, {record['shards']} shards, "
+        f"{record['samples']:,} samples, {record['classes']} classes ({record['class_sizes']} samples), "
+        f"{record['shards']} shards, "
         f"batches of {record['batch_size']}, medians over {record['epochs']} epochs"
     )
     print("| shards written in | shuffle_window | classes per batch | vs full | TV distance | vs full |")

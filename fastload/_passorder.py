@@ -195,9 +195,8 @@ def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np
     if resume is None:
         start = sampler.resume_point() if isinstance(sampler, DistributedSampler) else None
         if start is not None:
-            loader._epochs.start_at(
-                start, 0, sampler.order_replicas()
-            )  # the sampler's own state: it yields the rest
+            # the sampler's own state: it yields the rest
+            loader._epochs.start_at(start, 0, sampler.order_replicas())
         return 0, None
     if isinstance(sampler, DistributedSampler):
         sampler.forget_resume()  # the loader's state says where the epoch stands

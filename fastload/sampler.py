@@ -380,11 +380,7 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             self._resume = None
             if epoch != self.epoch:
                 start, replicas = 0, self.num_replicas
-        self._iter_start = (
-            self.epoch,
-            start,
-            replicas,
-        )  # where this iteration began (state_dict counts from it)
+        self._iter_start = (self.epoch, start, replicas)  # where it began (state_dict counts from it)
         if (
             self.shuffle
             and not self._set_epoch_called

@@ -1,14 +1,13 @@
 """Writing tar shards: an image split (a folder, a split list or a pack) as WebDataset-layout shards.
 
 :func:`write_shards` writes the samples of a :class:`~fastload.folder.FolderIndex` or a
-:class:`~fastload.pack.PackFile`, in a seeded random order (or in theirs), as ``<prefix>-000000.tar``,
-``<prefix>-000001.tar``, ... of about ``shard_size`` bytes each: per sample ``<key>.jpg`` (or ``.png``,
-by content) and ``<key>.cls`` (the label as text), ``key`` the sample's number in the source
-zero-padded, in plain GNU tar with fixed owners, modes and times (the same input gives the same
-bytes). Each shard is written under a temporary name and renamed when complete, then indexed (its
-``<shard>.idx`` sidecar, see :mod:`fastload.tarindex`); the class list goes to
-``<prefix>-classes.json``, so that ``TarShards(out, classes=out + "/train-classes.json")`` labels and
-names the samples as the split did.
+:class:`~fastload.pack.PackFile`, in a random order, as ``<prefix>-000000.tar``, ``<prefix>-000001.tar``,
+... of about ``shard_size`` bytes each: per sample ``<key>.jpg`` (or ``.png``, by content) and
+``<key>.cls`` (the label as text), ``key`` the sample's number zero-padded, in plain GNU tar with
+fixed owners, modes and times (the same input gives the same bytes). Each shard is written under a
+temporary name and renamed when complete, then indexed (its ``<shard>.idx`` sidecar, see
+:mod:`fastload.tarindex`); the class list goes to ``<prefix>-classes.json``, so that
+``TarShards(out, classes=out + "/train-classes.json")`` labels and names the samples as the split did.
 
 Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]
 [--seed 0 | --no-shuffle]``.
@@ -148,10 +147,11 @@ def write_shards(
         prefix: The shards' names: ``<prefix>-000000.tar``, ...
         num_workers: Threads reading a folder's files (default: the available CPUs).
         progress: Show a tqdm bar (default: for more than 500 samples when stderr is a terminal).
-        shuffle: Write the samples in a random order drawn from ``seed`` (the keys stay their
-            numbers in ``source``), so that each shard holds every class; ``False``: in
-            ``source``'s order (a folder's is class by class, whose shards give batches of a few
-            classes with ``TarShards(shuffle_window=N)``: docs/shards.md, "Shuffle quality").
+        shuffle: Write the samples in a random order (the keys stay their numbers in ``source``),
+            so that each shard holds a mix of the classes; ``False``: in ``source``'s order (a
+            folder's is class by class, whose shards give batches of a few classes with
+            ``TarShards(shuffle_window=N)``: docs/shards.md, "Shuffle quality").
+        seed: The random order's seed (the same seed, the same shards).
 
     Raises:
         ValueError: Where ``out`` already holds ``<prefix>-*.tar`` shards (shards of two runs would
@@ -186,7 +186,9 @@ def write_shards(
     width = max(6, len(str(max(n - 1, 0))))
     workers = available_cpus() if num_workers is None else num_workers
     order = (
-        np.random.default_rng(check_int(seed, "seed")).permutation(n).tolist() if shuffle else list(range(n))
+        np.random.default_rng(check_int(seed, "seed", low=0)).permutation(n).tolist()
+        if shuffle
+        else list(range(n))
     )
     written: list[Path] = []
     current: tuple[Any, tarfile.TarFile, str, str] | None = None  # (file, tar, temporary, final)
@@ -310,7 +312,7 @@ def add_shards_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--shuffle",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="write the samples in a random order, so that each shard holds every class (default); "
+        help="write the samples in a random order, so that each shard holds a mix of the classes (default); "
         "--no-shuffle: in SRC's order (a folder's is class by class)",
     )
     p.add_argument(
