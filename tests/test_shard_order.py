@@ -1,6 +1,7 @@
 """The shard-aware order: on several ranks each rank reads its own shards (``TarShards`` with
-``shuffle_window``), in a real gloo group of 4 ranks, then 2 of them continuing its epoch; the
-converter's random order (its shards hold every class); the shuffle-quality bench.
+``shuffle_window``), in a real gloo group of 4 ranks, then 2 of them continuing its epoch; a state
+from an epoch's start on other ranks; the converter's random order (shards that mix the classes);
+the shuffle-quality bench.
 
 12 shards of 10 samples, ``shuffle_window=2``: 6 windows on 4 ranks, so ranks 0 and 1 have two
 windows and ranks 2 and 3 one. Each rank's first 20 samples (windows 0-3) come from its own two
@@ -230,3 +231,22 @@ def test_the_shuffle_quality_bench(tmp_path: Path) -> None:
     assert (
         rows[("class order", 1)]["tv"] > rows[("class order", 16)]["tv"] > rows[("class order", None)]["tv"]
     )
+
+
+def test_a_state_from_before_any_step_takes_the_new_ranks_order() -> None:
+    """Nothing of the saved epoch was handed out: the job on 2 ranks runs its own order of it."""
+
+    class Blocks(list):
+        shuffle_blocks = np.arange(0, 61, 5)  # 12 blocks of 5
+        shuffle_window = 2
+
+    def loader(world: int, rank: int) -> fastload.DataLoader:
+        sampler = fastload.DistributedSampler(Blocks(range(60)), num_replicas=world, rank=rank, seed=1)
+        return fastload.DataLoader(Blocks(range(60)), batch_size=5, sampler=sampler)
+
+    state = loader(4, 0).state_dict()
+    assert (state["position"], state["order_replicas"]) == (0, 4)
+    for rank in range(2):
+        resumed = loader(2, rank)
+        resumed.load_state_dict(state)
+        assert [i for b in resumed for i in b.tolist()] == resumed.sampler.indices(0)
