@@ -454,3 +454,11 @@ def test_sampler_state_of_the_blockwise_order_continues_on_other_ranks() -> None
     assert len(two[0]) == 22
     after = [i for s in two for i in s]
     assert sorted(before + after) == list(range(60))
+    # 44 left on 3 ranks: padded as torch pads, with the saved order's first sample
+    three = [DistributedSampler(data, num_replicas=3, rank=r, seed=1) for r in range(3)]
+    for s in three:
+        s.load_state_dict(state)
+    assert [len(s) for s in three] == [15] * 3
+    after = [i for s in three for i in s]
+    first = int(blockwise_permutation(data.shuffle_blocks, 2, 1, 0, num_replicas=4)[0])
+    assert sorted(before + after) == sorted([*range(60), first])
