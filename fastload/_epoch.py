@@ -126,6 +126,7 @@ class Resume:
     position: int
     batches: int | None
     sampler_epoch: int | None = None  # a user's DistributedSampler: the epoch its order was made for
+    order_replicas: int | None = None  # the ranks the saved order was built for (None: this loader's)
 
 
 _PLAN_FIELDS = tuple(Plan.__dataclass_fields__)
@@ -158,6 +159,7 @@ class EpochState:
         self._passes = 0
         self.pass_start = 0  # global position the pass in progress began at
         self.done = 0  # batches of the pass in progress handed to the consumer
+        self.order_replicas: int | None = None  # the ranks its order was built for (None: the plan's)
 
     @property
     def seed(self) -> int:
@@ -203,13 +205,15 @@ class EpochState:
         self.resume = self.completed = None
         self.pass_epoch = epoch
         self.pass_start = self.done = 0
+        self.order_replicas = None
         self._passes += 1
         self.live_pass = self._passes
         return epoch, resume
 
-    def start_at(self, position: int, batches: int) -> None:
-        """The pass in progress begins at global ``position`` and counts ``batches`` as handed out."""
-        self.pass_start, self.done = position, batches
+    def start_at(self, position: int, batches: int, order_replicas: int | None = None) -> None:
+        """The pass in progress begins at global ``position`` and counts ``batches`` as handed out;
+        ``order_replicas``: the ranks its global order was built for (``None``: the plan's)."""
+        self.pass_start, self.done, self.order_replicas = position, batches, order_replicas
 
     def handed_out(self, epoch: int, done: int, pass_id: int | None = None) -> None:
         """The consumer has received ``done`` batches of the pass ``pass_id`` of ``epoch``."""
@@ -234,10 +238,11 @@ class EpochState:
     def state_dict(self, plan: Plan, sampler_epoch: int | None = None) -> dict[str, Any]:
         """The state: seed, epoch, how far the consumer got, and ``plan``. ``sampler_epoch``: the epoch
         of a user's sampler (a resume applies only while it is at that epoch again)."""
+        replicas = None
         if self.pass_epoch is not None:
-            epoch, start, done = self.pass_epoch, self.pass_start, self.done
+            epoch, start, done, replicas = self.pass_epoch, self.pass_start, self.done, self.order_replicas
         elif self.resume is not None:
-            epoch, start, done = self.epoch, self.resume.position, 0
+            epoch, start, done, replicas = self.epoch, self.resume.position, 0, self.resume.order_replicas
             if self.resume.batches is not None:
                 start, done = 0, self.resume.batches
         else:
@@ -253,6 +258,7 @@ class EpochState:
             "pass_start": start,
             "sampler_epoch": sampler_epoch,
             **asdict(plan),
+            "order_replicas": plan.num_replicas if replicas is None else replicas,
         }
 
     def load_state_dict(
@@ -316,6 +322,8 @@ class EpochState:
             )
         if state.get("sampler_epoch") is not None:
             fields["sampler_epoch"] = _state_int(state, "sampler_epoch", 0)
+        # the ranks the epoch's order was built for (earlier states: 1, the order they all used)
+        fields["order_replicas"] = _state_int({"order_replicas": 1, **state}, "order_replicas", 1)
         if state["position"] is not None:
             fields["position"] = _state_int(state, "position", 0, state["num_samples"])
             for key, low in (("batch_size", 1), ("num_replicas", 1), ("rank", 0)):
@@ -362,7 +370,9 @@ class EpochState:
         same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k != "rank")
         own = same and state["pass_start"] == 0 and state["batches"] is not None
         batches = state["batches"] if own else None
-        return Resume(state["position"], batches, order_epoch if sampler_epoch is not None else None)
+        epoch_of = order_epoch if sampler_epoch is not None else None
+        replicas = state["order_replicas"] if state["position"] else None  # nothing taken: this job's order
+        return Resume(state["position"], batches, epoch_of, replicas)
 
     def _batch_resume(self, state: dict[str, Any], plan: Plan, num_batches: int | None) -> Resume | None:
         """The resume of a loader (or a state) without a global order: the same sizes, batches skipped."""
@@ -402,11 +412,12 @@ def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:
             per_rank = lengths // batch if saved.drop_last else -(-lengths // batch)
             states = inside + [
                 {**s, "epoch": epoch, "pass_start": ref["pass_start"], "batches": int(per_rank[s["rank"]]),
-                 "sampler_epoch": ref.get("sampler_epoch")}
+                 "sampler_epoch": ref.get("sampler_epoch"), "order_replicas": ref["order_replicas"]}
                 for s in moved_on
             ]  # fmt: skip
     first = states[0]
-    for key in ("epoch", "seed", "pass_start", "sampler_epoch", *(k for k in _PLAN_FIELDS if k != "rank")):
+    keys = ("epoch", "seed", "pass_start", "sampler_epoch", "order_replicas")
+    for key in (*keys, *(k for k in _PLAN_FIELDS if k != "rank")):
         values = {s["rank"]: s[key] for s in states}
         if len(set(map(repr, values.values()))) > 1:
             raise ResumeError(

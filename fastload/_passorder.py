@@ -195,7 +195,8 @@ def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np
     if resume is None:
         start = sampler.resume_point() if isinstance(sampler, DistributedSampler) else None
         if start is not None:
-            loader._epochs.start_at(start, 0)  # the sampler's own state: it yields the rest
+            # the sampler's own state: it yields the rest
+            loader._epochs.start_at(start, 0, sampler.order_replicas())
         return 0, None
     if isinstance(sampler, DistributedSampler):
         sampler.forget_resume()  # the loader's state says where the epoch stands
@@ -207,9 +208,10 @@ def resume_pass(loader: Any, epoch: int, resume: Resume | None) -> tuple[int, np
     if resume.batches is not None and (torch_path or not the_plan.global_order):
         loader._epochs.start_at(0, resume.batches)
         return resume.batches, None
-    order = global_order(loader.sampler, loader.dataset, epoch if user_epoch is None else user_epoch)
+    order_epoch = epoch if user_epoch is None else user_epoch
+    order = global_order(loader.sampler, loader.dataset, order_epoch, resume.order_replicas)
     assert order is not None  # a resume with a position comes with a plan with a global order
-    loader._epochs.start_at(resume.position, 0)
+    loader._epochs.start_at(resume.position, 0, resume.order_replicas)
     rest = rest_of_epoch(
         order, resume.position, the_plan.num_replicas, the_plan.rank, the_plan.pad, the_plan.drop_tail
     )

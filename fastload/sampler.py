@@ -42,15 +42,25 @@ _MASK64 = (1 << 64) - 1
 _BLOCKWISE_STREAM = 0x626C6F636B  # b"block": keeps this stream apart from any other use of the seed
 
 
-def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarray:
+def blockwise_permutation(
+    block_starts: np.ndarray, window: int, seed: int, epoch: int, num_replicas: int = 1
+) -> np.ndarray:
     """A permutation of ``range(n)`` that reads storage block by block: FFCV's "quasi-random" order.
 
     The blocks are shuffled and taken ``window`` at a time; the samples of each window are
     shuffled together, so an epoch reads a bounded working set at a time.
 
+    For ``num_replicas=W > 1`` ranks that take positions ``r, r + W, ...`` (the interleaved
+    split of :class:`DistributedSampler`), each rank reads only its own blocks for most of the
+    epoch: rank ``r``'s *stream* is windows ``r, r + W, r + 2W, ...``, and position ``q * W + r``
+    of the order is ``stream_r[q]`` up to the shortest stream's length. The samples left over
+    follow in the same order as with ``W = 1`` (a window at a time, on every rank). ``W = 1`` is
+    the order above; with fewer windows than ranks, the whole order is that tail.
+
     Args:
         block_starts: ``int64[m + 1]``, increasing, from 0 to ``n``.
         window: Blocks shuffled together (at least 1).
+        num_replicas: The ranks the order is split over (the order depends on it).
 
     Example:
         8 samples in 4 blocks of 2 (``block_starts = [0, 2, 4, 6, 8]``) and ``window=2``: if the
@@ -64,6 +74,7 @@ def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoc
             f"but got {starts[:5].tolist()}{'...' if len(starts) > 5 else ''}"
         )
     window = check_int(window, "window", low=1)
+    num_replicas = check_int(num_replicas, "num_replicas", low=1)
     m, n = len(starts) - 1, int(starts[-1])
     rng = np.random.default_rng([int(seed) & _MASK64, int(epoch) & _MASK64, _BLOCKWISE_STREAM])
     perm = rng.permutation(m)
@@ -73,7 +84,18 @@ def blockwise_permutation(block_starts: np.ndarray, window: int, seed: int, epoc
     order = np.arange(n, dtype=np.int64) + np.repeat(starts[:-1][perm] - placed[:-1], lengths)
     for w in range(0, m, window):
         rng.shuffle(order[placed[w] : placed[min(w + window, m)]])  # in place, on a view
-    return order
+    if num_replicas == 1:
+        return order
+    ends = placed[np.minimum(np.arange(window, m + window, window), m)]  # where each window ends
+    rank_of = (np.searchsorted(ends, np.arange(n), side="right") % num_replicas).astype(np.int64)
+    counts = np.bincount(rank_of, minlength=num_replicas)
+    shortest = int(counts.min())
+    by_rank = np.argsort(rank_of, kind="stable")  # positions of stream 0, then stream 1, ...
+    starts_of = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    head = by_rank[starts_of[:, None] + np.arange(shortest)].T.ravel()  # position q * W + r: stream_r[q]
+    tail = np.ones(n, dtype=bool)
+    tail[head] = False
+    return np.concatenate([order[head], order[tail]])
 
 
 def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
@@ -90,13 +112,14 @@ def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
     return starts, int(getattr(dataset, "shuffle_window", 1))
 
 
-def epoch_order(dataset: Any, n: int, seed: int, epoch: int) -> np.ndarray:
+def epoch_order(dataset: Any, n: int, seed: int, epoch: int, num_replicas: int = 1) -> np.ndarray:
     """The shuffled order of ``range(n)`` for an epoch: :func:`fastload.rng.epoch_permutation`, or
-    :func:`blockwise_permutation` where the dataset's ``shuffle_blocks`` is not ``None``."""
+    :func:`blockwise_permutation` (built for ``num_replicas`` ranks) where the dataset's
+    ``shuffle_blocks`` is not ``None``."""
     blocks = _shuffle_blocks(dataset, n)
     if blocks is None:
         return epoch_permutation(n, seed, epoch).numpy()
-    return blockwise_permutation(blocks[0], blocks[1], seed, epoch)
+    return blockwise_permutation(blocks[0], blocks[1], seed, epoch, num_replicas)
 
 
 class NoProcessGroupError(ValueError, RuntimeError):
@@ -282,8 +305,8 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
         self._set_epoch_called = False
         self._last_iter_epoch: int | None = None
         self._warned = False
-        self._resume: tuple[int, int] | None = None  # (epoch, global position) from load_state_dict
-        self._iter_start: tuple[int, int] = (0, 0)  # (epoch, global position) the last iteration began at
+        self._resume: tuple[int, int, int] | None = None  # (epoch, global position, order_replicas) loaded
+        self._iter_start = (0, 0, 0)  # (epoch, global position, order_replicas) of the last iteration
         self._follows_job = False  # made by DataLoader(distributed=True) before the ranks were known
 
     def _size(self) -> None:
@@ -316,16 +339,19 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             f"pad={self.pad}, epoch={self.epoch})"
         )
 
-    def indices(self, epoch: int | None = None, start: int = 0) -> list[int]:
+    def indices(
+        self, epoch: int | None = None, start: int = 0, order_replicas: int | None = None
+    ) -> list[int]:
         """This rank's indices for ``epoch`` (default: the current one), as iterating yields them
         but without the :meth:`set_epoch` warning (to pair outputs with indices:
         :func:`fastload.distributed.gather_by_index`). ``start``: positions of the global order
-        already handed out on every rank; this rank's share of the rest."""
+        already handed out on every rank; this rank's share of the rest. ``order_replicas``: the
+        ranks the global order was built for (:meth:`global_order`; default: ``num_replicas``)."""
         self._follow()
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", type_error=True)
         start = check_int(start, "start", low=0, high=self._len)
         return rest_of_epoch(
-            self.global_order(epoch),
+            self.global_order(epoch, order_replicas),
             start,
             self.num_replicas,
             self.rank,
@@ -333,8 +359,10 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             self.drop_last,
         ).tolist()
 
-    def global_order(self, epoch: int) -> np.ndarray:
-        """The epoch's order before it is sharded, the same on every rank: ``int64[len(dataset)]``."""
+    def global_order(self, epoch: int, num_replicas: int | None = None) -> np.ndarray:
+        """The epoch's order before it is sharded, the same on every rank: ``int64[len(dataset)]``.
+        With the dataset's ``shuffle_blocks`` it is built for ``num_replicas`` ranks (default: this
+        sampler's), each reading its own shards (:func:`blockwise_permutation`)."""
         n = len(self.dataset)  # type: ignore[arg-type]
         if n != self._len:
             raise RuntimeError(
@@ -342,17 +370,17 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
                 "create a new DistributedSampler for the new dataset"
             )
         if self.shuffle:
-            return epoch_order(self.dataset, n, self.seed, epoch)
+            return epoch_order(self.dataset, n, self.seed, epoch, num_replicas or self.num_replicas)
         return np.arange(n, dtype=np.int64)
 
     def __iter__(self) -> Iterator[int]:
-        start = 0
+        start, replicas = 0, self.num_replicas
         if self._resume is not None:
-            epoch, start = self._resume
+            epoch, start, replicas = self._resume
             self._resume = None
             if epoch != self.epoch:
-                start = 0
-        self._iter_start = (self.epoch, start)  # where this iteration began (state_dict counts from it)
+                start, replicas = 0, self.num_replicas
+        self._iter_start = (self.epoch, start, replicas)  # where it began (state_dict counts from it)
         if (
             self.shuffle
             and not self._set_epoch_called
@@ -367,13 +395,16 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
                 stacklevel=2,
             )
         self._last_iter_epoch = self.epoch
-        return iter(self.indices(start=start))
+        return iter(self.indices(start=start, order_replicas=replicas))
 
     def __len__(self) -> int:
         """Indices the next iteration yields: ``num_samples``, or fewer for a resumed epoch."""
         self._follow()
         start = self.resume_point()
-        return self.num_samples if start is None else len(self.indices(start=start))
+        if start is None:
+            return self.num_samples
+        assert self._resume is not None
+        return len(self.indices(start=start, order_replicas=self._resume[2]))
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch, which (with ``seed``) selects the order when ``shuffle=True``."""
@@ -388,21 +419,29 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             return self._resume[1]
         return None
 
+    def order_replicas(self) -> int:
+        """The ranks the global order of the current (or resumed) iteration was built for."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[2]
+        epoch, start, replicas = self._iter_start
+        return replicas if (epoch, start > 0) == (self.epoch, True) else self.num_replicas
+
     def forget_resume(self) -> None:
         """The next iteration yields the whole epoch again (a loader's own state takes over)."""
         self._resume = None
 
     def state_dict(self, taken: int = 0) -> dict[str, Any]:
-        """``{"epoch", "seed", "position", "num_samples", "shuffle"}``: ``position`` is the global
-        position after each rank took ``taken`` indices of this epoch (with a ``DataLoader``:
-        ``batches * batch_size``), from which a sampler with any ``num_replicas`` continues."""
+        """``{"epoch", "seed", "position", "num_samples", "shuffle", "order_replicas"}``: ``position``
+        is the global position after each rank took ``taken`` indices of this epoch (with a
+        ``DataLoader``: ``batches * batch_size``), from which a sampler with any ``num_replicas``
+        continues the order built for ``order_replicas`` ranks."""
         pending = self.resume_point()
         if pending is not None:
             start = pending  # not iterated yet
         else:
             start = self._iter_start[1] if self._iter_start[0] == self.epoch else 0
-        remaining = self._len - start
-        taken = check_int(taken, "taken", low=0, high=len(self.indices(start=start)))
+        remaining, replicas = self._len - start, self.order_replicas()
+        taken = check_int(taken, "taken", low=0, high=len(self.indices(start=start, order_replicas=replicas)))
         position, _, _ = consumed(
             remaining, self.num_replicas, 1, taken, self.pad and not self.drop_last, self.drop_last, False
         )
@@ -412,6 +451,7 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             "position": start + position,
             "num_samples": self._len,
             "shuffle": self.shuffle,
+            "order_replicas": replicas,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -426,6 +466,7 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
         seed = check_int(state_dict["seed"], "seed", type_error=True)
         epoch = check_int(state_dict["epoch"], "epoch", type_error=True)
         position = check_int(state_dict.get("position", 0), "position", low=0, high=self._len)
+        replicas = check_int(state_dict.get("order_replicas", 1), "order_replicas", low=1)
         for key, mine in (("num_samples", self._len), ("shuffle", self.shuffle)):
             if key in state_dict and state_dict[key] != mine:
                 raise ValueError(
@@ -434,13 +475,16 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
                 )
         self.set_epoch(epoch)
         self.seed = seed
-        self._resume = (epoch, position) if position else None
+        self._resume = (epoch, position, replicas) if position else None
 
 
-def global_order(sampler: Any, dataset: Any, epoch: int) -> np.ndarray | None:
-    """The global order of ``epoch`` behind a loader's sampler fastload knows (``None`` for any other)."""
+def global_order(
+    sampler: Any, dataset: Any, epoch: int, num_replicas: int | None = None
+) -> np.ndarray | None:
+    """The global order of ``epoch`` behind a loader's sampler fastload knows (``None`` for any
+    other); a :class:`DistributedSampler`'s built for ``num_replicas`` ranks (default: its own)."""
     if isinstance(sampler, DistributedSampler):
-        return sampler.global_order(epoch)
+        return sampler.global_order(epoch, num_replicas)
     if type(sampler) is _TorchDistributedSampler:
         n = len(dataset)
         if sampler.shuffle:

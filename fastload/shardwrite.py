@@ -1,7 +1,7 @@
 """Writing tar shards: an image split (a folder, a split list or a pack) as WebDataset-layout shards.
 
 :func:`write_shards` writes the samples of a :class:`~fastload.folder.FolderIndex` or a
-:class:`~fastload.pack.PackFile`, in their order, as ``<prefix>-000000.tar``, ``<prefix>-000001.tar``,
+:class:`~fastload.pack.PackFile`, in a random order, as ``<prefix>-000000.tar``, ``<prefix>-000001.tar``,
 ... of about ``shard_size`` bytes each: per sample ``<key>.jpg`` (or ``.png``, by content) and
 ``<key>.cls`` (the label as text), ``key`` the sample's number zero-padded, in plain GNU tar with
 fixed owners, modes and times (the same input gives the same bytes). Each shard is written under a
@@ -14,7 +14,8 @@ at a time), uploaded (one PUT, retried as reads are, :func:`fastload.s3shards.re
 sidecar, stamped with the size and ETag of the uploaded object so that ``TarShards`` uses it instead
 of downloading the shard to index it, and last the class list.
 
-Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]``.
+Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]
+[--seed 0 | --no-shuffle]``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ._checks import check_int, check_optional_int, read_error
 from .device import available_cpus
@@ -94,14 +97,16 @@ def _read_files(paths: list[str]) -> list[bytes | OSError]:
     return out
 
 
-def _samples(source: FolderIndex | PackFile, num_workers: int) -> Iterator[bytes | memoryview]:
-    """Each sample's encoded bytes, in order (a folder's files read by ``num_workers`` threads)."""
+def _samples(
+    source: FolderIndex | PackFile, order: list[int], num_workers: int
+) -> Iterator[bytes | memoryview]:
+    """The encoded bytes of samples ``order`` (a folder's files read by ``num_workers`` threads)."""
     if isinstance(source, PackFile):
-        for i in range(len(source)):
+        for i in order:
             yield source.get_bytes(i)
         return
-    paths = source.paths
-    n, chunk = len(source), 64
+    paths = [source.paths[i] for i in order]
+    n, chunk = len(paths), 64
     chunks = (paths[a : min(a + chunk, n)] for a in range(0, n, chunk))
     executor = ThreadPoolExecutor(num_workers) if num_workers > 0 and n > chunk else None
     try:
@@ -135,6 +140,8 @@ def write_shards(
     prefix: str = "train",
     num_workers: int | None = None,
     progress: bool | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
 ) -> ShardsSummary:
     """Writes the samples of ``source`` as WebDataset-layout tar shards in the folder ``out``.
 
@@ -148,6 +155,11 @@ def write_shards(
         prefix: The shards' names: ``<prefix>-000000.tar``, ...
         num_workers: Threads reading a folder's files (default: the available CPUs).
         progress: Show a tqdm bar (default: for more than 500 samples when stderr is a terminal).
+        shuffle: Write the samples in a random order (the keys stay their numbers in ``source``),
+            so that each shard holds a mix of the classes; ``False``: in ``source``'s order (a
+            folder's is class by class, whose shards give batches of a few classes with
+            ``TarShards(shuffle_window=N)``: docs/shards.md, "Shuffle quality").
+        seed: The random order's seed (the same seed, the same shards).
 
     Raises:
         ValueError: Where ``out`` already holds ``<prefix>-*.tar`` shards (shards of two runs would
@@ -156,8 +168,8 @@ def write_shards(
             uploaded (what this call wrote is then removed), e.g.
             :class:`~fastload.s3shards.ObjectStoreError`.
 
-    Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (the
-    first 14 samples, 14 x (512 + 3072 + 512 + 512) bytes < 50 kB) to ``train-000002.tar``.
+    Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (14
+    samples, 14 x (512 + 3072 + 512 + 512) bytes < 50 kB) to ``train-000002.tar``.
     """
     if not isinstance(source, (FolderIndex, PackFile)):
         raise TypeError(
@@ -198,6 +210,11 @@ def write_shards(
         raise ValueError("source holds no sample: there is nothing to write as shards")
     width = max(6, len(str(max(n - 1, 0))))
     workers = available_cpus() if num_workers is None else num_workers
+    order = (
+        np.random.default_rng(check_int(seed, "seed", low=0)).permutation(n).tolist()
+        if shuffle
+        else list(range(n))
+    )
     written: list[str] = []  # (paths, or the URLs uploaded)
     current: tuple[Any, tarfile.TarFile, str, str] | None = None  # (file, tar, temporary, final)
     filled = total = 0
@@ -229,7 +246,7 @@ def write_shards(
 
     bar = progress_bar(n, f"shards {prefix}", "img", progress)
     try:
-        for i, data in enumerate(_samples(source, workers)):
+        for i, data in zip(order, _samples(source, order, workers), strict=True):
             kind = _kind(data)
             if kind is None:
                 raise ValueError(
@@ -340,6 +357,16 @@ def add_shards_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workers", type=int, metavar="N", help="threads reading files (default: the available CPUs)"
     )
     p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random order the samples are written in (default: 0)"
+    )
+    p.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the samples in a random order, so that each shard holds a mix of the classes (default); "
+        "--no-shuffle: in SRC's order (a folder's is class by class)",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         help="show a progress bar (default: on a terminal)",
@@ -378,6 +405,8 @@ def shards_command(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             num_workers=args.workers,
             progress=args.progress,
+            shuffle=args.shuffle,
+            seed=args.seed,
         )
     finally:
         if pack is not None:

@@ -107,17 +107,17 @@ def test_pack_blocks_follow_storage_and_the_samplers_use_them(pack_path: Path) -
 def test_distributed_shards_of_the_blockwise_order(pack_path: Path) -> None:
     ds = _open(pack_path)
     n = len(ds)
-    order = blockwise_permutation(ds.shuffle_blocks, WINDOW, 0, 3).tolist()
+    order = blockwise_permutation(ds.shuffle_blocks, WINDOW, 0, 3, num_replicas=3).tolist()
     shards = []
     for rank in range(3):
         s = DistributedSampler(ds, num_replicas=3, rank=rank, shuffle=True, seed=0, pad=False)
         s.set_epoch(3)
         shards.append(list(s))
-        assert shards[-1] == order[rank::3]  # torch's strided split of the same order
+        assert shards[-1] == order[rank::3]  # torch's strided split of the order built for 3 ranks
     flat = [i for shard in shards for i in shard]
     assert sorted(flat) == list(range(n))  # exactly once over the ranks
     padded = [list(DistributedSampler(ds, num_replicas=5, rank=r, seed=0)) for r in range(5)]
-    epoch0 = blockwise_permutation(ds.shuffle_blocks, WINDOW, 0, 0).tolist()
+    epoch0 = blockwise_permutation(ds.shuffle_blocks, WINDOW, 0, 0, num_replicas=5).tolist()
     padded_order = (epoch0 + epoch0)[: 5 * -(-n // 5)]
     assert [padded_order[r::5] for r in range(5)] == padded  # padding like torch, of the same order
     ds.close()

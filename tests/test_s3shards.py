@@ -190,7 +190,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def local_shards(imagenet_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    assert main(["shards", str(imagenet_root / "train"), str(out), "--shard-size", str(SHARD_SIZE)]) == 0
+    args = [str(imagenet_root / "train"), str(out), "--shard-size", str(SHARD_SIZE), "--no-shuffle"]
+    assert main(["shards", *args]) == 0
     return out
 
 

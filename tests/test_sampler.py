@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,7 +14,7 @@ from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 import fastload.sampler
 from fastload.rng import epoch_permutation
-from fastload.sampler import DistributedSampler, EpochRandomSampler, shard_indices
+from fastload.sampler import DistributedSampler, EpochRandomSampler, blockwise_permutation, shard_indices
 
 SIZES = range(0, 51)
 WORLDS = range(1, 9)
@@ -254,7 +255,14 @@ def test_state_dict_round_trip() -> None:
     sampler = DistributedSampler(range(40), num_replicas=3, rank=2, seed=11)
     sampler.set_epoch(4)
     state = sampler.state_dict()
-    assert state == {"epoch": 4, "seed": 11, "position": 0, "num_samples": 40, "shuffle": True}
+    assert state == {
+        "epoch": 4,
+        "seed": 11,
+        "position": 0,
+        "num_samples": 40,
+        "shuffle": True,
+        "order_replicas": 3,
+    }
     fresh = DistributedSampler(range(40), num_replicas=3, rank=2)
     fresh.load_state_dict(state)
     assert list(fresh) == list(sampler)
@@ -402,3 +410,55 @@ def test_without_a_process_group_the_error_is_torchs_with_a_hint_after_it() -> N
     assert "pass num_replicas and rank explicitly" in str(ours.value)
     with pytest.raises(type(theirs.value)):
         DistributedSampler(list(range(10)), num_replicas=2)  # the rank still comes from the group
+
+
+def test_the_blockwise_order_gives_each_rank_its_own_windows() -> None:
+    """Position ``q * W + r`` is sample ``q`` of rank ``r``'s windows (``r, r + W, ...`` of the
+    one-rank order) up to the shortest; the rest follows as in the one-rank order."""
+    sizes = [7, 9, 8, 10, 6, 9, 8, 7, 10, 9, 8, 9, 7]  # 13 blocks, uneven
+    starts = np.cumsum([0, *sizes])
+    n = int(starts[-1])
+    for window, world in ((1, 4), (2, 4), (3, 2), (2, 3), (4, 5)):
+        one = blockwise_permutation(starts, window, 5, 2)
+        assert np.array_equal(one, blockwise_permutation(starts, window, 5, 2, num_replicas=1))
+        block = np.searchsorted(starts, np.arange(n), side="right") - 1  # of each sample
+        firsts = list(dict.fromkeys(block[one].tolist()))  # the blocks in the order's order
+        windows = [
+            [i for i in one.tolist() if block[i] in firsts[k : k + window]] for k in range(0, 13, window)
+        ]
+        streams = [sum(windows[r::world], []) for r in range(world)]
+        shortest = min(map(len, streams))
+        head = [streams[r][q] for q in range(shortest) for r in range(world)]
+        expected = head + [i for i in one.tolist() if i not in set(head)]
+        order = blockwise_permutation(starts, window, 5, 2, num_replicas=world)
+        assert order.tolist() == expected and sorted(expected) == list(range(n))
+        mine = [set(block[order[: shortest * world][r::world]].tolist()) for r in range(world)]
+        assert sum(map(len, mine)) == len(set().union(*mine))  # no block on two ranks before the tail
+        if len(windows) < world:  # fewer windows than ranks: all of it is the tail
+            assert order.tolist() == one.tolist()
+
+
+def test_sampler_state_of_the_blockwise_order_continues_on_other_ranks() -> None:
+    class Blocks(list):
+        shuffle_blocks = np.arange(0, 61, 5)  # 12 blocks of 5
+        shuffle_window = 2
+
+    data = Blocks(range(60))
+    four = [DistributedSampler(data, num_replicas=4, rank=r, seed=1) for r in range(4)]
+    before = [i for s in four for i in s.indices()[:4]]
+    state = four[0].state_dict(taken=4)
+    assert (state["position"], state["order_replicas"]) == (16, 4)
+    two = [DistributedSampler(data, num_replicas=2, rank=r, seed=1) for r in range(2)]
+    for s in two:
+        s.load_state_dict(state)
+    assert len(two[0]) == 22
+    after = [i for s in two for i in s]
+    assert sorted(before + after) == list(range(60))
+    # 44 left on 3 ranks: padded as torch pads, with the saved order's first sample
+    three = [DistributedSampler(data, num_replicas=3, rank=r, seed=1) for r in range(3)]
+    for s in three:
+        s.load_state_dict(state)
+    assert [len(s) for s in three] == [15] * 3
+    after = [i for s in three for i in s]
+    first = int(blockwise_permutation(data.shuffle_blocks, 2, 1, 0, num_replicas=4)[0])
+    assert sorted(before + after) == sorted([*range(60), first])
