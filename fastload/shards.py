@@ -22,10 +22,10 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -237,7 +237,7 @@ class _Shard:
     def __init__(self, number: int, source: ShardSource, index: TarIndex) -> None:
         self.number, self.source, self.index = number, source, index
 
-    @functools.cached_property
+    @cached_property
     def names(self) -> list[str]:
         return self.index.name_list()
 
