@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -236,10 +235,13 @@ class _Shard:
 
     def __init__(self, number: int, source: ShardSource, index: TarIndex) -> None:
         self.number, self.source, self.index = number, source, index
+        self._names: list[str] | None = None
 
-    @cached_property
+    @property
     def names(self) -> list[str]:
-        return self.index.name_list()
+        if self._names is None:  # decoded only where the bulk grouping cannot tell, or for a message
+            self._names = self.index.name_list()
+        return self._names
 
     def where(self, j: int) -> str:
         return f"member {self.names[j]!r} of shard {self.source.name!r}"
