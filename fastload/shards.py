@@ -192,11 +192,13 @@ def _group(index: TarIndex, first: np.ndarray, label: str) -> tuple[np.ndarray, 
     dots = np.full(n, -1, dtype=np.int64)
     dots[of[firsts]] = dot[firsts]
     j = np.flatnonzero(dots > base)  # the members with an extension: the samples' members
+    if not len(j):
+        return j, j
     shard = np.searchsorted(first, j, side="right") - 1
     size = dots[j] - bounds[j]  # of each key
-    width = int(size.max(initial=0))
-    if width > _MAX_KEY or not len(j):
-        return None if len(j) else (j, j)
+    width = int(size.max())
+    if width > _MAX_KEY:
+        return None
     keys = np.zeros((len(j), -(-width // 8) * 8), dtype=np.uint8)  # each key, padded with zeros
     padded = np.concatenate([buf, np.zeros(width, dtype=np.uint8)])
     for k in range(width):
