@@ -3,9 +3,10 @@
 2849, 4319, 5827).
 
 :class:`DALILoader` feeds ``fn.external_source`` one batch at a time from the loop's thread: each
-rank's order from :class:`~fastload.sampler.DistributedSampler`, the file bytes, and each sample's
-crop and flip from ``fastload.rng.SampleRNG(seed, epoch, i)`` as ``fastload.transforms`` draws them
-(never DALI's seed); the labels are the :class:`~fastload.folder.FolderIndex`'s targets.
+rank's order from :class:`~fastload.sampler.DistributedSampler`, the encoded bytes (a file, or a
+dataset's ``get_bytes``, e.g. a tar shard's byte range), and each sample's crop and flip from
+``fastload.rng.SampleRNG(seed, epoch, i)`` as ``fastload.transforms`` draws them (never DALI's
+seed); the labels are the :class:`~fastload.folder.FolderIndex`'s targets.
 Pipelines (``S = size``; ``R = size * 256 // 224``)::
 
     train: bytes ── decoders.image_slice(box of RandomResizedCrop(S, (0.08, 1), (3/4, 4/3)))
@@ -34,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,7 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def image_size(data: bytes) -> tuple[int, int] | None:
+def image_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """``(height, width)`` of a JPEG or PNG from its header; ``None`` (ask PIL) for other formats, a
     truncated or malformed header, or a JPEG whose height comes later in a DNL marker.
 
@@ -202,12 +203,28 @@ class _Draws(SampleRNG):
         return float(self._row[pos])
 
 
+def _samples(data: Any) -> tuple[FolderIndex, Callable[[int], bytes | memoryview], Callable[[int], str]]:
+    """``(index, read, describe)``: the samples of a :class:`~fastload.folder.FolderIndex` (each file
+    read by path) or of a dataset with ``index`` and ``get_bytes(i)`` (:class:`~fastload.TarShards`,
+    :class:`~fastload.ImageFolder`, :class:`~fastload.InMemoryImageFolder`), a reader of sample
+    ``i``'s encoded bytes, and how messages name it."""
+    if isinstance(data, FolderIndex):
+        return data, data.read_bytes, lambda i: f"sample {i} ({data.paths[i]!r})"
+    index = getattr(data, "index", None)
+    if isinstance(index, FolderIndex) and callable(getattr(data, "get_bytes", None)):
+        return index, data.get_bytes, getattr(data, "describe", lambda i: f"sample {i} ({index.paths[i]!r})")
+    raise TypeError(
+        "index should be a fastload.FolderIndex (from scan_folder or scan_list) or a dataset with "
+        f"index and get_bytes(i) (such as fastload.TarShards), but got {type(data).__name__}"
+    )
+
+
 class _Feed:
     """The pipeline's external source: each call returns the pass's next batch (from ``pending``);
     ``in_flight``: the batches DALI took, in call order (the order it returns them)."""
 
-    def __init__(self, index: FolderIndex, train: bool, size: int, resize: int, seed: int) -> None:
-        self.index = index
+    def __init__(self, data: Any, train: bool, size: int, resize: int, seed: int) -> None:
+        self.index, self.read, self.describe = _samples(data)
         self.train = train
         self.size = size
         self.resize = resize
@@ -235,12 +252,12 @@ class _Feed:
         self.in_flight.append(batch)
         return out
 
-    def _header(self, i: int, raw: bytes) -> tuple[int, int]:
+    def _header(self, i: int, raw: bytes | memoryview) -> tuple[int, int]:
         size = image_size(raw)
         if size is not None:
             return size
         # other formats, or a header the fast path does not follow: PIL reads it
-        width, height = open_image(raw, f"sample {i} ({self.index.paths[i]!r})").size
+        width, height = open_image(raw, self.describe(i)).size
         return height, width
 
     def _train_inputs(self, batch: np.ndarray) -> tuple[Any, ...]:
@@ -252,7 +269,7 @@ class _Feed:
         # row j: SampleRNG(seed, epoch, batch[j])'s first draws, for the whole batch at once
         draws = batch_uniform(self.seed, self.epoch, batch, 0, _MAX_TRAIN_DRAWS)
         for j, i in enumerate(batch.tolist()):
-            raw = self.index.read_bytes(i)
+            raw = self.read(i)
             h, w = self._header(i, raw)
             r = _Draws(draws[j])
             top, left, ch, cw = self.crop.get_params(h, w, r)
@@ -268,7 +285,7 @@ class _Feed:
         start = np.empty((n, 2), dtype=np.float32)  # (y, x): the resize ROI follows the HW order
         end = np.empty((n, 2), dtype=np.float32)
         for j, i in enumerate(batch.tolist()):
-            raw = self.index.read_bytes(i)
+            raw = self.read(i)
             h, w = self._header(i, raw)
             y0, x0, y1, x1 = _val_box(h, w, self.resize, self.size)
             start[j] = (y0, x0)
@@ -283,6 +300,11 @@ class DALILoader:
     labels (``index``'s targets), both fresh tensors on ``device``.
 
     Args:
+        index: A :class:`~fastload.folder.FolderIndex` (each file read by path), or a dataset with
+            ``index`` and ``get_bytes(i)`` (:class:`~fastload.TarShards`, :class:`~fastload.ImageFolder`,
+            :class:`~fastload.InMemoryImageFolder`): DALI decodes what ``get_bytes`` gives, the
+            labels are its ``index``'s targets, the order its own (``shuffle_window``); its
+            transforms are not used.
         train: ``True``: random-resized crop (scale ``(0.08, 1)``, ratio ``(3/4, 4/3)``) to
             ``size``, random horizontal flip. ``False``: resize the shorter side to
             ``size * 256 // 224`` and center-crop ``size``.
@@ -301,7 +323,7 @@ class DALILoader:
 
     def __init__(
         self,
-        index: FolderIndex,
+        index: FolderIndex | Any,
         batch_size: int,
         train: bool = True,
         size: int = 224,
@@ -317,12 +339,8 @@ class DALILoader:
         drop_last: bool | None = None,
         prefetch_queue_depth: int = 2,
     ) -> None:
-        if not isinstance(index, FolderIndex):
-            raise TypeError(
-                "index should be a fastload.FolderIndex (from scan_folder or scan_list), but got "
-                f"{type(index).__name__}"
-            )
-        self.index = index
+        self.index = _samples(index)[0]
+        self._data = index
         self.batch_size = check_int(batch_size, "batch_size", low=1, type_error=True)
         self.train = bool(train)
         self.size = check_int(size, "size", low=1, type_error=True)
@@ -340,7 +358,7 @@ class DALILoader:
         num_replicas = get_world_size() if num_replicas is None else num_replicas
         rank = get_rank() if rank is None else rank
         self.sampler = DistributedSampler(
-            index,
+            index,  # (a dataset's shard-aware order too, as fastload.DataLoader's)
             num_replicas=num_replicas,
             rank=rank,
             shuffle=self.shuffle,
@@ -404,7 +422,7 @@ class DALILoader:
             num_samples=len(self.index),
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            **sampler_plan(self.sampler, self.index, own=True),
+            **sampler_plan(self.sampler, self._data, own=True),
         )
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -530,12 +548,10 @@ class DALILoader:
         return out
 
     def _failure(self, epoch: int, error: BaseException) -> RuntimeError:
-        files = [self.index.paths[int(i)] for batch in self._feed.in_flight for i in batch]
-        shown = ", ".join(repr(f) for f in files[:4]) + (
-            f" and {len(files) - 4} more" if len(files) > 4 else ""
-        )
+        samples = [self._feed.describe(int(i)) for batch in self._feed.in_flight for i in batch]
+        shown = ", ".join(samples[:4]) + (f" and {len(samples) - 4} more" if len(samples) > 4 else "")
         return RuntimeError(
-            f"DALI failed in epoch {epoch} on one of the {len(files)} files in flight ({shown}): {error}"
+            f"DALI failed in epoch {epoch} on one of the {len(samples)} samples in flight ({shown}): {error}"
         )
 
     def _run_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

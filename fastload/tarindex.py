@@ -228,7 +228,6 @@ def index_tar(source: ShardSource, stamp: tuple[int, int] | None = None) -> TarI
     offsets: list[int] = []
     sizes: list[int] = []
     inline: list[bytes] = []
-    inline_sizes: list[int] = []
     long_name: bytes | None = None
     long_link: bytes | None = None
     pax: dict[bytes, bytes] = {}
@@ -242,7 +241,6 @@ def index_tar(source: ShardSource, stamp: tuple[int, int] | None = None) -> TarI
         offsets.append(start)
         sizes.append(size)
         inline.append(small)
-        inline_sizes.append(len(small))
 
     def fail(what: str) -> TarFormatError:
         return TarFormatError(
@@ -308,22 +306,22 @@ def index_tar(source: ShardSource, stamp: tuple[int, int] | None = None) -> TarI
         long_name = long_link = None
         pax = {}
         pos = start if kind in _NO_DATA else following
-    n = len(names)
-    name_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in names], out=name_offsets[1:])
-    inline_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(inline_sizes, out=inline_offsets[1:])
     return TarIndex(
         stamp,
-        np.frombuffer(b"".join(names), dtype=np.uint8),
-        name_offsets,
+        *_buffer(names),
         np.asarray(offsets, dtype=np.int64),
         np.asarray(sizes, dtype=np.int64),
-        np.frombuffer(b"".join(inline), dtype=np.uint8),
-        inline_offsets,
+        *_buffer(inline),
         min(pos, total),
         complete,
     )
+
+
+def _buffer(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """``items`` back to back as ``uint8``, and the ``int64`` offsets of each (then the end)."""
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in items], out=offsets[1:])
+    return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
 
 
 def cache_folder() -> str:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as F
@@ -21,10 +22,12 @@ from PIL import Image
 
 from fastload import rng
 from fastload import transforms as T
-from fastload.dali import IMAGENET_MEAN, IMAGENET_STD, DALILoader, image_size
+from fastload.__main__ import main
+from fastload.dali import IMAGENET_MEAN, IMAGENET_STD, DALILoader, _Feed, _samples, image_size
 from fastload.folder import ClassIndex, FolderIndex, scan_folder
 from fastload.imagefolder import ImageFolder
 from fastload.sampler import DistributedSampler
+from fastload.shards import TarShards
 
 from _harness import timing
 from _harness.backends import BACKENDS, dali_backend
@@ -129,9 +132,29 @@ def test_bad_arguments_are_named(
         DALILoader(train_index, **args)
 
 
-def test_index_must_be_a_folder_index(imagenet_root: Path) -> None:
-    with pytest.raises(TypeError, match="index should be a fastload.FolderIndex"):
-        DALILoader(str(imagenet_root / "train"), 4)  # type: ignore[arg-type]
+def test_index_must_be_a_folder_index_or_a_dataset_with_bytes(imagenet_root: Path) -> None:
+    with pytest.raises(
+        TypeError, match="index should be a fastload.FolderIndex .* or a dataset with index and"
+    ):
+        DALILoader(str(imagenet_root / "train"), 4)
+
+
+def test_tar_shards_feed_the_bytes_and_labels_of_the_same_images_as_a_folder(
+    imagenet_root: Path, train_index: FolderIndex, tmp_path: Path
+) -> None:
+    assert main(["shards", str(imagenet_root / "train"), str(tmp_path), "--shard-size", "1200000"]) == 0
+    shards = TarShards(tmp_path, classes=tmp_path / "train-classes.json")  # several shards, folder order
+    batches = [np.array([5, 0, 31]), np.array([17, 2])]
+    for train in (True, False):  # (data, anchor, shape, mirror), or (data, roi_start, roi_end)
+        feeds = [_Feed(source, train, size=64, resize=73, seed=3) for source in (train_index, shards)]
+        for feed in feeds:
+            feed.start(1, batches)
+        for _ in batches:
+            folder, tars = feeds[0](), feeds[1]()
+            assert [d.tobytes() for d in tars[0]] == [d.tobytes() for d in folder[0]]
+            for a, b in zip(folder[1:], tars[1:], strict=True):
+                np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(_samples(shards)[0].targets, train_index.targets)  # the labels fed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")

@@ -29,9 +29,10 @@ from fastload.__main__ import main
 from fastload._path import is_fast_dataset
 from fastload.folder import ClassIndex, scan_folder
 from fastload.pack import CorruptSampleError, write_pack
-from fastload.shards import TarShards, expand_braces, shard_paths
+from fastload.shards import TarShards, _group, expand_braces, shard_paths
+from fastload.shardsource import LocalShard
 from fastload.shardwrite import parse_size
-from fastload.tarindex import TarFormatError, TarIndex
+from fastload.tarindex import TarFormatError, TarIndex, load_indexes
 from fastload.tvfolder import folder_source, is_image_folder
 
 SHARD_SIZE = 1_200_000  # the 32 training images (about 4.9 MB) in about 5 shards
@@ -221,6 +222,37 @@ def test_a_sample_without_image_or_label_or_in_pieces_is_an_error(imagenet_root,
     (tmp_path / "e.tar.gz").write_bytes(b"\x1f\x8b" + bytes(1022))
     with pytest.raises(TarFormatError, match=r"e\.tar\.gz' is not a readable tar file: it is compressed"):
         TarShards([tmp_path / "e.tar.gz"])
+
+
+def test_members_are_grouped_by_key_as_webdataset_does(imagenet_root, tmp_path):
+    jpg, png, other = _files(imagenet_root)[:3]
+    a = _tar(
+        tmp_path / "a.tar",
+        [
+            ("README", b"no extension: not a sample's"),
+            ("x/.k0.jpg", other),  # a hidden name: not a sample's either
+            ("s/d.e/k1.jpg", jpg),  # the key is 's/d.e/k1': the first dot after the last slash
+            ("s/d.e/k1.PNG", png),  # a second image: the first one counts
+            ("s/d.e/k1.seg.png", other),  # extension 'seg.png': neither image nor label
+            ("s/d.e/k1.cls", b"2"),
+            ("k1.JPEG", png),
+            ("k1.CLS", b"007"),
+        ],
+    )
+    b = _tar(tmp_path / "b.tar", [("k1.jpg", other), ("k1.cls", b" 1\n")])  # key 'k1' again, in another shard
+    ds = TarShards([a, b])
+    assert [ds.member(i) for i in range(3)] == [
+        (str(a), "s/d.e/k1.jpg"),
+        (str(a), "k1.JPEG"),
+        (str(b), "k1.jpg"),
+    ]
+    assert [bytes(ds.get_bytes(i)) for i in range(3)] == [jpg, png, other]
+    assert list(ds.targets) == [2, 7, 1]
+    for index in load_indexes([LocalShard(str(a)), LocalShard(str(b))]):
+        assert _group(index, np.array([0, len(index)]), "cls") is not None  # in bulk, not one by one
+    two = _tar(tmp_path / "c.tar", [("k1.jpg", jpg), ("k1.cls", b"0"), ("k1.Cls", b"0")])
+    with pytest.raises(ValueError, match=r"sample 'k1' of shard .*c\.tar' has two \.cls members"):
+        TarShards(two)
 
 
 # ------------------------------------------------------------------------- naming shards, errors
