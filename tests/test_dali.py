@@ -142,7 +142,12 @@ def test_index_must_be_a_folder_index_or_a_dataset_with_bytes(imagenet_root: Pat
 def test_tar_shards_feed_the_bytes_and_labels_of_the_same_images_as_a_folder(
     imagenet_root: Path, train_index: FolderIndex, tmp_path: Path
 ) -> None:
-    assert main(["shards", str(imagenet_root / "train"), str(tmp_path), "--shard-size", "1200000", "--no-shuffle"]) == 0
+    assert (
+        main(
+            ["shards", str(imagenet_root / "train"), str(tmp_path), "--shard-size", "1200000", "--no-shuffle"]
+        )
+        == 0
+    )
     shards = TarShards(tmp_path, classes=tmp_path / "train-classes.json")  # several shards, folder order
     batches = [np.array([5, 0, 31]), np.array([17, 2])]
     for train in (True, False):  # (data, anchor, shape, mirror), or (data, roi_start, roi_end)
