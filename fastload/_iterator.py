@@ -25,6 +25,7 @@ from ._engine import SUPERSEDED, Engine, FastPass
 from ._passorder import (
     ENDLESS_SAMPLER,
     endless,
+    follow_pass,
     pass_batches,
     pass_length,
     pass_order,
@@ -134,6 +135,7 @@ class DataLoaderIterator:
         elif self._length is not None:
             self._length = max(0, self._length - start)  # len(): the batches this pass yields
         loader._rest = self._rest = rest  # until the pass ends
+        self._follow = follow_pass(loader, rest)  # (before any worker starts)
         self._start = start
         self._draws = SamplerDraws(loader, self._length)  # torch's RandomSampler's, by index fetch
         self.stats = loader.stats
@@ -293,6 +295,8 @@ class DataLoaderIterator:
 
     def _count_handed_out(self) -> None:
         self._done += 1
+        if self._follow is not None:
+            self._follow(self._done * self._loader.batch_size)
         self._epochs.handed_out(self.epoch, self._done, self._pass_id)
         workers = self._loader.num_workers
         if workers > 0:  # torch's iterator fetches one batch ahead per batch it hands out

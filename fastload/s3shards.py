@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, TypeVar
 from .shardcache import ShardCache
 from .shardsource import read_fully
 
-__all__ = ["ObjectStoreError", "S3Shard", "is_s3_url", "s3_sources", "start_prefetch"]
+__all__ = ["ObjectStoreError", "S3Shard", "follow_order", "is_s3_url", "s3_sources", "start_prefetch"]
 
 #: Seconds of retries (in all, per download or lookup) before a transient failure is an error.
 RETRY_TIMEOUT = 60.0
@@ -319,6 +319,17 @@ def start_prefetch(shards: Sequence[object]) -> None:
             shard._listing.prefetching = True
             shard._listing.cache.close()
             shard._opened_in = 0
+
+
+def follow_order(shards: Sequence[object]) -> ShardCache | None:
+    """The cache of the :class:`S3Shard` s among ``shards`` (``None``: none is), whose first reads
+    no longer queue the next shards of the listing (in this process and those it starts from now
+    on): a loader that knows the pass's order downloads ahead in that order instead
+    (:class:`~fastload.shardcache.OrderedPrefetch`)."""
+    remote = [s for s in shards if isinstance(s, S3Shard)]
+    for shard in remote:
+        shard._listing.prefetching = False
+    return remote[0]._listing.cache if remote else None
 
 
 def _urls(shards: str | Sequence[str], expand: Callable[[str], list[str]]) -> list[str] | tuple[str, str]:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _batches import collect, same
 
@@ -285,3 +286,36 @@ def test_a_download_left_by_a_killed_job_is_removed_not_read(tmp_path):
     assert not list(tmp_path.glob("*.part"))
     assert os.pread(cache.open(copy, 1000, "s3://b/a.tar", download).fd, 2, 998) == b"xx"
     assert [p.name for p in _copies(tmp_path)] == [Path(copy).name]  # c.tar, least recently used, went
+
+
+def test_prefetch_follows_the_pass_order(server, bucket, local_shards, tmp_path):
+    sizes = {p.name: p.stat().st_size for p in local_shards.glob("*.tar")}
+    limit = 2 * max(sizes.values()) + 1000  # the shard read and the next one fit, not a third
+    cache = tmp_path / "cache"
+    remote = _s3(local_shards, cache, cache_limit=limit, shuffle_window=1)  # shards in a random order
+    names = [s.rsplit("/", 1)[1] for s in remote.shards]
+    for seed in range(100):  # an order whose second shard is not the first one's next in the listing
+        loader = fastload.DataLoader(remote, batch_size=4, shuffle=True, seed=seed, num_workers=0)
+        order = np.fromiter(iter(loader.sampler), dtype=np.int64)
+        shards, firsts = np.unique(remote.shard_of[order], return_index=True)
+        sequence = [names[s] for s in shards[np.argsort(firsts)]]
+        firsts = np.sort(firsts)
+        if names.index(sequence[1]) != names.index(sequence[0]) + 1:
+            break
+    for copy in _copies(cache):
+        copy.unlink()  # (the indexes stay: a cold cache)
+
+    def there() -> set[str]:
+        return {c.name[25:] for c in _copies(cache) if not c.name.endswith(".part")}
+
+    for done, _ in enumerate(loader, start=1):  # after each batch: the next shard, none further
+        current = int(np.searchsorted(firsts, done * 4, side="right")) - 1
+        if current + 1 < len(sequence):
+            deadline = time.monotonic() + 10
+            while sequence[current + 1] not in there() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sequence[current + 1] in there(), (sequence, current, there())
+        further = sequence[current + 1 : current + 3]
+        if len(further) == 2 and sizes[further[0]] + sizes[further[1]] > limit // 2:
+            assert sequence[current + 2] not in there(), (sequence, current, there())
+    assert done == len(loader)
