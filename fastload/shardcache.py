@@ -86,10 +86,34 @@ def cache_limit_bytes(cache_limit: int | str | None, cache_dir: str) -> int:
     return value
 
 
+# The lock files this process has open. A flock belongs to the open file, which a forked child
+# shares: a worker forked while the prefetch thread downloads would hold that shard's lock for ever,
+# so a child closes its copies of these at once (the parent's lock is unchanged).
+_lock_fds: set[int] = set()
+_lock_fds_lock = threading.Lock()  # (held around fork: no lock file half-registered in a child)
+
+
+def _close_inherited_locks() -> None:
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+    _lock_fds_lock.release()
+
+
+os.register_at_fork(
+    before=_lock_fds_lock.acquire,
+    after_in_parent=_lock_fds_lock.release,
+    after_in_child=_close_inherited_locks,
+)
+
+
 @contextlib.contextmanager
 def _locked(path: str, blocking: bool = True) -> Iterator[bool]:
     """Holds ``flock(LOCK_EX)`` on ``path`` (created if need be); yields whether it got it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    with _lock_fds_lock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        _lock_fds.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -98,7 +122,9 @@ def _locked(path: str, blocking: bool = True) -> Iterator[bool]:
             return
         yield True
     finally:
-        os.close(fd)  # (closing releases the lock)
+        with _lock_fds_lock:
+            _lock_fds.discard(fd)
+            os.close(fd)  # (closing releases the lock)
 
 
 class OpenCopy:

@@ -319,3 +319,36 @@ def test_prefetch_follows_the_pass_order(server, bucket, local_shards, tmp_path)
         if len(further) == 2 and sizes[further[0]] + sizes[further[1]] > limit // 2:
             assert sequence[current + 2] not in there(), (sequence, current, there())
     assert done == len(loader)
+
+
+def _download_again(cache: ShardCache, copy: str, removed: Any) -> None:
+    removed.wait(10)
+    os.close(cache.ensure(copy, 1000, "s3://b/a.tar", lambda f: f.write(b"y" * 1000)))
+
+
+def test_a_worker_forked_during_a_download_does_not_hold_its_lock(tmp_path):
+    cache = ShardCache(str(tmp_path), limit=10_000)
+    copy = cache.path("s3://b/a.tar\0etag\01000", "a.tar")
+    started, forked = threading.Event(), threading.Event()
+
+    def download(f: Any) -> None:
+        started.set()
+        forked.wait(10)
+        f.write(b"x" * 1000)
+
+    prefetch = threading.Thread(target=lambda: os.close(cache.ensure(copy, 1000, "s3://b/a.tar", download)))
+    prefetch.start()
+    assert started.wait(10)  # the shard's lock is held: a worker is forked now (a pass starts)
+    ctx = multiprocessing.get_context("fork")
+    removed = ctx.Event()
+    worker = ctx.Process(target=_download_again, args=(cache, copy, removed))
+    worker.start()
+    forked.set()
+    prefetch.join()
+    os.unlink(copy)  # (evicted) the worker downloads it again, under the lock the parent released
+    removed.set()
+    worker.join(15)
+    if worker.exitcode is None:
+        worker.kill()
+    assert worker.exitcode == 0, "the forked worker waited for ever on a lock its parent had released"
+    assert Path(copy).read_bytes() == b"y" * 1000
