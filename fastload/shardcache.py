@@ -340,8 +340,8 @@ class ShardCache:
 
 class OrderedPrefetch:
     """A pass's downloads ahead, in the order the pass reads the shards: ``advance(done)`` (the
-    pass's samples handed out so far) queues, in this process's prefetch thread, the shard being read
-    and the next ones of the pass, as many as fit in half the cache; each shard once.
+    position in the pass the workers read at) queues, in this process's prefetch thread, the shard
+    read there and the next ones of the pass, as many as fit in half the cache; each shard once.
 
     Example: a pass reads shards 3, 0, 4, 1, 2 (their first samples at positions 0, 6, 12, 19, 25)
     with room in half the cache for one shard: ``advance(0)`` queues 3 and 0, ``advance(8)`` 4.
@@ -368,7 +368,7 @@ class OrderedPrefetch:
         self.queued = 0  # the shards queued so far (the first ones of the pass)
 
     def advance(self, done: int) -> None:
-        """``done`` samples of the pass are handed out: queues what the next ones need."""
+        """The workers read sample ``done`` of the pass: queues what the next ones need."""
         current = int(np.searchsorted(self.firsts, done, side="right")) - 1
         if current == self.current:
             return  # (one comparison per batch while a shard is read)

@@ -389,7 +389,8 @@ class TarShards(EncodedImageDataset):
         """Shards on an object store are downloaded ahead in the order a pass reads them: a
         ``fastload.DataLoader`` calls this at each pass start with the pass's indices (this rank's,
         where its order is a function of seed and epoch), then the returned function with the
-        samples handed out so far after each batch. This process's prefetch thread downloads the
+        position in that order its workers read at (the samples handed out, plus the batches the
+        workers read ahead) after each batch. This process's prefetch thread downloads the
         shard being read and the next ones of the pass, as many as fit in half ``cache_limit``
         (:class:`~fastload.shardcache.OrderedPrefetch`); the workers no longer prefetch the next
         shards of the listing (they do under torch's ``DataLoader``, which never calls this).
