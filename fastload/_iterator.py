@@ -25,6 +25,7 @@ from ._engine import SUPERSEDED, Engine, FastPass
 from ._passorder import (
     ENDLESS_SAMPLER,
     endless,
+    follow_pass,
     pass_batches,
     pass_length,
     pass_order,
@@ -134,7 +135,12 @@ class DataLoaderIterator:
         elif self._length is not None:
             self._length = max(0, self._length - start)  # len(): the batches this pass yields
         loader._rest = self._rest = rest  # until the pass ends
+        self._follow = follow_pass(loader, rest)  # (before any worker starts)
         self._start = start
+        self._reading_ahead = 0  # batches the workers may read ahead of the loop, for _follow
+        if loader.num_workers > 0:
+            self._reading_ahead = max(2, loader.num_workers * (loader.prefetch_factor or 2)) + 1
+        self._tell_position()
         self._draws = SamplerDraws(loader, self._length)  # torch's RandomSampler's, by index fetch
         self.stats = loader.stats
         self.stats.start()
@@ -291,8 +297,14 @@ class DataLoaderIterator:
         self._end()
         self._loader.close()  # persistent workers too: the next pass starts new ones
 
+    def _tell_position(self) -> None:
+        """Tells the dataset following the pass where the workers read (:func:`follow_pass`)."""
+        if self._follow is not None:
+            self._follow((self._done + self._reading_ahead) * self._loader.batch_size)
+
     def _count_handed_out(self) -> None:
         self._done += 1
+        self._tell_position()
         self._epochs.handed_out(self.epoch, self._done, self._pass_id)
         workers = self._loader.num_workers
         if workers > 0:  # torch's iterator fetches one batch ahead per batch it hands out

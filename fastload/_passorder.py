@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
-from ._checks import sample_index
+from ._checks import optional_attribute, sample_index
 from ._engine import SampleKeys, SamplerBatches, predicted_order, split_batches
 from ._epoch import Plan, Resume, ResumeError
 from ._position import rest_of_epoch
@@ -250,3 +250,26 @@ def pass_order(loader: Any) -> np.ndarray:
     if rest is not None:
         return rest
     return np.fromiter((sample_index(i) for i in loader.sampler), dtype=np.int64)
+
+
+def follow_pass(loader: Any, rest: np.ndarray | None) -> Callable[[int], None] | None:
+    """Tells a dataset with a ``follow_pass(order)`` method this pass's indices (this rank's: a
+    resumed epoch's rest, or the order of fastload's own samplers, drawn without touching the
+    sampler) at the pass's start, before any worker reads; returns what it gives back, a function
+    the pass calls with the position in the order its workers read at (the samples handed out,
+    plus the batches the workers read ahead) at its start and after each batch (``None``: nothing
+    to tell, e.g. a user's sampler whose order is only known as it is drawn). A dataset reading from an
+    object store uses it to download ahead in the pass's order (:meth:`fastload.TarShards.follow_pass`)."""
+    follow = optional_attribute(loader.dataset, "follow_pass")
+    if not callable(follow) or loader.batch_size is None:
+        return None
+    sampler = loader.sampler
+    order: np.ndarray | None = rest
+    if order is None and type(sampler) is DistributedSampler:  # (resumed: it yields its epoch's rest)
+        order = np.asarray(sampler.indices(start=sampler.resume_point() or 0), dtype=np.int64)
+    elif order is None:
+        order = predicted_order(sampler, getattr(sampler, "epoch", 0))
+    if order is None:
+        return None
+    progress: Callable[[int], None] | None = follow(order)
+    return progress

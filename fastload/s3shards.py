@@ -44,6 +44,7 @@ __all__ = [
     "ObjectStoreError",
     "RemoteShard",
     "Store",
+    "follow_order",
     "is_remote_url",
     "remote_sources",
     "retrying",
@@ -463,6 +464,17 @@ def start_prefetch(shards: Sequence[object]) -> None:
             shard._listing.prefetching = True
             shard._listing.cache.close()
             shard._opened_in = 0
+
+
+def follow_order(shards: Sequence[object]) -> ShardCache | None:
+    """The cache of the :class:`RemoteShard` s among ``shards`` (``None``: none is), whose first reads
+    no longer queue the next shards of the listing (in this process and those it starts from now
+    on): a loader that knows the pass's order downloads ahead in that order instead
+    (:class:`~fastload.shardcache.OrderedPrefetch`)."""
+    remote = [s for s in shards if isinstance(s, RemoteShard)]
+    for shard in remote:
+        shard._listing.prefetching = False
+    return remote[0]._listing.cache if remote else None
 
 
 def _scheme(url: object) -> str:

@@ -38,9 +38,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+import numpy as np
+
 from .shardwrite import parse_size
 
-__all__ = ["DEFAULT_LIMIT_FRACTION", "ShardCache", "cache_limit_bytes", "default_cache_dir"]
+__all__ = [
+    "DEFAULT_LIMIT_FRACTION",
+    "OrderedPrefetch",
+    "ShardCache",
+    "cache_limit_bytes",
+    "default_cache_dir",
+]
 
 #: The default size limit: this fraction of the free space of the cache's file system.
 DEFAULT_LIMIT_FRACTION = 0.1
@@ -79,10 +87,34 @@ def cache_limit_bytes(cache_limit: int | str | None, cache_dir: str) -> int:
     return value
 
 
+# The lock files this process has open. A flock belongs to the open file, which a forked child
+# shares: a worker forked while the prefetch thread downloads would hold that shard's lock for ever,
+# so a child closes its copies of these at once (the parent's lock is unchanged).
+_lock_fds: set[int] = set()
+_lock_fds_lock = threading.Lock()  # (held around fork: no lock file half-registered in a child)
+
+
+def _close_inherited_locks() -> None:
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+    _lock_fds_lock.release()
+
+
+os.register_at_fork(
+    before=_lock_fds_lock.acquire,
+    after_in_parent=_lock_fds_lock.release,
+    after_in_child=_close_inherited_locks,
+)
+
+
 @contextlib.contextmanager
 def _locked(path: str, blocking: bool = True) -> Iterator[bool]:
     """Holds ``flock(LOCK_EX)`` on ``path`` (created if need be); yields whether it got it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    with _lock_fds_lock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        _lock_fds.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -91,7 +123,9 @@ def _locked(path: str, blocking: bool = True) -> Iterator[bool]:
             return
         yield True
     finally:
-        os.close(fd)  # (closing releases the lock)
+        with _lock_fds_lock:
+            _lock_fds.discard(fd)
+            os.close(fd)  # (closing releases the lock)
 
 
 class OpenCopy:
@@ -199,12 +233,17 @@ class ShardCache:
                     raise OSError(
                         errno.EIO, f"the download gave {got} bytes, but the object has {size}", name
                     )
-                os.replace(part, copy)
+                fd = os.open(part, os.O_RDONLY | os.O_CLOEXEC)  # (open before another process may
+                try:  # remove the copy to make room: this one reads it all the same)
+                    os.replace(part, copy)
+                except BaseException:
+                    os.close(fd)
+                    raise
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
                 raise
-            return os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+            return fd
 
     def _try_open(self, copy: str) -> int | None:
         try:
@@ -298,3 +337,46 @@ class ShardCache:
             finally:
                 with self._lock:
                     self._queued.discard(key)
+
+
+class OrderedPrefetch:
+    """A pass's downloads ahead, in the order the pass reads the shards: ``advance(done)`` (the
+    position in the pass the workers read at) queues, in this process's prefetch thread, the shard
+    read there and the next ones of the pass, as many as fit in half the cache; each shard once.
+
+    Example: a pass reads shards 3, 0, 4, 1, 2 (their first samples at positions 0, 6, 12, 19, 25)
+    with room in half the cache for one shard: ``advance(0)`` queues 3 and 0, ``advance(8)`` 4.
+
+    Args:
+        cache: The cache the shards are downloaded into.
+        jobs: Each shard's download (``fetch``), in the order of its first sample in the pass.
+        keys: Each shard's copy (:meth:`ShardCache.path`), in the same order.
+        sizes: Each shard's size in bytes, in the same order.
+        firsts: ``int64``: the position in the pass of each shard's first sample (ascending).
+    """
+
+    def __init__(
+        self,
+        cache: ShardCache,
+        jobs: list[Callable[[], object]],
+        keys: list[str],
+        sizes: np.ndarray,
+        firsts: np.ndarray,
+    ) -> None:
+        self.cache, self.jobs, self.keys, self.firsts = cache, jobs, keys, firsts
+        self.ends = np.cumsum(sizes)  # bytes of the shards up to each one, for the budget
+        self.current = -1  # the shard read at the last advance
+        self.queued = 0  # the shards queued so far (the first ones of the pass)
+
+    def advance(self, done: int) -> None:
+        """The workers read sample ``done`` of the pass: queues what the next ones need."""
+        current = int(np.searchsorted(self.firsts, done, side="right")) - 1
+        if current == self.current:
+            return  # (one comparison per batch while a shard is read)
+        self.current = current = max(current, 0)
+        room = self.cache.limit // 2 + int(self.ends[current])
+        last = int(np.searchsorted(self.ends, room, side="right"))  # the shards after current that fit
+        start = max(self.queued, current)
+        if last > start:
+            self.cache.prefetch_after(self.jobs[start:last], self.keys[start:last])
+            self.queued = last

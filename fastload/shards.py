@@ -27,7 +27,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,8 +36,18 @@ from .folder import ClassIndex, FolderIndex
 from .httpshards import HTTP
 from .imagefolder import EncodedImageDataset
 from .pack import CorruptSampleError
-from .s3shards import RETRY_TIMEOUT, S3, Store, is_remote_url, remote_sources, retrying, start_prefetch
-from .shardcache import ShardCache, cache_limit_bytes, default_cache_dir
+from .s3shards import (
+    RETRY_TIMEOUT,
+    S3,
+    RemoteShard,
+    Store,
+    follow_order,
+    is_remote_url,
+    remote_sources,
+    retrying,
+    start_prefetch,
+)
+from .shardcache import OrderedPrefetch, ShardCache, cache_limit_bytes, default_cache_dir
 from .shardsource import LocalShard, ShardSource
 from .tarindex import BLOCK, TarIndex, header_size, load_indexes
 
@@ -562,6 +572,34 @@ class TarShards(EncodedImageDataset):
         if self.shuffle_window is None:
             return None
         return np.concatenate([[0], np.flatnonzero(np.diff(self._shard)) + 1, [len(self._shard)]])
+
+    def follow_pass(self, order: np.ndarray) -> Callable[[int], None] | None:
+        """Shards on an object store are downloaded ahead in the order a pass reads them: a
+        ``fastload.DataLoader`` calls this at each pass start with the pass's indices (this rank's,
+        where its order is a function of seed and epoch), then the returned function with the
+        position in that order its workers read at (the samples handed out, plus the batches the
+        workers read ahead) after each batch. This process's prefetch thread downloads the
+        shard being read and the next ones of the pass, as many as fit in half ``cache_limit``
+        (:class:`~fastload.shardcache.OrderedPrefetch`); the workers no longer prefetch the next
+        shards of the listing (they do under torch's ``DataLoader``, which never calls this).
+        ``None`` for local shards."""
+        cache = follow_order(self._sources)
+        if cache is None:
+            return None
+        sequence = self._shard[order[(order >= 0) & (order < len(self._shard))]]
+        shards, firsts = np.unique(sequence, return_index=True)
+        by = np.argsort(firsts, kind="stable")
+        shards, firsts = shards[by], firsts[by]
+        pass_shards = [cast(RemoteShard, self._sources[s]) for s in shards.tolist()]
+        prefetch = OrderedPrefetch(
+            cache,
+            [s.fetch for s in pass_shards],
+            [s.copy for s in pass_shards],
+            np.array([s.size for s in pass_shards], dtype=np.int64),
+            firsts,
+        )
+        prefetch.advance(0)
+        return prefetch.advance
 
     @property
     def shards(self) -> list[str]:

