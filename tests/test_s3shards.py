@@ -14,6 +14,7 @@ import contextlib
 import multiprocessing
 import os
 import re
+import shutil
 import threading
 import time
 import traceback
