@@ -26,12 +26,14 @@ import errno
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
-from ._checks import check_optional_int, sample_index
+from ._checks import caller_stacklevel, check_optional_int, sample_index
+from .device import local_world_size
 from .folder import ClassIndex, FolderIndex
 from .httpshards import HTTP
 from .imagefolder import EncodedImageDataset
@@ -558,6 +560,7 @@ class TarShards(EncodedImageDataset):
         names, offsets = _join([g.sample_names(rels) for g in groups])
         self._index = FolderIndex.from_buffers(root, names, offsets, targets, class_index)
         self._rels = rels  # each sample's name is its shard's, then its member's
+        self._warned_cache = False
         super().__init__(root, transform, target_transform)
 
     @property
@@ -588,14 +591,18 @@ class TarShards(EncodedImageDataset):
             return None
         sequence = self._shard[order[(order >= 0) & (order < len(self._shard))]]
         shards, firsts = np.unique(sequence, return_index=True)
+        lasts = len(sequence) - 1 - np.unique(sequence[::-1], return_index=True)[1]
         by = np.argsort(firsts, kind="stable")
-        shards, firsts = shards[by], firsts[by]
+        shards, firsts, lasts = shards[by], firsts[by], lasts[by]
         pass_shards = [cast(RemoteShard, self._sources[s]) for s in shards.tolist()]
+        sizes = np.array([s.size for s in pass_shards], dtype=np.int64)
+        if not self._warned_cache:
+            self._warned_cache = _warn_small_cache(firsts, lasts, sizes, cache.limit)
         prefetch = OrderedPrefetch(
             cache,
             [s.fetch for s in pass_shards],
             [s.copy for s in pass_shards],
-            np.array([s.size for s in pass_shards], dtype=np.int64),
+            sizes,
             firsts,
         )
         prefetch.advance(0)
@@ -671,6 +678,30 @@ class TarShards(EncodedImageDataset):
     def extra_repr(self) -> str:
         first = self._sources[0].name
         return f"Classes: {len(self._index.classes)}\nShards: {len(self._sources)} ({first!r}, ...)"
+
+
+def _warn_small_cache(firsts: np.ndarray, lasts: np.ndarray, sizes: np.ndarray, limit: int) -> bool:
+    """Warns where the shards a pass reads at once (from each one's first sample to its last), on
+    every rank of this machine, take more than half the cache (the other half holds the shards
+    downloaded ahead); whether it warned."""
+    change = np.zeros((2, int(lasts.max()) + 2), dtype=np.int64)  # bytes and shards read at once
+    for row, amount in enumerate((sizes, np.ones_like(sizes))):
+        np.add.at(change[row], firsts, amount)
+        np.add.at(change[row], lasts + 1, -amount)
+    live = np.cumsum(change, axis=1)
+    ranks = local_world_size()
+    need = int(live[0].max()) * ranks
+    if need <= limit // 2:
+        return False
+    at_once = int(live[1, int(live[0].argmax())])
+    warnings.warn(
+        f"this pass reads up to {at_once} shard(s) at once ({need / 1e9:.2f} GB on the {ranks} rank(s) of "
+        f"this machine), more than half the shard cache's limit ({limit / 1e9:.2f} GB): shards are "
+        "removed before they are read to the end and downloaded again and again. Pass shuffle_window=N "
+        "(the shards N at a time, docs/shards.md) or a larger cache_limit",
+        stacklevel=caller_stacklevel(),
+    )
+    return True
 
 
 def _sources(
