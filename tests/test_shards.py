@@ -433,7 +433,7 @@ def test_the_bench_runs_and_gives_its_verdict(imagenet_root, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     verdict = run.stdout.splitlines()[-1]
     assert verdict.startswith("verdict: local/folder ") and "webdataset" in verdict, verdict
-    assert "cold cache within its limit" in verdict, verdict
+    assert "small cache within its limit" in verdict, verdict
     record = json.loads(out.read_text())
     assert record["images"] == 32 and len(record["memory"]) == 2
     assert set(record["ratio"]) == {
@@ -444,7 +444,7 @@ def test_the_bench_runs_and_gives_its_verdict(imagenet_root, tmp_path):
         "train fastload/webdataset",
         "val fastload/webdataset",
     }
-    assert 0 < record["cold_cache_max"] <= record["cold_cache_limit"]
+    assert 0 < record["small_cache_max"] <= record["small_cache_limit"]
 
 
 def test_resume_mid_epoch_and_two_ranks_cover_each_sample_once(train_shards):
