@@ -344,7 +344,10 @@ def main() -> None:
             )
             after = psutil.Process(server.process.pid).cpu_times()
             per_epoch = (after.user + after.system - store_cpu.user - store_cpu.system) / (args.epochs + 1)
-            print(f"   the store's server took {per_epoch:.2f} CPU-s per cold epoch, of the workers' cores")
+            print(
+                f"   the store's server took {per_epoch:.2f} CPU-s per epoch (the cold and small caches "
+                "download every shard each epoch), of the workers' cores"
+            )
 
             # 4. worker memory: the same images as 1,000 shards and as 10
             memory: dict[str, dict[str, float]] = {}
