@@ -11,6 +11,7 @@ import inspect
 import numbers
 import operator
 import os
+import re
 import sys
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -146,3 +147,26 @@ def check_size(size: Any, name: str = "size") -> tuple[int, int]:
     if h <= 0 or w <= 0:
         raise ValueError(f"{name} should be positive, but got {name}={size!r}")
     return h, w
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+def parse_size(text: str) -> int:
+    """A byte count written as ``512MB`` (10**6), ``1GiB`` (2**30), ``2.5GB`` or ``1000000``."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", text)
+    if m is None or m[2].lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size such as 512MB, 1GB or 100MiB")
+    return int(float(m[1]) * _UNITS[m[2].lower()])

@@ -40,7 +40,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .shardwrite import parse_size
+from ._checks import parse_size
 
 __all__ = [
     "DEFAULT_LIMIT_FRACTION",

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import io
 import os
-import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -35,36 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int, check_optional_int, read_error
+from ._checks import check_int, check_optional_int, parse_size, read_error
 from .device import available_cpus
 from .folder import ClassIndex, FolderIndex, scan_folder, scan_list
 from .pack import MAGIC, PackFile, bounded_map, open_pack, progress_bar
+from .s3shards import RETRY_TIMEOUT, S3, client, retrying, tag_number, upload
 from .shardsource import LocalShard
 from .tarindex import BLOCK, index_tar
 
 __all__ = ["ShardsSummary", "add_shards_parser", "parse_size", "shards_command", "write_shards"]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_size(text: str) -> int:
-    """A byte count written as ``512MB`` (10**6), ``1GiB`` (2**30), ``2.5GB`` or ``1000000``."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", text)
-    if m is None or m[2].lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size such as 512MB, 1GB or 100MiB")
-    return int(float(m[1]) * _UNITS[m[2].lower()])
 
 
 @dataclass(frozen=True)
@@ -187,8 +165,6 @@ def write_shards(
             "s3://bucket/prefix/ (then copy the folder to a web server)"
         )
     if bucket is not None:
-        from .s3shards import RETRY_TIMEOUT, S3, retrying, tag_number, upload  # (botocore: for a bucket)
-
         bucket = bucket.rstrip("/") + "/"
         objects = retrying(lambda: S3.listing(f"{bucket}{prefix}-"), "list the bucket", bucket, RETRY_TIMEOUT)
         earlier = sorted(u.rsplit("/", 1)[-1] for u, _, _ in objects if u.endswith(".tar"))
@@ -298,8 +274,6 @@ def write_shards(
 
 def _delete(url: str) -> None:
     """Removes the object ``url`` (what a failed conversion uploaded)."""
-    from .s3shards import client
-
     b, _, key = url[len("s3://") :].partition("/")
     client().delete_object(Bucket=b, Key=key)
 
