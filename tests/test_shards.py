@@ -27,6 +27,7 @@ import fastload
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._path import is_fast_dataset
+from fastload.decode import DecodeError
 from fastload.folder import ClassIndex, scan_folder
 from fastload.pack import CorruptSampleError, write_pack
 from fastload.shards import TarShards, _group, expand_braces, shard_paths
@@ -151,6 +152,18 @@ def test_shards_written_by_gnu_tar(imagenet_root, tmp_path):
     assert by_name[f"./{'d' * 60}/{'e' * 50}/s002.jpg"] == images[2]
     assert sorted(by_name.values()) == sorted([*images, images[0]])
     assert ds.classes == ["0", "1", "2"]  # integer labels without names: named by their numbers
+
+
+def test_shards_written_by_webdatasets_own_writer(imagenet_root, tmp_path):
+    wds = pytest.importorskip("webdataset", reason="pip install 'fastload[test]'")
+    images = _files(imagenet_root)[:7]
+    with wds.ShardWriter(str(tmp_path / "w-%04d.tar"), maxcount=3, verbose=0) as sink:
+        for k, data in enumerate(images):  # webdataset's encoder: bytes as is, an int as its text
+            sink.write({"__key__": f"sample{k:03d}", "jpg": data, "cls": k % 3})
+    ds = TarShards(str(tmp_path / "w-{0000..0002}.tar"))
+    assert len(ds.shards) == 3 and list(ds.targets) == [k % 3 for k in range(7)]
+    assert [bytes(ds.get_bytes(i)) for i in range(7)] == images
+    assert ds.member(4) == (str(tmp_path / "w-0001.tar"), "sample004.jpg")
 
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax", "gnu"])
@@ -304,6 +317,21 @@ def test_a_truncated_shard_raises_corrupt_sample_error_naming_shard_and_member(t
         next(iter(loader))
     with pytest.raises(CorruptSampleError, match=r"shard '.*train-000001\.tar' is cut short.*inside sample"):
         _shards(out)  # indexed again (the sidecar is stale): its last sample is incomplete
+
+
+def test_a_member_that_does_not_decode_is_named_and_skipped_on_request(imagenet_root, tmp_path):
+    images = _files(imagenet_root)[:4]
+    broken = images[2][:300]  # a JPEG cut inside its header
+    members = [(f"{k}.{e}", d) for k, im in enumerate(images) for e, d in (("jpg", im), ("cls", b"1"))]
+    members[4] = ("2.jpg", broken)
+    ds = TarShards(_tar(tmp_path / "s.tar", members), transform=T.Compose([T.RandomResizedCrop(32)]))
+    for workers in (0, 1):
+        loader = fastload.DataLoader(ds, batch_size=4, num_workers=workers)
+        with pytest.raises(DecodeError, match=r"sample 2 \(member '2\.jpg' of shard '.*s\.tar'\)"):
+            next(iter(loader))
+    skipped = fastload.DataLoader(ds, batch_size=4, num_workers=0, on_error="skip")
+    with pytest.warns(UserWarning, match=r"skipped sample 2 .*member '2\.jpg' of shard"):
+        assert [len(b[0]) for b in skipped] == [3]
 
 
 def test_a_missing_shard_is_named_and_a_rewritten_one_is_indexed_again(imagenet_root, train_shards, tmp_path):
