@@ -30,7 +30,8 @@ from fastload._path import is_fast_dataset
 from fastload.decode import DecodeError
 from fastload.folder import ClassIndex, scan_folder
 from fastload.pack import CorruptSampleError, write_pack
-from fastload.shards import TarShards, _group, expand_braces, shard_paths
+from fastload.shards import TarShards, expand_braces, shard_paths
+from fastload.shardsamples import _group
 from fastload.shardsource import LocalShard
 from fastload.shardwrite import parse_size
 from fastload.tarindex import TarFormatError, TarIndex, load_indexes
