@@ -3,7 +3,7 @@
 A remote shard is an object on a store (:class:`Store`: an S3-compatible object store here, an
 http(s) server in :mod:`fastload.httpshards`) read from a whole copy in a
 :class:`~fastload.shardcache.ShardCache`. ``s3://bucket/prefix/train-{0000..0146}.tar`` (a brace
-pattern), a list of such URLs, or ``s3://bucket/prefix/`` (every ``*.tar`` object under the prefix,
+pattern), a list of such URLs, or ``s3://bucket/prefix/`` (every ``*.tar`` object directly under the prefix,
 listed, sorted by key) name the shards. :func:`remote_sources` looks each one up when the dataset is
 made (its size and ETag, so a missing shard or bucket is an error then, naming it) and fetches the
 ``<shard>.idx`` object beside it where there is one (its index, checked against the shard's size
@@ -534,6 +534,7 @@ def remote_sources(
     with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="fastload-shards") as pool:
         if isinstance(named, str):
             objects = retrying(lambda: store.listing(named), "list the shards", named, retry_timeout, store)
+            objects = [o for o in objects if "/" not in o[0][len(named) :]]  # (not in sub-folders)
             found = sorted(o for o in objects if o[0].lower().endswith(".tar"))
             indexed = {o[0][: -len(".idx")] for o in objects if o[0].lower().endswith(".tar.idx")}
             if not found:

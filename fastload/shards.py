@@ -161,6 +161,53 @@ def shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     )
 
 
+_NUMBERED = re.compile(r"(?s)(.*?)([-_.]?)(\d+)\.tar", re.IGNORECASE)
+
+
+def _one_set(names: list[str], where: str) -> None:
+    """Refuses a folder or prefix holding numbered shards of several sets (``train-*.tar`` and
+    ``val-*.tar``: a training set would take in the validation samples)."""
+    sets: dict[tuple[str, str], list[int]] = {}
+    for name in names:
+        m = _NUMBERED.fullmatch(name.rsplit("/", 1)[-1])
+        if m:
+            sets.setdefault((m[1], m[2]), []).append(int(m[3]))
+    if len(sets) < 2:
+        return
+    (stem, sep), numbers = next(iter(sets.items()))
+    width = max(len(n.rsplit("/", 1)[-1]) for n in names) - len(stem) - len(sep) - len(".tar")
+    example = f"{where.rstrip('/')}/{stem}{sep}{{{min(numbers):0{width}d}..{max(numbers):0{width}d}}}.tar"
+    found = ", ".join(f"{a}{b}*.tar ({len(v)})" for (a, b), v in sets.items())
+    raise ValueError(
+        f"{where!r} holds shards of {len(sets)} sets ({found}), which would be read as one dataset "
+        f"(the samples of a validation split in training, say): name one set, e.g. {example!r}, or "
+        "keep each set in a folder of its own"
+    )
+
+
+def _same_classes(first: str, given: Any, classes: ClassIndex, retry_timeout: float) -> None:
+    """Refuses ``classes`` other than the class list the converter wrote beside the shards (their
+    ``.cls`` labels number that list's classes: another list would label them wrongly)."""
+    m = _NUMBERED.fullmatch(first.rsplit("/", 1)[-1])
+    if m is None:
+        return
+    written = f"{first.rsplit('/', 1)[0]}/{m[1]}-classes.json" if "/" in first else f"{m[1]}-classes.json"
+    if isinstance(given, (str, os.PathLike)) and os.fspath(given) == written:
+        return
+    try:
+        beside = _class_index(written, retry_timeout) if is_remote_url(written) else ClassIndex.load(written)
+    except (FileNotFoundError, PermissionError, ValueError):
+        return  # none there (or not a class list): nothing to compare with
+    if beside is not None and beside.classes != classes.classes:
+        raise ValueError(
+            f"the shards were written with the class list {written!r} ({len(beside)} classes: "
+            f"{', '.join(beside.classes[:3])}, ...), but classes= gives another ({len(classes)} classes: "
+            f"{', '.join(classes.classes[:3])}, ...): their .cls labels number the classes of {written!r}, "
+            "so they would be labelled wrongly. Pass classes=" + repr(written) + ", or write the "
+            "shards again with the class list you want (python -m fastload shards SRC OUT --classes LIST)"
+        )
+
+
 def _store(url: str) -> Store:
     return HTTP if url.startswith(("http://", "https://")) else S3
 
@@ -169,6 +216,11 @@ def _class_index(classes: Any, retry_timeout: float) -> ClassIndex | None:
     if classes is None or isinstance(classes, ClassIndex):
         return classes
     if is_remote_url(classes):  # (the converter uploads it beside the shards)
+        if classes.endswith("/"):
+            raise ValueError(
+                f"classes={classes!r} names a prefix: name the class list itself, such as "
+                f"{classes + 'train-classes.json'!r} (what the converter uploads beside the shards)"
+            )
         store = _store(classes)
         with tempfile.TemporaryDirectory(prefix="fastload-classes-") as folder:
             path = os.path.join(folder, classes.rsplit("/", 1)[-1])
@@ -296,6 +348,11 @@ class TarShards(EncodedImageDataset):
             raise ValueError(f"label={label!r} is an image extension: name the member that holds the label")
         class_index = _class_index(classes, retry_timeout)
         sources = _sources(shards, cache_dir, cache_limit, retry_timeout, num_threads)
+        where = os.fspath(shards) if isinstance(shards, (str, os.PathLike)) else ""
+        if where.endswith("/") or (where and os.path.isdir(where)):  # a folder or a prefix
+            _one_set([s.name for s in sources], where)
+        if label == "cls" and class_index is not None:
+            _same_classes(sources[0].name, classes, class_index, retry_timeout)
         indexes = load_indexes(sources, num_threads)
         start_prefetch(sources)
         root, rels = _root([s.key for s in sources])

@@ -156,6 +156,19 @@ def test_a_missing_shard_or_bucket_is_named(server, bucket, local_shards, tmp_pa
         TarShards(["s3://train/train/train-000000.tar", str(local_shards / "train-000001.tar")])
 
 
+def test_a_prefix_takes_its_own_shards_of_one_set(server, bucket, local_shards, tmp_path):
+    shards = sorted(local_shards.glob("*.tar"))
+    _upload(server, "train", shards[:2], prefix="nested/")
+    _upload(server, "train", shards[2:3], prefix="nested/old/")  # in a sub-folder: not under the prefix
+    ds = TarShards("s3://train/nested/", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"names a prefix: .*train-classes\.json"):
+        TarShards("s3://train/nested/", cache_dir=tmp_path, classes="s3://train/nested/")
+    assert [s.rsplit("/", 1)[1] for s in ds.shards] == [s.name for s in shards[:2]]
+    server.client().put_object(Bucket="train", Key="nested/val-000000.tar", Body=shards[3].read_bytes())
+    with pytest.raises(ValueError, match=r"holds shards of 2 sets \(train-\*\.tar \(2\), val-\*\.tar \(1"):
+        TarShards("s3://train/nested/", cache_dir=tmp_path)
+
+
 def test_a_truncated_shard_raises_corrupt_sample_error(server, local_shards, tmp_path):
     client = server.client()
     client.create_bucket(Bucket="cut")

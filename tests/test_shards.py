@@ -301,6 +301,33 @@ def _copy(train_shards: Path, tmp_path: Path) -> Path:
     return out
 
 
+def test_two_sets_in_one_folder_and_another_class_list_are_errors(imagenet_root, train_shards, tmp_path):
+    out = _copy(train_shards, tmp_path)
+    val = tmp_path / "val"
+    shutil.copytree(imagenet_root / "val", val)
+    shutil.rmtree(sorted(val.iterdir())[0])  # a validation split without the first class
+    assert main(["shards", str(val), str(out), "--prefix", "val"]) == 0  # its own 3 classes
+    n = len(list(out.glob("train-*.tar")))
+    with pytest.raises(
+        ValueError, match=rf"holds shards of 2 sets \(train-\*\.tar \({n}\), val-\*\.tar \(1\)\)"
+    ) as e:
+        _shards(out)
+    assert f"/train-{{000000..{n - 1:06d}}}.tar'" in str(e.value)
+    assert len(TarShards(str(out / f"train-{{000000..{n - 1:06d}}}.tar"))) == 32  # as the error says
+    with pytest.raises(
+        ValueError, match=r"written with the class list '.*val-classes\.json' \(3 classes.*gives another \(4"
+    ):
+        TarShards(out / "val-000000.tar", classes=out / "train-classes.json")  # labels would shift by one
+    right = tmp_path / "right"
+    args = [str(val), str(right), "--prefix", "val", "--classes", str(out / "train-classes.json")]
+    with pytest.warns(UserWarning, match="1 of 4 classes have no samples"):
+        assert main(["shards", *args, "--no-shuffle"]) == 0
+        want = scan_folder(val, classes=out / "train-classes.json").targets
+    ds = TarShards(right, classes=out / "train-classes.json")
+    assert list(ds.targets) == list(want)
+    assert min(ds.targets) == 1
+
+
 def test_a_truncated_shard_raises_corrupt_sample_error_naming_shard_and_member(train_shards, tmp_path):
     out = _copy(train_shards, tmp_path)
     ds = _shards(out, transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
