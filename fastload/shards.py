@@ -484,6 +484,10 @@ class TarShards(EncodedImageDataset):
         return f"Classes: {len(self._index.classes)}\nShards: {len(self._sources)} ({first!r}, ...)"
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 10**9 else f"{n / 1e6:.1f} MB"
+
+
 def _warn_small_cache(firsts: np.ndarray, lasts: np.ndarray, sizes: np.ndarray, limit: int) -> bool:
     """Warns where the shards a pass reads at once (from each one's first sample to its last), on
     every rank of this machine, take more than half the cache (the other half holds the shards
@@ -499,8 +503,8 @@ def _warn_small_cache(firsts: np.ndarray, lasts: np.ndarray, sizes: np.ndarray, 
         return False
     at_once = int(live[1, int(live[0].argmax())])
     warnings.warn(
-        f"this pass reads up to {at_once} shard(s) at once ({need / 1e9:.2f} GB on the {ranks} rank(s) of "
-        f"this machine), more than half the shard cache's limit ({limit / 1e9:.2f} GB): shards are "
+        f"this pass reads up to {at_once} shard(s) at once ({_size(need)} on the {ranks} rank(s) of "
+        f"this machine), more than half the shard cache's limit ({_size(limit)}): shards are "
         "removed before they are read to the end and downloaded again and again. Pass shuffle_window=N "
         "(the shards N at a time, docs/shards.md) or a larger cache_limit",
         stacklevel=caller_stacklevel(),
