@@ -275,13 +275,7 @@ class ShardCache:
         """Makes room for ``size`` bytes (least recently used copies first) and creates ``part``
         with that size, under the cache's lock, so that concurrent downloads count each other (one
         that does not fit beside the downloads under way waits for them)."""
-        if size > self.limit:
-            raise OSError(
-                errno.ENOSPC,
-                f"the shard ({size} bytes) is larger than the shard cache's limit ({self.limit} bytes): "
-                f"pass a larger cache_limit (e.g. cache_limit='{max(1, -(-4 * size // 10**9))}GB')",
-                name,
-            )
+        self.check_fits(size, name)
         while True:
             with _locked(os.path.join(self.folder, ".cache.lock")):
                 if self._make_room(size):
@@ -289,6 +283,16 @@ class ShardCache:
                         f.truncate(size)
                     return
             time.sleep(0.05)  # downloads under way take the room: one ends within its retry time
+
+    def check_fits(self, size: int, name: str) -> None:
+        """``OSError`` (``ENOSPC``) naming the shard ``name`` where its ``size`` exceeds the limit."""
+        if size > self.limit:
+            raise OSError(
+                errno.ENOSPC,
+                f"the shard ({size} bytes) is larger than the shard cache's limit ({self.limit} bytes): "
+                f"pass a larger cache_limit (e.g. cache_limit='{max(1, -(-4 * size // 10**9))}GB')",
+                name,
+            )
 
     def _make_room(self, size: int) -> bool:
         """Removes the least recently used copies (and ``.part`` files nobody writes) until ``size``

@@ -541,16 +541,17 @@ def _sources(
         )
     folder = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
     cache = ShardCache(folder, cache_limit_bytes(cache_limit, folder))
-    return list(
-        remote_sources(
-            shards,
-            _store(str(first)),
-            cache,
-            expand=expand_braces,
-            retry_timeout=float(retry_timeout),
-            num_threads=num_threads or 16,
-        )
+    found = remote_sources(
+        shards,
+        _store(str(first)),
+        cache,
+        expand=expand_braces,
+        retry_timeout=float(retry_timeout),
+        num_threads=num_threads or 16,
     )
+    largest = max(found, key=lambda s: s.size)
+    cache.check_fits(largest.size, largest.name)  # (now, not at the first read of that shard)
+    return list(found)
 
 
 def _root(keys: list[str]) -> tuple[str, list[str]]:

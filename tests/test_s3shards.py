@@ -345,6 +345,8 @@ def test_the_converter_writes_to_a_bucket_whose_sidecars_spare_the_downloads(
         cache = tmp_path / f"cache{k}"
         remote = _s3(local_shards, cache, url)
         assert _copies(cache) == [], "a shard was downloaded to make the dataset"
+    with pytest.raises(OSError, match="larger than the shard cache's limit"):  # known without a download
+        TarShards(converted, cache_dir=tmp_path / "tiny", cache_limit="100kB")
     assert (
         TarShards(converted, classes=converted + "train-classes.json", cache_dir=cache).classes
         == local.classes
