@@ -86,6 +86,8 @@ class Plan:
         order: ``"shuffle"``, ``"blocks"``, ``"sequence"``, or ``None``: one fastload cannot derive.
         order_seed: The seed of a sampler the user built (``None``: the loader's own).
         pad, drop_tail: The sampler's sharding rule (:func:`fastload._position.rest_of_epoch`).
+        shuffle_window, shuffle_blocks: What a blockwise order depends on
+            (:func:`fastload.sampler.block_layout`).
     """
 
     num_samples: int | None
@@ -97,6 +99,8 @@ class Plan:
     order_seed: int | None = None
     pad: bool = False
     drop_tail: bool = False
+    shuffle_window: int | None = None
+    shuffle_blocks: str | None = None
 
     @property
     def global_order(self) -> bool:
@@ -130,6 +134,7 @@ class Resume:
 
 
 _PLAN_FIELDS = tuple(Plan.__dataclass_fields__)
+_LAYOUT = ("shuffle_window", "shuffle_blocks")  # absent from states saved before they were recorded
 _WORDS = {
     "num_samples": "{} samples",
     "batch_size": "batches of {}",
@@ -310,9 +315,9 @@ class EpochState:
                 f"(this fastload reads version {STATE_VERSION})"
             )
         for key in ("seed", "epoch", "batches", "position", "pass_start", *_PLAN_FIELDS):
-            if key not in state:
+            if key not in state and key not in _LAYOUT:
                 raise ResumeError(f"the state has no {key!r} field: it is not a complete {self.kind} state")
-        fields = dict(state)
+        fields = {**dict.fromkeys(_LAYOUT), **state}
         for key, low in (("seed", None), ("epoch", 0), ("batches", 0), ("pass_start", 0)):
             fields[key] = _state_int(state, key, low)
         if state["num_samples"] != plan.num_samples:
@@ -367,7 +372,9 @@ class EpochState:
             )
         if state["finished"]:
             return None
-        same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k != "rank")
+        if state["position"]:
+            check_layout(state, asdict(plan), "loader.set_epoch(state['epoch'])")
+        same = all(state[k] == getattr(plan, k) for k in _PLAN_FIELDS if k not in ("rank", *_LAYOUT))
         own = same and state["pass_start"] == 0 and state["batches"] is not None
         batches = state["batches"] if own else None
         epoch_of = order_epoch if sampler_epoch is not None else None
@@ -390,6 +397,30 @@ class EpochState:
         if num_batches is not None and done == num_batches:
             return None
         return Resume(0, done, state.get("sampler_epoch"))
+
+
+def check_layout(saved: dict[str, Any], mine: dict[str, Any], anew: str) -> None:
+    """Refuses to continue a blockwise order with another ``shuffle_window`` or other blocks (a state
+    without them, saved before they were recorded, is accepted). ``anew``: how to start the epoch over.
+
+    Raises:
+        ResumeError: Naming the field that changed and both values.
+    """
+    window, blocks = saved.get("shuffle_window"), saved.get("shuffle_blocks")
+    if window is not None and window != mine["shuffle_window"]:
+        changed = f"with shuffle_window={window}, but this dataset has {mine['shuffle_window']}"
+    elif blocks is not None and blocks != mine["shuffle_blocks"]:
+        changed = (
+            f"over {blocks}, but this dataset has {mine['shuffle_blocks']}: the shards' layout changed "
+            "(other shards, another order or shard size)"
+        )
+    else:
+        return
+    raise ResumeError(
+        f"the state's blockwise order was built {changed}; the rest of the epoch would repeat some "
+        f"samples and skip others. Resume with the same shuffle_window and shards, or start the "
+        f"epoch anew with {anew}"
+    )
 
 
 def _merge(states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from collections.abc import Iterator, Sized
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler as _TorchDistributedSampler
 
 from ._checks import check_int, optional_attribute
-from ._epoch import DefaultSeed, resolve_seed
+from ._epoch import DefaultSeed, check_layout, resolve_seed
 from ._position import consumed, rest_of_epoch
 from .rng import epoch_permutation
 
@@ -31,6 +32,7 @@ __all__ = [
     "DistributedSampler",
     "EpochRandomSampler",
     "NoProcessGroupError",
+    "block_layout",
     "blockwise_permutation",
     "epoch_order",
     "global_order",
@@ -110,6 +112,17 @@ def _shuffle_blocks(dataset: Any, n: int) -> tuple[np.ndarray, int] | None:
             f"but ends at {int(starts[-1]) if len(starts) else None}"
         )
     return starts, int(getattr(dataset, "shuffle_window", 1))
+
+
+def block_layout(dataset: Any, n: int) -> dict[str, Any]:
+    """What a shuffled epoch's blockwise order depends on besides seed, epoch and ranks, as a state
+    records it: ``shuffle_window`` and ``shuffle_blocks``, the number of blocks and the CRC-32 of
+    their ``int64`` starts (``"5 blocks, crc32 1a2b3c4d"``); both ``None`` without blocks."""
+    blocks = _shuffle_blocks(dataset, n)
+    if blocks is None:
+        return {"shuffle_window": None, "shuffle_blocks": None}
+    crc = zlib.crc32(blocks[0].astype("<i8").tobytes())
+    return {"shuffle_window": blocks[1], "shuffle_blocks": f"{len(blocks[0]) - 1} blocks, crc32 {crc:08x}"}
 
 
 def epoch_order(dataset: Any, n: int, seed: int, epoch: int, num_replicas: int = 1) -> np.ndarray:
@@ -431,10 +444,11 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
         self._resume = None
 
     def state_dict(self, taken: int = 0) -> dict[str, Any]:
-        """``{"epoch", "seed", "position", "num_samples", "shuffle", "order_replicas"}``: ``position``
-        is the global position after each rank took ``taken`` indices of this epoch (with a
-        ``DataLoader``: ``batches * batch_size``), from which a sampler with any ``num_replicas``
-        continues the order built for ``order_replicas`` ranks."""
+        """``{"epoch", "seed", "position", "num_samples", "shuffle", "order_replicas",
+        "shuffle_window", "shuffle_blocks"}``: ``position`` is the global position after each rank
+        took ``taken`` indices of this epoch (with a ``DataLoader``: ``batches * batch_size``), from
+        which a sampler with any ``num_replicas`` continues the order built for ``order_replicas``
+        ranks; the last two: what a blockwise order depends on (:func:`block_layout`)."""
         pending = self.resume_point()
         if pending is not None:
             start = pending  # not iterated yet
@@ -452,7 +466,12 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
             "num_samples": self._len,
             "shuffle": self.shuffle,
             "order_replicas": replicas,
+            **self._layout(),
         }
+
+    def _layout(self) -> dict[str, Any]:
+        """:func:`block_layout` of the shuffled order (``None`` values unshuffled)."""
+        return block_layout(self.dataset if self.shuffle else None, self._len)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores :meth:`state_dict`: the next iteration of that epoch yields this rank's share
@@ -473,6 +492,8 @@ class DistributedSampler(_Seeded, _TorchDistributedSampler[int]):
                     f"the state was saved by a sampler with {key}={state_dict[key]!r}, but this one has "
                     f"{key}={mine!r}: the rest of the epoch would be other samples"
                 )
+        if position:
+            check_layout(state_dict, self._layout(), "sampler.set_epoch(state_dict['epoch'])")
         self.set_epoch(epoch)
         self.seed = seed
         self._resume = (epoch, position, replicas) if position else None
@@ -502,9 +523,11 @@ def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
     loader made it, and it takes a loaded state's seed)."""
     if isinstance(sampler, DistributedSampler):
         sampler._follow()
-        blocks = sampler.shuffle and _shuffle_blocks(dataset, sampler._len) is not None
+        layout = sampler._layout()
+        blocks = layout["shuffle_window"] is not None
         order = ("blocks" if blocks else "shuffle") if sampler.shuffle else "sequence"
         return {
+            **layout,
             "num_replicas": sampler.num_replicas,
             "rank": sampler.rank,
             "order": order,
@@ -522,8 +545,9 @@ def sampler_plan(sampler: Any, dataset: Any, own: bool) -> dict[str, Any]:
             "drop_tail": sampler.drop_last,
         }
     if type(sampler) is EpochRandomSampler:
-        blocks = _shuffle_blocks(dataset, len(sampler)) is not None
-        return {"order": "blocks" if blocks else "shuffle", "order_seed": None if own else sampler.seed}
+        layout = block_layout(dataset, len(sampler))
+        order = "shuffle" if layout["shuffle_window"] is None else "blocks"
+        return {"order": order, "order_seed": None if own else sampler.seed, **layout}
     if type(sampler) is SequentialSampler:
         return {"order": "sequence"}
     return {}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fastload.memory as memory
-from fastload import DataLoader, DistributedSampler
+from fastload import DataLoader, DistributedSampler, ResumeError
 from fastload import transforms as T
 from fastload.folder import scan_folder
 from fastload.memory import InMemoryImageFolder
@@ -149,6 +149,17 @@ def test_loader_epoch_is_the_blockwise_order_and_resumes_mid_epoch(pack_path: Pa
     assert len(rest) == len(epochs[0]) - 3
     for a, b in zip(rest, epochs[0][3:], strict=True):
         assert torch.equal(a.indices, b.indices) and torch.equal(a.images, b.images)
+    # Blocks of another size: the rest of the epoch would repeat and skip samples.
+    other = InMemoryImageFolder.from_pack(
+        pack_path,
+        in_memory=False,
+        shuffle_order="blockwise",
+        shuffle_block_bytes=64 * BLOCK,
+        shuffle_window=WINDOW,
+    )
+    with pytest.raises(ResumeError, match="blocks, crc32 .* layout changed"):
+        DataLoader(other, **kwargs).load_state_dict(state)
+    other.close()
     for lo in (loader, first, second):
         lo.close()
     ds.close()

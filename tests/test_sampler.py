@@ -262,6 +262,8 @@ def test_state_dict_round_trip() -> None:
         "num_samples": 40,
         "shuffle": True,
         "order_replicas": 3,
+        "shuffle_window": None,  # no blockwise order (a dataset without shuffle_blocks)
+        "shuffle_blocks": None,
     }
     fresh = DistributedSampler(range(40), num_replicas=3, rank=2)
     fresh.load_state_dict(state)

@@ -523,6 +523,40 @@ def test_resume_mid_epoch_and_two_ranks_cover_each_sample_once(train_shards):
     assert sorted(seen) == list(range(len(shards)))
 
 
+def test_a_shard_aware_state_resumes_only_with_the_same_window_and_shards(train_shards):
+    """A state inside an epoch of ``shuffle_window=2`` continues it exactly over the same shards
+    (also a state saved before the window and blocks were recorded); over ``shuffle_window=4``
+    or the shards listed in another order (other blocks) the loader's and the sampler's states
+    raise ResumeError naming what changed, since the rest would repeat some samples and skip others;
+    a state from before any step loads over either."""
+    kwargs = dict(batch_size=4, shuffle=True, seed=7, num_workers=0)
+    shards = _shards(train_shards, shuffle_window=2, transform=_train_tf())
+    whole = collect(fastload.DataLoader(shards, **kwargs))
+    first = fastload.DataLoader(shards, **kwargs)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("shuffle_window", "shuffle_blocks")}
+    for saved in (state, old):
+        resumed = fastload.DataLoader(shards, **kwargs)
+        resumed.load_state_dict(saved)
+        assert same(whole[2:], collect(resumed))
+    wider = _shards(train_shards, shuffle_window=4, transform=_train_tf())
+    paths = sorted(str(p) for p in train_shards.glob("*.tar"))[::-1]
+    reordered = TarShards(paths, classes=train_shards / "train-classes.json", shuffle_window=2)
+    assert not np.array_equal(reordered.shuffle_blocks, shards.shuffle_blocks)
+    sampler_state = fastload.DistributedSampler(shards, num_replicas=1, rank=0, seed=7).state_dict(taken=8)
+    for other, match in ((wider, "shuffle_window=2, but this dataset has 4"),
+                         (reordered, "over 5 blocks, crc32 .* layout changed")):  # fmt: skip
+        with pytest.raises(fastload.ResumeError, match=match):
+            fastload.DataLoader(other, **kwargs).load_state_dict(state)
+        sampler = fastload.DistributedSampler(other, num_replicas=1, rank=0, seed=7)
+        with pytest.raises(fastload.ResumeError, match=match):
+            sampler.load_state_dict(sampler_state)
+        unstarted = fastload.DataLoader(shards, **kwargs).state_dict()
+        fastload.DataLoader(other, **kwargs).load_state_dict(unstarted)
+
+
 def test_the_shard_aware_order_reads_a_window_of_shards_at_a_time(train_shards):
     """shuffle_window=2: the shards in a random order, two at a time, their samples shuffled
     together; the loader's order is that one, a permutation of every sample."""
