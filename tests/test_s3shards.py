@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 import traceback
@@ -218,6 +219,24 @@ def test_the_server_stopped_mid_epoch_then_restarted(server, bucket, local_shard
     loader.load_state_dict(state)
     rest = collect(loader)
     assert same(want, got + rest)
+
+
+def test_a_store_that_accepts_but_never_answers_fails_within_retry_timeout(
+    server, bucket, local_shards, tmp_path
+):
+    remote = _s3(local_shards, tmp_path, retry_timeout=2)
+    for copy in _copies(tmp_path):
+        copy.unlink()  # (the indexes stay: a cold cache)
+    loader = fastload.DataLoader(remote, batch_size=4, num_workers=0)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)  # the kernel still accepts its connections
+    try:
+        start = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"after 1 attempt\(s\) in [23]\.\d s: .*timeout"):
+            next(iter(loader))
+        assert time.monotonic() - start < 15
+    finally:
+        server.process.send_signal(signal.SIGCONT)
 
 
 def test_the_cache_stays_within_its_limit(server, bucket, local_shards, tmp_path):
