@@ -411,14 +411,27 @@ class RemoteShard:
     def stamp(self) -> tuple[int, int]:
         return self.size, self._tag_number
 
-    def _download(self, f: BinaryIO) -> None:
+    def _download(self, f: BinaryIO, since: float) -> None:
+        """Downloads the shard into ``f``, unless a download of it by another reader (this one
+        waiting for it since ``since``, ``time.time()``) failed meanwhile: its error then."""
+        failure, text = self.copy + ".lock", ""  # (its text: the last failed download's error)
+        with contextlib.suppress(OSError), open(failure) as last:
+            text = last.read() if os.fstat(last.fileno()).st_mtime > since else ""
+        if text:
+            raise ObjectStoreError(errno.EIO, text, self.name)
+
         def attempt() -> None:
             f.seek(0)
             self.store.get(self.name, f, self.tag)
             if f.tell() != self.size:  # (a connection closed early: retried)
                 raise ConnectionError(f"the download stopped at byte {f.tell()} of {self.size}")
 
-        retrying(attempt, "download the shard", self.name, self._listing.retry_timeout, self.store)
+        try:
+            retrying(attempt, "download the shard", self.name, self._listing.retry_timeout, self.store)
+        except ObjectStoreError as e:
+            with contextlib.suppress(OSError), open(failure, "w") as last:
+                last.write(str(e.strerror))  # (the readers waiting for this download fail with it)
+            raise
 
     def fetch_index(self) -> None:
         """Copies the ``<shard>.idx`` object beside the shard into the cache, where the cache has
@@ -447,11 +460,13 @@ class RemoteShard:
     def fetch(self) -> None:
         """Makes sure the copy is in the cache (downloading it if need be)."""
         cache = self._listing.cache
-        os.close(cache.ensure(self.copy, self.size, self.name, self._download))
+        since = time.time()
+        os.close(cache.ensure(self.copy, self.size, self.name, lambda f: self._download(f, since)))
 
     def read(self, offset: int, length: int) -> bytes:
         cache = self._listing.cache
-        handle = cache.open(self.copy, self.size, self.name, self._download)  # (held while read)
+        since = time.time()
+        handle = cache.open(self.copy, self.size, self.name, lambda f: self._download(f, since))
         fd = handle.fd
         if self._opened_in != os.getpid() and self._listing.prefetching:
             self._opened_in = os.getpid()
