@@ -5,8 +5,9 @@ an :class:`~fastload.s3shards.RemoteShard`: looked up (``HEAD``: its size, and i
 its ``Last-Modified``, which with the URL name its copy) when the dataset is made, downloaded
 whole (``GET``) into the node cache on first use, once per node, like a shard on an object store.
 A server is not listed: name the shards. ``404`` is a ``FileNotFoundError`` naming the URL;
-connection failures, timeouts and ``5xx``, ``408`` and ``429`` answers are retried (see
-:func:`~fastload.s3shards.retrying`). Standard library only (``urllib``): no dependency.
+connection failures, timeouts (each attempt waits
+:func:`~fastload.s3shards.attempt_timeout` at most) and ``5xx``, ``408`` and ``429`` answers are
+retried (see :func:`~fastload.s3shards.retrying`). Standard library only (``urllib``): no dependency.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import urllib.request
 from email.message import Message
 from typing import BinaryIO
 
+from .s3shards import attempt_timeout
+
 __all__ = ["HTTP"]
 
-_TIMEOUT_S = 60
 _CHUNK = 1 << 20
 
 
 def _open(url: str, method: str = "GET") -> http.client.HTTPResponse:
     request = urllib.request.Request(url, method=method, headers={"User-Agent": "fastload"})
-    response: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+    response: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=attempt_timeout())
     return response
 
 

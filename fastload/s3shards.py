@@ -20,7 +20,9 @@ writes one into a message.
 
 Transient failures (connection refused or reset, timeouts, 5xx answers, throttling) are retried
 with exponential backoff (0.25 s doubling to 8 s, with jitter) for ``retry_timeout`` seconds in
-all, then :class:`ObjectStoreError` names the shard, the endpoint and the last error.
+all, then :class:`ObjectStoreError` names the shard, the endpoint and the last error. Each attempt
+waits at most :func:`attempt_timeout` for the store to connect or send the next bytes, so a store
+that accepts connections but stops answering is an error after about ``retry_timeout`` too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import math
 import os
 import random
 import threading
@@ -44,6 +47,7 @@ __all__ = [
     "ObjectStoreError",
     "RemoteShard",
     "Store",
+    "attempt_timeout",
     "follow_order",
     "is_remote_url",
     "remote_sources",
@@ -56,6 +60,7 @@ __all__ = [
 #: Seconds of retries (in all, per download or lookup) before a transient failure is an error.
 RETRY_TIMEOUT = 60.0
 _FIRST_DELAY, _MAX_DELAY = 0.25, 8.0
+_MIN_WAIT, _MAX_WAIT = 1, 60
 _CHUNK = 1 << 20
 _THROTTLED = {
     "Throttling",
@@ -78,6 +83,7 @@ _DENIED = {
     "Forbidden",
 }
 _T = TypeVar("_T")
+_retry_timeout = threading.local()  # (the retry_timeout of the retrying call under way in a thread)
 
 
 class ObjectStoreError(OSError):
@@ -136,7 +142,7 @@ def _split(url: str) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------------------- client
 
-_clients: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
+_clients: dict[tuple[int, tuple[tuple[str, str], ...], int], Any] = {}
 _clients_lock = threading.Lock()
 
 
@@ -152,28 +158,37 @@ def _botocore() -> Any:
     return botocore
 
 
+def attempt_timeout() -> int:
+    """Seconds one attempt may wait for the store to connect or to send the next bytes: the
+    ``retry_timeout`` of the :func:`retrying` call under way in this thread, at least 1 and at most
+    60 (60 outside one)."""
+    return min(_MAX_WAIT, max(_MIN_WAIT, math.ceil(getattr(_retry_timeout, "value", _MAX_WAIT))))
+
+
 def client() -> Any:
     """This process's S3 client for the AWS environment as it is now (a new one after ``fork``: a
-    client's connections are not shared with another process). Its retries are fastload's own
-    (:func:`retrying`), so botocore's are off."""
-    # (one per process and AWS environment: a process that sets AWS_PROFILE gets a client for it)
-    pid = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
-    made = _clients.get(pid)
+    client's connections are not shared with another process), waiting :func:`attempt_timeout`
+    seconds at most. Its retries are fastload's own (:func:`retrying`), so botocore's are off."""
+    # (one per process, AWS environment and timeout: a process that sets AWS_PROFILE gets a client for it)
+    timeout = attempt_timeout()
+    key = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))), timeout)
+    made = _clients.get(key)
     if made is not None:
         return made
     botocore = _botocore()
     with _clients_lock:
-        made = _clients.get(pid)
+        made = _clients.get(key)
         if made is None:
             config = botocore.config.Config(
                 retries={"total_max_attempts": 1},
-                connect_timeout=10,
-                read_timeout=60,
+                connect_timeout=timeout,
+                read_timeout=timeout,
                 max_pool_connections=32,
             )
             made = botocore.session.get_session().create_client("s3", config=config)
-            _clients.clear()  # (a parent's client, in a forked process, is never used)
-            _clients[pid] = made
+            for other in [k for k in _clients if k[:2] != key[:2]]:
+                del _clients[other]  # (a parent's client, in a forked process, is never used)
+            _clients[key] = made
     return made
 
 
@@ -263,32 +278,37 @@ def retrying(
     fn: Callable[[], _T], what: str, url: str, retry_timeout: float, store: Store | None = None
 ) -> _T:
     """``fn()``, again after transient failures of ``store`` (default: :data:`S3`; exponential
-    backoff with jitter) for at most ``retry_timeout`` seconds; then :class:`ObjectStoreError`
-    naming ``url`` and the last error."""
+    backoff with jitter) for at most ``retry_timeout`` seconds, each attempt waiting
+    :func:`attempt_timeout` at most; then :class:`ObjectStoreError` naming ``url`` and the last
+    error."""
     store = S3 if store is None else store
     start = time.monotonic()
     delay, attempts = _FIRST_DELAY, 0
-    while True:
-        attempts += 1
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - sorted into final, transient and unexpected below
-            final = store.final(e, what, url)
-            if final is not None:
-                raise final from None
-            if not store.transient(e):
-                raise
-            elapsed = time.monotonic() - start
-            if elapsed + delay > retry_timeout:
-                raise ObjectStoreError(
-                    errno.EIO,
-                    f"could not {what} after {attempts} attempt(s) in {elapsed:.1f} s: {store.where(url)} "
-                    f"kept failing (last error: {type(e).__name__}: {e}). Check that it runs and can be "
-                    "reached; the next read tries again",
-                    url,
-                ) from None
-            time.sleep(delay * random.uniform(0.75, 1.25))
-            delay = min(2 * delay, _MAX_DELAY)
+    _retry_timeout.value = retry_timeout
+    try:
+        while True:
+            attempts += 1
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - sorted into final, transient and unexpected below
+                final = store.final(e, what, url)
+                if final is not None:
+                    raise final from None
+                if not store.transient(e):
+                    raise
+                elapsed = time.monotonic() - start
+                if elapsed + delay > retry_timeout:
+                    raise ObjectStoreError(
+                        errno.EIO,
+                        f"could not {what} after {attempts} attempt(s) in {elapsed:.1f} s: "
+                        f"{store.where(url)} kept failing (last error: {type(e).__name__}: {e}). Check "
+                        "that it runs and can be reached; the next read tries again",
+                        url,
+                    ) from None
+                time.sleep(delay * random.uniform(0.75, 1.25))
+                delay = min(2 * delay, _MAX_DELAY)
+    finally:
+        del _retry_timeout.value
 
 
 class _S3Store:
@@ -391,14 +411,27 @@ class RemoteShard:
     def stamp(self) -> tuple[int, int]:
         return self.size, self._tag_number
 
-    def _download(self, f: BinaryIO) -> None:
+    def _download(self, f: BinaryIO, since: float) -> None:
+        """Downloads the shard into ``f``, unless a download of it by another reader (this one
+        waiting for it since ``since``, ``time.time()``) failed meanwhile: its error then."""
+        failure, text = self.copy + ".lock", ""  # (its text: the last failed download's error)
+        with contextlib.suppress(OSError), open(failure) as last:
+            text = last.read() if os.fstat(last.fileno()).st_mtime > since else ""
+        if text:
+            raise ObjectStoreError(errno.EIO, text, self.name)
+
         def attempt() -> None:
             f.seek(0)
             self.store.get(self.name, f, self.tag)
             if f.tell() != self.size:  # (a connection closed early: retried)
                 raise ConnectionError(f"the download stopped at byte {f.tell()} of {self.size}")
 
-        retrying(attempt, "download the shard", self.name, self._listing.retry_timeout, self.store)
+        try:
+            retrying(attempt, "download the shard", self.name, self._listing.retry_timeout, self.store)
+        except ObjectStoreError as e:
+            with contextlib.suppress(OSError), open(failure, "w") as last:
+                last.write(str(e.strerror))  # (the readers waiting for this download fail with it)
+            raise
 
     def fetch_index(self) -> None:
         """Copies the ``<shard>.idx`` object beside the shard into the cache, where the cache has
@@ -427,11 +460,13 @@ class RemoteShard:
     def fetch(self) -> None:
         """Makes sure the copy is in the cache (downloading it if need be)."""
         cache = self._listing.cache
-        os.close(cache.ensure(self.copy, self.size, self.name, self._download))
+        since = time.time()
+        os.close(cache.ensure(self.copy, self.size, self.name, lambda f: self._download(f, since)))
 
     def read(self, offset: int, length: int) -> bytes:
         cache = self._listing.cache
-        handle = cache.open(self.copy, self.size, self.name, self._download)  # (held while read)
+        since = time.time()
+        handle = cache.open(self.copy, self.size, self.name, lambda f: self._download(f, since))
         fd = handle.fd
         if self._opened_in != os.getpid() and self._listing.prefetching:
             self._opened_in = os.getpid()

@@ -10,7 +10,9 @@ every rank and worker of the machine:
   ``train-0007.tar`` at once download it once.
 - **Never half a shard.** A download goes to ``<copy>.<pid>.part``, sized to the shard before the
   first byte, and is renamed to ``<copy>`` when every byte is there: a killed job leaves a
-  ``.part``, never a copy that looks whole (the next process removes a ``.part`` nobody is writing).
+  ``.part``, never a copy that looks whole. A process that exits while downloading (its prefetch
+  thread, say) removes its ``.part``; one killed leaves it, and the next :class:`ShardCache` made
+  on the folder removes every ``.part`` nobody is writing (whose copy's lock is free).
 - **A size limit.** Before a download the shard's size is reserved under the cache's own lock
   (``.cache.lock``): the least recently used copies are removed until the copies, the downloads
   under way and the new shard fit ``limit`` bytes. Each read of a copy (at most once a second per
@@ -25,6 +27,7 @@ Data flow: object store --download (the store's own client)--> cache folder --pr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -92,6 +95,8 @@ def cache_limit_bytes(cache_limit: int | str | None, cache_dir: str) -> int:
 # so a child closes its copies of these at once (the parent's lock is unchanged).
 _lock_fds: set[int] = set()
 _lock_fds_lock = threading.Lock()  # (held around fork: no lock file half-registered in a child)
+# The downloads under way in this process: removed at exit (a daemon thread's never ends its own).
+_parts: set[str] = set()
 
 
 def _close_inherited_locks() -> None:
@@ -99,7 +104,16 @@ def _close_inherited_locks() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _lock_fds.clear()
+    _parts.clear()  # (the parent's)
     _lock_fds_lock.release()
+
+
+@atexit.register
+def _remove_parts() -> None:
+    with _lock_fds_lock:
+        for part in _parts:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
 
 
 os.register_at_fork(
@@ -159,6 +173,9 @@ class ShardCache:
         self.folder, self.limit, self.prefetch = os.path.abspath(folder), int(limit), int(prefetch)
         os.makedirs(self.folder, exist_ok=True)
         self._state()
+        for _, _, path in self.entries():
+            if path.endswith(_PART):
+                self._remove_part(path)
 
     def _state(self) -> None:
         self._pid = os.getpid()
@@ -223,8 +240,10 @@ class ShardCache:
             if fd is not None:
                 return fd
             part = f"{copy}.{os.getpid()}.{threading.get_ident()}{_PART}"
-            self._reserve(part, size, name)
+            with _lock_fds_lock:
+                _parts.add(part)
             try:
+                self._reserve(part, size, name)
                 with open(part, "r+b") as f:
                     download(f)
                     f.truncate()
@@ -243,6 +262,9 @@ class ShardCache:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
                 raise
+            finally:
+                with _lock_fds_lock:
+                    _parts.discard(part)
             return fd
 
     def _try_open(self, copy: str) -> int | None:
@@ -303,17 +325,23 @@ class ShardCache:
             if used + size <= self.limit:
                 break
             if path.endswith(_PART):
-                owner = path[: path.rindex(".", 0, path.rindex(".", 0, len(path) - len(_PART)))]
-                with _locked(owner + _LOCK, blocking=False) as free:
-                    if not free:
-                        continue  # a download under way: its room is taken
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)  # left by a killed job
+                if not self._remove_part(path):
+                    continue  # a download under way: its room is taken
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)  # (its index stays: a few kB, valid for the same object)
             used -= s
         return used + size <= self.limit
+
+    def _remove_part(self, path: str) -> bool:
+        """Removes the download ``path`` where nobody writes it (its copy's lock is free: a job
+        killed while downloading left it); whether it did."""
+        copy = path[: path.rindex(".", 0, path.rindex(".", 0, len(path) - len(_PART)))]
+        with _locked(copy + _LOCK, blocking=False) as free:
+            if free:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return free
 
     def prefetch_after(self, jobs: list[Callable[[], object]], keys: list[str]) -> None:
         """Runs ``jobs`` (downloads of the next shards) in this process's background thread (a

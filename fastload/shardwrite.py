@@ -15,7 +15,8 @@ sidecar, stamped with the size and ETag of the uploaded object so that ``TarShar
 of downloading the shard to index it, and last the class list.
 
 Command line: ``python -m fastload shards SRC OUT [--shard-size 512MB] [--prefix train] [--classes PATH]
-[--seed 0 | --no-shuffle]``.
+[--seed 0 | --no-shuffle]``; stopped (Ctrl-C, or SIGTERM, a scheduler's preemption), it removes
+what it wrote or uploaded.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import argparse
 import contextlib
 import io
 import os
+import signal
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -143,7 +146,7 @@ def write_shards(
         ValueError: Where ``out`` already holds ``<prefix>-*.tar`` shards (shards of two runs would
             mix), or a sample is neither JPEG nor PNG (``TarShards`` reads those).
         OSError: Naming a sample that cannot be read, or the shard that cannot be written or
-            uploaded (what this call wrote is then removed), e.g.
+            uploaded (what this call wrote is then removed, as on ``KeyboardInterrupt``), e.g.
             :class:`~fastload.s3shards.ObjectStoreError`.
 
     Example: 32 samples of about 3 kB with ``shard_size=50_000`` give ``train-000000.tar`` (14
@@ -194,6 +197,7 @@ def write_shards(
     written: list[str] = []  # (paths, or the URLs uploaded)
     current: tuple[Any, tarfile.TarFile, str, str] | None = None  # (file, tar, temporary, final)
     filled = total = 0
+    saving = False  # (the class list: removed too where a signal stops its writing)
 
     def finish() -> None:
         nonlocal current, total
@@ -246,6 +250,7 @@ def write_shards(
             bar.update(1)
         finish()
         classes_path = os.path.join(folder, f"{prefix}-classes.json")
+        saving = True
         index.classes.save(classes_path)
         if bucket is not None:
             classes_path = bucket + os.path.basename(classes_path)
@@ -253,15 +258,20 @@ def write_shards(
     except BaseException:
         if current is not None:
             current[0].close()
+        # what this call wrote, the shard under way included (a signal may come between its steps)
+        for k in range(len(written) + 1):
+            name = f"{prefix}-{k:06d}.tar"
+            for p in (f".{name}.tmp", name, f"{name}.idx"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, p))
+        if saving:
             with contextlib.suppress(OSError):
-                os.unlink(current[2])
-        for path in written:
-            for p in (path, f"{path}.idx"):
+                os.unlink(os.path.join(folder, f"{prefix}-classes.json"))
+        if bucket is not None:
+            uploaded = [u for w in written for u in (w, f"{w}.idx")]
+            for url in uploaded + [f"{bucket}{prefix}-classes.json"] * saving:
                 with contextlib.suppress(Exception):
-                    if bucket is None:
-                        os.unlink(p)
-                    else:
-                        _delete(p)
+                    _delete(url)
         raise
     finally:
         bar.close()
@@ -349,6 +359,10 @@ def add_shards_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # (through write_shards's cleanup, as KeyboardInterrupt is)
+
+
 def _is_pack(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(len(MAGIC)) == MAGIC
@@ -371,6 +385,9 @@ def shards_command(args: argparse.Namespace) -> int:
         source = scan_list(src, root, ClassIndex.load(args.classes))
     else:
         raise FileNotFoundError(f"SRC {src!r} is not an image folder, a split list or a pack file")
+    # SIGTERM (a scheduler's preemption) removes what was written, as Ctrl-C does
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         summary = write_shards(
             source,
@@ -383,6 +400,8 @@ def shards_command(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if pack is not None:
             pack.close()
     where, _, first = str(summary.shards[0]).rpartition("/")

@@ -11,6 +11,7 @@ import functools
 import http.server
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from _batches import collect, same
 import fastload
 from fastload import transforms as T
 from fastload.__main__ import main
+from fastload.s3shards import ObjectStoreError
 from fastload.shards import TarShards
 
 SHARD_SIZE = 1_200_000  # the 32 training images in 5 shards
@@ -150,3 +152,17 @@ def test_a_shard_written_again_since_the_dataset_was_made_is_not_read(web, shard
     os.utime(shard, (later, later))  # a new Last-Modified, the same size
     with pytest.raises(OSError, match=r"written again since the dataset was made.*again/a\.tar'"):
         ds.get_bytes(0)
+
+
+def test_a_server_that_accepts_but_never_answers_fails_within_retry_timeout(tmp_path):
+    silent = socket.socket()  # (listening, never accepting: the kernel takes the connections)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/a.tar"
+        start = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"after 1 attempt\(s\) in [23]\.\d s.*timed out"):
+            TarShards(url, cache_dir=tmp_path, retry_timeout=2)
+        assert time.monotonic() - start < 15
+    finally:
+        silent.close()

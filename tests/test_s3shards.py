@@ -11,10 +11,14 @@ fails; stale or damaged sidecars rebuilt."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -233,6 +237,25 @@ def test_the_server_stopped_mid_epoch_then_restarted(server, bucket, local_shard
     assert same(want, got + rest)
 
 
+def test_a_store_that_accepts_but_never_answers_fails_within_retry_timeout(
+    server, bucket, local_shards, tmp_path
+):
+    remote = _s3(local_shards, tmp_path, retry_timeout=3)
+    for copy in _copies(tmp_path):
+        copy.unlink()  # (the indexes stay: a cold cache)
+    loader = fastload.DataLoader(remote, batch_size=4, num_workers=0)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)  # the kernel still accepts its connections
+    try:
+        start = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"after 1 attempt\(s\) in [34]\.\d s: .*timeout"):
+            next(iter(loader))
+        # (about 3 s: not 60 s an attempt, nor 3 s more for each thread waiting on the download)
+        assert time.monotonic() - start < 8.5
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
 def test_the_cache_stays_within_its_limit(server, bucket, local_shards, tmp_path):
     sizes = sorted(p.stat().st_size for p in local_shards.glob("*.tar"))
     limit = sizes[-1] + sizes[-2] + 1000  # the two largest shards fit, not three
@@ -307,6 +330,48 @@ def test_a_download_left_by_a_killed_job_is_removed_not_read(tmp_path):
     assert not list(tmp_path.glob("*.part"))
     assert os.pread(cache.open(copy, 1000, "s3://b/a.tar", download).fd, 2, 998) == b"xx"
     assert [p.name for p in _copies(tmp_path)] == [Path(copy).name]  # c.tar, least recently used, went
+
+
+_EXIT_MID_DOWNLOAD = """
+import sys, threading, time
+from fastload.shardcache import ShardCache
+cache = ShardCache(sys.argv[1], limit=10**6)
+copy = cache.path("s3://b/slow.tar", "slow.tar")
+started = threading.Event()
+
+def download(f):
+    f.write(b"x" * 100)
+    started.set()
+    time.sleep(60)  # a store that stalls: the process exits meanwhile
+
+cache.prefetch_after([lambda: cache.ensure(copy, 1000, "s3://b/slow.tar", download)], [copy])
+started.wait(30)
+print(len([n for n in __import__("os").listdir(sys.argv[1]) if n.endswith(".part")]))
+"""
+
+
+def test_no_download_left_behind_by_a_process_that_exits_or_was_killed(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_DOWNLOAD, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1"] and not list(tmp_path.glob("*.part"))  # removed at exit
+    cache = ShardCache(str(tmp_path), limit=10**6)
+    left, busy = (cache.path(f"s3://b/{n}.tar", f"{n}.tar") for n in ("left", "busy"))
+    for copy in (left, busy):  # a killed job left one; another process downloads the other now
+        Path(f"{copy}.4242.77.part").write_bytes(b"x" * 1000)
+    fd = os.open(f"{busy}.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert cache.used() == 2000
+        assert ShardCache(str(tmp_path), limit=10**6).used() == 1000  # made: the free one removed
+        assert [p.name for p in tmp_path.glob("*.part")] == [Path(f"{busy}.4242.77.part").name]
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------- the converter and the sidecars

@@ -11,9 +11,11 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +86,22 @@ def test_converter_writes_shards_with_indexes_byte_for_byte_again(
     np.testing.assert_array_equal(ds.targets, scan_folder(imagenet_root / "train").targets)
     assert main(["shards", str(imagenet_root / "train"), str(tmp_path)]) == 2  # refuses to mix two runs
     assert "already holds" in capsys.readouterr().err
+
+
+def test_a_converter_stopped_by_sigterm_removes_what_it_wrote(imagenet_root, tmp_path):
+    out = tmp_path / "out"
+    args = [str(imagenet_root / "train"), str(out), "--shard-size", "1", "--workers", "0", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "fastload", "shards", *args], env=env)
+    try:
+        while not list(out.glob("*.tar")) and proc.poll() is None:  # (32 shards: one a sample)
+            time.sleep(0.001)
+        assert proc.poll() is None, "the converter ended before a signal could stop it"
+        proc.send_signal(signal.SIGTERM)  # a scheduler's preemption
+        assert proc.wait(60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert sorted(p.name for p in out.iterdir()) == []  # no shard, index or temporary file left
 
 
 def test_converter_reads_packs_and_split_lists(imagenet_root, tmp_path):
